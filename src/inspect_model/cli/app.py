@@ -1,0 +1,147 @@
+"""The ``inspect-model`` Typer app: wires the subcommands and owns the one error edge.
+
+``main()`` runs the app with Click's standalone mode off, so that every failure passes
+through one place: an :class:`InspectModelError` becomes ``error: <message>`` on stderr and
+its exit code; a usage error becomes one line and exit 2; anything unexpected becomes one
+line and the runtime code. ``--debug`` (anywhere on the line) adds the traceback.
+Importing this module must not import torch: ``--help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import typer
+
+from inspect_model import errors
+from inspect_model.cli.models import models
+from inspect_model.cli.summary import summary
+
+EXIT_HELP = "\n".join(f"  {code:>3}  {text}" for code, text in errors.EXIT_CODES.items())
+
+app = typer.Typer(
+    name="inspect-model",
+    help=(
+        "Open up PyTorch models: layer summaries, activations, gradients, guided backprop and "
+        "class activation maps, for torchvision models by name or your own.\n\n"
+        "Example: inspect-model summary resnet34\n\n"
+        "Exit codes:\n\n" + "\n\n".join(f"{c}: {t}" for c, t in errors.EXIT_CODES.items())
+    ),
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        from inspect_model._version import __version__
+
+        print(f"inspect-model {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
+                                 help="Print the version and exit."),
+    debug: bool = typer.Option(False, "--debug", help="Show a traceback on errors."),
+) -> None:
+    """inspect-model: open up PyTorch models."""
+
+
+COMMANDS: dict[str, Any] = {
+    "summary": summary,
+    "models": models,
+}
+
+
+def _register() -> None:
+    for name, fn in COMMANDS.items():
+        app.command(name)(fn)
+
+
+_register()
+
+
+def _config_default_map(args: list[str]) -> dict[str, Any] | None:
+    """``--config FILE`` for the subcommand on the line, as Click's ``default_map``: options
+    from the file act as defaults, so the command line wins."""
+    path = None
+    for i, a in enumerate(args):
+        if a == "--config" and i + 1 < len(args):
+            path = args[i + 1]
+        elif a.startswith("--config="):
+            path = a.split("=", 1)[1]
+    if path is None:
+        return None
+    command = next((a for a in args if a in COMMANDS), None)
+    if command is None:
+        return None
+    from inspect_model.config import load_config
+
+    return {command: load_config(path, command, _command_params(command))}
+
+
+def _command_params(command: str) -> dict[str, Any]:
+    from inspect_model.cli._compat import click
+
+    cmd = typer.main.get_command(app)
+    assert isinstance(cmd, click.Group)
+    sub = cmd.commands[command]
+    return {p.name: p for p in sub.params if p.name not in ("config", "debug", "help")}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: run the CLI and exit with the documented code."""
+    from inspect_model.cli._compat import ABORT_TYPES, EXIT_TYPES, click
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    code = 0
+    try:
+        default_map = _config_default_map(args)
+        rv = app(args=args, prog_name="inspect-model", standalone_mode=False, default_map=default_map)
+        code = rv if isinstance(rv, int) else 0
+    except EXIT_TYPES as exc:
+        code = exc.exit_code  # type: ignore[attr-defined]
+    except ABORT_TYPES:
+        print("error: aborted", file=sys.stderr)
+        code = errors.EXIT_INTERRUPTED
+    except click.UsageError as exc:
+        where = f" (see 'inspect-model {exc.ctx.info_name} --help')" if exc.ctx and exc.ctx.parent else \
+            " (see 'inspect-model --help')"
+        print(f"error: {exc.format_message()}{where}", file=sys.stderr)
+        code = errors.EXIT_USAGE
+    except click.ClickException as exc:
+        print(f"error: {exc.format_message()}", file=sys.stderr)
+        code = errors.EXIT_USAGE
+    except errors.InspectModelError as exc:
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        print(f"error: {exc}", file=sys.stderr)
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        code = errors.EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `inspect-model ... | head`: the reader left; not an error of ours.
+        try:
+            sys.stdout = None  # type: ignore[assignment]
+        finally:
+            code = 0
+    except Exception as exc:  # the one catch-all: a bug or an unforeseen model failure
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        text = " ".join(str(exc).split())[:300]
+        print(f"error: unexpected {type(exc).__name__}: {text} (run with --debug for a traceback)",
+              file=sys.stderr)
+        code = errors.EXIT_RUNTIME
+    sys.exit(code)

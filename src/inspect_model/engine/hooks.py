@@ -1,0 +1,422 @@
+"""The shared hook engine: borrow a model, capture what flows through chosen layers, give it back.
+
+``HookEngine`` is a context manager. On ``__enter__`` it saves the model's state (training
+flags, ``requires_grad``, ``.grad`` fields, grad mode, device) and registers forward
+pre-hooks and hooks on the selected modules; on ``__exit__`` it removes every hook and
+restores every saved value, also when the forward or backward pass raised. Each call of a
+selected module gives one :class:`CallRecord` (a module called twice gives two), whose
+inputs/outputs are flattened to :class:`TensorCapture` items (``""`` for a lone tensor,
+``"0"``, ``"logits"``, ``"aux/1"`` for nested ones).
+
+What is captured is chosen by :class:`CaptureOptions`: statistics computed inside the hook
+(streaming, the tensor is dropped), tensors kept (cloned, so a later in-place op cannot
+overwrite them), and gradients with respect to outputs and inputs, captured with tensor
+hooks; full module backward hooks break on in-place ops (pytorch/pytorch#61519).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from inspect_model.errors import ModelRuntimeError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+StatsFn = Callable[["torch.Tensor"], Any]
+
+
+def flatten_tensors(obj: Any, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
+    """Flatten nested outputs to ``(key, tensor)`` pairs: tuples/lists by index, dicts and
+    dataclass-like model outputs by field name, joined with '/'."""
+    import torch
+
+    out: list[tuple[str, torch.Tensor]] = []
+
+    def join(key: object) -> str:
+        return f"{prefix}/{key}" if prefix else str(key)
+
+    if isinstance(obj, torch.Tensor):
+        out.append((prefix, obj))
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            out.extend(flatten_tensors(v, join(k)))
+    elif isinstance(obj, (list, tuple)):
+        if hasattr(obj, "_fields"):  # namedtuple: use field names
+            for k, v in zip(obj._fields, obj):  # type: ignore[attr-defined]
+                out.extend(flatten_tensors(v, join(k)))
+        else:
+            for i, v in enumerate(obj):
+                out.extend(flatten_tensors(v, join(i)))
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            out.extend(flatten_tensors(getattr(obj, f.name), join(f.name)))
+    return out
+
+
+@dataclass
+class TensorCapture:
+    """One tensor seen at a hooked call: its place in the nested value and what was taken."""
+
+    key: str
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+    requires_grad: bool
+    stats: Any = None  # result of CaptureOptions.stats_fn
+    tensor: torch.Tensor | None = None  # detached clone, when kept
+    grad_stats: Any = None  # stats of d(target)/d(this tensor)
+    grad: torch.Tensor | None = None  # the gradient itself, when kept
+    grad_calls: int = 0  # how many times autograd delivered a gradient here
+
+
+@dataclass
+class CallRecord:
+    """One call of one hooked module during a forward pass."""
+
+    name: str  # qualified module name ("" is the root model)
+    module_type: str
+    call_index: int  # 0 for the first call of this module in the pass, 1 for the second...
+    order: int  # position among all recorded calls, in the order calls started
+    depth: int
+    inputs: list[TensorCapture] = field(default_factory=list)
+    outputs: list[TensorCapture] = field(default_factory=list)
+    finished: bool = False  # False when the module raised (or a child did) during this call
+    calls_total: int = 1  # how many times the module was called in this pass
+
+    @property
+    def key(self) -> str:
+        """``name`` for a module called once, ``name#i`` for the i-th call of a reused one."""
+        base = self.name or "(model)"
+        return base if self.calls_total == 1 else f"{base}#{self.call_index}"
+
+
+@dataclass
+class CaptureOptions:
+    """What the engine takes at each hooked call (see module docstring)."""
+
+    outputs: bool = True
+    inputs: bool = False
+    stats_fn: StatsFn | None = None  # computed in the hook on every captured tensor
+    keep: bool | Collection[str] = False  # keep tensors: all, or these module names
+    output_grads: bool = False  # tensor hooks on outputs: d(target)/d(output)
+    input_grads: bool = False  # d(target)/d(input) through this module only
+    grad_stats_fn: StatsFn | None = None
+    keep_grads: bool | Collection[str] = False
+    # Modules whose outputs become graph roots: detached, made to require grad, and cloned
+    # so the rest of the network runs on them. Everything before them then builds no graph
+    # (with frozen parameters), so a backward pass stops there: cheap CAM gradients.
+    graph_roots: Collection[str] = ()
+    freeze_params: bool = False  # requires_grad False on every parameter for the run
+    eval_mode: bool | None = True  # True: model.eval() for the run; False: train(); None: as is
+    grad_enabled: bool | None = None  # set grad mode for the run (None: leave it)
+    track_stack: bool = False  # keep `stack` of running module names (for MAC attribution)
+
+
+class HookEngine:
+    """Context manager that hooks ``layers`` of ``model`` and restores the model on exit.
+
+    >>> with HookEngine(model, ["layer4"], CaptureOptions(keep=True)) as eng:
+    ...     model(x)
+    >>> eng.records[0].outputs[0].tensor.shape
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        layers: Sequence[str],
+        options: CaptureOptions | None = None,
+        *,
+        device: Any = None,
+    ) -> None:
+        self.model = model
+        self.layers = list(layers)
+        self.options = options or CaptureOptions()
+        self.device = device
+        self.records: list[CallRecord] = []
+        self.stack: list[str] = []  # names of hooked modules currently running
+        self.failed_in: list[str] = []  # stack at the moment a forward pass raised
+        self._handles: list[Any] = []
+        self._tensor_handles: list[Any] = []
+        self._saved: dict[str, Any] | None = None
+        self._patches: list[tuple[Any, str, Any, bool]] = []
+        self._calls: dict[str, int] = {}
+        self._open: dict[int, CallRecord] = {}
+
+    # ----------------------------------------------------------------- lifecycle
+    def __enter__(self) -> HookEngine:
+        import torch
+
+        modules = dict(self.model.named_modules())
+        missing = [n for n in self.layers if n not in modules]
+        if missing:
+            # Internal invariant: names come from select_layers on this very model.
+            raise ModelRuntimeError(f"internal: layers not in model: {', '.join(missing[:5])}")
+        params = list(self.model.parameters())
+        self._saved = {
+            "training": [(m, m.training) for m in self.model.modules()],
+            "requires_grad": [(p, p.requires_grad) for p in params],
+            "grads": [(p, p.grad) for p in params],
+            "grad_enabled": torch.is_grad_enabled(),
+            "device": self._model_device(),
+        }
+        try:
+            # Park existing .grad tensors: backward would accumulate into them in place.
+            for p in params:
+                p.grad = None
+            if self.device is not None and self._saved["device"] is not None:
+                if torch.device(self.device) != self._saved["device"]:
+                    self.model.to(self.device)
+            opts = self.options
+            if opts.eval_mode is True:
+                self.model.eval()
+            elif opts.eval_mode is False:
+                self.model.train()
+            if opts.freeze_params:
+                for p in params:
+                    p.requires_grad_(False)
+            if opts.grad_enabled is not None:
+                torch.set_grad_enabled(opts.grad_enabled)
+            for name in self.layers:
+                self._register(name, modules[name])
+        except BaseException:
+            self._restore()
+            raise
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc is not None and not self.failed_in:
+            self.failed_in = list(self.stack)
+        self._restore()
+        # Never swallow the error: returning None lets it propagate.
+
+    def close(self) -> None:
+        """Restore the model now (idempotent); the same as leaving the ``with`` block."""
+        self._restore()
+
+    def _restore(self) -> None:
+        import torch
+
+        for h in self._handles + self._tensor_handles:
+            h.remove()
+        self._handles.clear()
+        self._tensor_handles.clear()
+        for obj, attr, old, existed in reversed(self._patches):
+            if existed:
+                setattr(obj, attr, old)
+            else:
+                delattr(obj, attr)
+        self._patches.clear()
+        saved, self._saved = self._saved, None
+        if saved is None:
+            return
+        if saved["device"] is not None and self._model_device() != saved["device"]:
+            self.model.to(saved["device"])
+        for m, flag in saved["training"]:
+            m.training = flag
+        for p, flag in saved["requires_grad"]:
+            p.requires_grad_(flag)
+        for p, g in saved["grads"]:
+            p.grad = g
+        torch.set_grad_enabled(saved["grad_enabled"])
+        self.stack.clear()
+
+    def patch(self, obj: Any, attr: str, value: Any) -> None:
+        """Set ``obj.attr = value`` for the duration of the run (restored on exit)."""
+        existed = hasattr(obj, attr) and attr in getattr(obj, "__dict__", {attr: None})
+        self._patches.append((obj, attr, getattr(obj, attr, None), existed))
+        setattr(obj, attr, value)
+
+    def _model_device(self) -> Any:
+        for t in self.model.parameters():
+            return t.device
+        for t in self.model.buffers():
+            return t.device
+        return None
+
+    # ----------------------------------------------------------------- hooks
+    def _register(self, name: str, module: nn.Module) -> None:
+        def pre_hook(mod: nn.Module, args: tuple, kwargs: dict) -> Any:
+            return self._on_pre(name, mod, args, kwargs)
+
+        def post_hook(mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+            return self._on_post(name, mod, output)
+
+        self._handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True))
+        self._handles.append(module.register_forward_hook(post_hook, with_kwargs=True))
+
+    def _wants(self, setting: bool | Collection[str], name: str) -> bool:
+        return setting if isinstance(setting, bool) else name in setting
+
+    def _on_pre(self, name: str, mod: nn.Module, args: tuple, kwargs: dict) -> Any:
+        opts = self.options
+        idx = self._calls.get(name, 0)
+        self._calls[name] = idx + 1
+        rec = CallRecord(
+            name=name,
+            module_type=type(mod).__name__,
+            call_index=idx,
+            order=len(self.records),
+            depth=0 if name == "" else name.count(".") + 1,
+        )
+        self.records.append(rec)
+        self.stack.append(name)
+        # A module may be re-entered before it returns (recursion); keep a per-depth slot.
+        self._open[len(self.stack)] = rec
+        if not (opts.inputs or opts.input_grads):
+            return None
+        flat = flatten_tensors((args, kwargs) if kwargs else args)
+        keep = self._wants(opts.keep, name)
+        for key, t in flat:
+            rec.inputs.append(self._capture(key, t, keep))
+        if opts.input_grads:
+            return self._alias_inputs(rec, args, kwargs)
+        return None
+
+    def _alias_inputs(self, rec: CallRecord, args: tuple, kwargs: dict) -> Any:
+        """Give the module views of its inputs and hook those: the gradient they receive
+        flows through this module only (a hook on the shared tensor would also collect
+        what a residual branch sends back)."""
+        import torch
+
+        captures = iter(rec.inputs)
+
+        def alias(v: Any) -> Any:
+            if isinstance(v, torch.Tensor):
+                cap = next(captures)
+                if v.requires_grad:
+                    a = v.view_as(v)
+                    self._hook_grad(a, cap, rec.name)
+                    return a
+                return v
+            if isinstance(v, tuple) and not hasattr(v, "_fields"):
+                return tuple(alias(x) for x in v)
+            if isinstance(v, list):
+                return [alias(x) for x in v]
+            if isinstance(v, dict):
+                return {k: alias(x) for k, x in v.items()}
+            return v
+
+        if kwargs:
+            new_args, new_kwargs = alias((args, kwargs))
+            return tuple(new_args), new_kwargs
+        return tuple(alias(args)), kwargs
+
+    def _on_post(self, name: str, mod: nn.Module, output: Any) -> Any:
+        import torch
+
+        opts = self.options
+        rec = self._open.pop(len(self.stack), None)
+        if self.stack:
+            self.stack.pop()
+        if rec is None:  # pragma: no cover - defensive: hooks added mid-forward
+            return None
+        rec.finished = True
+        if not opts.outputs and not opts.output_grads and name not in opts.graph_roots:
+            return None
+        keep = self._wants(opts.keep, name)
+        replaced = None
+        if name in opts.graph_roots and isinstance(output, torch.Tensor) and output.is_floating_point():
+            root = output.detach().requires_grad_(True)
+            cap = self._capture("", root, keep)
+            rec.outputs.append(cap)
+            self._hook_grad(root, cap, name)
+            # The network continues on a copy so that an in-place op downstream cannot touch
+            # the root (in-place on a leaf that requires grad is an error).
+            replaced = root.clone()
+            return replaced
+        for key, t in flatten_tensors(output):
+            cap = self._capture(key, t, keep)
+            rec.outputs.append(cap)
+            if opts.output_grads and t.requires_grad:
+                self._hook_grad(t, cap, name)
+        return None
+
+    def _capture(self, key: str, t: torch.Tensor, keep: bool) -> TensorCapture:
+        opts = self.options
+        cap = TensorCapture(
+            key=key,
+            shape=tuple(t.shape),
+            dtype=str(t.dtype).replace("torch.", ""),
+            device=str(t.device),
+            requires_grad=t.requires_grad,
+        )
+        if t.device.type == "meta":
+            return cap
+        if opts.stats_fn is not None:
+            cap.stats = opts.stats_fn(t)
+        if keep:
+            # Clone: an in-place op later in the pass (ReLU(inplace=True)) would overwrite it.
+            cap.tensor = t.detach().clone()
+        return cap
+
+    def _hook_grad(self, t: torch.Tensor, cap: TensorCapture, name: str) -> None:
+        opts = self.options
+        keep = self._wants(opts.keep_grads, name)
+
+        def on_grad(g: torch.Tensor) -> None:
+            # A tensor hook sees d(target)/d(t) for the value t had when the hook was
+            # registered, even if t is modified in place later (autograd docs, "Backward
+            # Hooks execution"). Several backward calls accumulate.
+            cap.grad_calls += 1
+            if keep:
+                gd = g.detach().clone()
+                cap.grad = gd if cap.grad is None else cap.grad + gd
+            if opts.grad_stats_fn is not None:
+                cap.grad_stats = opts.grad_stats_fn(g)
+            return None
+
+        self._tensor_handles.append(t.register_hook(on_grad))
+
+    # ----------------------------------------------------------------- results
+    def finalize(self) -> list[CallRecord]:
+        """Fill ``calls_total`` so that reused modules are labelled ``name#i``."""
+        totals: dict[str, int] = {}
+        for r in self.records:
+            totals[r.name] = totals.get(r.name, 0) + 1
+        for r in self.records:
+            r.calls_total = totals[r.name]
+        return self.records
+
+    def by_key(self) -> dict[str, CallRecord]:
+        return {r.key: r for r in self.finalize()}
+
+    def iter_outputs(self) -> Iterator[tuple[CallRecord, TensorCapture]]:
+        for r in self.finalize():
+            for c in r.outputs:
+                yield r, c
+
+    def reset(self) -> None:
+        """Forget the records (hooks stay): for running several passes in one borrow."""
+        self.records.clear()
+        self._calls.clear()
+        self._open.clear()
+        self.stack.clear()
+        self.failed_in = []
+        for h in self._tensor_handles:
+            h.remove()
+        self._tensor_handles.clear()
+
+
+def run_forward(engine: HookEngine, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` (a forward pass) inside ``engine``; turn a model error into a one-line
+    :class:`ModelRuntimeError` that names the innermost hooked layer that failed."""
+    from inspect_model.errors import InspectModelError
+
+    try:
+        return fn()
+    except InspectModelError:
+        raise
+    except Exception as exc:
+        engine.failed_in = list(engine.stack)
+        where = engine.failed_in[-1] if engine.failed_in else None
+        loc = f" in layer '{where}'" if where else ""
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ModelRuntimeError(
+            f"forward pass failed{loc}: {type(exc).__name__}: {msg}"
+        ) from exc

@@ -1,0 +1,100 @@
+"""The exception hierarchy of inspect-model and the exit code each error maps to.
+
+Every error the user can cause is an :class:`InspectModelError` subclass; the CLI edge
+(``cli/app.py``) prints ``error: <message>`` on stderr and exits with ``exit_code``.
+Messages name the bad value and, where there is one, the fix.
+"""
+
+from __future__ import annotations
+
+# Exit codes are part of the interface (README "Exit codes"); never renumber them.
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2
+EXIT_MODEL_LOAD = 3
+EXIT_INPUT = 4
+EXIT_LAYER = 5
+EXIT_RUNTIME = 6
+EXIT_OUTPUT = 7
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "success",
+    EXIT_CHECK_FAILED: "a check failed (--fail-on, check)",
+    EXIT_USAGE: "usage error: bad option, argument or config file",
+    EXIT_MODEL_LOAD: "the model or its weights/checkpoint could not be loaded",
+    EXIT_INPUT: "an input (image, input size, labels) is invalid",
+    EXIT_LAYER: "the layer selection is invalid or selects nothing",
+    EXIT_RUNTIME: "the model failed while running (forward/backward pass)",
+    EXIT_OUTPUT: "an output file or directory could not be written",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+}
+
+
+class InspectModelError(Exception):
+    """Base class: a problem the user can fix; ``str(exc)`` is a one-line message."""
+
+    exit_code = EXIT_RUNTIME
+
+    def __init__(self, message: str) -> None:
+        # Keep messages one line: the CLI prints them as `error: ...`.
+        super().__init__(" ".join(str(message).split()))
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class UsageError(InspectModelError):
+    """A bad option value or config file."""
+
+    exit_code = EXIT_USAGE
+
+
+class ModelLoadError(InspectModelError):
+    """The model, its weights or its checkpoint could not be loaded."""
+
+    exit_code = EXIT_MODEL_LOAD
+
+
+class InputError(InspectModelError):
+    """An image, an input size, a label file or a target is invalid."""
+
+    exit_code = EXIT_INPUT
+
+
+class LayerSelectionError(InspectModelError):
+    """A layer spec names no layer or selects nothing."""
+
+    exit_code = EXIT_LAYER
+
+
+class ModelRuntimeError(InspectModelError):
+    """The model raised (or produced something unusable) during forward or backward."""
+
+    exit_code = EXIT_RUNTIME
+
+
+class OutputError(InspectModelError):
+    """An output directory or file cannot be written."""
+
+    exit_code = EXIT_OUTPUT
+
+
+class CheckFailed(InspectModelError):
+    """A requested check (``--fail-on``, ``check``) failed."""
+
+    exit_code = EXIT_CHECK_FAILED
+
+
+def suggest(name: str, candidates: list[str] | tuple[str, ...], n: int = 3) -> str:
+    """Return ``"; did you mean 'a', 'b'?"`` for the closest candidates, or ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(candidates), n=n, cutoff=0.6)
+    if not close:
+        low = name.lower()
+        close = [c for c in candidates if low and low in c.lower()][:n]
+    if not close:
+        return ""
+    return "; did you mean " + ", ".join(repr(c) for c in close) + "?"

@@ -1,0 +1,1 @@
+"""loading package of inspect-model."""

@@ -1,0 +1,286 @@
+"""Loading models: torchvision's registry by name, with weights through its own enums.
+
+``load_model(spec, ...)`` is the single entry point every subcommand uses; it returns a
+:class:`LoadedModel` that carries the module plus what the rest of the tool needs to know
+about it (family, class names, preprocessing, default input size). User models
+(``file.py:factory``, ``package.module:attr``, TorchScript, exported programs) are resolved
+by :mod:`inspect_model.loading.user_models`; checkpoints by
+:mod:`inspect_model.loading.checkpoints`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from inspect_model.errors import ModelLoadError, UsageError, suggest
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+FAMILIES = ("classification", "detection", "segmentation", "video", "optical_flow", "quantization")
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to inspect, plus what is known about how to feed it."""
+
+    model: nn.Module
+    name: str
+    source: str  # "torchvision", "python", "torchscript", "export"
+    family: str = "custom"  # one of FAMILIES, or "custom"
+    weights: str | None = None  # weights enum member name, or None
+    categories: list[str] | None = None
+    transforms: Any = None  # the weights' own preprocessing (torchvision), if known
+    input_sizes: list[tuple[int, ...]] | None = None  # per-sample input shapes (no batch)
+    device: str = "cpu"
+    notes: list[str] = field(default_factory=list)
+    hookable: bool = True  # False for graphs without module hooks (exported programs)
+
+
+def _tv():
+    try:
+        import torchvision
+        from torchvision import models
+    except ImportError as exc:  # pragma: no cover - torchvision is a dependency
+        raise ModelLoadError(f"torchvision cannot be imported: {exc}") from exc
+    return torchvision, models
+
+
+def registry() -> dict[str, str]:
+    """Every torchvision model name mapped to its family."""
+    _, models = _tv()
+    fam: dict[str, str] = {}
+    for family, mod in (
+        ("detection", models.detection),
+        ("segmentation", models.segmentation),
+        ("video", models.video),
+        ("optical_flow", models.optical_flow),
+        ("quantization", models.quantization),
+    ):
+        for n in models.list_models(module=mod):
+            fam[n] = family
+    for n in models.list_models(module=models):
+        fam.setdefault(n, "classification")
+    return dict(sorted(fam.items()))
+
+
+def list_models(pattern: str | None = None) -> list[tuple[str, str]]:
+    """``(name, family)`` pairs of the registry, filtered by a glob or substring."""
+    import fnmatch
+
+    items = list(registry().items())
+    if not pattern:
+        return items
+    if any(c in pattern for c in "*?["):
+        return [(n, f) for n, f in items if fnmatch.fnmatchcase(n, pattern)]
+    return [(n, f) for n, f in items if pattern.lower() in n.lower()]
+
+
+def is_user_model_spec(spec: str) -> bool:
+    """True for specs that name a user's model rather than a torchvision one."""
+    if spec.startswith("torchvision:"):
+        return False
+    return (
+        ":" in spec
+        or spec.endswith((".pt", ".pth", ".pt2", ".ts", ".jit", ".torchscript"))
+        or os.sep in spec
+    )
+
+
+def resolve_weights(name: str, weights: str | None) -> Any:
+    """The weights enum member for ``--weights`` (None for ``none``)."""
+    if weights is None or weights.lower() in ("none", "random", ""):
+        return None
+    _, models = _tv()
+    try:
+        enum = models.get_model_weights(name)
+    except Exception as exc:  # models with no published weights
+        raise ModelLoadError(
+            f"model '{name}' has no torchvision weights; use --weights none or --checkpoint FILE"
+        ) from exc
+    members = list(enum.__members__)
+    wanted = weights.split(".")[-1]
+    if wanted.upper() == "DEFAULT":
+        return enum.DEFAULT
+    if wanted not in enum.__members__:
+        raise UsageError(
+            f"weights '{weights}' are not available for {name}"
+            + (suggest(wanted, members) or "")
+            + f"; choose one of: DEFAULT, none, {', '.join(members)}"
+        )
+    return enum[wanted]
+
+
+def weights_cache_path(w: Any) -> str:
+    """Where torch's hub cache keeps (or would keep) the file of weights enum member ``w``."""
+    from urllib.parse import urlparse
+
+    import torch
+
+    return os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(urlparse(w.url).path))
+
+
+def ensure_weights_file(w: Any, name: str) -> str:
+    """Make sure the file of weights ``w`` is in torch's hub cache (downloading it if the
+    network allows) and return its path; a one-line error says where it would be cached."""
+    import torch
+
+    path = weights_cache_path(w)
+    if os.path.exists(path):
+        return path
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        torch.hub.download_url_to_file(w.url, path, progress=False)
+    except Exception as exc:
+        raise ModelLoadError(
+            f"weights {type(w).__name__}.{w.name} for {name} are not cached at {path} and "
+            f"could not be downloaded from {w.url} ({_short_reason(exc)}); "
+            "run with --weights none (random weights), put the file there, or pass --checkpoint FILE"
+        ) from exc
+    return path
+
+
+def _short_reason(exc: BaseException) -> str:
+    reason = getattr(exc, "reason", None) or exc
+    text = str(reason).strip().splitlines()[0] if str(reason).strip() else type(exc).__name__
+    return text[:120]
+
+
+def default_input_sizes(name: str, family: str, model: Any = None, w: Any = None) -> list[tuple[int, ...]]:
+    """A sensible per-sample input shape for a torchvision model, from the model itself
+    (ViT's ``image_size``), its weights' preprocessing, or its family."""
+    _, models = _tv()
+    image_size = getattr(model, "image_size", None)
+    crop: int | None = None
+    if isinstance(image_size, int):
+        crop = image_size
+    else:
+        ref = w
+        if ref is None:
+            try:
+                ref = models.get_model_weights(name).DEFAULT
+            except Exception:
+                ref = None
+        if ref is not None:
+            try:
+                t = ref.transforms()
+                cs = getattr(t, "crop_size", None)
+                if cs:
+                    crop = int(cs[0])
+            except Exception:
+                crop = None
+    if family == "video":
+        frames = 16
+        return [(3, frames, crop or 112, crop or 112)]
+    if family == "optical_flow":
+        return [(3, 224, 224), (3, 224, 224)]
+    if family in ("detection", "segmentation"):
+        return [(3, crop or 520, crop or 520)]
+    return [(3, crop or 224, crop or 224)]
+
+
+def _build_kwargs(name: str, family: str) -> dict[str, Any]:
+    # Quantized builders default to an unquantized float model; keep that for inspection.
+    return {"quantize": False} if family == "quantization" else {}
+
+
+def load_torchvision(
+    name: str,
+    *,
+    weights: str | None = None,
+    device: str = "cpu",
+    categories_from: Any = None,
+) -> LoadedModel:
+    """Build torchvision model ``name`` on ``device`` (``meta`` builds without memory)."""
+    import torch
+
+    _, models = _tv()
+    reg = registry()
+    if name not in reg:
+        raise ModelLoadError(
+            f"unknown model '{name}'"
+            + (suggest(name, list(reg)) or "")
+            + "; `inspect-model models` lists torchvision's models, or give FILE.py:FACTORY"
+        )
+    family = reg[name]
+    w = resolve_weights(name, weights)
+    kwargs = _build_kwargs(name, family)
+    if w is not None and family == "quantization":
+        kwargs["quantize"] = True  # quantized weights only load into a quantized model
+    try:
+        if w is not None:
+            path = ensure_weights_file(w, name)
+            try:
+                with torch.device(device):
+                    model = models.get_model(name, weights=w, **kwargs)
+            except (RuntimeError, EOFError, OSError, ValueError) as exc:
+                raise ModelLoadError(
+                    f"weights file {path} for {name} is unreadable or does not match the model "
+                    f"({type(exc).__name__}: {_short_reason(exc)}); delete it to download again, "
+                    "or run with --weights none"
+                ) from exc
+        else:
+            with torch.device(device):
+                model = models.get_model(name, weights=None, **kwargs)
+    except (ModelLoadError, UsageError):
+        raise
+    except Exception as exc:
+        raise ModelLoadError(f"cannot build torchvision model '{name}': {type(exc).__name__}: {exc}") from exc
+    model.eval()
+    cats = None
+    transforms = None
+    if w is not None:
+        cats = list(w.meta.get("categories") or []) or None
+        try:
+            transforms = w.transforms()
+        except Exception:
+            transforms = None
+    return LoadedModel(
+        model=model,
+        name=name,
+        source="torchvision",
+        family=family,
+        weights=None if w is None else w.name,
+        categories=cats,
+        transforms=transforms,
+        input_sizes=default_input_sizes(name, family, model, w),
+        device=device,
+    )
+
+
+def load_model(
+    spec: str,
+    *,
+    weights: str | None = None,
+    device: str = "cpu",
+    model_args: dict[str, Any] | None = None,
+    checkpoint: str | None = None,
+    strict: bool = True,
+    trust_checkpoint: bool = False,
+) -> LoadedModel:
+    """Resolve a model spec (torchvision name, ``torchvision:NAME``, or a user model)."""
+    if not spec or not spec.strip():
+        raise UsageError("empty model name; e.g. `inspect-model summary resnet34`")
+    spec = spec.strip()
+    if is_user_model_spec(spec):
+        from inspect_model.loading import user_models
+
+        loaded = user_models.load_user_model(
+            spec, device=device, model_args=model_args or {}, trust=trust_checkpoint
+        )
+    else:
+        name = spec.split(":", 1)[1] if spec.startswith("torchvision:") else spec
+        if model_args:
+            raise UsageError("--model-arg applies to user models (FILE.py:FACTORY), not torchvision names")
+        loaded = load_torchvision(name, weights=weights, device=device)
+    if checkpoint:
+        from inspect_model.loading import checkpoints
+
+        checkpoints.load_checkpoint(
+            loaded.model, checkpoint, device=device, strict=strict, trust=trust_checkpoint
+        )
+        loaded.notes.append(f"weights from checkpoint {checkpoint}")
+    return loaded

@@ -1,0 +1,297 @@
+"""The layer table: output shapes, parameters and MACs per module, from one hooked pass.
+
+MACs are counted at the level of tensor operations (a TorchDispatchMode sees every aten
+op), so functional code counts: attention's matrix products, ``F.linear``, ``torch.matmul``.
+Each op is charged to the innermost module running at the time (its "self" MACs); a row's
+MACs are its self MACs, or its whole subtree's when ``depth`` folds it. So the rows always
+add up to the total, and so do the parameters (shared or tied tensors counted once, at the
+first module that owns them).
+
+By default the pass runs on the ``meta`` device: shapes propagate, nothing is allocated,
+no arithmetic runs; models that cannot run on meta fall back to a real forward pass.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from inspect_model.engine.hooks import CaptureOptions, HookEngine, flatten_tensors
+from inspect_model.engine.selection import module_depth
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    name: str  # qualified name; "" is the model itself
+    type: str
+    depth: int
+    output_shapes: tuple[tuple[int, ...], ...]  # one per output tensor of the first call
+    calls: int  # times called in the pass (0: never called)
+    params: int  # own parameters (the whole subtree's when folded by depth)
+    params_recursive: int
+    trainable: str  # "yes", "no", "partial" or "" (no parameters)
+    macs: int  # self MACs (the subtree's when folded)
+    macs_recursive: int
+    is_leaf: bool
+    folded: bool  # depth limit folds its children into it
+    status: str = "ok"  # "ok", "not called", "failed"
+    tied_to: str | None = None  # for a module whose parameters belong to another row
+
+
+@dataclass
+class SummaryResult:
+    model: str
+    input_shapes: list[list[int]]
+    dtype: str
+    rows: list[SummaryRow]
+    total_params: int
+    trainable_params: int
+    frozen_params: int
+    total_macs: int
+    param_bytes: int
+    buffer_bytes: int
+    activation_bytes: int  # sum of leaf outputs' sizes for this batch: a forward estimate
+    input_bytes: int
+    device: str  # "meta" or the device of the real pass
+    notes: list[str] = field(default_factory=list)
+    failed_layer: str | None = None
+    error: str | None = None
+
+
+def _sdpa_cpu_macs(args: tuple, out: Any) -> int:
+    # (B, H, L, E) x (B, H, S, E) -> scores (B, H, L, S); scores x (B, H, S, Ev) -> out.
+    q, k, v = args[0], args[1], args[2]
+    b_h = 1
+    for d in q.shape[:-2]:
+        b_h *= int(d)
+    L, E = int(q.shape[-2]), int(q.shape[-1])
+    S, Ev = int(k.shape[-2]), int(v.shape[-1])
+    return b_h * L * S * E + b_h * L * S * Ev
+
+
+def _mac_counter(stack: list[str], macs: dict[str, int]) -> Any:
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import flop_registry
+
+    aten = torch.ops.aten
+    extra: dict[Any, Callable[[tuple, Any], int]] = {}
+    for opname in ("_scaled_dot_product_flash_attention_for_cpu",):
+        op = getattr(aten, opname, None)
+        if op is not None:
+            extra[op] = _sdpa_cpu_macs
+
+    class MacCounter(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            packet = func._overloadpacket
+            n = 0
+            if packet in flop_registry:
+                # flop_registry counts 2 flops per multiply-add.
+                n = int(flop_registry[packet](*args, **kwargs, out_val=out)) // 2
+            elif packet in extra:
+                n = extra[packet](args, out)
+            if n:
+                macs[stack[-1] if stack else ""] += n
+            return out
+
+    return MacCounter()
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def summarize(
+    model: nn.Module,
+    inputs: Sequence[Any],
+    *,
+    name: str = "model",
+    depth: int | None = None,
+    forward: Callable[..., Any] | None = None,
+) -> SummaryResult:
+    """Run one hooked forward pass of ``model(*inputs)`` and build the layer table.
+
+    The model and inputs must already be on the device to use (``meta`` for a free pass).
+    If the pass raises, the result holds the rows up to the failing layer and names it in
+    ``failed_layer``/``error`` instead of raising.
+    """
+    import torch
+
+    table = list(model.named_modules(remove_duplicate=False))
+    seen_mod: set[int] = set()
+    modules: list[tuple[str, nn.Module]] = []
+    for n, m in table:
+        if id(m) not in seen_mod:  # a module registered twice keeps its first name
+            seen_mod.add(id(m))
+            modules.append((n, m))
+    names = [n for n, _ in modules]
+    macs: dict[str, int] = defaultdict(int)
+    engine = HookEngine(
+        model,
+        names,
+        CaptureOptions(outputs=True, eval_mode=True, grad_enabled=True, track_stack=True),
+    )
+    error: str | None = None
+    failed: str | None = None
+    fwd = forward or (lambda: model(*inputs))
+    with engine:
+        try:
+            # Grad mode stays on: MultiheadAttention's no-grad fast path runs a fused op
+            # that hides its matrix products from the MAC counter.
+            with _mac_counter(engine.stack, macs):
+                fwd()
+        except Exception as exc:
+            stack = [s for s in engine.stack]
+            failed = stack[-1] if stack else ""
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            error = f"{type(exc).__name__}: {msg}"
+    records = engine.finalize()
+    first_call: dict[str, Any] = {}
+    calls: dict[str, int] = defaultdict(int)
+    finished: dict[str, bool] = {}
+    for r in records:
+        calls[r.name] += 1
+        first_call.setdefault(r.name, r)
+        finished[r.name] = finished.get(r.name, True) and r.finished
+
+    # Parameters: each tensor once, charged to the first module that owns it.
+    owner: dict[int, str] = {}
+    own_params: dict[str, int] = {}
+    own_trainable: dict[str, tuple[int, int]] = {}
+    tied: dict[str, str] = {}
+    for n, m in modules:
+        total = 0
+        tr = fr = 0
+        for p in m.parameters(recurse=False):
+            if id(p) in owner:
+                tied.setdefault(n, owner[id(p)])
+                continue
+            owner[id(p)] = n
+            total += p.numel()
+            if p.requires_grad:
+                tr += p.numel()
+            else:
+                fr += p.numel()
+        own_params[n] = total
+        own_trainable[n] = (tr, fr)
+
+    # Subtree totals: add each module's own numbers to every ancestor (names are paths).
+    name_set = set(names)
+    rec_params: dict[str, int] = defaultdict(int)
+    rec_macs: dict[str, int] = defaultdict(int)
+    rec_tr: dict[str, int] = defaultdict(int)
+    rec_fr: dict[str, int] = defaultdict(int)
+    for n in names:
+        for a in _ancestors(n, name_set):
+            rec_params[a] += own_params[n]
+            rec_macs[a] += macs.get(n, 0)
+            rec_tr[a] += own_trainable[n][0]
+            rec_fr[a] += own_trainable[n][1]
+    for key, v in macs.items():  # MACs charged to a module outside the table (defensive)
+        if key not in name_set:
+            rec_macs[""] += v
+    rows: list[SummaryRow] = []
+    reached_failure = failed is not None
+    for n, m in modules:
+        d = module_depth(n)
+        if depth is not None and d > depth:
+            continue
+        p_rec, m_rec, tr, fr = rec_params[n], rec_macs[n], rec_tr[n], rec_fr[n]
+        is_leaf = next(iter(m.children()), None) is None
+        folded = depth is not None and d == depth and not is_leaf
+        n_calls = calls.get(n, 0)
+        if reached_failure and n_calls == 0:
+            continue  # after the failure: not reached
+        status = "ok"
+        if n_calls == 0:
+            status = "not called"
+        elif not finished.get(n, True):
+            status = "failed"
+        shapes: tuple[tuple[int, ...], ...] = ()
+        if n in first_call:
+            shapes = tuple(c.shape for c in first_call[n].outputs)
+        own_tr, own_fr = (tr, fr) if folded else own_trainable[n]
+        trainable = "" if own_tr + own_fr == 0 else ("yes" if own_fr == 0 else ("no" if own_tr == 0 else "partial"))
+        rows.append(
+            SummaryRow(
+                name=n,
+                type=type(m).__name__,
+                depth=d,
+                output_shapes=shapes,
+                calls=n_calls,
+                params=p_rec if folded else own_params[n],
+                params_recursive=p_rec,
+                trainable=trainable,
+                macs=m_rec if folded else macs.get(n, 0),
+                macs_recursive=m_rec,
+                is_leaf=is_leaf,
+                folded=folded,
+                status=status,
+                tied_to=tied.get(n),
+            )
+        )
+    uniq_params = {id(p): p for p in model.parameters()}
+    total_params = sum(p.numel() for p in uniq_params.values())
+    trainable_params = sum(p.numel() for p in uniq_params.values() if p.requires_grad)
+    param_bytes = sum(_nbytes(p) for p in uniq_params.values())
+    buffer_bytes = sum(_nbytes(b) for b in {id(b): b for b in model.buffers()}.values())
+    act = 0
+    leaf_names = {n for n, m in modules if next(iter(m.children()), None) is None}
+    for r in records:
+        if r.name in leaf_names:
+            act += sum(_prod(c.shape) * _dtype_size(c.dtype) for c in r.outputs)
+    in_tensors = flatten_tensors(tuple(inputs))
+    in_bytes = sum(_nbytes(t) for _, t in in_tensors)
+    first_dtype = str(in_tensors[0][1].dtype).replace("torch.", "") if in_tensors else "float32"
+    device = str(in_tensors[0][1].device) if in_tensors else "cpu"
+    return SummaryResult(
+        model=name,
+        input_shapes=[list(t.shape) for _, t in in_tensors],
+        dtype=first_dtype,
+        rows=rows,
+        total_params=total_params,
+        trainable_params=trainable_params,
+        frozen_params=total_params - trainable_params,
+        total_macs=sum(macs.values()),
+        param_bytes=param_bytes,
+        buffer_bytes=buffer_bytes,
+        activation_bytes=act,
+        input_bytes=in_bytes,
+        device=device,
+        failed_layer=failed,
+        error=error,
+    )
+
+
+def _ancestors(name: str, names: set[str]) -> list[str]:
+    """``name`` and every enclosing module name present in ``names``, root ('') included."""
+    out = [name]
+    parts = name.split(".") if name else []
+    for i in range(len(parts) - 1, -1, -1):
+        a = ".".join(parts[:i])
+        if a in names:
+            out.append(a)
+    return out
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+_DTYPE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,
+                "int8": 1, "uint8": 1, "bool": 1, "complex64": 8, "quint8": 1, "qint8": 1, "qint32": 4}
+
+
+def _dtype_size(name: str) -> int:
+    return _DTYPE_SIZES.get(name, 4)

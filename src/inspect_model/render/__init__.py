@@ -1,0 +1,1 @@
+"""render package of inspect-model."""

@@ -1,0 +1,164 @@
+"""Output directories that a pipeline can trust: all files of a run, or none.
+
+``OutputDir`` checks the directory before any work starts (not a file, writable, empty
+unless ``force``), stages every file of the run in a hidden folder inside it, and only on
+``commit()`` renames them into place. If the run fails, ``abort()`` removes the staging
+folder, and the directory itself when the run created it. Names derived from layer or file
+names pass through :func:`safe_name`, so they can never escape the directory.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from inspect_model.errors import OutputError
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._#=+-]+")
+
+
+def safe_name(text: str, *, default: str = "x", max_len: int = 120) -> str:
+    """A file-name-safe version of ``text``: no separators, no leading dots, no '..'."""
+    s = _UNSAFE.sub("_", text.replace(os.sep, "_").replace("/", "_").replace("\\", "_"))
+    s = s.replace("..", "_").strip("._ ")
+    if not s:
+        s = default
+    return s[:max_len]
+
+
+class OutputDir:
+    """A transaction over the files one run writes into ``path``."""
+
+    MARKER = ".inspect-model-staging-"
+
+    def __init__(self, path: str | os.PathLike[str], *, force: bool = False) -> None:
+        self.path = Path(path)
+        self.force = force
+        self.created = False
+        self.staging: Path | None = None
+        self.written: list[str] = []  # final paths, as given in reports
+        self._pending: list[tuple[Path, Path]] = []
+
+    # ------------------------------------------------------------ checks
+    def prepare(self) -> OutputDir:
+        """Check and create the directory; raise :class:`OutputError` before any work."""
+        p = self.path
+        if p.exists() and not p.is_dir():
+            raise OutputError(f"output directory '{p}' is a file; choose another --output-dir")
+        if p.is_dir():
+            entries = [e for e in os.listdir(p) if not e.startswith(self.MARKER)]
+            if entries and not self.force:
+                raise OutputError(
+                    f"output directory '{p}' is not empty ({len(entries)} entries); "
+                    "pass --force to write into it, or choose another --output-dir"
+                )
+        else:
+            try:
+                p.mkdir(parents=True)
+            except OSError as exc:
+                raise OutputError(f"cannot create output directory '{p}': {exc.strerror or exc}") from exc
+            self.created = True
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise OutputError(f"output directory '{p}' is not writable; choose another --output-dir")
+        try:
+            self.staging = Path(tempfile.mkdtemp(prefix=self.MARKER, dir=p))
+        except OSError as exc:
+            self.abort()
+            raise OutputError(f"cannot write in output directory '{p}': {exc.strerror or exc}") from exc
+        return self
+
+    # ------------------------------------------------------------ writing
+    def _stage(self, relname: str) -> tuple[Path, Path]:
+        if self.staging is None:
+            self.prepare()
+        assert self.staging is not None
+        parts = [safe_name(part) for part in Path(relname).parts if part not in ("", ".", "..")]
+        if not parts:
+            raise OutputError(f"invalid output file name '{relname}'")
+        final = self.path.joinpath(*parts)
+        staged = self.staging.joinpath(*parts)
+        # Defensive: resolved paths must stay inside the directory.
+        root = self.path.resolve()
+        if root not in final.resolve().parents:
+            raise OutputError(f"output name '{relname}' escapes the output directory")
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        return staged, final
+
+    def write_bytes(self, relname: str, data: bytes) -> str:
+        staged, final = self._stage(relname)
+        try:
+            with open(staged, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            raise OutputError(f"cannot write '{final}': {exc.strerror or exc}") from exc
+        self._pending.append((staged, final))
+        self.written.append(str(final))
+        return str(final)
+
+    def write_text(self, relname: str, text: str) -> str:
+        return self.write_bytes(relname, text.encode("utf-8"))
+
+    def save_figure(self, relname: str, fig: Any, *, dpi: int = 100) -> str:
+        """Save a matplotlib figure as PNG with no timestamp metadata (byte-reproducible)."""
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
+        return self.write_bytes(relname, buf.getvalue())
+
+    def save_image(self, relname: str, image: Any) -> str:
+        """Save a PIL image as PNG."""
+        buf = io.BytesIO()
+        image.save(buf, format="PNG")
+        return self.write_bytes(relname, buf.getvalue())
+
+    def save_npy(self, relname: str, array: Any) -> str:
+        import numpy as np
+
+        buf = io.BytesIO()
+        np.save(buf, np.asarray(array), allow_pickle=False)
+        return self.write_bytes(relname, buf.getvalue())
+
+    # ------------------------------------------------------------ ending
+    def commit(self) -> list[str]:
+        """Move every staged file into place."""
+        try:
+            for staged, final in self._pending:
+                final.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(staged, final)
+        except OSError as exc:
+            self.abort()
+            raise OutputError(f"cannot move outputs into '{self.path}': {exc.strerror or exc}") from exc
+        self._pending.clear()
+        self._cleanup_staging()
+        return list(self.written)
+
+    def abort(self) -> None:
+        """Forget the run: remove staged files, and the directory if this run created it."""
+        self._pending.clear()
+        self.written.clear()
+        self._cleanup_staging()
+        if self.created:
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.created = False
+
+    def _cleanup_staging(self) -> None:
+        if self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self.staging = None
+
+    def __enter__(self) -> OutputDir:
+        return self.prepare()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc is not None:
+            self.abort()
+        elif self._pending:
+            self.commit()
+        else:
+            self._cleanup_staging()
