@@ -200,3 +200,42 @@ def emit(
     else:
         sys.stdout.write(text())
     sys.stdout.flush()
+
+
+# ---------------------------------------------------------------- inputs
+ImagesArg = Annotated[
+    Optional[list[str]],
+    typer.Argument(
+        help="Images: files, directories (recursive), globs, or - to read paths from stdin. "
+        "Without images a seeded random input of --input-size is used.",
+        show_default=False,
+    ),
+]
+PresetOpt = Annotated[Optional[str], typer.Option("--preset", help="Preprocessing preset: imagenet, inception, clip, unit.")]
+ResizeOpt = Annotated[Optional[int], typer.Option("--resize", help="Resize the shorter side to this many pixels.")]
+CropOpt = Annotated[Optional[int], typer.Option("--crop", help="Centre-crop to this square size.")]
+MeanOpt = Annotated[Optional[str], typer.Option("--mean", help="Normalisation mean, e.g. 0.485,0.456,0.406.")]
+StdOpt = Annotated[Optional[str], typer.Option("--std", help="Normalisation std, e.g. 0.229,0.224,0.225.")]
+LabelsOpt = Annotated[Optional[Path], typer.Option("--labels", help="Class names: one per line, or JSON.")]
+SkipBadOpt = Annotated[
+    bool, typer.Option("--skip-bad-inputs", help="Skip unreadable images with a warning instead of failing.")
+]
+TargetOpt = Annotated[
+    str, typer.Option("--target", "-t", help="predicted, a class index or name, or top:K.")
+]
+OutputKeyOpt = Annotated[
+    Optional[str], typer.Option("--output-key", help="Which output of a tuple/dict-returning model to use (name or index).")
+]
+SaveRawOpt = Annotated[bool, typer.Option("--save-raw", help="Also save raw arrays as .npy files.")]
+TensorboardOpt = Annotated[
+    Optional[Path], typer.Option("--tensorboard", help="Also write TensorBoard events here (needs the tensorboard extra).")
+]
+
+
+def parse_floats(text: str | None, option: str) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        return [float(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError as exc:
+        raise UsageError(f"{option} '{text}' is not a comma-separated list of numbers") from exc

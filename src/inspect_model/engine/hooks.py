@@ -183,7 +183,12 @@ class HookEngine:
             if opts.grad_enabled is not None:
                 torch.set_grad_enabled(opts.grad_enabled)
             for name in self.layers:
-                self._register(name, modules[name])
+                mod = modules[name]
+                if opts.input_grads and getattr(mod, "inplace", False) is True:
+                    # A hook on a view is lost when the view is modified in place, so an
+                    # in-place module would hide its input gradient; run it out of place.
+                    self.patch(mod, "inplace", False)
+                self._register(name, mod)
         except BaseException:
             self._restore()
             raise

@@ -1,0 +1,420 @@
+"""Inputs: image paths from files, directories, globs or stdin; decoded, converted, preprocessed.
+
+``collect_paths`` expands what the user typed into a sorted list of files.
+``load_image`` decodes one file with Pillow (EXIF orientation applied, any mode converted
+to RGB or L). ``Preprocess`` turns PIL images into a normalised tensor and remembers the
+geometry (resize then centre crop) so that a map computed on the crop can be drawn back on
+the original image (:meth:`Preprocess.uncrop_box`). ``iter_batches`` groups images.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from inspect_model.errors import InputError, UsageError
+
+if TYPE_CHECKING:
+    import torch
+    from PIL import Image
+
+IMAGE_EXTENSIONS = {
+    ".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm",
+    ".pbm", ".pnm", ".ico", ".tga", ".jp2", ".jfif", ".dib", ".pcx", ".sgi", ".im",
+}
+
+# Pillow's decompression-bomb guard, kept (and made an error, not a warning): 20000x20000
+# would take 1.2 GB as RGB before resizing.
+MAX_PIXELS = 89_478_485
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "imagenet": {"resize": 256, "crop": 224, "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)},
+    "inception": {"resize": 342, "crop": 299, "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)},
+    "clip": {"resize": 224, "crop": 224, "mean": (0.4815, 0.4578, 0.4082), "std": (0.2686, 0.2613, 0.2758)},
+    "unit": {"resize": None, "crop": None, "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)},
+}
+
+
+def collect_paths(items: Sequence[str], *, stdin: Any = None) -> list[Path]:
+    """Expand files, directories (recursively, sorted), globs and ``-`` (paths on stdin)."""
+    out: list[Path] = []
+    for item in items:
+        if item == "-":
+            stream = stdin if stdin is not None else sys.stdin
+            lines = [ln.strip() for ln in stream.read().splitlines()] if stream is not None else []
+            lines = [ln for ln in lines if ln]
+            if not lines:
+                raise InputError("'-' was given but stdin holds no image paths (one per line)")
+            out.extend(collect_paths(lines))
+            continue
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(
+                f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_EXTENSIONS
+            )
+            if not found:
+                raise InputError(f"directory '{item}' holds no images ({', '.join(sorted(IMAGE_EXTENSIONS)[:6])}, ...)")
+            out.extend(found)
+        elif p.exists():
+            out.append(p)
+        elif any(c in item for c in "*?["):
+            found = sorted(Path(f) for f in glob.glob(item, recursive=True) if os.path.isfile(f))
+            if not found:
+                raise InputError(f"pattern '{item}' matches no file")
+            out.extend(found)
+        else:
+            raise InputError(f"image '{item}' does not exist")
+    return out
+
+
+@dataclass
+class LoadedImage:
+    path: Path
+    image: Image.Image  # RGB or L, EXIF-oriented: what the user sees
+    original_mode: str
+    warnings: list[str] = field(default_factory=list)
+
+
+def load_image(path: Path, *, channels: int = 3) -> LoadedImage:
+    """Decode ``path`` to an RGB (or L for 1-channel models) image; one-line errors."""
+    from PIL import Image, ImageOps
+
+    notes: list[str] = []
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise InputError(f"image '{path}' cannot be read: {exc.strerror or exc}") from exc
+    if size == 0:
+        raise InputError(f"image '{path}' is an empty file")
+    old_max = Image.MAX_IMAGE_PIXELS
+    try:
+        Image.MAX_IMAGE_PIXELS = MAX_PIXELS
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(path)
+            w, h = img.size
+            if w * h > MAX_PIXELS:
+                raise InputError(
+                    f"image '{path}' is {w}x{h} pixels, over the {MAX_PIXELS:,}-pixel safety limit "
+                    "(decompression-bomb guard); resize it first"
+                )
+            if getattr(img, "n_frames", 1) > 1:
+                notes.append(f"'{path.name}' has {img.n_frames} frames; using the first")
+                img.seek(0)
+            mode = img.mode
+            img.load()
+            img = ImageOps.exif_transpose(img) or img
+    except InputError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise InputError(f"image '{path}' is too large to decode safely (decompression-bomb guard)") from exc
+    except Image.UnidentifiedImageError as exc:
+        raise InputError(f"'{path}' is not an image Pillow can read") from exc
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise InputError(f"image '{path}' is corrupt or truncated: {exc}") from exc
+    finally:
+        Image.MAX_IMAGE_PIXELS = old_max
+    img = _convert(img, channels)
+    return LoadedImage(path=path, image=img, original_mode=mode, warnings=notes)
+
+
+def _convert(img: Image.Image, channels: int) -> Image.Image:
+    """Any Pillow mode (L, LA, P, RGBA, CMYK, I;16, I, F, 1, YCbCr...) to RGB or L."""
+    import numpy as np
+    from PIL import Image
+
+    mode = img.mode
+    if mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
+        # 16-bit / 32-bit gray: scale the actual range to 8 bits instead of clipping at 255.
+        arr = np.asarray(img, dtype=np.float64)
+        hi = 65535.0 if mode.startswith("I;16") else max(float(arr.max()), 1.0)
+        lo = 0.0 if mode.startswith("I;16") else min(float(arr.min()), 0.0)
+        arr = np.clip((arr - lo) / max(hi - lo, 1e-12) * 255.0, 0, 255).astype(np.uint8)
+        img = Image.fromarray(arr, mode="L")
+    elif mode in ("RGBA", "LA", "PA") or (mode == "P" and "transparency" in img.info):
+        # Composite on white: transparent pixels are usually background.
+        rgba = img.convert("RGBA")
+        bg = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        img = Image.alpha_composite(bg, rgba).convert("RGB")
+    if channels == 1:
+        return img.convert("L")
+    return img.convert("RGB")
+
+
+@dataclass
+class Preprocess:
+    """Resize (shorter side), centre crop, to tensor, normalise; all recorded for reports."""
+
+    resize: int | None = 256
+    crop: int | None = 224
+    mean: tuple[float, ...] = (0.485, 0.456, 0.406)
+    std: tuple[float, ...] = (0.229, 0.224, 0.225)
+    interpolation: str = "bilinear"
+    source: str = "imagenet preset"
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "resize": self.resize, "crop": self.crop, "mean": list(self.mean), "std": list(self.std),
+            "interpolation": self.interpolation, "source": self.source,
+        }
+
+    def geometry(self, width: int, height: int) -> tuple[float, float, float, float, float]:
+        """(scale, left, top, crop_w, crop_h) in resized pixels: where the crop came from."""
+        scale = 1.0
+        if self.resize:
+            scale = self.resize / min(width, height)
+        rw, rh = width * scale, height * scale
+        cw = ch = float(self.crop) if self.crop else 0.0
+        if not self.crop:
+            cw, ch = rw, rh
+        left = (rw - cw) / 2.0
+        top = (rh - ch) / 2.0
+        return scale, left, top, cw, ch
+
+    def uncrop_box(self, width: int, height: int) -> tuple[float, float, float, float]:
+        """The crop's box (left, top, right, bottom) in original-image pixels. A map over the
+        model input covers exactly this box of the original (it may reach outside it)."""
+        scale, left, top, cw, ch = self.geometry(width, height)
+        return (left / scale, top / scale, (left + cw) / scale, (top + ch) / scale)
+
+    def __call__(self, img: Image.Image) -> torch.Tensor:
+        import torch
+        from torchvision.transforms import InterpolationMode
+        from torchvision.transforms import functional as F
+
+        interp = getattr(InterpolationMode, self.interpolation.upper(), InterpolationMode.BILINEAR)
+        if self.resize:
+            img = F.resize(img, self.resize, interpolation=interp)
+        if self.crop:
+            img = F.center_crop(img, [self.crop, self.crop])
+        t = F.pil_to_tensor(img).to(torch.float32).div_(255.0)  # (C, H, W)
+        c = t.shape[0]
+        mean = list(self.mean) if len(self.mean) == c else [sum(self.mean) / len(self.mean)] * c
+        std = list(self.std) if len(self.std) == c else [sum(self.std) / len(self.std)] * c
+        return F.normalize(t, mean, std)
+
+
+def preprocess_from_weights(transforms: Any) -> Preprocess | None:
+    """The :class:`Preprocess` equal to a torchvision weights' ImageClassification transform."""
+    if transforms is None:
+        return None
+    crop = getattr(transforms, "crop_size", None)
+    resize = getattr(transforms, "resize_size", None)
+    mean = getattr(transforms, "mean", None)
+    std = getattr(transforms, "std", None)
+    if not crop or mean is None or std is None:
+        return None
+    interp = getattr(transforms, "interpolation", None)
+    return Preprocess(
+        resize=int(resize[0]) if resize else None,
+        crop=int(crop[0]),
+        mean=tuple(float(m) for m in mean),
+        std=tuple(float(s) for s in std),
+        interpolation=getattr(interp, "value", "bilinear"),
+        source="weights transforms",
+    )
+
+
+def build_preprocess(
+    *,
+    transforms: Any = None,
+    preset: str | None = None,
+    resize: int | None = None,
+    crop: int | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    input_hw: int | None = None,
+) -> Preprocess:
+    """Explicit options win over a preset, which wins over the weights' own transforms,
+    which win over an ImageNet-style default sized for the model (``input_hw``)."""
+    if preset is not None and preset not in PRESETS:
+        raise UsageError(f"--preset '{preset}' is not one of {', '.join(PRESETS)}")
+    base = preprocess_from_weights(transforms) if preset is None else None
+    if base is None:
+        p = dict(PRESETS[preset or "imagenet"])
+        if preset is None and input_hw and input_hw != 224:
+            p["crop"] = input_hw
+            p["resize"] = int(round(input_hw * 256 / 224))
+        base = Preprocess(resize=p["resize"], crop=p["crop"], mean=tuple(p["mean"]), std=tuple(p["std"]),
+                          source=f"{preset or 'imagenet'} preset")
+    if resize is not None:
+        if resize < 1:
+            raise UsageError(f"--resize must be >= 1, got {resize}")
+        base.resize, base.source = resize, "options"
+    if crop is not None:
+        if crop < 1:
+            raise UsageError(f"--crop must be >= 1, got {crop}")
+        base.crop, base.source = crop, "options"
+    if mean is not None:
+        base.mean, base.source = tuple(mean), "options"
+    if std is not None:
+        if any(s == 0 for s in std):
+            raise UsageError("--std values must not be 0")
+        base.std, base.source = tuple(std), "options"
+    return base
+
+
+@dataclass
+class ImageBatch:
+    """A batch of preprocessed images and where they came from."""
+
+    tensor: torch.Tensor  # (N, C, H, W)
+    images: list[LoadedImage]
+
+    @property
+    def names(self) -> list[str]:
+        return [str(i.path) for i in self.images]
+
+
+def iter_batches(
+    paths: Sequence[Path],
+    preprocess: Preprocess,
+    *,
+    batch_size: int = 8,
+    channels: int = 3,
+    skip_bad: bool = False,
+    skipped: list[tuple[str, str]] | None = None,
+) -> Iterator[ImageBatch]:
+    """Decode and preprocess ``paths`` in groups of ``batch_size`` (streamed, not all at once).
+    With ``skip_bad`` a bad file is recorded in ``skipped`` instead of raising."""
+    import torch
+
+    if batch_size < 1:
+        raise InputError(f"--batch-size must be 1 or more, got {batch_size}")
+    pending: list[LoadedImage] = []
+    tensors: list[torch.Tensor] = []
+    for p in paths:
+        try:
+            li = load_image(p, channels=channels)
+            t = preprocess(li.image)
+        except InputError as exc:
+            if not skip_bad:
+                raise
+            if skipped is not None:
+                skipped.append((str(p), str(exc)))
+            continue
+        pending.append(li)
+        tensors.append(t)
+        if len(pending) == batch_size:
+            yield ImageBatch(torch.stack(tensors), pending)
+            pending, tensors = [], []
+    if pending:
+        yield ImageBatch(torch.stack(tensors), pending)
+
+
+@dataclass
+class InputBatch:
+    """What a subcommand feeds the model: images, or a seeded random/zero tensor."""
+
+    tensor: torch.Tensor  # (N, C, H, W) on the run's device and dtype
+    names: list[str]  # image paths, or "random-0", ...
+    images: list[LoadedImage] | None  # None for synthetic input
+
+
+@dataclass
+class InputPlan:
+    """The resolved input options of one run; ``batches()`` streams :class:`InputBatch`."""
+
+    paths: list[Path]
+    preprocess: Preprocess | None
+    input_size: tuple[int, ...] | None
+    batch_size: int
+    channels: int
+    seed: int
+    fill: str
+    skip_bad: bool
+    device: Any = "cpu"
+    dtype: Any = None
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "images": [str(p) for p in self.paths],
+            "preprocessing": self.preprocess.describe() if self.preprocess else None,
+            "input_size": list(self.input_size) if self.input_size else None,
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "fill": None if self.paths else self.fill,
+        }
+
+    def batches(self) -> Iterator[InputBatch]:
+        import torch
+
+        dtype = self.dtype or torch.float32
+        if not self.paths:
+            from inspect_model.loading.shapes import make_example_inputs
+
+            assert self.input_size is not None
+            (x,) = make_example_inputs([self.input_size], batch_size=self.batch_size, dtype=dtype,
+                                       device=self.device, seed=self.seed, fill=self.fill)
+            yield InputBatch(x, [f"{self.fill}-{i}" for i in range(self.batch_size)], None)
+            return
+        assert self.preprocess is not None
+        for b in iter_batches(self.paths, self.preprocess, batch_size=self.batch_size,
+                              channels=self.channels, skip_bad=self.skip_bad, skipped=self.skipped):
+            yield InputBatch(b.tensor.to(device=self.device, dtype=dtype), b.names, b.images)
+
+
+def model_channels(model: Any, default: int = 3) -> int:
+    """Input channels the first conv layer expects (1 for a grayscale model), else ``default``."""
+    from torch import nn
+
+    for m in model.modules():
+        if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+            return int(m.in_channels)
+        if isinstance(m, nn.Linear):
+            return default
+    return default
+
+
+def plan_inputs(
+    loaded: Any,
+    images: Sequence[str] | None,
+    *,
+    input_size: str | None = None,
+    batch_size: int = 8,
+    seed: int = 0,
+    fill: str = "random",
+    preset: str | None = None,
+    resize: int | None = None,
+    crop: int | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    skip_bad: bool = False,
+    device: Any = "cpu",
+    dtype: Any = None,
+    stdin: Any = None,
+) -> InputPlan:
+    """Resolve the input options against a loaded model (see :class:`InputPlan`)."""
+    from inspect_model.loading.shapes import parse_size
+
+    if batch_size < 1:
+        raise InputError(f"--batch-size must be 1 or more, got {batch_size}")
+    paths = collect_paths(list(images), stdin=stdin) if images else []
+    channels = model_channels(loaded.model)
+    size: tuple[int, ...] | None = None
+    if input_size:
+        size = parse_size(input_size)
+    elif loaded.input_sizes:
+        size = tuple(loaded.input_sizes[0])
+    pre = None
+    if paths:
+        hw = size[-1] if size and len(size) == 3 else None
+        pre = build_preprocess(transforms=loaded.transforms, preset=preset, resize=resize, crop=crop,
+                               mean=mean, std=std, input_hw=hw)
+        if input_size and size and len(size) == 3:
+            # An explicit --input-size with images: crop to it.
+            pre.crop = size[-1]
+    elif size is None:
+        raise InputError(
+            f"no images given and the input size of {loaded.name} is unknown; "
+            "pass images or --input-size, e.g. --input-size 3x224x224"
+        )
+    return InputPlan(paths=paths, preprocess=pre, input_size=size, batch_size=batch_size,
+                     channels=channels, seed=seed, fill=fill, skip_bad=skip_bad, device=device, dtype=dtype)

@@ -1,0 +1,145 @@
+"""Targets: which output score a gradient or a map is taken of.
+
+``--target predicted`` (the top class of each input), ``--target 281`` or ``--target tabby``
+(a class by index or label name), ``--target top:K`` (the K best classes of each input).
+Also: reading class names from a file, labelling indices as ``281 tabby``, and picking one
+tensor out of a model's tuple/dict output (``--output-key``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from inspect_model.errors import InputError, ModelRuntimeError, UsageError, suggest
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    kind: str  # "predicted", "class", "top"
+    index: int | None = None  # for "class"
+    k: int = 1  # for "top"
+    text: str = "predicted"
+
+
+def parse_target(text: str | None, categories: Sequence[str] | None = None) -> TargetSpec:
+    """Parse ``predicted``, ``top:K``, an index or a label name (needs ``categories``)."""
+    raw = (text or "predicted").strip()
+    low = raw.lower()
+    if low in ("predicted", "pred", "top", "top:1"):
+        return TargetSpec("predicted", text=raw)
+    if low.startswith("top:"):
+        try:
+            k = int(low[4:])
+        except ValueError as exc:
+            raise UsageError(f"--target '{raw}': K in top:K must be an integer") from exc
+        if k < 1:
+            raise UsageError(f"--target '{raw}': K must be 1 or more")
+        return TargetSpec("top", k=k, text=raw)
+    try:
+        return TargetSpec("class", index=int(raw), text=raw)
+    except ValueError:
+        pass
+    if categories:
+        exact = [i for i, c in enumerate(categories) if c == raw]
+        if not exact:
+            exact = [i for i, c in enumerate(categories) if c.lower() == low]
+        if exact:
+            return TargetSpec("class", index=exact[0], text=raw)
+        raise InputError(f"--target '{raw}' is not a class name of this model" + (suggest(raw, list(categories)) or ""))
+    raise InputError(
+        f"--target '{raw}' is not an index and the model has no class names; pass --labels FILE or an index"
+    )
+
+
+def resolve_targets(spec: TargetSpec, scores: torch.Tensor) -> list[list[int]]:
+    """Class indices per sample for a (N, K) score tensor."""
+    if scores.dim() < 2:
+        raise ModelRuntimeError(
+            f"the model output has shape {tuple(scores.shape)}; a class target needs (N, classes); "
+            "use --output-key to pick another output"
+        )
+    flat = scores.reshape(scores.shape[0], -1)
+    n_classes = flat.shape[1]
+    if spec.kind == "class":
+        assert spec.index is not None
+        if not -n_classes <= spec.index < n_classes:
+            raise InputError(
+                f"--target {spec.index} is out of range: the model has {n_classes} classes (0..{n_classes - 1})"
+            )
+        return [[spec.index % n_classes] for _ in range(flat.shape[0])]
+    k = 1 if spec.kind == "predicted" else min(spec.k, n_classes)
+    top = flat.detach().float().topk(k, dim=1).indices
+    return [row.tolist() for row in top]
+
+
+def label(index: int, categories: Sequence[str] | None) -> str:
+    """``281 tabby`` when names are known, else ``281``."""
+    if categories and 0 <= index < len(categories):
+        return f"{index} {categories[index]}"
+    return str(index)
+
+
+def load_labels(path: str | Path) -> list[str]:
+    """Class names from a file: one per line, or a JSON list, or a JSON {index: name} map."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"labels file '{p}' cannot be read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise InputError(f"labels file '{p}' is not UTF-8 text") from exc
+    stripped = text.strip()
+    if stripped.startswith(("[", "{")):
+        try:
+            data = json.loads(stripped)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"labels file '{p}' is not valid JSON: {exc.msg} (line {exc.lineno})") from exc
+        if isinstance(data, list):
+            return [str(x) for x in data]
+        if isinstance(data, dict):
+            try:
+                items = sorted((int(k), str(v)) for k, v in data.items())
+            except ValueError as exc:
+                raise InputError(f"labels file '{p}': JSON keys must be class indices") from exc
+            out = [""] * (items[-1][0] + 1 if items else 0)
+            for i, name in items:
+                out[i] = name
+            return out
+        raise InputError(f"labels file '{p}' must hold a JSON list or object")
+    names = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    if not names:
+        raise InputError(f"labels file '{p}' is empty")
+    return names
+
+
+def select_output(output: Any, key: str | None) -> torch.Tensor:
+    """The tensor to differentiate: the output itself, or ``--output-key NAME|INDEX`` of a
+    tuple/list/dict/dataclass output. Without a key, a lone tensor or the first one."""
+    from inspect_model.engine.hooks import flatten_tensors
+
+    import torch
+
+    if isinstance(output, torch.Tensor) and key is None:
+        return output
+    flat = flatten_tensors(output)
+    if not flat:
+        raise ModelRuntimeError(f"the model returned no tensor ({type(output).__name__})")
+    if key is None:
+        # torchvision's segmentation models return {"out": ..., "aux": ...}; InceptionOutputs
+        # (logits, aux_logits); the first is the one people mean.
+        return flat[0][1]
+    names = [k for k, _ in flat]
+    if key in names:
+        return flat[names.index(key)][1]
+    if key.lstrip("-").isdigit():
+        i = int(key)
+        if -len(flat) <= i < len(flat):
+            return flat[i][1]
+    raise UsageError(f"--output-key '{key}' is not an output of this model; outputs: {', '.join(names)}")

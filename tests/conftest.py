@@ -1,0 +1,79 @@
+"""Shared test setup: seeded torch, tiny models, a CLI runner that calls main()."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+SAMPLE_IMAGES = ROOT / "sample_images"
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", help="rewrite golden files in tests/golden")
+
+
+@pytest.fixture
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    return bool(request.config.getoption("--update-golden"))
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    import torch
+
+    torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _offline_torch_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Never touch the user's hub cache; tests that need cached weights write them here.
+    home = tmp_path_factory.getbasetemp() / "torch_home"
+    monkeypatch.setenv("TORCH_HOME", str(home))
+
+
+@dataclass
+class CliResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+def run_cli(args: list[str], stdin: str | None = None) -> CliResult:
+    """Run ``inspect-model ARGS`` in-process; capture stdout/stderr and the exit code."""
+    from inspect_model.cli.app import main
+
+    out, err = io.StringIO(), io.StringIO()
+    old = sys.stdin, sys.stdout, sys.stderr
+    sys.stdin = io.StringIO(stdin or "")
+    sys.stdout, sys.stderr = out, err
+    code = 0
+    try:
+        main(list(args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = old
+    return CliResult(code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def cli():
+    return run_cli
+
+
+@pytest.fixture
+def models_py(tmp_path: Path) -> Path:
+    """A user model file exposing the fixtures as FILE.py:NAME factories."""
+    src = (ROOT / "tests" / "fixtures" / "models.py").read_text()
+    p = tmp_path / "user_models.py"
+    p.write_text(src)
+    return p
