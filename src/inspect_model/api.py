@@ -41,8 +41,8 @@ def _meta_call(model: nn.Module, inputs: Sequence[Any]) -> Any:
     import torch
     from torch.func import functional_call
 
-    state = {k: torch.empty_like(v, device="meta") for k, v in model.named_parameters(remove_duplicate=False)}
-    state.update({k: torch.empty_like(v, device="meta") for k, v in model.named_buffers(remove_duplicate=False)})
+    state = {k: torch.empty_like(v, device="meta") for k, v in model.named_parameters()}
+    state.update({k: torch.empty_like(v, device="meta") for k, v in model.named_buffers()})
     return lambda: functional_call(model, state, tuple(inputs), tie_weights=True, strict=False)
 
 
@@ -98,7 +98,7 @@ def summary(
 
     if device == "meta":
         res = run("meta")
-        if res.error:
+        if res.error and _meta_limitation(res.error):
             reason = res.error
             try:
                 res = run("cpu")
@@ -115,17 +115,28 @@ def summary(
         res = run(device)
     res.notes[:0] = notes
     if res.error:
-        hint = first_layer_hint(m)
-        if hint and hint not in res.error:
-            res.error = f"{res.error} ({hint})"
+        found = first_layer_hint(m)
+        if found is not None:
+            layer, hint = found
+            status = {r.name: r.status for r in res.rows}.get(layer, "not reached")
+            # Only when the pass died at (or before) the first layer: an input-shape problem.
+            if status != "ok" and hint not in res.error:
+                res.error = f"{res.error} ({hint})"
     return res
+
+
+def _meta_limitation(error: str) -> bool:
+    """Whether a meta-pass error is the meta device's limit (an op with no meta kernel, a
+    value read from a tensor) rather than a real model error that a CPU pass would repeat."""
+    low = error.lower()
+    return error.startswith("NotImplementedError") or "meta" in low or "data-dependent" in low
 
 
 class _NeedsRealModel(Exception):
     pass
 
 
-def first_layer_hint(model: nn.Module) -> str | None:
+def first_layer_hint(model: nn.Module) -> tuple[str, str] | None:
     """What the first conv/linear layer expects, e.g. "the first layer 'conv1' (Conv2d)
     expects 3 input channels and a 4-D input (N, C, H, W)": the fix for a wrong input size."""
     from torch import nn
@@ -135,13 +146,13 @@ def first_layer_hint(model: nn.Module) -> str | None:
             rank = {nn.Conv1d: 3, nn.Conv2d: 4, nn.Conv3d: 5}[type(mod)] if type(mod) in (
                 nn.Conv1d, nn.Conv2d, nn.Conv3d) else 4
             dims = {3: "(N, C, L)", 4: "(N, C, H, W)", 5: "(N, C, T, H, W)"}[rank]
-            return (f"the first layer '{name}' ({type(mod).__name__}) expects {mod.in_channels} input "
-                    f"channels and a {rank}-D input {dims}; set --input-size accordingly")
+            return name, (f"the first layer '{name}' ({type(mod).__name__}) expects {mod.in_channels} "
+                          f"input channels and a {rank}-D input {dims}; set --input-size accordingly")
         if isinstance(mod, nn.Linear):
-            return (f"the first layer '{name}' (Linear) expects {mod.in_features} features in the last "
-                    "dimension; set --input-size accordingly")
+            return name, (f"the first layer '{name}' (Linear) expects {mod.in_features} features in the "
+                          "last dimension; set --input-size accordingly")
         if isinstance(mod, nn.Embedding):
-            return f"the first layer '{name}' (Embedding) expects integer token ids"
+            return name, f"the first layer '{name}' (Embedding) expects integer token ids"
     return None
 
 

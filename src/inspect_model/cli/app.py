@@ -15,6 +15,9 @@ from typing import Any
 import typer
 
 from inspect_model import errors
+from inspect_model.cli.activations import activations
+from inspect_model.cli.cam import cam
+from inspect_model.cli.guided_backprop import guided_backprop
 from inspect_model.cli.models import models
 from inspect_model.cli.summary import summary
 
@@ -54,8 +57,11 @@ def _root(
 
 
 COMMANDS: dict[str, Any] = {
+    "cam": cam,
     "summary": summary,
     "models": models,
+    "activations": activations,
+    "guided-backprop": guided_backprop,
 }
 
 
@@ -111,12 +117,15 @@ def main(argv: list[str] | None = None) -> None:
     except ABORT_TYPES:
         print("error: aborted", file=sys.stderr)
         code = errors.EXIT_INTERRUPTED
-    except click.UsageError as exc:
+    except click.exceptions.UsageError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None:
+            print(exc.ctx.get_help())
+            sys.exit(0)
         where = f" (see 'inspect-model {exc.ctx.info_name} --help')" if exc.ctx and exc.ctx.parent else \
             " (see 'inspect-model --help')"
         print(f"error: {exc.format_message()}{where}", file=sys.stderr)
         code = errors.EXIT_USAGE
-    except click.ClickException as exc:
+    except click.exceptions.ClickException as exc:
         print(f"error: {exc.format_message()}", file=sys.stderr)
         code = errors.EXIT_USAGE
     except errors.InspectModelError as exc:

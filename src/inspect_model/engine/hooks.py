@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.errors import ModelRuntimeError
+from inspect_model.errors import ModelLoadError, ModelRuntimeError
 
 if TYPE_CHECKING:
     import torch
@@ -157,6 +157,11 @@ class HookEngine:
         if missing:
             # Internal invariant: names come from select_layers on this very model.
             raise ModelRuntimeError(f"internal: layers not in model: {', '.join(missing[:5])}")
+        if self.layers and isinstance(self.model, torch.jit.ScriptModule):
+            # torch raises NotImplementedError on hooks of ScriptModules (issue 3).
+            from inspect_model.loading.models import hooks_unsupported_message
+
+            raise ModelLoadError(hooks_unsupported_message("the model", None))
         params = list(self.model.parameters())
         self._saved = {
             "training": [(m, m.training) for m in self.model.modules()],

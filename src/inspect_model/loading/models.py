@@ -37,7 +37,27 @@ class LoadedModel:
     input_sizes: list[tuple[int, ...]] | None = None  # per-sample input shapes (no batch)
     device: str = "cpu"
     notes: list[str] = field(default_factory=list)
-    hookable: bool = True  # False for graphs without module hooks (exported programs)
+    hookable: bool = True  # False where torch rejects module hooks (TorchScript)
+    static_batch: int | None = None  # batch size fixed at export (torch.export), if any
+    checkpoint: Any = None  # checkpoints.CheckpointReport when --checkpoint was loaded
+
+
+def require_hookable(loaded: LoadedModel, command: str) -> None:
+    """Refuse, in one clear line, to run a layer-hooking ``command`` on a model that cannot
+    take module hooks (TorchScript). Every engine-using command calls this after loading."""
+    if loaded.hookable:
+        return
+    raise ModelLoadError(hooks_unsupported_message(loaded.name, command, loaded.source))
+
+
+def hooks_unsupported_message(name: str, command: str | None, source: str = "torchscript") -> str:
+    what = "a TorchScript model" if source == "torchscript" else f"a {source} model"
+    cmd = f"`{command}` needs" if command else "this needs"
+    return (
+        f"{name} is {what}, and torch does not allow module hooks on it; {cmd} them. "
+        "Save the model with torch.export (.pt2), or give its Python class (FILE.py:NAME) "
+        "with --checkpoint; `inspect-model models` and loading still work"
+    )
 
 
 def _tv():
@@ -131,8 +151,15 @@ def ensure_weights_file(w: Any, name: str) -> str:
     path = weights_cache_path(w)
     if os.path.exists(path):
         return path
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    import socket
+
+    old_timeout = socket.getdefaulttimeout()
     try:
+        if os.environ.get("INSPECT_MODEL_OFFLINE", "").strip() not in ("", "0"):
+            raise OSError("INSPECT_MODEL_OFFLINE is set")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        # No network must fail fast rather than hang: a timeout per socket operation.
+        socket.setdefaulttimeout(30)
         torch.hub.download_url_to_file(w.url, path, progress=False)
     except Exception as exc:
         raise ModelLoadError(
@@ -140,6 +167,8 @@ def ensure_weights_file(w: Any, name: str) -> str:
             f"could not be downloaded from {w.url} ({_short_reason(exc)}); "
             "run with --weights none (random weights), put the file there, or pass --checkpoint FILE"
         ) from exc
+    finally:
+        socket.setdefaulttimeout(old_timeout)
     return path
 
 
@@ -184,7 +213,38 @@ def default_input_sizes(name: str, family: str, model: Any = None, w: Any = None
 
 def _build_kwargs(name: str, family: str) -> dict[str, Any]:
     # Quantized builders default to an unquantized float model; keep that for inspection.
-    return {"quantize": False} if family == "quantization" else {}
+    if family == "quantization":
+        return {"quantize": False}
+    if family in ("detection", "segmentation"):
+        # Their builders download ImageNet backbone weights by default even for
+        # weights=None; an architecture-only model must not touch the network.
+        return {"weights_backbone": None}
+    return {}
+
+
+class params_on_meta:
+    """Within this context, every parameter registered on a module goes to the meta device
+    (allocated for an instant, never initialised for real). Buffers stay real."""
+
+    def __enter__(self) -> params_on_meta:
+        from torch import nn
+
+        self._orig = nn.Module.register_parameter
+        orig = self._orig
+
+        def register_parameter(module: Any, name: str, param: Any) -> None:
+            orig(module, name, param)
+            if param is not None and param.device.type != "meta":
+                p = module._parameters[name]
+                module._parameters[name] = type(p)(p.to("meta"), requires_grad=p.requires_grad)
+
+        nn.Module.register_parameter = register_parameter  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        from torch import nn
+
+        nn.Module.register_parameter = self._orig  # type: ignore[method-assign]
 
 
 def load_torchvision(
@@ -223,8 +283,17 @@ def load_torchvision(
                     "or run with --weights none"
                 ) from exc
         else:
-            with torch.device(device):
-                model = models.get_model(name, weights=None, **kwargs)
+            try:
+                with torch.device(device):
+                    model = models.get_model(name, weights=None, **kwargs)
+            except NotImplementedError:
+                if device != "meta":
+                    raise
+                # Some builders compute their config with tensor values (RegNet): build with
+                # real config tensors but put each parameter on meta as it is registered.
+                with params_on_meta():
+                    model = models.get_model(name, weights=None, **kwargs)
+                model = model.to("meta")  # buffers too: the meta pass needs shapes only
     except (ModelLoadError, UsageError):
         raise
     except Exception as exc:
@@ -271,6 +340,10 @@ def load_model(
         loaded = user_models.load_user_model(
             spec, device=device, model_args=model_args or {}, trust=trust_checkpoint
         )
+        if weights and weights.lower() not in ("none", "random", "default"):
+            loaded.notes.append(
+                f"--weights {weights} ignored: {spec} is not a torchvision model; use --checkpoint FILE"
+            )
     else:
         name = spec.split(":", 1)[1] if spec.startswith("torchvision:") else spec
         if model_args:
@@ -279,8 +352,9 @@ def load_model(
     if checkpoint:
         from inspect_model.loading import checkpoints
 
-        checkpoints.load_checkpoint(
+        report = checkpoints.load_checkpoint(
             loaded.model, checkpoint, device=device, strict=strict, trust=trust_checkpoint
         )
-        loaded.notes.append(f"weights from checkpoint {checkpoint}")
+        loaded.checkpoint = report
+        loaded.notes.append(report.note())
     return loaded

@@ -1,0 +1,329 @@
+"""``inspect-model activations MODEL [IMAGE ...]``: activation statistics and feature maps."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any, Optional
+
+import typer
+
+from inspect_model.cli import common as c
+
+EXAMPLE = "inspect-model activations resnet34 cat.jpg --layers type:Conv2d[0] --output-dir acts"
+
+ScaleOpt = Annotated[
+    str, typer.Option("--scale", help="Feature-map colours: each (every tile its own min..max) or layer (one scale).")
+]
+MaxChannelsOpt = Annotated[
+    int, typer.Option("--max-channels", help="Draw at most this many channels per layer (0: all).")
+]
+ChannelsOpt = Annotated[
+    Optional[str],
+    typer.Option("--channels", help="Channels to draw: top:N (most active first) or a list like 0,5,8-11."),
+]
+CmapOpt = Annotated[str, typer.Option("--cmap", help="Matplotlib colour map of the feature maps.")]
+RawFormatOpt = Annotated[
+    str, typer.Option("--raw-format", help="With --save-raw: npy (one file per layer and image) or npz (one per image).")
+]
+JsonlOpt = Annotated[
+    bool, typer.Option("--jsonl", help="Write one compact JSON object per image to stdout as each batch finishes.")
+]
+
+
+def activations(
+    model: c.ModelArg,
+    images: c.ImagesArg = None,
+    layers: c.LayersOpt = None,
+    depth: c.DepthOpt = None,
+    scale: ScaleOpt = "layer",
+    max_channels: MaxChannelsOpt = 64,
+    channels: ChannelsOpt = None,
+    cmap: CmapOpt = "viridis",
+    save_raw: c.SaveRawOpt = False,
+    raw_format: RawFormatOpt = "npy",
+    weights: c.WeightsOpt = "DEFAULT",
+    checkpoint: c.CheckpointOpt = None,
+    model_arg: c.ModelArgOpt = None,
+    non_strict: c.NonStrictOpt = False,
+    trust_checkpoint: c.TrustOpt = False,
+    device: c.DeviceOpt = "cpu",
+    dtype: c.DtypeOpt = "float32",
+    input_size: c.InputSizeOpt = None,
+    batch_size: c.BatchSizeOpt = 8,
+    seed: c.SeedOpt = 0,
+    preset: c.PresetOpt = None,
+    resize: c.ResizeOpt = None,
+    crop: c.CropOpt = None,
+    mean: c.MeanOpt = None,
+    std: c.StdOpt = None,
+    skip_bad_inputs: c.SkipBadOpt = False,
+    output_dir: c.OutputDirOpt = None,
+    force: c.ForceOpt = False,
+    tensorboard: c.TensorboardOpt = None,
+    json_: c.JsonOpt = False,
+    jsonl: JsonlOpt = False,
+    quiet: c.QuietOpt = False,
+    config: c.ConfigOpt = None,
+    debug: c.DebugOpt = False,
+) -> None:
+    """Activation statistics of every layer, and feature-map grids of the layers you name.
+
+    Hooks the selected layers (every leaf by default) for one forward pass per batch and
+    reports, per layer and per call: output shape, mean, std, min, max, exact zeros,
+    negatives, NaN/Inf counts, and channels dead (zero) for every image, merged over all
+    images. With --output-dir: an overview PNG along the depth of the network and, for the
+    layers given with --layers, one feature-map grid PNG per layer and image.
+    Example: inspect-model activations resnet34 cat.jpg --layers type:Conv2d[0] --output-dir acts
+    """
+    from inspect_model.errors import UsageError
+    from inspect_model.render.grids import SCALES, parse_channels
+
+    if json_ and jsonl:
+        raise UsageError("--json and --jsonl cannot be combined; choose one")
+    if scale not in SCALES:
+        raise UsageError(f"--scale '{scale}' is not one of {', '.join(SCALES)}")
+    if raw_format not in ("npy", "npz"):
+        raise UsageError(f"--raw-format '{raw_format}' is not npy or npz")
+    for flag, on in (("--save-raw", save_raw), ("--force", force)):
+        if on and output_dir is None:
+            raise UsageError(f"{flag} needs --output-dir DIR")
+    if len(input_size or []) > 1:
+        from inspect_model.errors import InputError
+
+        raise InputError("activations takes one input; give --input-size once")
+    spec = parse_channels(channels, max_channels)
+    _check_cmap(cmap)
+    from inspect_model.render.files import OutputDir
+
+    msgs = c.Messages(quiet)
+    out = OutputDir(output_dir, force=force).prepare() if output_dir else None
+    writer = None
+    try:
+        if tensorboard is not None:
+            from inspect_model.render.tensorboard import open_writer
+
+            writer = open_writer(tensorboard)
+        opts = c.ModelOptions(model, weights, checkpoint, model_arg, non_strict, trust_checkpoint, device, dtype)
+        run = _Run(opts, msgs, out, writer, jsonl=jsonl, save_raw=save_raw, raw_format=raw_format,
+                   scale=scale, spec=spec, cmap=cmap)
+        report, options = run.execute(
+            images, layers=layers, depth=depth, input_size=(input_size or [None])[0], batch_size=batch_size,
+            seed=seed, preset=preset, resize=resize, crop=crop, mean=mean, std=std, skip_bad=skip_bad_inputs,
+        )
+        from inspect_model.render import activations as render
+        from inspect_model.render.jsonout import dumps, envelope
+
+        files: list[str] = []
+        payload = render.to_payload(report, images=run.names, grids=run.grids)
+        if out is not None:
+            files = list(out.written) + [str(out.path / "activations.txt"), str(out.path / "activations.json")]
+            out.write_text("activations.txt", render.render_text(report, files))
+            out.write_text("activations.json",
+                           dumps(envelope("activations", payload, options=options, files=files)) + "\n")
+        if writer is not None:
+            writer.flush()
+        if out is not None:
+            out.commit()
+        if not jsonl:
+            c.emit(
+                as_json=json_,
+                json_doc=lambda: envelope("activations", payload, options=options, files=files),
+                text=lambda: render.render_text(report, files),
+                rich=lambda: render.render_rich(report, files),
+            )
+    except BaseException:
+        if out is not None:
+            out.abort()
+        raise
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def _check_cmap(name: str) -> None:
+    from matplotlib import colormaps
+
+    from inspect_model.errors import UsageError, suggest
+
+    if name not in colormaps:
+        raise UsageError(f"--cmap '{name}' is not a matplotlib colour map"
+                         + (suggest(name, list(colormaps)) or "; e.g. viridis, magma, gray"))
+
+
+class _Run:
+    """One activations run: load, select, stream batches (grids, raw arrays, JSON lines)."""
+
+    def __init__(self, opts: c.ModelOptions, msgs: c.Messages, out: Any, writer: Any, *, jsonl: bool,
+                 save_raw: bool, raw_format: str, scale: str, spec: Any, cmap: str) -> None:
+        self.opts, self.msgs, self.out, self.writer = opts, msgs, out, writer
+        self.jsonl, self.save_raw, self.raw_format = jsonl, save_raw, raw_format
+        self.scale, self.spec, self.cmap = scale, spec, cmap
+        self.names: list[str] = []
+        self.grids: list[dict[str, Any]] = []
+        self._warned: set[str] = set()
+
+    def warn(self, text: str) -> None:
+        if text not in self._warned:
+            self._warned.add(text)
+            self.msgs.warn(text)
+
+    def execute(self, images: list[str] | None, *, layers: list[str] | None, depth: int | None,
+                input_size: str | None, batch_size: int, seed: int, preset: str | None, resize: int | None,
+                crop: int | None, mean: str | None, std: str | None,
+                skip_bad: bool) -> tuple[Any, dict[str, Any]]:
+        import torch
+
+        from inspect_model.engine.selection import select_layers
+        from inspect_model.errors import LayerSelectionError
+        from inspect_model.loading.inputs import plan_inputs
+        from inspect_model.loading.shapes import parse_dtype
+        from inspect_model.methods.activations import ActivationCapture
+
+        torch_dtype = parse_dtype(self.opts.dtype)
+        dev = c.resolve_device(self.opts.device)
+        torch.manual_seed(seed)
+        loaded = c.load(self.opts, device=dev)
+        for note in loaded.notes:
+            self.msgs.info(f"note: {note}")
+        if not getattr(loaded, "hookable", True):
+            raise LayerSelectionError(
+                f"{loaded.name} ({loaded.source}) has no module hooks, so layer outputs cannot be "
+                "captured; export the model as a Python nn.Module (FILE.py:FACTORY) instead")
+        if torch_dtype != torch.float32:
+            loaded.model.to(torch_dtype)  # our own freshly loaded copy
+        net = loaded.model
+        selected = select_layers(net, layers, depth=depth)
+        wants_files = self.out is not None or self.writer is not None
+        if layers:
+            keep = list(selected) if wants_files else []
+        elif self.save_raw:
+            keep = list(selected)
+            self.msgs.info("note: --save-raw without --layers saves every selected layer's output")
+        else:
+            keep = []
+            if wants_files:
+                self.msgs.info("note: no --layers given: statistics only; name layers with --layers "
+                               "to draw their feature maps")
+        plan = plan_inputs(loaded, images, input_size=input_size, batch_size=batch_size, seed=seed,
+                           preset=preset, resize=resize, crop=crop, mean=c.parse_floats(mean, "--mean"),
+                           std=c.parse_floats(std, "--std"), skip_bad=skip_bad, device=dev, dtype=torch_dtype)
+        draw = set(selected) if layers and wants_files else set()
+        with ActivationCapture(net, selected, keep=keep, hist_bins=64 if self.writer is not None else 0,
+                               model_name=loaded.name) as cap:
+            for b, batch in enumerate(plan.batches()):
+                res = cap.run(batch.tensor, batch.names)
+                self._batch(res, b, draw)
+            report = cap.report()
+        for path, reason in plan.skipped:
+            self.warn(f"skipped '{path}': {reason}")
+        called = {r.name for r in report.layers}
+        missing = [n for n in selected if n not in called]
+        if missing:
+            self.warn(f"{len(missing)} selected layer(s) never ran in the forward pass: "
+                      + ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else ""))
+        if self.out is not None:
+            from inspect_model.render.activations import render_overview
+
+            fig = render_overview(report)
+            self.out.save_figure("overview.png", fig)
+        options = {
+            "model": self.opts.model, "weights": self.opts.weights, "checkpoint":
+                str(self.opts.checkpoint) if self.opts.checkpoint else None,
+            "layers": list(layers or []), "depth": depth, "selected": len(selected),
+            "scale": self.scale, "max_channels": self.spec.max_channels, "channels": self.spec.describe(),
+            "cmap": self.cmap, "save_raw": self.save_raw, "raw_format": self.raw_format,
+            "device": dev, "dtype": self.opts.dtype, "seed": seed, "preprocessing": plan.describe(),
+            "tensorboard": None if self.writer is None else str(getattr(self.writer, "log_dir", "")),
+        }
+        return report, options
+
+    def _batch(self, res: Any, b: int, draw: set[str]) -> None:
+        from inspect_model.render.files import safe_name
+
+        ids = []
+        for img in res.images:
+            self.names.append(img.name)
+            ids.append(f"{img.index:04d}_{safe_name(_stem(img.name))}")
+        per_image_files: dict[int, list[str]] = {i: [] for i in range(len(res.images))}
+        npz: dict[int, dict[str, Any]] = {i: {} for i in range(len(res.images))}
+        for k in res.kept:
+            if not k.per_sample:
+                if k.name in draw:
+                    self.warn(f"layer '{k.key}': dim 0 of its output is not the batch; not drawn")
+                if self.save_raw and self.out is not None:
+                    self.out.save_npy(f"raw/batch-{b:04d}/{safe_name(k.key)}.npy", _numpy(k.tensor))
+                continue
+            for i in range(len(res.images)):
+                sample = k.tensor[i]
+                if k.name in draw:
+                    per_image_files[i].extend(self._draw(k, sample, res.images[i], ids[i]))
+                if self.save_raw and self.out is not None:
+                    if self.raw_format == "npy":
+                        per_image_files[i].append(
+                            self.out.save_npy(f"raw/{ids[i]}/{safe_name(k.key)}.npy", _numpy(sample)))
+                    else:
+                        npz[i][k.key] = _numpy(sample)
+        if self.save_raw and self.out is not None and self.raw_format == "npz":
+            for i, arrays in npz.items():
+                if arrays:
+                    per_image_files[i].append(self.out.write_bytes(f"raw/{ids[i]}.npz", _npz_bytes(arrays)))
+        if self.writer is not None:
+            for key, (lo, hi, counts, num, s1, s2) in res.histograms.items():
+                width = (hi - lo) / len(counts)
+                self.writer.add_histogram_raw(
+                    f"activations/{key}", min=lo, max=hi, num=num, sum=s1, sum_squares=s2,
+                    bucket_limits=[lo + (j + 1) * width for j in range(len(counts))],
+                    bucket_counts=counts, global_step=b)
+        if self.jsonl:
+            from inspect_model.render.activations import image_line
+            from inspect_model.render.jsonout import dumps
+
+            for i, img in enumerate(res.images):
+                sys.stdout.write(dumps(image_line(img, per_image_files[i]), indent=None) + "\n")
+            sys.stdout.flush()
+
+    def _draw(self, k: Any, sample: Any, img: Any, image_id: str) -> list[str]:
+        from inspect_model.render.files import safe_name
+        from inspect_model.render.grids import figure_to_array, render_activation
+
+        cdim = None if k.channel_dim is None else k.channel_dim - 1
+        title = f"{k.key} ({k.type}) - {img.name}"
+        fig, layout = render_activation(_numpy(sample), cdim, title=title, channels=self.spec, scale=self.scale,
+                                        cmap=self.cmap, layer=k.key)
+        files: list[str] = []
+        path = None
+        if self.out is not None:
+            path = self.out.save_figure(f"grids/{image_id}/{safe_name(k.key)}.png", fig)
+            files.append(path)
+        if self.writer is not None:
+            self.writer.add_image(f"grids/{k.key}", figure_to_array(fig), global_step=img.index,
+                                  dataformats="HWC")
+        self.grids.append({"image": img.name, "layer": k.key, "file": path, "kind": layout.kind,
+                           "rows": layout.rows, "cols": layout.cols, "channels": list(layout.channels),
+                           "total_channels": layout.total_channels, "note": layout.note})
+        return files
+
+
+def _stem(name: str) -> str:
+    from pathlib import Path
+
+    return Path(name).stem or name
+
+
+def _numpy(t: Any) -> Any:
+    import torch
+
+    x = t.detach()
+    if x.dtype in (torch.float16, torch.bfloat16):
+        x = x.float()
+    return x.cpu().numpy()
+
+
+def _npz_bytes(arrays: dict[str, Any]) -> bytes:
+    import io
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()

@@ -1,0 +1,385 @@
+"""``inspect-model cam MODEL IMAGE ...``: class activation maps per image, target, method and layer."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any, Optional
+
+import typer
+
+from inspect_model.cli import common as c
+
+EXAMPLE = "inspect-model cam resnet50 cat.jpg --method gradcam --method scorecam --target top:2 -o cams"
+
+MethodOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--method", "-m", help="cam, gradcam, gradcam++, xgradcam, layercam, hirescam, scorecam, "
+                 "eigencam, or all (the five gradient methods, from one pass); repeatable. Default gradcam."),
+]
+LayerOpt = Annotated[
+    Optional[list[str]],
+    typer.Option("--layer", "-l", help="auto (last spatial layer; ViT/Swin: last block as a patch grid) "
+                 "or a layer spec; repeat for one map per layer."),
+]
+ReshapeOpt = Annotated[
+    Optional[str], typer.Option("--reshape", help="Patch grid HxW for a token layer (N, tokens, D); "
+                                "leading class/register tokens are dropped.")
+]
+FuseOpt = Annotated[
+    bool, typer.Option("--fuse", help="With several --layer: also a fused map (element-wise max of the "
+                       "normalised maps).")
+]
+ScoreBatchOpt = Annotated[
+    int, typer.Option("--scorecam-batch", help="Masked inputs per forward pass for scorecam.")
+]
+ColormapOpt = Annotated[str, typer.Option("--colormap", help="Matplotlib colormap of the heat maps.")]
+AlphaOpt = Annotated[float, typer.Option("--alpha", help="Heat-map opacity in overlays, 0..1.")]
+TopOpt = Annotated[int, typer.Option("--top", help="Predicted classes listed per image.")]
+JsonlOpt = Annotated[
+    bool, typer.Option("--jsonl", help="Write one compact JSON object per image to stdout as each batch finishes.")
+]
+SHEET_ROWS = 16  # rows per contact-sheet page: memory stays bounded for any number of images
+
+
+def cam(
+    model: c.ModelArg,
+    images: c.ImagesArg = None,
+    method: MethodOpt = None,
+    layer: LayerOpt = None,
+    reshape: ReshapeOpt = None,
+    fuse: FuseOpt = False,
+    target: c.TargetOpt = "predicted",
+    output_key: c.OutputKeyOpt = None,
+    scorecam_batch: ScoreBatchOpt = 32,
+    weights: c.WeightsOpt = "DEFAULT",
+    checkpoint: c.CheckpointOpt = None,
+    model_arg: c.ModelArgOpt = None,
+    non_strict: c.NonStrictOpt = False,
+    trust_checkpoint: c.TrustOpt = False,
+    device: c.DeviceOpt = "cpu",
+    dtype: c.DtypeOpt = "float32",
+    input_size: c.InputSizeOpt = None,
+    batch_size: c.BatchSizeOpt = 8,
+    seed: c.SeedOpt = 0,
+    preset: c.PresetOpt = None,
+    resize: c.ResizeOpt = None,
+    crop: c.CropOpt = None,
+    mean: c.MeanOpt = None,
+    std: c.StdOpt = None,
+    labels: c.LabelsOpt = None,
+    skip_bad_inputs: c.SkipBadOpt = False,
+    colormap: ColormapOpt = "jet",
+    alpha: AlphaOpt = 0.5,
+    top: TopOpt = 5,
+    output_dir: c.OutputDirOpt = None,
+    force: c.ForceOpt = False,
+    save_raw: c.SaveRawOpt = False,
+    tensorboard: c.TensorboardOpt = None,
+    json_: c.JsonOpt = False,
+    jsonl: JsonlOpt = False,
+    quiet: c.QuietOpt = False,
+    config: c.ConfigOpt = None,
+    debug: c.DebugOpt = False,
+) -> None:
+    """Class activation maps: CAM, Grad-CAM, Grad-CAM++, XGrad-CAM, Layer-CAM, HiResCAM,
+    Score-CAM and Eigen-CAM.
+
+    All gradient methods come from one forward pass and a backward pass that stops at the
+    layer. With --output-dir: per image, target, method and layer a heat-map overlay on the
+    original image, the bare map with a colour bar, --save-raw .npy maps, and contact sheets.
+    Example: inspect-model cam resnet50 cat.jpg --method gradcam --method scorecam --target top:2 -o cams
+    """
+    from inspect_model.errors import UsageError
+    from inspect_model.methods.cam import parse_methods, parse_reshape
+    from inspect_model.render.overlay import check_colormap
+
+    if json_ and jsonl:
+        raise UsageError("--json and --jsonl cannot be combined; choose one")
+    for flag, on in (("--save-raw", save_raw), ("--force", force)):
+        if on and output_dir is None:
+            raise UsageError(f"{flag} needs --output-dir DIR")
+    if not 0.0 <= alpha <= 1.0:
+        raise UsageError(f"--alpha must be between 0 and 1, got {alpha}")
+    if scorecam_batch < 1:
+        raise UsageError(f"--scorecam-batch must be 1 or more, got {scorecam_batch}")
+    if top < 1:
+        raise UsageError(f"--top must be 1 or more, got {top}")
+    methods = parse_methods(method)
+    grid = parse_reshape(reshape)
+    if fuse and len(layer or []) < 2:
+        raise UsageError("--fuse combines several layers; give --layer at least twice")
+    check_colormap(colormap)
+    from inspect_model.render.files import OutputDir
+
+    msgs = c.Messages(quiet)
+    out = OutputDir(output_dir, force=force).prepare() if output_dir else None
+    writer = None
+    try:
+        if tensorboard is not None:
+            from inspect_model.render.tensorboard import open_writer
+
+            writer = open_writer(tensorboard)
+        opts = c.ModelOptions(model, weights, checkpoint, model_arg, non_strict, trust_checkpoint, device, dtype)
+        run = _Run(opts, msgs, out, writer, methods=methods, jsonl=jsonl, keep=not jsonl, save_raw=save_raw,
+                   colormap=colormap, alpha=alpha, top=top)
+        payload, options = run.execute(
+            images, layers=layer, reshape=grid, fuse=fuse, target=target, output_key=output_key,
+            scorecam_batch=scorecam_batch, input_size=input_size, batch_size=batch_size, seed=seed,
+            preset=preset, resize=resize, crop=crop, mean=mean, std=std, labels=labels,
+            skip_bad=skip_bad_inputs)
+        from inspect_model.render import cam_report as render
+        from inspect_model.render.jsonout import dumps, envelope
+
+        files: list[str] = []
+        if out is not None:
+            files = list(out.written) + [str(out.path / "report.json"), str(out.path / "report.txt")]
+            out.write_text("report.txt", render.render_text(payload))
+            out.write_text("report.json", dumps(envelope("cam", payload, options=options, files=files)) + "\n")
+        if writer is not None:
+            writer.flush()
+        for w in payload["warnings"]:
+            msgs.warn(w)
+        if out is not None:
+            out.commit()
+        if not jsonl:
+            c.emit(
+                as_json=json_,
+                json_doc=lambda: envelope("cam", payload, options=options, files=files),
+                text=lambda: render.render_text(payload),
+                rich=lambda: render.render_rich(payload),
+            )
+    except BaseException:
+        if out is not None:
+            out.abort()
+        raise
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+class _Run:
+    """One cam run: load, resolve layers, stream batches, write files, build the payload."""
+
+    def __init__(self, opts: c.ModelOptions, msgs: c.Messages, out: Any, writer: Any, *, methods: list[str],
+                 jsonl: bool, keep: bool, save_raw: bool, colormap: str, alpha: float, top: int) -> None:
+        self.opts, self.msgs, self.out, self.writer = opts, msgs, out, writer
+        self.methods, self.jsonl, self.keep, self.save_raw = methods, jsonl, keep, save_raw
+        self.colormap, self.alpha, self.top = colormap, alpha, top
+        self.warnings: list[str] = []
+        self.sheet_rows: list[Any] = []
+        self.sheets: list[str] = []
+        self.columns: list[tuple[str, str]] = []
+
+    def warn(self, text: str) -> None:
+        if text not in self.warnings:
+            self.warnings.append(text)
+
+    def execute(self, images: list[str] | None, *, layers: list[str] | None, reshape: tuple[int, int] | None,
+                fuse: bool, target: str, output_key: str | None, scorecam_batch: int,
+                input_size: list[str] | None, batch_size: int, seed: int, preset: str | None,
+                resize: int | None, crop: int | None, mean: str | None, std: str | None, labels: Any,
+                skip_bad: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+        import itertools
+
+        import torch
+
+        from inspect_model.errors import InputError
+        from inspect_model.loading.inputs import plan_inputs
+        from inspect_model.loading.shapes import parse_dtype
+        from inspect_model.methods.cam import compute_cams, resolve_layers
+        from inspect_model.methods.targets import load_labels, parse_target
+
+        torch_dtype = parse_dtype(self.opts.dtype)
+        dev = c.resolve_device(self.opts.device)
+        if len(input_size or []) > 1:
+            raise InputError("cam takes one input; give --input-size once")
+        torch.manual_seed(seed)
+        loaded = c.load(self.opts, device=dev)
+        for note in loaded.notes:
+            self.msgs.info(f"note: {note}")
+        if torch_dtype != torch.float32:
+            loaded.model.to(torch_dtype)  # our own freshly loaded copy
+        net = loaded.model
+        categories = load_labels(labels) if labels else loaded.categories
+        spec = parse_target(target, categories)
+        plan = plan_inputs(loaded, images, input_size=(input_size or [None])[0], batch_size=batch_size,
+                           seed=seed, preset=preset, resize=resize, crop=crop,
+                           mean=c.parse_floats(mean, "--mean"), std=c.parse_floats(std, "--std"),
+                           skip_bad=skip_bad, device=dev, dtype=torch_dtype)
+        batches = plan.batches()
+        first = next(batches, None)
+        if first is None:
+            raise InputError("no input could be read; nothing to do")
+        cam_layers = resolve_layers(net, first.tensor, layers, reshape)
+        for lay in cam_layers:
+            g = lay.layout.grid
+            self.msgs.info(f"layer: {lay.name} ({lay.layout.kind}, {g[0]}x{g[1]} grid, {lay.layout.channels} channels)")
+        n_images = len(plan.paths) if plan.paths else first.tensor.shape[0]
+        if "scorecam" in self.methods:
+            per = sum(lay.layout.channels for lay in cam_layers)
+            total = per * n_images
+            self.msgs.info(f"scorecam: {per} masked inputs per image ({n_images} image(s): {total} in all), "
+                           f"run as {sum(-(-lay.layout.channels // scorecam_batch) for lay in cam_layers) * n_images}"
+                           f" forward passes of up to {scorecam_batch} (--scorecam-batch)")
+        names = [lay.name for lay in cam_layers] + (["fused:" + "+".join(lay.name for lay in cam_layers)]
+                                                    if fuse and len(cam_layers) > 1 else [])
+        self.columns = [(m, n) for n in names for m in self.methods]
+        entries: list[dict[str, Any]] = []
+        passes = {"forward": 0, "backward": 0, "scorecam_forward": 0}
+        count = 0
+        with _progress(self.msgs, n_images, batch_size) as advance:
+            for batch in itertools.chain([first], batches):
+                res = compute_cams(net, batch.tensor, layers=cam_layers, methods=self.methods, target=spec,
+                                   output_key=output_key, scorecam_batch=scorecam_batch, fuse=fuse)
+                for key in passes:
+                    passes[key] += res.passes[key]
+                for i in range(batch.tensor.shape[0]):
+                    entry = self._entry(count, batch, i, res, categories, plan.preprocess)
+                    count += 1
+                    if self.keep:
+                        entries.append(entry)
+                    if self.jsonl:
+                        from inspect_model.render.jsonout import dumps
+
+                        sys.stdout.write(dumps({"command": "cam", **entry}, indent=None) + "\n")
+                        sys.stdout.flush()
+                advance(batch.tensor.shape[0])
+        self._flush_sheet(final=True)
+        for path, reason in plan.skipped:
+            self.warn(f"skipped {path}: {reason}")
+        payload = {
+            "model": loaded.name,
+            "methods": list(self.methods),
+            "layers": [lay.describe() for lay in cam_layers],
+            "target": spec.text,
+            "fuse": bool(fuse and len(cam_layers) > 1),
+            "images": entries,
+            "image_count": count,
+            "passes": passes,
+            "contact_sheets": list(self.sheets),
+            "warnings": list(self.warnings),
+            "skipped": [{"path": p, "reason": r} for p, r in plan.skipped],
+        }
+        options = {
+            "model": self.opts.model, "weights": loaded.weights if loaded.source == "torchvision" else self.opts.weights,
+            "checkpoint": str(self.opts.checkpoint) if self.opts.checkpoint else None,
+            "layers": [lay.name for lay in cam_layers], "layer_specs": list(layers or ["auto"]),
+            "reshape": list(reshape) if reshape else None, "preprocessing": plan.describe(), "device": dev,
+            "dtype": str(torch_dtype).replace("torch.", ""), "seed": seed, "target": target,
+            "methods": list(self.methods), "fuse": fuse, "output_key": output_key, "batch_size": batch_size,
+            "scorecam_batch": scorecam_batch, "colormap": self.colormap, "alpha": self.alpha,
+        }
+        return payload, options
+
+    # ------------------------------------------------------------------ per image
+    def _entry(self, index: int, batch: Any, i: int, res: Any, categories: Any, pre: Any) -> dict[str, Any]:
+        from pathlib import Path
+
+        from inspect_model.render import overlay as ov
+        from inspect_model.render.cam_report import image_record
+        from inspect_model.render.files import safe_name
+
+        name = batch.names[i]
+        loaded_img = batch.images[i] if batch.images is not None else None
+        if loaded_img is not None:
+            picture = loaded_img.image
+            box = pre.uncrop_box(*picture.size) if pre is not None else None
+        else:
+            picture = ov.input_picture(batch.tensor[i])
+            box = None
+        base = f"{index:04d}-{safe_name(Path(name).stem)}"
+        files: dict[tuple[int, str, str], dict[str, str]] = {}
+        rows: dict[int, dict[tuple[str, str], Any]] = {}
+        probs = res.probabilities[i]
+        for m in res.maps:
+            if m.sample != i:
+                continue
+            cls = m.target
+            cname = categories[cls] if categories and 0 <= cls < len(categories) else None
+            tag = safe_name(f"c{cls}-{cname}" if cname else f"c{cls}")
+            for w in m.warnings:
+                self.warn(f"{name}: {m.method} at {m.layer} for class {cls}: {w}")
+            needs_picture = self.out is not None or self.writer is not None
+            if not needs_picture:
+                continue
+            arr = m.map.numpy()
+            over = ov.overlay(picture, arr, box, alpha=self.alpha, cmap=self.colormap)
+            title = f"{cls}{' ' + cname if cname else ''} p={float(probs[cls]):.3f}"
+            rows.setdefault(m.rank, {})[(m.method, m.layer)] = ov.SheetCell(ov.thumbnail(over), title)
+            if self.writer is not None:
+                import numpy as np
+
+                self.writer.add_image(f"cam/{m.method}/{m.layer}/rank{m.rank}", np.asarray(over), index,
+                                      dataformats="HWC")
+            if self.out is None:
+                continue
+            stem = f"{base}/{safe_name(m.method)}.{safe_name(m.layer)}.{tag}"
+            f = {"overlay": self.out.save_image(f"{stem}.overlay.png", over)}
+            fig = ov.heatmap_figure(arr, f"{m.method} @ {m.layer}\n{title}", cmap=self.colormap)
+            f["heatmap"] = self.out.save_figure(f"{stem}.heatmap.png", fig)
+            if self.save_raw:
+                f["raw_input"] = self.out.save_npy(f"{stem}.input.npy", arr)
+                if m.raw is not None:
+                    f["raw_layer"] = self.out.save_npy(f"{stem}.layer.npy", m.raw.numpy())
+            files[(m.rank, m.method, m.layer)] = f
+        if self.out is not None:
+            for rank in sorted(rows):
+                cells = [rows[rank].get(col) for col in self.columns]
+                self.sheet_rows.append((f"{Path(name).name} #{rank + 1}", cells))
+            self._flush_sheet(final=False)
+        size = list(loaded_img.image.size) if loaded_img is not None else None
+        return image_record(res, i, index=index, name=name, size=size, categories=categories, files=files,
+                            top=self.top)
+
+    def _flush_sheet(self, *, final: bool) -> None:
+        """Write a contact-sheet page when it is full (or at the end), when there are several
+        images or several columns: rows = image x target, columns = method x layer."""
+        if self.out is None or not self.sheet_rows:
+            return
+        if not final and len(self.sheet_rows) < SHEET_ROWS:
+            return
+        several = len(self.columns) > 1 or len(self.sheet_rows) > 1 or self.sheets
+        if several:
+            from inspect_model.render.overlay import contact_sheet
+
+            rows, self.sheet_rows = self.sheet_rows[:SHEET_ROWS], self.sheet_rows[SHEET_ROWS:]
+            cols = [f"{m} @ {lay}" for m, lay in self.columns]
+            page = len(self.sheets) + 1
+            fig = contact_sheet(rows, cols, title=f"class activation maps (page {page})")
+            self.sheets.append(self.out.save_figure(f"contact_sheet_{page:03d}.png", fig))
+            if final and self.sheet_rows:
+                self._flush_sheet(final=True)
+        else:
+            self.sheet_rows = []
+
+
+class _progress:
+    """A rich progress bar on stderr, only when stderr is a terminal and the run is large."""
+
+    def __init__(self, msgs: c.Messages, total: int, batch_size: int) -> None:
+        self.enabled = not msgs.quiet and total > batch_size and _stderr_is_terminal()
+        self.total = total
+        self._bar: Any = None
+
+    def __enter__(self) -> Any:
+        if not self.enabled:
+            return lambda n: None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._bar = Progress(TextColumn("cam"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                             console=Console(stderr=True), transient=True)
+        self._bar.start()
+        task = self._bar.add_task("cam", total=self.total)
+        return lambda n: self._bar.advance(task, n)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False

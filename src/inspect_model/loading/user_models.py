@@ -1,0 +1,509 @@
+"""The user's own models: ``FILE.py:NAME``, ``package.module:NAME``, TorchScript, torch.export.
+
+``NAME`` may be an ``nn.Module`` instance, an ``nn.Module`` class or a function returning a
+module (dotted for nested attributes: ``zoo.py:Builders.small``); ``--model-arg`` values are
+passed to the class or function. Loading ``FILE.py`` runs that file, as ``python FILE.py``
+would (but with ``__name__`` not ``"__main__"``), so only load files you trust.
+
+TorchScript archives (``torch.jit.save``) load and run, but torch rejects module hooks on
+them (``NotImplementedError``), so they are marked ``hookable=False``. Exported programs
+(``torch.export.save``, ``.pt2``) are turned back into a module tree with
+``torch.export.unflatten``: its submodules keep the original names, take hooks, and are
+given their original class names so that ``type:Conv2d`` selects them. A file written by
+``torch.save(model)`` (a whole pickled model) loads only with ``--trust-checkpoint``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+import traceback
+from typing import TYPE_CHECKING, Any
+
+from inspect_model.errors import ModelLoadError, suggest
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from inspect_model.loading.models import LoadedModel
+
+SCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".jit", ".torchscript", ".pt2", ".ep", ".bin")
+
+# Commands that need forward hooks on inner modules (all but `models` today).
+HOOK_COMMANDS = ("summary", "activations", "grads", "guided-backprop", "cam", "check")
+
+
+def parse_spec(spec: str) -> tuple[str, str, str | None]:
+    """``(kind, where, attr)``: kind is ``file`` (a .py file), ``module`` (an importable
+    module) or ``archive`` (a saved model file, attr None)."""
+    if ":" in spec:
+        left, right = spec.rsplit(":", 1)
+        # `C:\models\net.pt` (a Windows drive) has no attribute part.
+        if len(left) == 1 and left.isalpha() and right.startswith(("\\", "/")):
+            return "archive", spec, None
+        if not right:
+            raise ModelLoadError(f"model spec '{spec}' names no attribute after ':'; e.g. {left}:MyNet")
+        if left.endswith(".py") or os.sep in left or "/" in left or os.path.isfile(left):
+            return "file", left, right
+        return "module", left, right
+    if spec.endswith(".py"):
+        return "file", spec, None
+    return "archive", spec, None
+
+
+def load_user_model(
+    spec: str,
+    *,
+    device: str = "cpu",
+    model_args: dict[str, Any] | None = None,
+    trust: bool = False,
+) -> LoadedModel:
+    """Load a user model spec (see module docstring) onto ``device``."""
+    kind, where, attr = parse_spec(spec)
+    model_args = dict(model_args or {})
+    if kind == "archive":
+        if model_args:
+            raise ModelLoadError(
+                f"--model-arg does not apply to the saved model '{where}'; it is for FILE.py:NAME specs"
+            )
+        return load_archive(where, device=device, trust=trust)
+    if kind == "file":
+        module = import_file(where)
+        origin = where
+    else:
+        module = import_module(where)
+        origin = where
+    if attr is None:
+        names = model_names(module)
+        raise ModelLoadError(
+            f"'{where}' needs the name of a model after ':', e.g. {where}:{names[0] if names else 'MyNet'}"
+            + (f"; models in it: {', '.join(names[:8])}" if names else "")
+        )
+    obj = resolve_attr(module, attr, origin)
+    model, how = build(obj, attr, origin, model_args, device)
+    return _finish(model, name=attr.split(".")[-1], source="python", device=device, notes=[how])
+
+
+# ------------------------------------------------------------------ importing
+def import_file(path: str) -> Any:
+    """Run ``path`` as a fresh module (its folder importable for sibling imports)."""
+    if not os.path.exists(path):
+        raise ModelLoadError(f"model file '{path}' does not exist")
+    if os.path.isdir(path):
+        raise ModelLoadError(f"model file '{path}' is a directory; give FILE.py:NAME")
+    if not path.endswith(".py"):
+        raise ModelLoadError(f"model file '{path}' is not a .py file; give FILE.py:NAME")
+    full = os.path.abspath(path)
+    stem = os.path.splitext(os.path.basename(full))[0]
+    modname = f"inspect_model_user.{stem}_{abs(hash(full)) & 0xFFFFFF:06x}"
+    spec = importlib.util.spec_from_file_location(modname, full)
+    if spec is None or spec.loader is None:  # pragma: no cover - .py files always have a loader
+        raise ModelLoadError(f"model file '{path}' cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    folder = os.path.dirname(full)
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    # Registered so that dataclasses, pickling and typing inside the file can find it.
+    sys.modules[modname] = module
+    try:
+        spec.loader.exec_module(module)
+    except SystemExit as exc:
+        sys.modules.pop(modname, None)
+        raise ModelLoadError(
+            f"model file '{path}' called sys.exit({exc.code!r}) on import; put script code under "
+            "`if __name__ == \"__main__\":`"
+        ) from None
+    except Exception as exc:
+        sys.modules.pop(modname, None)
+        raise ModelLoadError(f"model file '{path}' raised on import{_where(exc, full)}: {_brief(exc)}") from exc
+    finally:
+        if added and folder in sys.path:
+            sys.path.remove(folder)
+    return module
+
+
+def import_module(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
+            hint = "; for a file give path/to/file.py:NAME" if "." not in name else ""
+            raise ModelLoadError(
+                f"module '{name}' cannot be found (is it installed or on PYTHONPATH?){hint}"
+            ) from exc
+        raise ModelLoadError(f"module '{name}' raised on import: {_brief(exc)}") from exc
+    except SystemExit as exc:
+        raise ModelLoadError(f"module '{name}' called sys.exit({exc.code!r}) on import") from None
+    except Exception as exc:
+        raise ModelLoadError(f"module '{name}' raised on import: {_brief(exc)}") from exc
+
+
+def _brief(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())[:200]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _where(exc: BaseException, filename: str) -> str:
+    """`` (line N)``: the deepest traceback line inside the user's file."""
+    line = None
+    for fr in traceback.extract_tb(exc.__traceback__):
+        if os.path.abspath(fr.filename) == filename:
+            line = fr.lineno
+    if line is None and isinstance(exc, SyntaxError) and exc.lineno:
+        line = exc.lineno
+    return f" (line {line})" if line else ""
+
+
+# ------------------------------------------------------------------ attributes
+def _is_module_class(obj: Any) -> bool:
+    from torch import nn
+
+    return inspect.isclass(obj) and issubclass(obj, nn.Module)
+
+
+def model_names(module: Any) -> list[str]:
+    """Names in ``module`` that can give a model: instances, subclasses, and functions
+    defined in the module itself (imported helpers are left out)."""
+    from torch import nn
+
+    out = []
+    for name, value in vars(module).items():
+        if name.startswith("_"):
+            continue
+        if isinstance(value, nn.Module):
+            out.append(name)
+        elif _is_module_class(value) and value.__module__ == module.__name__:
+            out.append(name)
+        elif inspect.isfunction(value) and value.__module__ == module.__name__:
+            out.append(name)
+    return out
+
+
+def resolve_attr(module: Any, attr: str, origin: str) -> Any:
+    obj = module
+    walked: list[str] = []
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            where = f"'{origin}'" if not walked else f"'{origin}:{'.'.join(walked)}'"
+            candidates = model_names(obj) if not walked else [n for n in dir(obj) if not n.startswith("_")]
+            hint = suggest(part, candidates) or (
+                f"; models in it: {', '.join(candidates[:8])}" if candidates else ""
+            )
+            raise ModelLoadError(f"'{part}' not found in {where}{hint}")
+        obj = getattr(obj, part)
+        walked.append(part)
+    return obj
+
+
+def build(obj: Any, attr: str, origin: str, model_args: dict[str, Any], device: str) -> tuple[nn.Module, str]:
+    """Turn the attribute into a module: use an instance, call a class or a factory."""
+    from torch import nn
+
+    label = f"{origin}:{attr}"
+    if isinstance(obj, nn.Module):
+        if model_args:
+            raise ModelLoadError(
+                f"'{label}' is an already built {type(obj).__name__} instance; --model-arg needs a "
+                "class or a function that builds the model"
+            )
+        return obj, f"{label} is an instance of {type(obj).__name__}"
+    if not callable(obj):
+        raise ModelLoadError(
+            f"'{label}' is a {type(obj).__name__}, not an nn.Module, a module class or a function "
+            "returning one"
+        )
+    if inspect.isclass(obj) and not _is_module_class(obj):
+        raise ModelLoadError(f"'{label}' is the class {obj.__name__}, which is not an nn.Module subclass")
+    _check_args(obj, label, model_args)
+    model = _call(obj, label, model_args, device)
+    if not isinstance(model, nn.Module):
+        raise ModelLoadError(
+            f"'{label}' returned a {type(model).__name__}, not an nn.Module; make it return the model"
+        )
+    model.eval()
+    what = "class" if inspect.isclass(obj) else "factory"
+    args = ", ".join(f"{k}={v!r}" for k, v in model_args.items())
+    return model, f"{label} built by calling the {what} {attr}({args})"
+
+
+def _check_args(fn: Any, label: str, model_args: dict[str, Any]) -> None:
+    """Name an unknown --model-arg before calling (the TypeError would be less clear)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    params = sig.parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    accepted = [n for n, p in params.items()
+                if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    for key in model_args:
+        if key not in accepted:
+            raise ModelLoadError(
+                f"--model-arg '{key}' is not a parameter of {label}"
+                + (suggest(key, accepted) or f"; it takes: {', '.join(accepted) or 'no arguments'}")
+            )
+    missing = [n for n, p in params.items()
+               if p.default is inspect.Parameter.empty and n not in model_args
+               and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    if missing:
+        raise ModelLoadError(
+            f"{label} needs {', '.join(missing)}; pass them with --model-arg {missing[0]}=VALUE"
+        )
+
+
+def _call(fn: Any, label: str, model_args: dict[str, Any], device: str) -> Any:
+    import torch
+
+    def call() -> Any:
+        return fn(**model_args)
+
+    try:
+        if device == "meta":
+            try:
+                # No memory for the weights; fine for a summary of shapes.
+                with torch.device("meta"):
+                    return call()
+            except Exception:
+                return call()  # a builder that computes with its tensors: build for real
+        with torch.device(device):
+            return call()
+    except Exception as exc:
+        raise ModelLoadError(f"building the model {label} failed: {_brief(exc)}") from exc
+
+
+# ------------------------------------------------------------------ saved models
+def load_archive(path: str, *, device: str = "cpu", trust: bool = False) -> LoadedModel:
+    """A saved model file: TorchScript, exported program, or (trusted) a pickled module."""
+    from inspect_model.loading import checkpoints
+
+    if not os.path.exists(path):
+        hint = "" if path.endswith(SCRIPT_SUFFIXES) else (
+            "; give a torchvision name (see `inspect-model models`), FILE.py:NAME or package.module:NAME"
+        )
+        raise ModelLoadError(f"model file '{path}' does not exist{hint}")
+    if os.path.isdir(path):
+        raise ModelLoadError(f"model '{path}' is a directory; give FILE.py:NAME or a saved model file")
+    kind = checkpoints.sniff(path)
+    if kind == "torchscript":
+        return load_torchscript(path, device=device)
+    if kind == "export":
+        return load_exported(path, device=device)
+    if kind in ("torch", "legacy"):
+        return _load_pickled_model(path, device=device, trust=trust)
+    if kind == "empty":
+        raise ModelLoadError(f"model file '{path}' is empty")
+    if kind == "corrupt-zip":
+        raise ModelLoadError(f"model file '{path}' is a truncated or corrupt archive; save it again")
+    raise ModelLoadError(
+        f"model file '{path}' is not a TorchScript file, an exported program (.pt2) or a torch.save file"
+    )
+
+
+def _load_pickled_model(path: str, *, device: str, trust: bool) -> LoadedModel:
+    from torch import nn
+
+    from inspect_model.loading import checkpoints
+
+    obj = checkpoints.read_checkpoint(path, device=device, trust=trust, what="model file")
+    if isinstance(obj, nn.Module):
+        obj.eval()
+        return _finish(obj, name=os.path.basename(path), source="pickle", device=device,
+                       notes=[f"whole pickled model loaded from {path} (--trust-checkpoint)"])
+    raise ModelLoadError(
+        f"'{path}' holds weights (a {type(obj).__name__}), not a model; give the model as "
+        f"FILE.py:NAME or a torchvision name and pass --checkpoint {path}"
+    )
+
+
+def load_torchscript(path: str, *, device: str = "cpu") -> LoadedModel:
+    import warnings
+
+    import torch
+
+    map_location = "cpu" if device == "meta" else device
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch.jit is deprecated upstream
+            model = torch.jit.load(path, map_location=map_location)
+    except Exception as exc:
+        raise ModelLoadError(f"TorchScript file '{path}' cannot be loaded: {_brief(exc)}") from exc
+    model.eval()
+    loaded = _finish(model, name=os.path.basename(path), source="torchscript", device=map_location,
+                     notes=[])
+    loaded.hookable = False
+    loaded.notes.append(
+        "TorchScript: torch rejects forward hooks on ScriptModules, so commands that hook layers "
+        f"({', '.join(HOOK_COMMANDS)}) cannot run on it; save it with torch.export (.pt2) or load "
+        "the Python class (FILE.py:NAME) with --checkpoint"
+    )
+    return loaded
+
+
+def load_exported(path: str, *, device: str = "cpu") -> LoadedModel:
+    """``torch.export.load`` + ``unflatten``: a hookable module tree with the original names."""
+    import warnings
+
+    import torch
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ep = torch.export.load(path)
+    except Exception as exc:
+        raise ModelLoadError(f"exported program '{path}' cannot be loaded: {_brief(exc)}") from exc
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = torch.export.unflatten(ep)
+    except Exception as exc:
+        raise ModelLoadError(
+            f"exported program '{path}' cannot be unflattened into modules ({_brief(exc)}); "
+            "export it again with torch.export.export(model, args) (not strict=False tracing of a wrapper)"
+        ) from exc
+    _restore_class_names(model, ep)
+    if device not in ("cpu", "meta"):
+        model.to(device)
+    sizes, static_batch = _export_input_sizes(ep)
+    notes = [
+        "exported program: layers come from torch.export.unflatten; the graph was fixed at export, "
+        "so train/eval mode and in-place flags do not change it, and ReLUs are graph ops "
+        "(InterpreterModules named after the original class, not nn.ReLU instances)"
+    ]
+    if static_batch is not None:
+        notes.append(f"exported with a static batch size of {static_batch}: inputs are fed in batches of "
+                     f"{static_batch}")
+    loaded = _finish(model, name=os.path.basename(path), source="export",
+                     device="cpu" if device == "meta" else device, notes=notes)
+    if sizes:
+        loaded.input_sizes = sizes
+    loaded.static_batch = static_batch
+    return loaded
+
+
+def _hint(d: Any) -> int:
+    """An int for a dimension, using the example value of a symbolic (dynamic) one."""
+    if isinstance(d, int):
+        return d
+    hint = getattr(getattr(d, "node", None), "hint", None)
+    return int(hint) if hint is not None else 1
+
+
+_CLASS_CACHE: dict[tuple[type, str], type] = {}
+
+
+def _restore_class_names(model: nn.Module, ep: Any) -> None:
+    """Give each InterpreterModule a subclass named after the module it came from, so
+    reports say Conv2d and ``type:Conv2d`` selects it. Behaviour is unchanged."""
+    types: dict[str, str] = {}
+    for node in ep.graph.nodes:
+        for _key, entry in (node.meta.get("nn_module_stack") or {}).items():
+            try:
+                fqn, ty = entry
+            except (TypeError, ValueError):
+                continue
+            types.setdefault(str(fqn), str(ty))
+    for name, mod in model.named_modules():
+        ty = types.get(name) or getattr(mod, "_ty", None)
+        if not ty or name == "":
+            continue
+        short = str(ty).rsplit(".", 1)[-1].strip("'>")
+        if not short.isidentifier() or type(mod).__name__ == short:
+            continue
+        base = type(mod)
+        cls = _CLASS_CACHE.get((base, short))
+        if cls is None:
+            cls = type(short, (base,), {"__module__": base.__module__, "__qualname__": short,
+                                        "_original_type": str(ty)})
+            _CLASS_CACHE[(base, short)] = cls
+        mod.__class__ = cls
+
+
+def _export_input_sizes(ep: Any) -> tuple[list[tuple[int, ...]], int | None]:
+    """Per-sample shapes of the user inputs, and the batch size if it was fixed at export."""
+    import torch
+
+    user = set(ep.graph_signature.user_inputs)
+    sizes: list[tuple[int, ...]] = []
+    static: int | None = None
+    for node in ep.graph.nodes:
+        if node.op != "placeholder" or node.name not in user:
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.dim() == 0:
+            continue
+        dims = [_hint(d) for d in val.shape[1:]]
+        sizes.append(tuple(dims))
+        b = val.shape[0]
+        if isinstance(b, int) and static is None:
+            static = int(b)
+    return sizes, static
+
+
+# ------------------------------------------------------------------ result
+def _model_device(model: nn.Module) -> str | None:
+    for t in list(model.parameters()) + list(model.buffers()):
+        return str(t.device)
+    return None
+
+
+def _finish(model: nn.Module, *, name: str, source: str, device: str, notes: list[str]) -> LoadedModel:
+    from inspect_model.loading.models import LoadedModel
+
+    current = _model_device(model)
+    if device != "meta" and current is not None and current != device:
+        try:
+            model.to(device)
+        except Exception as exc:
+            raise ModelLoadError(f"cannot move model {name} to {device}: {_brief(exc)}") from exc
+    actual = _model_device(model) or ("cpu" if device == "meta" else device)
+    sizes = _declared_input_sizes(model)
+    notes = list(notes)
+    if sizes is None:
+        sizes = guess_input_sizes(model)
+        if sizes:
+            notes.append(f"input size {'x'.join(map(str, sizes[0]))} guessed from the first layer; "
+                         "pass --input-size to change it")
+    cats = getattr(model, "categories", None)
+    categories = [str(c) for c in cats] if isinstance(cats, (list, tuple)) and cats else None
+    return LoadedModel(model=model, name=name, source=source, family="custom", categories=categories,
+                       input_sizes=sizes, device=actual, notes=notes)
+
+
+def _declared_input_sizes(model: nn.Module) -> list[tuple[int, ...]] | None:
+    """A model's own ``input_size`` attribute: ``(3, 32, 32)`` or a list of such tuples."""
+    size = getattr(model, "input_size", None)
+    if isinstance(size, (tuple, list)) and size:
+        if all(isinstance(d, int) for d in size):
+            return [tuple(int(d) for d in size)]
+        if all(isinstance(s, (tuple, list)) and all(isinstance(d, int) for d in s) for s in size):
+            return [tuple(int(d) for d in s) for s in size]
+    return None
+
+
+def guess_input_sizes(model: nn.Module) -> list[tuple[int, ...]] | None:
+    """From the first conv/linear layer: (C, 224, 224) for Conv2d, (F,) for Linear."""
+    from torch import nn
+
+    for mod in model.modules():
+        kind = getattr(mod, "original_name", None)  # TorchScript keeps the class name here
+        weight = getattr(mod, "weight", None)
+        if kind in ("Conv1d", "Conv2d", "Conv3d", "Linear") and weight is not None and weight.dim() >= 2:
+            c = int(weight.shape[1])
+            return {"Conv1d": [(c, 224)], "Conv2d": [(c, 224, 224)], "Conv3d": [(c, 16, 112, 112)],
+                    "Linear": [(c,)]}[kind]
+        if isinstance(mod, nn.Conv2d):
+            return [(int(mod.in_channels), 224, 224)]
+        if isinstance(mod, nn.Conv1d):
+            return [(int(mod.in_channels), 224)]
+        if isinstance(mod, nn.Conv3d):
+            return [(int(mod.in_channels), 16, 112, 112)]
+        if isinstance(mod, nn.Linear):
+            return [(int(mod.in_features),)]
+        if isinstance(mod, (nn.Embedding, nn.EmbeddingBag)):
+            return None
+    return None

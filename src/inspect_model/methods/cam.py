@@ -1,0 +1,587 @@
+"""Class activation maps: choose the layer, run the passes, hand back maps as records.
+
+:func:`compute_cams` computes any mix of the CAM family (see :mod:`.cam_methods` for the
+formulas) for one batch. Every gradient-based method comes from the same single forward
+pass and one *partial* backward pass per target rank: the chosen layer's output is made a
+graph root by the hook engine (``CaptureOptions.graph_roots``) and every parameter is frozen,
+so the forward below the layer builds no autograd graph and the backward runs only from the
+class score down to the layer -- no parameter gradients, nothing below it. Score-CAM adds
+its masked forward passes (batched), Eigen-CAM and CAM need the activations only.
+
+:func:`resolve_layers` turns ``auto`` or layer specs into :class:`CamLayer` records with the
+layout that maps the layer's output onto a spatial grid (channels-first, Swin's channels-last,
+or ViT patch tokens with the class/register tokens dropped). :func:`gradcam` is the small
+tensor-in, tensor-out entry point other methods (guided Grad-CAM) build on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from inspect_model.errors import LayerSelectionError, UsageError
+from inspect_model.methods import cam_methods as cm
+from inspect_model.methods.cam_methods import GRADIENT_METHODS, METHODS, Layout
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from inspect_model.methods.targets import TargetSpec
+
+__all__ = ["CamLayer", "CamMap", "CamResult", "METHODS", "GRADIENT_METHODS", "compute_cams",
+           "gradcam", "resolve_layer", "resolve_layers", "auto_layer", "parse_methods", "parse_reshape"]
+
+
+@dataclass(frozen=True)
+class CamLayer:
+    """A layer maps are taken at, and how its output lies on the spatial grid."""
+
+    name: str
+    layout: Layout
+    output_shape: tuple[int, ...]  # per-sample shape of the layer's output (no batch)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "output_shape": list(self.output_shape), **self.layout.describe()}
+
+
+@dataclass
+class CamMap:
+    """One map: one sample, one target, one method, one layer."""
+
+    sample: int
+    rank: int  # 0 for the first target of the sample (top:K gives ranks 0..K-1)
+    target: int  # class index the map explains (Eigen-CAM does not depend on it)
+    method: str
+    layer: str
+    map: torch.Tensor  # (H_in, W_in) float32 in [0, 1], on the CPU
+    raw: torch.Tensor | None  # (h, w) before ReLU and normalisation; None for fused maps
+    raw_min: float
+    raw_max: float
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CamResult:
+    """The maps of one batch plus what the report needs besides them."""
+
+    scores: torch.Tensor  # (N, classes) the selected output, on the CPU
+    targets: list[list[int]]  # class indices per sample, K each
+    layers: list[CamLayer]
+    maps: list[CamMap]
+    input_hw: tuple[int, int]
+    passes: dict[str, int]  # forward / backward / scorecam forward passes run
+
+    @property
+    def probabilities(self) -> torch.Tensor:
+        return self.scores.float().softmax(dim=1)
+
+
+# ----------------------------------------------------------------------------- options
+def parse_methods(items: Sequence[str] | None) -> list[str]:
+    """``--method`` values (repeatable, comma lists, ``all``, ``gradients``) in a fixed order."""
+    wanted: list[str] = []
+    for item in items or ["gradcam"]:
+        for raw in item.split(","):
+            m = raw.strip().lower().replace("_", "").replace("-", "")
+            if not m:
+                continue
+            aliases = {"gradcampp": "gradcam++", "gradcamplusplus": "gradcam++", "gradcam++": "gradcam++"}
+            m = aliases.get(m, m)
+            if m == "all":
+                wanted.extend(GRADIENT_METHODS)
+            elif m in ("gradients", "gradient"):
+                wanted.extend(GRADIENT_METHODS)
+            elif m in METHODS:
+                wanted.append(m)
+            else:
+                from inspect_model.errors import suggest
+
+                raise UsageError(f"--method '{raw.strip()}' is not a CAM method"
+                                 + (suggest(m, list(METHODS)) or "")
+                                 + f"; choose from {', '.join(METHODS)}, all")
+    return [m for m in METHODS if m in wanted]
+
+
+def parse_reshape(text: str | None) -> tuple[int, int] | None:
+    """``--reshape 14x14`` to (14, 14)."""
+    if text is None:
+        return None
+    parts = text.lower().replace(",", "x").split("x")
+    try:
+        h, w = (int(p) for p in parts)
+    except ValueError as exc:
+        raise UsageError(f"--reshape '{text}' is not HxW, e.g. --reshape 14x14") from exc
+    if h < 1 or w < 1:
+        raise UsageError(f"--reshape '{text}': both sides must be >= 1")
+    return h, w
+
+
+# ----------------------------------------------------------------------------- layers
+def _is_vit(model: nn.Module) -> bool:
+    enc = getattr(model, "encoder", None)
+    return hasattr(model, "patch_size") and enc is not None and hasattr(enc, "layers") \
+        and hasattr(model, "class_token")
+
+
+def _is_swin(model: nn.Module) -> bool:
+    return type(model).__name__.startswith("SwinTransformer") and hasattr(model, "features")
+
+
+def _probe(model: nn.Module, x: torch.Tensor, names: Sequence[str]) -> list[Any]:
+    """One no-grad forward of the first sample; records of ``names`` (shapes only)."""
+    from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
+
+    with HookEngine(model, list(names), CaptureOptions(outputs=True, grad_enabled=False)) as eng:
+        run_forward(eng, lambda: model(x[:1].detach()))
+    return eng.finalize()
+
+
+def auto_layer(model: nn.Module, x: torch.Tensor) -> str:
+    """The layer ``--layer auto`` picks: for torchvision's ViT the last block's first norm
+    (its patch tokens feed the class token through attention), for Swin the last stage, and
+    otherwise the outermost module producing the last (N, C, h, w) output with h*w > 1 --
+    for a CNN, its last conv block."""
+    if _is_vit(model):
+        last = list(model.encoder.layers.named_children())[-1][0]  # type: ignore[union-attr]
+        return f"encoder.layers.{last}.ln_1"
+    if _is_swin(model):
+        return f"features.{len(model.features) - 1}"  # type: ignore[arg-type]
+    names = [n for n, _ in model.named_modules() if n]
+    records = _probe(model, x, names)
+    last = None
+    for r in records:
+        if not r.finished or len(r.outputs) != 1 or r.outputs[0].key != "":
+            continue
+        shape = r.outputs[0].shape
+        if len(shape) == 4 and shape[2] * shape[3] > 1 and r.outputs[0].dtype.startswith(("float", "bfloat")):
+            last = r
+    if last is None:
+        kind = type(model).__name__
+        raise LayerSelectionError(
+            f"{kind} has no layer with a spatial (N, C, H, W) output to take a class activation map "
+            "at; for a transformer pass --layer NAME (a layer in the last block) and --reshape HxW")
+    shape = last.outputs[0].shape
+    by_name: dict[str, Any] = {}
+    for r in records:
+        if r.finished and len(r.outputs) == 1:
+            by_name[r.name] = r  # last call wins
+    parts = last.name.split(".")
+    for i in range(1, len(parts)):
+        anc = by_name.get(".".join(parts[:i]))
+        if anc is not None and anc.outputs[0].shape == shape:
+            return anc.name
+    return last.name
+
+
+def infer_layout(model: nn.Module, name: str, shape: tuple[int, ...], input_hw: tuple[int, int],
+                 reshape: tuple[int, int] | None = None) -> Layout:
+    """How the (batched) output ``shape`` of layer ``name`` lies on a grid (see :class:`Layout`)."""
+    from torch import nn
+
+    module = dict(model.named_modules()).get(name)
+    if len(shape) == 4:
+        if reshape is not None:
+            raise UsageError(f"--reshape applies to token layers (N, tokens, D); layer '{name}' "
+                             f"outputs {tuple(shape)}")
+        if _is_swin(model) and not isinstance(module, nn.Conv2d):
+            layout = Layout("nhwc", (shape[1], shape[2]), channels=shape[3])
+        else:
+            layout = Layout("nchw", (shape[2], shape[3]), channels=shape[1])
+        if layout.grid[0] * layout.grid[1] <= 1:
+            raise LayerSelectionError(
+                f"layer '{name}' outputs {tuple(shape)}: a 1x1 map has no spatial extent; "
+                "pick an earlier layer (for a CNN the last conv block), or use --layer auto")
+        return layout
+    if len(shape) == 3:
+        tokens, dim = shape[1], shape[2]
+        if reshape is not None:
+            prefix = tokens - reshape[0] * reshape[1]
+            if prefix < 0:
+                raise UsageError(f"--reshape {reshape[0]}x{reshape[1]} needs {reshape[0] * reshape[1]} "
+                                 f"tokens but layer '{name}' outputs {tokens}")
+            return Layout("tokens", reshape, prefix=prefix, channels=dim)
+        patch = getattr(model, "patch_size", None)
+        if isinstance(patch, int) and patch > 0:
+            gh, gw = input_hw[0] // patch, input_hw[1] // patch
+            if 0 <= tokens - gh * gw <= 16:
+                return Layout("tokens", (gh, gw), prefix=tokens - gh * gw, channels=dim)
+        found = cm.token_grid(tokens, input_hw)
+        if found is None:
+            raise UsageError(f"cannot lay the {tokens} tokens of layer '{name}' on a patch grid; "
+                             "pass --reshape HxW (the patch grid, e.g. 14x14)")
+        prefix, grid = found
+        return Layout("tokens", grid, prefix=prefix, channels=dim)
+    raise LayerSelectionError(
+        f"layer '{name}' outputs {tuple(shape)}: no spatial extent; a class activation map needs "
+        "(N, C, H, W) feature maps or (N, tokens, D) patch tokens; try --layer auto")
+
+
+def resolve_layers(model: nn.Module, x: torch.Tensor, specs: Sequence[str] | None = None,
+                   reshape: tuple[int, int] | None = None) -> list[CamLayer]:
+    """``auto`` (or no spec) or layer specs -> :class:`CamLayer` records, probing the output
+    shapes with one no-grad forward pass of ``x[:1]``."""
+    from inspect_model.engine.selection import select_layers
+
+    specs = [s for s in (specs or []) if s.strip()]
+    names: list[str] = []
+    for spec in specs or ["auto"]:
+        if spec.strip().lower() == "auto":
+            names.append(auto_layer(model, x))
+        else:
+            plain = not any(ch in spec for ch in "*?[") and not spec.startswith("type:")
+            names.extend(select_layers(model, [spec], leaves_only=not plain))
+    names = list(dict.fromkeys(names))
+    records = {r.name: r for r in _probe(model, x, names)}
+    hw = (int(x.shape[-2]), int(x.shape[-1]))
+    out = []
+    for n in names:
+        rec = records.get(n)
+        if rec is None:
+            raise LayerSelectionError(f"layer '{n}' is not called in the forward pass; pick a layer "
+                                      "that runs (see `inspect-model summary MODEL`)")
+        cap = _single_output(rec, n)
+        out.append(CamLayer(n, infer_layout(model, n, cap.shape, hw, reshape), tuple(cap.shape[1:])))
+    return out
+
+
+def _single_output(rec: Any, name: str) -> Any:
+    if len(rec.outputs) != 1 or rec.outputs[0].key != "":
+        raise LayerSelectionError(f"layer '{name}' returns {len(rec.outputs)} tensors (a tuple or dict); "
+                                  "pick a layer that returns one tensor, e.g. a sub-layer of it")
+    return rec.outputs[0]
+
+
+# ----------------------------------------------------------------------------- passes
+@dataclass
+class _Captured:
+    scores: Any  # (N, classes) detached
+    classes: Any  # (N, K) long
+    acts: dict[str, Any]  # name -> raw-layout activations
+    grads: dict[str, list[Any]]  # name -> K gradients (raw layout)
+    fc_in: Any = None
+    fc_out: Any = None
+
+
+def _resolve_classes(scores: torch.Tensor, target: Any) -> torch.Tensor:
+    import torch
+
+    from inspect_model.methods.targets import TargetSpec, parse_target, resolve_targets
+
+    if isinstance(target, str):
+        target = parse_target(target)
+    if isinstance(target, TargetSpec):
+        return torch.tensor(resolve_targets(target, scores), dtype=torch.long, device=scores.device)
+    rows = [[int(i)] if isinstance(i, int) or not isinstance(i, (list, tuple)) else [int(v) for v in i]
+            for i in target]
+    if len(rows) != scores.shape[0] or len({len(r) for r in rows}) != 1 or not rows[0]:
+        raise UsageError(f"class indices must give the same number (>= 1) of classes for each of the "
+                         f"{scores.shape[0]} samples; got {rows}")
+    idx = torch.tensor(rows, dtype=torch.long, device=scores.device)
+    n_classes = scores.shape[1]
+    if int(idx.min()) < 0 or int(idx.max()) >= n_classes:
+        from inspect_model.errors import InputError
+
+        raise InputError(f"class index {int(idx.max()) if int(idx.max()) >= n_classes else int(idx.min())} "
+                         f"is out of range: the model has {n_classes} classes (0..{n_classes - 1})")
+    return idx
+
+
+def _scores_of(out: Any, output_key: str | None) -> torch.Tensor:
+    from inspect_model.errors import ModelRuntimeError
+    from inspect_model.methods.targets import select_output
+
+    scores = select_output(out, output_key)
+    if scores.dim() != 2:
+        raise ModelRuntimeError(
+            f"the model output has shape {tuple(scores.shape)}; a class activation map needs class "
+            "scores (N, classes); use --output-key to pick another output")
+    return scores
+
+
+def _capture(model: nn.Module, x: torch.Tensor, layers: list[str], *, grads: bool, target: Any,
+             output_key: str | None, fc: str | None, classes: Any = None) -> tuple[_Captured, list[str]]:
+    """One forward (and with ``grads`` one partial backward per target rank) with ``layers[0]``
+    as the graph root. Returns what was captured and the layers that received no gradient
+    (they do not depend on the root: the caller gives them a pass of their own)."""
+    import torch
+
+    from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
+    from inspect_model.errors import ModelRuntimeError
+
+    hooked = list(layers) + ([fc] if fc and fc not in layers else [])
+    opts = CaptureOptions(
+        outputs=True, inputs=fc is not None, keep=set(hooked),
+        output_grads=grads, keep_grads=set(layers) if grads else False,
+        graph_roots={layers[0]} if grads else (),
+        freeze_params=grads, grad_enabled=grads,
+    )
+    missing: list[str] = []
+    with HookEngine(model, hooked, opts) as eng:
+        out = run_forward(eng, lambda: model(x))
+        scores = _scores_of(out, output_key)
+        idx = _resolve_classes(scores, target) if classes is None else classes
+        recs: dict[str, Any] = {}
+        for r in eng.finalize():
+            recs[r.name] = r  # the last call of a reused module wins
+        caps = {}
+        for n in layers:
+            if n not in recs:
+                raise LayerSelectionError(f"layer '{n}' is not called in the forward pass; pick a layer that runs")
+            caps[n] = _single_output(recs[n], n)
+        got: dict[str, list[Any]] = {n: [] for n in layers}
+        if grads:
+            if not scores.requires_grad:
+                raise LayerSelectionError(
+                    f"the model output does not depend on layer '{layers[0]}'; pick a layer on the path "
+                    "to the output")
+            for j in range(idx.shape[1]):
+                for cap in caps.values():
+                    cap.grad = None
+                sel = scores.gather(1, idx[:, j:j + 1]).sum()  # samples are independent: one call
+                try:
+                    # Only the root leaf requires grad (parameters are frozen), so this runs
+                    # from the scores down to the layer and no further.
+                    torch.autograd.backward(sel, retain_graph=j < idx.shape[1] - 1)
+                except RuntimeError as exc:
+                    raise ModelRuntimeError(f"backward pass failed: {str(exc).splitlines()[0]}") from exc
+                for n, cap in caps.items():
+                    got[n].append(cap.grad)
+            missing = [n for n in layers[1:] if any(g is None for g in got[n])]
+            if any(g is None for g in got[layers[0]]):
+                raise LayerSelectionError(f"the class scores do not depend on layer '{layers[0]}'; "
+                                          "pick a layer on the path to the output")
+        fc_in = fc_out = None
+        if fc is not None and fc in recs:
+            r = recs[fc]
+            fc_in = r.inputs[0].tensor if r.inputs else None
+            fc_out = r.outputs[0].tensor if r.outputs else None
+        result = _Captured(
+            scores=scores.detach(), classes=idx,
+            acts={n: caps[n].tensor for n in layers if n not in missing},
+            grads={n: got[n] for n in layers if n not in missing} if grads else {},
+            fc_in=fc_in, fc_out=fc_out)
+    return result, missing
+
+
+def _classifier(model: nn.Module) -> str | None:
+    from torch import nn
+
+    last = None
+    for n, m in model.named_modules():
+        if isinstance(m, nn.Linear):
+            last = n
+    return last
+
+
+def _check_cam(model: nn.Module, fc: str | None, layer: str, A: torch.Tensor, cap: _Captured) -> torch.Tensor:
+    """The classifier weight (classes, C) when the net ends in GAP over ``layer`` + one linear
+    layer (checked numerically on this batch), else a clear refusal."""
+    import torch
+
+    hint = ("; use --method gradcam, which equals CAM up to scale on networks that fit")
+    if fc is None or cap.fc_in is None:
+        raise UsageError(f"--method cam needs a network that ends in global average pooling and one "
+                         f"linear layer; {type(model).__name__} has no linear classifier{hint}")
+    gap = A.float().mean(dim=(2, 3))
+    fc_in = cap.fc_in.float().reshape(cap.fc_in.shape[0], -1)
+    tol = 1e-4 * float(gap.abs().max().clamp_min(1.0))
+    fits_in = fc_in.shape == gap.shape and torch.allclose(fc_in, gap, rtol=1e-3, atol=tol)
+    out_tol = 1e-4 * float(cap.scores.abs().max().clamp_min(1.0))
+    fits_out = cap.fc_out is not None and cap.fc_out.shape == cap.scores.shape and \
+        torch.allclose(cap.fc_out.float(), cap.scores.float(), rtol=1e-3, atol=out_tol)
+    if not (fits_in and fits_out):
+        why = (f"the input of '{fc}' is not the global average of layer '{layer}'" if not fits_in
+               else f"the output is not the output of '{fc}'")
+        raise UsageError(f"--method cam needs a network that ends in global average pooling and one "
+                         f"linear layer after the CAM layer: {why}{hint}")
+    return dict(model.named_modules())[fc].weight.detach()
+
+
+def _scorecam(model: nn.Module, x: torch.Tensor, A: torch.Tensor, classes: torch.Tensor,
+              output_key: str | None, batch: int) -> tuple[torch.Tensor, int]:
+    """Raw Score-CAM maps (K, N, h, w) and the number of masked forward passes run."""
+    import torch
+
+    from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
+
+    n, c = A.shape[0], A.shape[1]
+    hw = (x.shape[-2], x.shape[-1])
+    weights = torch.empty(n, classes.shape[1], c, dtype=torch.float32, device=A.device)
+    passes = 0
+    # No hooks: the engine only puts the model in eval mode without grad, and restores it.
+    with HookEngine(model, [], CaptureOptions(outputs=False, grad_enabled=False)) as eng:
+        for i in range(n):
+            for c0 in range(0, c, batch):
+                masks = cm.scorecam_masks(A[i, c0:c0 + batch], hw).to(x.dtype)  # (B, H, W)
+                masked = x[i:i + 1] * masks[:, None]  # (B, Cin, H, W)
+                out = run_forward(eng, lambda m=masked: model(m))
+                probs = _scores_of(out, output_key).float().softmax(dim=1)  # (B, classes)
+                weights[i, :, c0:c0 + batch] = probs[:, classes[i]].T
+                passes += 1
+    raw = torch.stack([cm.scorecam_map(A[i].float(), weights[i]) for i in range(n)], dim=1)
+    return raw, passes
+
+
+# ----------------------------------------------------------------------------- entry points
+def compute_cams(
+    model: nn.Module,
+    x: torch.Tensor,
+    *,
+    layers: Sequence[str | CamLayer] | None = None,
+    methods: Sequence[str] = ("gradcam",),
+    target: str | TargetSpec | Sequence[int] | Sequence[Sequence[int]] = "predicted",
+    output_key: str | None = None,
+    reshape: tuple[int, int] | None = None,
+    scorecam_batch: int = 32,
+    fuse: bool = False,
+) -> CamResult:
+    """Class activation maps of ``methods`` at ``layers`` for the batch ``x`` (N, C, H, W).
+
+    ``layers``: ``None``/``["auto"]``, layer specs, or :class:`CamLayer` records from
+    :func:`resolve_layers` (then no probe pass runs). ``target``: ``predicted``, ``top:K``, a
+    class index, a :class:`TargetSpec`, or explicit class indices per sample. The model is
+    given back as it was (hooks, flags, ``requires_grad``, ``.grad``)."""
+    import torch
+
+    methods = parse_methods(list(methods))
+    if scorecam_batch < 1:
+        raise UsageError(f"--scorecam-batch must be 1 or more, got {scorecam_batch}")
+    x = x.detach()
+    hw = (int(x.shape[-2]), int(x.shape[-1]))
+    if layers and all(isinstance(layer, CamLayer) for layer in layers):
+        cam_layers: list[CamLayer] | None = list(layers)  # type: ignore[arg-type]
+        names = [layer.name for layer in cam_layers]  # type: ignore[union-attr]
+    elif not layers or any(isinstance(s, str) and s.strip().lower() == "auto" for s in layers):
+        cam_layers = resolve_layers(model, x, [str(s) for s in layers or []], reshape)
+        names = [layer.name for layer in cam_layers]
+    else:
+        from inspect_model.engine.selection import select_layers
+
+        cam_layers = None  # layouts from the captured shapes: no probe pass
+        names = []
+        for s in layers:
+            spec = s if isinstance(s, str) else s.name
+            plain = not any(ch in spec for ch in "*?[") and not spec.startswith("type:")
+            names.extend(select_layers(model, [spec], leaves_only=not plain))
+        names = list(dict.fromkeys(names))
+    grads = any(m in GRADIENT_METHODS for m in methods)
+    fc = _classifier(model) if "cam" in methods else None
+    passes = {"forward": 0, "backward": 0, "scorecam_forward": 0}
+
+    # Layers that do not depend on the first one's output get a pass of their own.
+    acts: dict[str, Any] = {}
+    gradients: dict[str, list[Any]] = {}
+    remaining, classes, first = list(names), None, None
+    while remaining:
+        cap, missing = _capture(model, x, remaining, grads=grads, target=target, output_key=output_key,
+                                fc=fc if first is None else None, classes=classes)
+        passes["forward"] += 1
+        passes["backward"] += cap.classes.shape[1] if grads else 0
+        first = first or cap
+        classes = cap.classes
+        acts.update(cap.acts)
+        gradients.update(cap.grads)
+        remaining = missing
+    assert first is not None and classes is not None
+    if cam_layers is None:
+        cam_layers = [CamLayer(n, infer_layout(model, n, tuple(acts[n].shape), hw, reshape),
+                               tuple(acts[n].shape[1:])) for n in names]
+
+    raw_maps: dict[tuple[str, str], torch.Tensor] = {}  # (layer, method) -> (K, N, h, w)
+    k = classes.shape[1]
+    for layer in cam_layers:
+        A = cm.to_spatial(acts[layer.name], layer.layout)
+        A = A.float() if A.dtype != torch.float64 else A
+        for m in methods:
+            if m in GRADIENT_METHODS:
+                Gs = [cm.to_spatial(g, layer.layout).to(A.dtype) for g in gradients[layer.name]]
+                raw_maps[(layer.name, m)] = torch.stack([cm.gradient_map(m, A, G) for G in Gs])
+            elif m == "cam":
+                w = _check_cam(model, fc, layer.name, A, first)
+                raw_maps[(layer.name, m)] = torch.stack([cm.cam_map(A, w, classes[:, j]) for j in range(k)])
+            elif m == "eigencam":
+                raw_maps[(layer.name, m)] = cm.eigen_map(A)[None].expand(k, -1, -1, -1)
+            elif m == "scorecam":
+                raw, n_pass = _scorecam(model, x, A, classes, output_key, scorecam_batch)
+                raw_maps[(layer.name, m)] = raw
+                passes["scorecam_forward"] += n_pass
+    maps = _records(raw_maps, classes, hw, [layer.name for layer in cam_layers], methods, fuse)
+    return CamResult(scores=first.scores.float().cpu(), targets=classes.cpu().tolist(),
+                     layers=cam_layers, maps=maps, input_hw=hw, passes=passes)
+
+
+def _records(raw_maps: dict[tuple[str, str], torch.Tensor], classes: torch.Tensor, hw: tuple[int, int],
+             layer_names: list[str], methods: list[str], fuse: bool) -> list[CamMap]:
+    import torch
+
+    out: list[CamMap] = []
+    n, k = classes.shape
+    finished: dict[tuple[str, str], torch.Tensor] = {}
+    for (layer, m), raw in raw_maps.items():
+        h, w = raw.shape[-2:]
+        fin = cm.finish_maps(raw.reshape(k * n, h, w), hw).reshape(k, n, *hw).cpu()
+        finished[(layer, m)] = fin
+        raw_cpu = raw.detach().float().cpu()
+        for i in range(n):
+            for j in range(k):
+                r = raw_cpu[j, i]
+                out.append(CamMap(i, j, int(classes[i, j]), m, layer, fin[j, i], r.clone(),
+                                  float(r.min()), float(r.max()), cm.map_warnings(r)))
+    if fuse and len(layer_names) > 1:
+        name = "fused:" + "+".join(layer_names)
+        for m in methods:
+            # As pytorch-grad-cam: the element-wise maximum of the normalised maps, renormalised.
+            stack = torch.stack([finished[(layer, m)] for layer in layer_names]).amax(dim=0)  # (K, N, H, W)
+            fused = cm.finish_maps(stack.reshape(k * n, *hw), hw).reshape(k, n, *hw)
+            for i in range(n):
+                for j in range(k):
+                    s = stack[j, i]
+                    out.append(CamMap(i, j, int(classes[i, j]), m, name, fused[j, i], None,
+                                      float(s.min()), float(s.max()), cm.map_warnings(s)))
+    order = {m: i for i, m in enumerate(methods)}
+    lorder = {n: i for i, n in enumerate(layer_names)}
+    out.sort(key=lambda c: (c.sample, c.rank, lorder.get(c.layer, len(lorder)), order[c.method]))
+    return out
+
+
+def gradcam(model: nn.Module, x: torch.Tensor, layer: str,
+            class_indices: list[list[int]] | list[int]) -> torch.Tensor:
+    """Grad-CAM maps (N, K, H_in, W_in), float32 on ``x``'s device, each map upsampled
+    (bilinear) to the input resolution and normalised to [0, 1] (an all-zero map when the
+    layer holds no positive evidence).
+
+    ``layer`` is a module name with a (N, C, h, w) or token output; ``class_indices`` gives
+    one class per sample (``[3, 7]``: K = 1) or K classes per sample (``[[3, 5], [7, 1]]``).
+    One forward pass and K partial backward passes; the model is given back untouched."""
+    import torch
+
+    x = x.detach()
+    hw = (int(x.shape[-2]), int(x.shape[-1]))
+    cap, _ = _capture(model, x, [layer], grads=True, target=list(class_indices), output_key=None, fc=None)
+    layout = infer_layout(model, layer, tuple(cap.acts[layer].shape), hw)
+    A = cm.to_spatial(cap.acts[layer], layout).float()
+    raw = torch.stack([cm.gradient_map("gradcam", A, cm.to_spatial(g, layout).float())
+                       for g in cap.grads[layer]], dim=1)  # (N, K, h, w)
+    n, k = raw.shape[:2]
+    return cm.finish_maps(raw.reshape(n * k, *raw.shape[2:]), hw).reshape(n, k, *hw)
+
+
+def resolve_layer(model: nn.Module, spec: str = "auto", x: torch.Tensor | None = None) -> str:
+    """One layer name for ``spec`` (``auto`` or a spec selecting exactly one layer). ``x``
+    (a batch the model accepts) is used for the probe pass of ``auto``; without it a zero
+    (1, C, 224, 224) input is used."""
+    import torch
+
+    if x is None:
+        from inspect_model.loading.inputs import model_channels
+
+        p = next(iter(model.parameters()), None)
+        x = torch.zeros(1, model_channels(model), 224, 224,
+                        dtype=p.dtype if p is not None else torch.float32,
+                        device=p.device if p is not None else "cpu")
+    names = [layer.name for layer in resolve_layers(model, x, [spec])]
+    if len(names) != 1:
+        raise LayerSelectionError(f"--layer '{spec}' selects {len(names)} layers; give exactly one")
+    return names[0]

@@ -1,0 +1,193 @@
+"""The maths of the CAM family: maps from captured activations (and gradients), pure functions.
+
+Every function here takes tensors already in channels-first spatial form, ``A`` and ``G`` of
+shape (N, C, h, w) (activations of the chosen layer and d(score)/dA for one target class per
+sample), and returns the *raw* map (N, h, w): the weighted channel sum before ReLU and
+normalisation, so that a report can say what the map's real range was. ``finish_maps``
+then applies the ReLU, upsamples to the input resolution and normalises each map to [0, 1],
+and ``map_warnings`` says when a map is constant, empty or not finite.
+
+The definitions follow the papers and pytorch-grad-cam (whose formulas are the de-facto
+reference): Grad-CAM (Selvaraju et al. 2017), Grad-CAM++ (Chattopadhyay et al. 2018, the
+closed form for exponential scores), XGrad-CAM (Fu et al. 2020), Layer-CAM (Jiang et al.
+2021), HiResCAM (Draelos & Carin 2020), CAM (Zhou et al. 2016), Score-CAM (Wang et al. 2020)
+and Eigen-CAM (Muhammad & Yeasin 2020). Token layouts (ViT, Swin) are turned into (N, C, h, w)
+by :func:`to_spatial` before any of this runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+GRADIENT_METHODS = ("gradcam", "gradcam++", "xgradcam", "layercam", "hirescam")
+METHODS = ("cam", *GRADIENT_METHODS, "scorecam", "eigencam")
+EPS = 1e-7  # as pytorch-grad-cam, in the denominators of XGrad-CAM and Grad-CAM++
+
+
+# ----------------------------------------------------------------------------- layouts
+@dataclass(frozen=True)
+class Layout:
+    """How a layer's output maps onto a spatial grid.
+
+    ``nchw``: (N, C, h, w) as is; ``nhwc``: (N, h, w, C) (torchvision's Swin);
+    ``tokens``: (N, T, D) with ``prefix`` leading tokens (class/register tokens) dropped and
+    the remaining ``grid[0] * grid[1]`` patch tokens laid out row-major.
+    """
+
+    kind: str
+    grid: tuple[int, int]
+    prefix: int = 0
+    channels: int = 0
+
+    def describe(self) -> dict[str, object]:
+        return {"kind": self.kind, "grid": list(self.grid), "prefix_tokens": self.prefix,
+                "channels": self.channels}
+
+
+def to_spatial(t: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """(N, C, h, w) view of a layer output (or of its gradient) in ``layout``."""
+    if layout.kind == "nchw":
+        return t
+    if layout.kind == "nhwc":
+        return t.permute(0, 3, 1, 2)
+    gh, gw = layout.grid
+    tokens = t[:, layout.prefix:, :]  # (N, h*w, D)
+    return tokens.transpose(1, 2).reshape(t.shape[0], t.shape[2], gh, gw)
+
+
+def token_grid(tokens: int, input_hw: tuple[int, int], max_prefix: int = 16) -> tuple[int, tuple[int, int]] | None:
+    """``(prefix, (gh, gw))`` for ``tokens`` tokens on an input of ``input_hw``: the fewest
+    leading tokens to drop so that the rest form a grid with the input's aspect ratio."""
+    h, w = input_hw
+    for prefix in range(0, min(max_prefix, tokens - 1) + 1):
+        n = tokens - prefix
+        gh = round(math.sqrt(n * h / w))
+        for cand in (gh - 1, gh, gh + 1):
+            if cand >= 1 and n % cand == 0:
+                cw = n // cand
+                # Same aspect ratio as the input, to within one patch.
+                if abs(cand * w - cw * h) <= max(h, w) / max(cand, cw) + 1e-9 and cand * cw > 1:
+                    return prefix, (cand, cw)
+    return None
+
+
+# ----------------------------------------------------------------------------- gradient maps
+def gradient_map(method: str, A: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
+    """Raw map (N, h, w) of one gradient-based method from A, G (N, C, h, w)."""
+    import torch
+
+    if method == "gradcam":
+        # Selvaraju et al. 2017, Eq. 1-2: alpha_k = mean_ij dS/dA_k_ij.
+        w = G.mean(dim=(2, 3), keepdim=True)
+        return (w * A).sum(dim=1)
+    if method == "hirescam":
+        # Draelos & Carin 2020: the element-wise product, no spatial averaging of gradients.
+        return (G * A).sum(dim=1)
+    if method == "xgradcam":
+        # Fu et al. 2020, Eq. 9: alpha_k = sum_ij (A_k_ij / sum_ij A_k_ij) dS/dA_k_ij.
+        w = (G * A).sum(dim=(2, 3), keepdim=True) / (A.sum(dim=(2, 3), keepdim=True) + EPS)
+        return (w * A).sum(dim=1)
+    if method == "layercam":
+        # Jiang et al. 2021: a per-location weight relu(dS/dA_k_ij) times the activation.
+        return (torch.relu(G) * A).sum(dim=1)
+    if method == "gradcam++":
+        # Chattopadhyay et al. 2018, Eq. 19 with Y = exp(S): the exp(S) factors cancel in
+        # alpha, and the one left in the weights only scales the map (and overflows for large
+        # scores), so it is dropped as pytorch-grad-cam does.
+        g2 = G * G
+        g3 = g2 * G
+        sum_a = A.sum(dim=(2, 3), keepdim=True)
+        alpha = g2 / (2 * g2 + sum_a * g3 + EPS)
+        alpha = torch.where(G != 0, alpha, torch.zeros_like(alpha))
+        w = (torch.relu(G) * alpha).sum(dim=(2, 3), keepdim=True)
+        return (w * A).sum(dim=1)
+    raise ValueError(f"not a gradient method: {method}")
+
+
+def cam_map(A: torch.Tensor, fc_weight: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
+    """CAM (Zhou et al. 2016, Eq. 2): M_c = sum_k w_k^c A_k for class ``classes[n]``.
+
+    A (N, C, h, w); fc_weight (classes, C); classes (N,) long -> (N, h, w)."""
+    w = fc_weight[classes].to(A.dtype)  # (N, C)
+    return (w[:, :, None, None] * A).sum(dim=1)
+
+
+def eigen_map(A: torch.Tensor) -> torch.Tensor:
+    """Eigen-CAM: the activations projected on their first principal component.
+
+    A (N, C, h, w) -> (N, h, w). The SVD's sign is arbitrary; it is fixed so that the map
+    correlates positively with the channel sum (pytorch-grad-cam leaves it to chance)."""
+    import torch
+
+    n, c, h, w = A.shape
+    X = A.reshape(n, c, h * w).transpose(1, 2)  # (N, hw, C)
+    X = X - X.mean(dim=1, keepdim=True)
+    _, _, vh = torch.linalg.svd(X, full_matrices=False)  # vh (N, min(hw,C), C)
+    proj = (X @ vh[:, 0, :, None]).squeeze(-1)  # (N, hw)
+    ref = A.sum(dim=1).reshape(n, h * w)
+    ref = ref - ref.mean(dim=1, keepdim=True)
+    sign = torch.where((proj * ref).sum(dim=1) < 0, -1.0, 1.0).to(proj.dtype)
+    return (proj * sign[:, None]).reshape(n, h, w)
+
+
+# ----------------------------------------------------------------------------- Score-CAM
+def scorecam_masks(A: torch.Tensor, input_hw: tuple[int, int]) -> torch.Tensor:
+    """Score-CAM's masks H_k (Wang et al. 2020, Eq. 4-5) for one sample: each channel
+    upsampled to the input and min-max normalised. A (C, h, w) -> (C, H, W); a constant
+    channel gives an all-zero mask."""
+    import torch.nn.functional as F
+
+    up = F.interpolate(A[None].float(), size=input_hw, mode="bilinear", align_corners=False)[0]
+    flat = up.reshape(up.shape[0], -1)
+    lo = flat.min(dim=1).values[:, None, None]
+    hi = flat.max(dim=1).values[:, None, None]
+    span = hi - lo
+    return ((up - lo) / span.clamp_min(1e-12)) * (span > 0)
+
+
+def scorecam_map(A: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Raw Score-CAM map: sum_k alpha_k A_k. A (C, h, w), weights (K, C) -> (K, h, w), where
+    alpha_k is the softmax probability of the target class on the masked input X * H_k (the
+    authors' implementation; the paper's baseline term is a constant that it omits)."""
+    return (weights[:, :, None, None].to(A.dtype) * A[None]).sum(dim=1)
+
+
+# ----------------------------------------------------------------------------- finishing
+def finish_maps(raw: torch.Tensor, input_hw: tuple[int, int]) -> torch.Tensor:
+    """ReLU, bilinear upsampling to ``input_hw`` and min-max normalisation to [0, 1].
+
+    raw (M, h, w) -> (M, H, W) float32. A map with no positive value (or no spread, or not
+    finite) becomes all zeros; :func:`map_warnings` reports it, never silently."""
+    import torch
+    import torch.nn.functional as F
+
+    pos = torch.nan_to_num(torch.relu(raw.float()), nan=0.0, posinf=0.0, neginf=0.0)
+    up = F.interpolate(pos[:, None], size=input_hw, mode="bilinear", align_corners=False)[:, 0]
+    flat = up.reshape(up.shape[0], -1)
+    lo = flat.min(dim=1).values[:, None, None]
+    hi = flat.max(dim=1).values[:, None, None]
+    span = hi - lo
+    return ((up - lo) / span.clamp_min(1e-30)) * (span > 0)
+
+
+def map_warnings(raw: torch.Tensor) -> list[str]:
+    """Why a raw map (h, w) cannot be trusted, as short sentences; [] when it is fine."""
+    import torch
+
+    finite = torch.isfinite(raw)
+    if not bool(finite.all()):
+        bad = int((~finite).sum())
+        return [f"the map has {bad} NaN/Inf value(s) of {raw.numel()}; it is shown with them as 0"]
+    lo, hi = float(raw.min()), float(raw.max())
+    if hi == lo:
+        return [f"the map is constant ({hi:.4g} everywhere): the layer carries no spatial "
+                "evidence for this target (zero gradients or activations)"]
+    if hi <= 0:
+        return [f"the map is empty: no location has positive evidence (raw max {hi:.4g}); "
+                "after ReLU it is zero everywhere"]
+    return []

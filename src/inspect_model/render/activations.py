@@ -1,0 +1,188 @@
+"""Render an :class:`ActivationReport`: table cells, the JSON payload, per-image JSON lines,
+and the overview figure (mean, std and dead fractions along the depth of the network)."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from inspect_model.render.table import Column, plain_table
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from inspect_model.methods.activations import (
+        ActivationReport,
+        ActivationStats,
+        ImageActivations,
+        LayerActivation,
+    )
+
+COLUMNS = (
+    Column("Layer"),
+    Column("Type"),
+    Column("Output shape"),
+    Column("Mean", "right"),
+    Column("Std", "right"),
+    Column("Min", "right"),
+    Column("Max", "right"),
+    Column("Zero %", "right"),
+    Column("Neg %", "right"),
+    Column("Dead ch", "right"),
+    Column("NaN/Inf", "right"),
+)
+
+
+def _num(v: float) -> str:
+    if v != v:
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if v == 0:
+        return "0"
+    return f"{v:.4g}" if 1e-3 <= abs(v) < 1e5 else f"{v:.3e}"
+
+
+def _pct(v: float) -> str:
+    return f"{100.0 * v:.1f}"
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "x".join(str(d) for d in shape) if shape else "scalar"
+
+
+def row_cells(r: LayerActivation) -> list[str]:
+    s = r.stats
+    dead = f"{r.dead_channels}/{r.channels}" if r.channels else "--"
+    bad = f"{s.nan_count}/{s.inf_count}" if (s.nan_count or s.inf_count) else "0"
+    return [r.key, r.type, _shape(r.shape), _num(s.mean), _num(s.std), _num(s.min), _num(s.max),
+            _pct(s.zero_fraction), _pct(s.negative_fraction), dead, bad]
+
+
+def footer_lines(rep: ActivationReport, files: list[str] | None = None) -> list[str]:
+    n_layers = len({r.name for r in rep.layers})
+    lines = [
+        f"Images: {rep.images} in {rep.batches} batch(es); statistics merged over all images",
+        f"Layers: {n_layers} hooked, {len(rep.layers)} rows (one per call and output)",
+        "Dead ch: channels exactly zero for every image; Zero %: exact zeros; moments over finite values",
+    ]
+    collapsed = [r.key for r in rep.layers if r.channels and r.dead_channels == r.channels]
+    if collapsed:
+        lines.append(f"Fully dead outputs: {', '.join(collapsed[:8])}" + (" ..." if len(collapsed) > 8 else ""))
+    nonfinite = [r.key for r in rep.layers if r.stats.nan_count or r.stats.inf_count]
+    if nonfinite:
+        lines.append(f"Non-finite values first appear in: {nonfinite[0]}")
+    if rep.kept_layers:
+        lines.append(f"Drawn/saved layers: {', '.join(rep.kept_layers[:8])}"
+                     + (" ..." if len(rep.kept_layers) > 8 else ""))
+    if files:
+        lines.append(f"Files written: {len(files)}")
+    return lines
+
+
+def render_text(rep: ActivationReport, files: list[str] | None = None) -> str:
+    body = plain_table(COLUMNS, [row_cells(r) for r in rep.layers])
+    return f"Model: {rep.model}\n{body}\n\n" + "\n".join(footer_lines(rep, files)) + "\n"
+
+
+def render_rich(rep: ActivationReport, files: list[str] | None = None) -> list[Any]:
+    from inspect_model.render.table import rich_table
+
+    t = rich_table(COLUMNS, [row_cells(r) for r in rep.layers], title=f"Model: {rep.model}")
+    return [t, "\n".join(footer_lines(rep, files))]
+
+
+def stats_dict(s: ActivationStats) -> dict[str, Any]:
+    return {
+        "numel": s.numel, "mean": s.mean, "std": s.std, "min": s.min, "max": s.max,
+        "zero_fraction": s.zero_fraction, "negative_fraction": s.negative_fraction,
+        "nan_count": s.nan_count, "inf_count": s.inf_count,
+    }
+
+
+def layer_dict(r: LayerActivation) -> dict[str, Any]:
+    return {
+        "key": r.key, "name": r.name, "type": r.type, "call_index": r.call_index, "calls": r.calls,
+        "depth": r.depth, "order": r.order, "output_key": r.output_key, "shape": list(r.shape),
+        "dtype": r.dtype, "per_image": r.per_sample, "stats": stats_dict(r.stats),
+        "channel_dim": r.channel_dim, "channels": r.channels, "dead_channels": r.dead_channels,
+        "dead_channel_fraction": r.dead_channel_fraction, "channel_means": list(r.channel_means),
+        "kept": r.kept,
+    }
+
+
+def to_payload(rep: ActivationReport, *, images: list[str] | None = None,
+               grids: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {
+        "model": rep.model,
+        "images": rep.images,
+        "image_names": list(images or []),
+        "batches": rep.batches,
+        "aggregation": "merged over all images (exact: per-image moments combined)",
+        "selected_layers": list(rep.selected),
+        "drawn_layers": list(rep.kept_layers),
+        "layers": [layer_dict(r) for r in rep.layers],
+        "grids": list(grids or []),
+    }
+
+
+def image_line(img: ImageActivations, files: list[str] | None = None) -> dict[str, Any]:
+    """One ``--jsonl`` object: one image's statistics per row."""
+    return {
+        "image": img.name,
+        "index": img.index,
+        "layers": [
+            {"key": s.key, "dead_channel_fraction": s.dead_channel_fraction, **stats_dict(s.stats)}
+            for s in img.layers
+        ],
+        "files": list(files or []),
+    }
+
+
+def render_overview(rep: ActivationReport) -> Figure:
+    """Mean +- std, and the zero / dead-channel fractions, of every row in forward order."""
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows = rep.layers
+    x = np.arange(len(rows))
+    mean = np.array([r.stats.mean for r in rows], dtype=float)
+    std = np.array([r.stats.std for r in rows], dtype=float)
+    amax = np.array([max(abs(r.stats.min), abs(r.stats.max)) for r in rows], dtype=float)
+    zero = np.array([r.stats.zero_fraction for r in rows], dtype=float)
+    dead = np.array([r.dead_channel_fraction if r.channels else np.nan for r in rows], dtype=float)
+    fig = Figure(figsize=(12.0, 8.0), dpi=100)
+    FigureCanvasAgg(fig)
+    ax1, ax2, ax3 = fig.subplots(3, 1, sharex=True)
+    ax1.plot(x, mean, color="tab:blue", linewidth=1.0, label="mean")
+    ax1.fill_between(x, mean - std, mean + std, color="tab:blue", alpha=0.2, linewidth=0, label="mean ± std")
+    ax1.set_ylabel("activation")
+    ax1.legend(loc="upper right", fontsize=8)
+    ax2.plot(x, std, color="tab:orange", linewidth=1.0, label="std")
+    ax2.plot(x, amax, color="tab:red", linewidth=0.8, linestyle="--", label="max |value|")
+    positive = np.concatenate([std[np.isfinite(std) & (std > 0)], amax[np.isfinite(amax) & (amax > 0)]])
+    if positive.size and positive.max() / max(positive.min(), 1e-300) > 100:
+        ax2.set_yscale("log")  # explosions span decades
+    ax2.set_ylabel("spread")
+    ax2.legend(loc="upper right", fontsize=8)
+    ax3.plot(x, zero, color="tab:gray", linewidth=1.0, label="exact zeros")
+    ax3.plot(x, dead, color="tab:purple", linewidth=1.0, marker=".", markersize=3, label="dead channels")
+    ax3.set_ylim(-0.02, 1.02)
+    ax3.set_ylabel("fraction")
+    ax3.legend(loc="upper right", fontsize=8)
+    for i, r in enumerate(rows):
+        if r.stats.nan_count or r.stats.inf_count:
+            for ax in (ax1, ax2, ax3):
+                ax.axvline(i, color="red", alpha=0.3, linewidth=0.8)
+    if len(rows) <= 40:
+        ax3.set_xticks(x)
+        ax3.set_xticklabels([r.key for r in rows], rotation=90, fontsize=6)
+    else:
+        ax3.set_xlabel("layer (forward order; see the report for names)")
+    for ax in (ax1, ax2, ax3):
+        ax.grid(True, alpha=0.3)
+        ax.tick_params(labelsize=7)
+    fig.suptitle(f"{rep.model}: activation statistics along depth ({rep.images} image(s))", fontsize=10)
+    fig.subplots_adjust(left=0.07, right=0.98, top=0.94, bottom=0.22 if len(rows) <= 40 else 0.08, hspace=0.12)
+    return fig

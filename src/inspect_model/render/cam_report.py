@@ -1,0 +1,112 @@
+"""The ``cam`` report: per-image records (JSON-ready dicts) and their text / rich rendering.
+
+``image_record`` turns one sample of a :class:`~inspect_model.methods.cam.CamResult` into
+the dict that ``--json`` lists and ``--jsonl`` streams; ``render_text``/``render_rich``
+format a whole payload. Pure functions: nothing is printed here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from inspect_model.render.table import Column, plain_table, rich_table
+
+if TYPE_CHECKING:
+    from inspect_model.methods.cam import CamResult
+
+MAP_COLUMNS = (
+    Column("Method"), Column("Layer"), Column("Target"), Column("Prob", "right"),
+    Column("Raw min", "right"), Column("Raw max", "right"), Column("Note"),
+)
+
+
+def class_name(index: int, categories: list[str] | None) -> str | None:
+    if categories and 0 <= index < len(categories) and categories[index]:
+        return categories[index]
+    return None
+
+
+def image_record(res: CamResult, i: int, *, index: int, name: str, size: list[int] | None,
+                 categories: list[str] | None, files: dict[tuple[int, str, str], dict[str, str]],
+                 top: int = 5) -> dict[str, Any]:
+    """The report entry of sample ``i`` of ``res`` (global position ``index``)."""
+    scores = res.scores[i]
+    probs = res.probabilities[i]
+    k = min(top, scores.shape[0])
+    best = probs.topk(k)
+    predictions = [
+        {"index": int(c), "label": class_name(int(c), categories), "score": float(scores[int(c)]),
+         "probability": float(p)}
+        for p, c in zip(best.values.tolist(), best.indices.tolist())
+    ]
+    maps = []
+    for m in res.maps:
+        if m.sample != i:
+            continue
+        maps.append({
+            "method": m.method, "layer": m.layer, "rank": m.rank,
+            "target": {"index": m.target, "label": class_name(m.target, categories),
+                       "score": float(scores[m.target]), "probability": float(probs[m.target])},
+            "class_independent": m.method == "eigencam",
+            "raw_min": m.raw_min, "raw_max": m.raw_max,
+            "warnings": list(m.warnings),
+            "files": files.get((m.rank, m.method, m.layer), {}),
+        })
+    return {"index": index, "image": name, "size": size, "predictions": predictions,
+            "targets": [int(t) for t in res.targets[i]], "maps": maps}
+
+
+def _num(v: Any) -> str:
+    return "nan" if v is None or v != v else f"{v:.4g}"
+
+
+def _target(t: dict[str, Any]) -> str:
+    return f"{t['index']} {t['label']}" if t.get("label") else str(t["index"])
+
+
+def _map_rows(rec: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for m in rec["maps"]:
+        note = "; ".join(m["warnings"]) if m["warnings"] else ("class-independent" if m["class_independent"] else "")
+        rows.append([m["method"], m["layer"], _target(m["target"]), f"{m['target']['probability']:.3f}",
+                     _num(m["raw_min"]), _num(m["raw_max"]), note])
+    return rows
+
+
+def _predictions(rec: dict[str, Any]) -> str:
+    return " | ".join(f"{_target(p)} {p['probability']:.3f}" for p in rec["predictions"])
+
+
+def _header(payload: dict[str, Any]) -> list[str]:
+    layers = ", ".join(
+        f"{lay['name']} ({lay['kind']} {lay['grid'][0]}x{lay['grid'][1]}, {lay['channels']} ch)"
+        for lay in payload["layers"])
+    lines = [f"model: {payload['model']}", f"layers: {layers}",
+             f"methods: {', '.join(payload['methods'])}   target: {payload['target']}"]
+    if payload.get("fuse"):
+        lines.append("fused: element-wise max of the layers' normalised maps")
+    return lines
+
+
+def render_text(payload: dict[str, Any]) -> str:
+    """Plain text: a header, then per image its predictions and a table of its maps."""
+    out = _header(payload)
+    for rec in payload["images"]:
+        out += ["", f"[{rec['index']}] {rec['image']}", f"predicted: {_predictions(rec)}",
+                plain_table(MAP_COLUMNS, _map_rows(rec))]
+    files = [f for f in payload.get("contact_sheets", [])]
+    if files:
+        out += ["", "contact sheets: " + ", ".join(files)]
+    for w in payload.get("warnings", []):
+        out.append(f"warning: {w}")
+    return "\n".join(out) + "\n"
+
+
+def render_rich(payload: dict[str, Any]) -> list[Any]:
+    parts: list[Any] = ["\n".join(_header(payload))]
+    for rec in payload["images"]:
+        parts.append(rich_table(MAP_COLUMNS, _map_rows(rec),
+                                title=f"[{rec['index']}] {rec['image']}  predicted: {_predictions(rec)}"))
+    for w in payload.get("warnings", []):
+        parts.append(f"warning: {w}")
+    return parts

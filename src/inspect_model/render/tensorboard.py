@@ -1,0 +1,41 @@
+"""TensorBoard output behind the optional ``tensorboard`` extra.
+
+``open_writer`` returns torch's SummaryWriter, or raises a one-line error naming the extra
+to install. ``read_tags`` reads an event directory back (used by tests and `check`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from inspect_model.errors import OutputError, UsageError
+
+INSTALL_HINT = "pip install 'inspect-model[tensorboard]'"
+
+
+def open_writer(logdir: str | Path) -> Any:
+    """A ``torch.utils.tensorboard.SummaryWriter`` on ``logdir``."""
+    try:
+        import tensorboard  # noqa: F401
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:
+        raise UsageError(f"--tensorboard needs the tensorboard package; {INSTALL_HINT}") from exc
+    p = Path(logdir)
+    if p.exists() and not p.is_dir():
+        raise OutputError(f"--tensorboard '{p}' is a file; give a directory")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        return SummaryWriter(log_dir=str(p))
+    except OSError as exc:
+        raise OutputError(f"cannot write TensorBoard events to '{p}': {exc.strerror or exc}") from exc
+
+
+def read_tags(logdir: str | Path) -> dict[str, list[str]]:
+    """Tags by kind (``scalars``, ``histograms``, ``images``) found in the event files."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir), size_guidance={"images": 0, "histograms": 0, "scalars": 0})
+    acc.Reload()
+    tags = acc.Tags()
+    return {k: sorted(tags.get(k, [])) for k in ("scalars", "histograms", "images")}
