@@ -3,8 +3,11 @@
 Top-level keys apply to every command; a ``[command]`` table applies to that command only
 and wins over the top level. Keys are option names with dashes or underscores
 (``input-size`` or ``input_size``); the positional ``model`` (and ``images``) can be set
-too. Values are checked against the option's type here, so a wrong key or type is a
-usage error (exit 2) that names it, before any work starts.
+too, as long as the command line gives no positional of its own (Click fills positionals
+from the left). A top-level key that only other commands know is ignored, so one file can
+serve several commands; a key no command knows, a ``[table]`` that names no command, or a
+value of the wrong type is a usage error (exit 2) that names it, before any work starts.
+Relative paths in values are relative to the working directory, as on the command line.
 """
 
 from __future__ import annotations
@@ -28,47 +31,151 @@ def read_toml(path: str) -> dict[str, Any]:
         raise UsageError(f"config file '{path}' is a directory") from exc
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"config file '{path}' is not valid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"config file '{path}' is not UTF-8 text") from exc
     except OSError as exc:
         raise UsageError(f"config file '{path}' cannot be read: {exc.strerror or exc}") from exc
 
 
-def load_config(path: str, command: str, params: dict[str, Any]) -> dict[str, Any]:
-    """Defaults for ``command`` from ``path``, keyed by Click parameter name."""
-    from inspect_model.cli._compat import click
+def _pname(key: str) -> str:
+    pname = key.replace("-", "_")
+    return "json_" if pname == "json" else pname
 
+
+def _display(pname: str) -> str:
+    return pname.replace("_", "-").rstrip("-")
+
+
+def load_config(
+    path: str,
+    command: str,
+    params: dict[str, Any],
+    *,
+    all_params: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Defaults for ``command`` from ``path``, keyed by Click parameter name.
+
+    ``all_params`` maps every command to its parameters: with it, top-level keys that
+    belong to other commands are skipped and ``[tables]`` are checked against command names.
+    """
     data = read_toml(path)
+    declared = data.get("command")
+    if declared is not None and all_params is not None and declared != command:
+        if declared not in all_params:
+            raise UsageError(
+                f"config file '{path}': command = {declared!r} is not a command"
+                + (suggest(str(declared), list(all_params)) or f"; commands: {', '.join(all_params)}")
+            )
+        raise UsageError(f"config file '{path}' is for `{declared}`, not `{command}`")
     merged: dict[str, Any] = {}
+    top_level: set[str] = set()
     for key, value in data.items():
         if isinstance(value, dict):
-            continue  # a [command] table
-        merged[key] = value
-    section = data.get(command)
-    if isinstance(section, dict):
-        merged.update(section)
-    out: dict[str, Any] = {}
-    for key, value in merged.items():
+            if all_params is not None and key not in all_params:
+                raise UsageError(
+                    f"config file '{path}': table [{key}] names no command"
+                    + (suggest(key, list(all_params)) or f"; commands: {', '.join(all_params)}")
+                )
+            continue  # a [command] table: its own command's business
         if key in _META_KEYS:
             continue
-        pname = key.replace("-", "_")
-        if pname == "json":
-            pname = "json_"
+        merged[key] = value
+        top_level.add(key)
+    section = data.get(command)
+    if isinstance(section, dict):
+        for key, value in section.items():
+            if isinstance(value, dict):
+                raise UsageError(f"config file '{path}': [{command}.{key}] is a table; options take values")
+            merged[key] = value
+            top_level.discard(key)
+    known_elsewhere = set()
+    if all_params is not None:
+        known_elsewhere = {name for ps in all_params.values() for name in ps}
+    out: dict[str, Any] = {}
+    for key, value in merged.items():
+        pname = _pname(key)
         if pname not in params:
-            names = sorted(p.replace("_", "-").rstrip("-") for p in params)
+            if key in top_level and pname in known_elsewhere:
+                continue  # a top-level option for other commands
+            names = sorted(_display(p) for p in params)
             raise UsageError(
                 f"config file '{path}': unknown key '{key}' for `{command}`"
                 + (suggest(key, names) or f"; valid keys: {', '.join(names)}")
             )
-        param = params[pname]
-        try:
-            if param.multiple or (isinstance(param, click.Argument) and param.nargs == -1):
-                items = value if isinstance(value, list) else [value]
-                out[pname] = [param.type.convert(v, param, None) for v in items]
-            else:
-                if isinstance(value, (list, dict)):
-                    raise click.BadParameter(f"expected a single value, got {type(value).__name__}")
-                out[pname] = param.type.convert(value, param, None)
-        except click.BadParameter as exc:
-            raise UsageError(
-                f"config file '{path}': key '{key}' has a wrong value {value!r}: {exc.format_message()}"
-            ) from exc
+        out[pname] = convert_value(path, key, value, params[pname])
     return out
+
+
+def convert_value(path: str, key: str, value: Any, param: Any) -> Any:
+    """Check a TOML value against the option's Python type strictly (no silent 1.5 -> 1,
+    no "yes" for a flag). A list of scalars for a text option that takes comma-separated
+    values (``mean = [0.5, 0.5, 0.5]``, ``fail-on = ["nan", "inf"]``) is joined with commas."""
+    import enum
+    import pathlib
+
+    def bad(reason: str) -> UsageError:
+        return UsageError(f"config file '{path}': key '{key}' has a wrong value {value!r}: {reason}")
+
+    desc = getattr(param, "type_descriptor", None)
+    annotation = getattr(desc, "annotation", None)
+    many = bool(getattr(param, "multiple", False)) or getattr(param, "nargs", 1) == -1
+    inner = annotation
+    if desc is not None and getattr(desc, "is_list", False):
+        from typing import get_args
+
+        args = get_args(annotation)
+        inner = args[0] if args else str
+    if annotation is None and hasattr(param, "type"):
+        inner = _click_type(param)
+    choices = getattr(desc, "choices", None) if getattr(desc, "is_choice", False) else None
+
+    def one(v: Any) -> Any:
+        if inner is bool or getattr(param, "is_flag", False):
+            if not isinstance(v, bool):
+                raise bad("expected true or false")
+            return v
+        if isinstance(v, bool):
+            raise bad(f"expected {getattr(inner, '__name__', 'a value')}, not a boolean")
+        if isinstance(v, (list, dict)):
+            raise bad(f"expected a single value, got a {'list' if isinstance(v, list) else 'table'}")
+        if inner is int:
+            if isinstance(v, float) and v.is_integer():
+                return int(v)
+            if not isinstance(v, int):
+                raise bad("expected an integer")
+            return v
+        if inner is float:
+            if not isinstance(v, (int, float)):
+                raise bad("expected a number")
+            return float(v)
+        if isinstance(inner, type) and issubclass(inner, pathlib.PurePath):
+            if not isinstance(v, str):
+                raise bad("expected a path (a string)")
+            return pathlib.Path(v)
+        if isinstance(inner, type) and issubclass(inner, enum.Enum):
+            names = [str(m.value) for m in inner]
+            if str(v) not in names:
+                raise bad(f"choose one of {', '.join(names)}")
+            return str(v)
+        if choices is not None and str(v) not in [str(c) for c in choices]:
+            raise bad(f"choose one of {', '.join(str(c) for c in choices)}")
+        if isinstance(v, (str, int, float)):
+            return str(v) if inner in (str, None) else v
+        raise bad(f"expected a {getattr(inner, '__name__', 'value')}")
+
+    if many:
+        items = value if isinstance(value, list) else [value]
+        return [one(v) for v in items]
+    if isinstance(value, list) and inner is str and value and all(
+        isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value
+    ):
+        return ",".join(str(v) for v in value)
+    return one(value)
+
+
+def _click_type(param: Any) -> Any:
+    """The Python type behind a plain Click parameter (older Typer releases)."""
+    name = getattr(getattr(param, "type", None), "name", "")
+    if getattr(param, "is_flag", False) or name == "boolean":
+        return bool
+    return {"integer": int, "float": float, "path": str, "text": str}.get(name, str)

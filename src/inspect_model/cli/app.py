@@ -17,6 +17,8 @@ import typer
 from inspect_model import errors
 from inspect_model.cli.activations import activations
 from inspect_model.cli.cam import cam
+from inspect_model.cli.check import check
+from inspect_model.cli.grads import grads
 from inspect_model.cli.guided_backprop import guided_backprop
 from inspect_model.cli.models import models
 from inspect_model.cli.summary import summary
@@ -62,6 +64,8 @@ COMMANDS: dict[str, Any] = {
     "models": models,
     "activations": activations,
     "guided-backprop": guided_backprop,
+    "grads": grads,
+    "check": check,
 }
 
 
@@ -78,26 +82,31 @@ def _config_default_map(args: list[str]) -> dict[str, Any] | None:
     from the file act as defaults, so the command line wins."""
     path = None
     for i, a in enumerate(args):
-        if a == "--config" and i + 1 < len(args):
+        if a == "--":
+            break
+        if a == "--config":
+            if i + 1 >= len(args):
+                return None  # Click reports the missing value
             path = args[i + 1]
         elif a.startswith("--config="):
             path = a.split("=", 1)[1]
     if path is None:
         return None
-    command = next((a for a in args if a in COMMANDS), None)
-    if command is None:
+    # The subcommand is the first word that is not a root option (--debug, --version).
+    command = next((a for a in args if not a.startswith("-")), None)
+    if command is None or command not in COMMANDS:
         return None
     from inspect_model.config import load_config
 
-    return {command: load_config(path, command, _command_params(command))}
+    group = typer.main.get_command(app)
+    params = {name: _command_params(name, group) for name in COMMANDS}
+    return {command: load_config(path, command, params[command], all_params=params)}
 
 
-def _command_params(command: str) -> dict[str, Any]:
-    from inspect_model.cli._compat import click
-
-    cmd = typer.main.get_command(app)
-    assert isinstance(cmd, click.Group)
-    sub = cmd.commands[command]
+def _command_params(command: str, group: Any = None) -> dict[str, Any]:
+    """The Click parameters of ``command`` by name (``group``: the built app, to reuse)."""
+    cmd = group if group is not None else typer.main.get_command(app)
+    sub = cmd.commands[command]  # type: ignore[attr-defined]
     return {p.name: p for p in sub.params if p.name not in ("config", "debug", "help")}
 
 

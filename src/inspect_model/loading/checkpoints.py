@@ -142,12 +142,9 @@ def read_checkpoint(path: str, *, device: str = "cpu", trust: bool = False, what
                 "tensors (a whole pickled model?), and unpickling it could run code from the file; "
                 f"{fix}pass --trust-checkpoint if you trust the file"
             ) from exc
-        raise ModelLoadError(f"checkpoint '{path}' is corrupt: {_first_line(exc)}") from exc
+        raise ModelLoadError(f"{what} '{path}' cannot be read: {_reason(exc)}") from exc
     except (EOFError, RuntimeError, KeyError, ValueError, OSError, zipfile.BadZipFile) as exc:
-        reason = _first_line(exc) or type(exc).__name__
-        if isinstance(exc, EOFError) or "failed finding central directory" in reason or "zip archive" in reason:
-            reason = "the file is truncated or corrupt"
-        raise ModelLoadError(f"checkpoint '{path}' cannot be read: {reason}") from exc
+        raise ModelLoadError(f"{what} '{path}' cannot be read: {_reason(exc)}") from exc
     except (AttributeError, ModuleNotFoundError, ImportError) as exc:
         # Only with --trust-checkpoint: the pickled class is not importable here.
         raise ModelLoadError(
@@ -167,6 +164,16 @@ def _read_safetensors(path: str, device: str) -> Any:
         return load_file(path, device="cpu" if device == "meta" else device)
     except Exception as exc:
         raise ModelLoadError(f"safetensors checkpoint '{path}' cannot be read: {_first_line(exc)}") from exc
+
+
+def _reason(exc: BaseException) -> str:
+    text = _first_line(exc)
+    low = text.lower()
+    if isinstance(exc, EOFError) or any(
+        w in low for w in ("truncated", "unexpected eof", "corrupt", "central directory", "zip archive")
+    ):
+        return "the file is truncated or corrupt; download or save it again"
+    return text or type(exc).__name__
 
 
 def _unsupported_global(text: str) -> str:

@@ -147,7 +147,6 @@ def load_image(path: Path, *, channels: int = 3) -> LoadedImage:
                 img = ImageOps.exif_transpose(src)
                 if img is src:
                     img = src.copy()
-        img = _convert(img, channels)
     except InputError:
         raise
     except Image.UnidentifiedImageError as exc:
@@ -159,6 +158,13 @@ def load_image(path: Path, *, channels: int = 3) -> LoadedImage:
         raise InputError(f"image '{path}' is corrupt or truncated ({reason}); re-save or remove it") from exc
     finally:
         Image.MAX_IMAGE_PIXELS = old_max
+    try:
+        img = _convert(img, channels)
+    except (ValueError, OSError) as exc:
+        raise InputError(
+            f"image '{path}' has pixel mode {mode}, which cannot be converted to "
+            f"{'grayscale' if channels == 1 else 'RGB'}; save it as RGB"
+        ) from exc
     return LoadedImage(path=path, image=img, original_mode=mode, warnings=notes)
 
 
@@ -326,9 +332,12 @@ def iter_batches(
     channels: int = 3,
     skip_bad: bool = False,
     skipped: list[tuple[str, str]] | None = None,
+    notes: list[str] | None = None,
 ) -> Iterator[ImageBatch]:
     """Decode and preprocess ``paths`` in groups of ``batch_size`` (streamed, not all at once).
-    With ``skip_bad`` a bad file is recorded in ``skipped`` instead of raising."""
+    With ``skip_bad`` a bad file is recorded in ``skipped`` instead of raising; per-image
+    warnings (first frame of an animation) go to ``notes``. Without a crop, images of
+    different sizes cannot share a batch: a batch then ends early where the size changes."""
     import torch
 
     if batch_size < 1:
@@ -345,6 +354,11 @@ def iter_batches(
             if skipped is not None:
                 skipped.append((str(p), str(exc)))
             continue
+        if notes is not None:
+            notes.extend(li.warnings)
+        if tensors and t.shape != tensors[0].shape:
+            yield ImageBatch(torch.stack(tensors), pending)
+            pending, tensors = [], []
         pending.append(li)
         tensors.append(t)
         if len(pending) == batch_size:
@@ -365,7 +379,12 @@ class InputBatch:
 
 @dataclass
 class InputPlan:
-    """The resolved input options of one run; ``batches()`` streams :class:`InputBatch`."""
+    """The resolved input options of one run; ``batches()`` streams :class:`InputBatch`.
+
+    While streaming, ``skipped`` collects ``(path, reason)`` for each bad file passed over
+    with ``--skip-bad-inputs`` and ``warnings`` the per-image notes; commands print them with
+    :meth:`drain_warnings` as they go and put :meth:`input_report` in their report.
+    """
 
     paths: list[Path]
     preprocess: Preprocess | None
@@ -378,6 +397,10 @@ class InputPlan:
     device: Any = "cpu"
     dtype: Any = None
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    processed: int = 0  # images fed to the model so far
+    _drained: int = 0
+    _skips_drained: int = 0
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -385,9 +408,29 @@ class InputPlan:
             "preprocessing": self.preprocess.describe() if self.preprocess else None,
             "input_size": list(self.input_size) if self.input_size else None,
             "batch_size": self.batch_size,
+            "channels": self.channels,
             "seed": self.seed,
             "fill": None if self.paths else self.fill,
+            "skip_bad_inputs": self.skip_bad,
         }
+
+    def input_report(self) -> dict[str, Any]:
+        """How the inputs went: counts, skipped files with reasons, warnings."""
+        return {
+            "images_total": len(self.paths),
+            "images_used": self.processed,
+            "skipped_count": len(self.skipped),
+            "skipped": [{"path": p, "reason": r} for p, r in self.skipped],
+            "warnings": list(self.warnings),
+        }
+
+    def drain_warnings(self) -> list[str]:
+        """Warnings (including skipped files) not returned by an earlier call."""
+        new = list(self.warnings[self._drained:])
+        new += [f"skipped {r}" for _, r in self.skipped[self._skips_drained:]]
+        self._drained = len(self.warnings)
+        self._skips_drained = len(self.skipped)
+        return new
 
     def batches(self) -> Iterator[InputBatch]:
         import torch
@@ -399,22 +442,40 @@ class InputPlan:
             assert self.input_size is not None
             (x,) = make_example_inputs([self.input_size], batch_size=self.batch_size, dtype=dtype,
                                        device=self.device, seed=self.seed, fill=self.fill)
+            self.processed = self.batch_size
             yield InputBatch(x, [f"{self.fill}-{i}" for i in range(self.batch_size)], None)
             return
         assert self.preprocess is not None
+        self.processed = 0
         for b in iter_batches(self.paths, self.preprocess, batch_size=self.batch_size,
-                              channels=self.channels, skip_bad=self.skip_bad, skipped=self.skipped):
+                              channels=self.channels, skip_bad=self.skip_bad, skipped=self.skipped,
+                              notes=self.warnings):
+            self.processed += len(b.images)
             yield InputBatch(b.tensor.to(device=self.device, dtype=dtype), b.names, b.images)
+        if self.processed == 0 and self.skipped:
+            first_path, first_reason = self.skipped[0]
+            raise InputError(
+                f"none of the {len(self.paths)} images could be read (--skip-bad-inputs skipped them "
+                f"all); first: {first_reason}"
+            )
 
 
 def model_channels(model: Any, default: int = 3) -> int:
-    """Input channels the first conv layer expects (1 for a grayscale model), else ``default``."""
+    """Input channels the first conv layer expects (1 for a grayscale model), else ``default``.
+    TorchScript and exported modules are read from their first weight's shape."""
+    import torch
     from torch import nn
 
     for m in model.modules():
         if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
             return int(m.in_channels)
         if isinstance(m, nn.Linear):
+            return default
+        kind = getattr(m, "original_name", None) or type(m).__name__
+        weight = getattr(m, "weight", None)
+        if kind in ("Conv1d", "Conv2d", "Conv3d") and isinstance(weight, torch.Tensor) and weight.dim() >= 3:
+            return int(weight.shape[1])
+        if kind == "Linear":
             return default
     return default
 
@@ -462,5 +523,20 @@ def plan_inputs(
             f"no images given and the input size of {loaded.name} is unknown; "
             "pass images or --input-size, e.g. --input-size 3x224x224"
         )
+    static = getattr(loaded, "static_batch", None)
+    if static is not None:
+        # torch.export fixed the batch dimension: every batch must have exactly that size.
+        if batch_size != static:
+            raise InputError(
+                f"{loaded.name} was exported with a static batch size of {static}; pass "
+                f"--batch-size {static}, or export it again with a dynamic batch dimension "
+                "(dynamic_shapes={'x': {0: torch.export.Dim('batch')}})"
+            )
+        if paths and len(paths) % static:
+            raise InputError(
+                f"{loaded.name} was exported with a static batch size of {static}, and "
+                f"{len(paths)} images do not fill whole batches; give a multiple of {static} images "
+                "or export it with a dynamic batch dimension"
+            )
     return InputPlan(paths=paths, preprocess=pre, input_size=size, batch_size=batch_size,
                      channels=channels, seed=seed, fill=fill, skip_bad=skip_bad, device=device, dtype=dtype)

@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-# Elements per chunk when measuring: bounds the temporaries of the hook (float64 copy,
-# deviations, masks) to a few hundred KiB whatever the layer size.
-CHUNK_ELEMENTS = 1 << 16
+# Elements per chunk when measuring: bounds the temporaries of the hook (a sign() copy, or
+# on the NaN/Inf path a float64 copy and masks) to about 1-2 MiB whatever the layer size.
+CHUNK_ELEMENTS = 1 << 18
 
 # Layers whose 3-D output is (N, tokens, dim): channels are the last dimension.
 _TOKEN_TYPES = ("Linear", "LayerNorm", "Embedding", "MultiheadAttention", "RMSNorm", "MLP",
@@ -140,8 +140,14 @@ class Measurement:
 
 
 def _reduce_nc(x: torch.Tensor, cdim: int) -> tuple[torch.Tensor, ...]:
-    """(N, C) tensors (count, mean, m2, min, max, zeros, negatives, nan, inf, cell size) of
-    ``x`` with channels along ``cdim``, reduced chunk by chunk over channels."""
+    """(N, C) float64 tensors (count, mean, m2, min, max, zeros, negatives, nan, inf) and the
+    cell size, of ``x`` with channels along ``cdim``, reduced chunk by chunk over channels.
+
+    The common case (finite float32/float64 values) reads the tensor with reductions that
+    allocate nothing of its size: sum, L2 norm (for the sum of squares), amin, amax, and the
+    sum of sign() and |sign()| for the zero and negative counts (comparisons would allocate
+    a bool mask plus an int64 copy of it). Non-finite values take the exact float64 path.
+    """
     import torch
 
     xm = x.movedim(cdim, 1) if cdim != 1 else x  # a view: no copy
@@ -153,34 +159,62 @@ def _reduce_nc(x: torch.Tensor, cdim: int) -> tuple[torch.Tensor, ...]:
         cell *= int(d)
     dims = tuple(range(2, xm.ndim))
     step = max(1, CHUNK_ELEMENTS // max(1, n * cell))
-    bshape = (n, -1) + (1,) * len(dims)
     parts: list[tuple[torch.Tensor, ...]] = []
     for c0 in range(0, c, step):
         xc = xm.narrow(1, c0, min(step, c - c0))
-        xd = xc.to(torch.float64)  # (N, c, ...) chunk copy, bounded by CHUNK_ELEMENTS
-        fin = torch.isfinite(xd)
-        all_finite = bool(fin.all())
-        if all_finite:
-            cnt = torch.full(xd.shape[:2], float(cell), dtype=torch.float64, device=xd.device)
-            mean = xd.sum(dims) / max(cell, 1)
-            m2 = (xd - mean.view(bshape)).square_().sum(dims)
-            mn, mx = xd.amin(dims), xd.amax(dims)
-            nan = inf = torch.zeros_like(cnt)
-        else:
-            nan = torch.isnan(xd).sum(dims).to(torch.float64)
-            cnt = fin.sum(dims).to(torch.float64)
-            inf = float(cell) - cnt - nan
-            mean = torch.where(fin, xd, 0.0).sum(dims) / cnt.clamp(min=1.0)
-            m2 = torch.where(fin, xd - mean.view(bshape), 0.0).square_().sum(dims)
-            mn = torch.where(fin, xd, math.inf).amin(dims)
-            mx = torch.where(fin, xd, -math.inf).amax(dims)
-        zeros = (xd == 0).sum(dims).to(torch.float64)
-        neg = (xd < 0).sum(dims).to(torch.float64)
-        if not all_finite:  # -inf is counted under inf, not as negative (as tensor_stats)
-            neg = neg - (xd == -math.inf).sum(dims).to(torch.float64)
-        parts.append((cnt, mean, m2, mn, mx, zeros, neg, nan, inf))
+        if xc.dtype not in (torch.float32, torch.float64):
+            xc = xc.to(torch.float64 if not xc.is_floating_point() else torch.float32)  # chunk copy
+        part = _reduce_fast(xc, dims, cell)
+        if part is None:
+            part = _reduce_exact(xc, dims, cell)
+        parts.append(part)
     out = tuple(torch.cat([p[i] for p in parts], dim=1) for i in range(9))
     return out + (torch.tensor(float(cell), dtype=torch.float64),)
+
+
+def _reduce_fast(xc: torch.Tensor, dims: tuple[int, ...], cell: int) -> tuple[torch.Tensor, ...] | None:
+    """Moments of a finite chunk without size-of-tensor temporaries but one sign() copy;
+    None when a value is not finite (the sums then are not)."""
+    import torch
+
+    f64 = torch.float64
+    s1 = xc.sum(dims).to(f64)  # (N, c)
+    norm = torch.linalg.vector_norm(xc, 2, dims).to(f64)
+    if not bool(torch.isfinite(s1).all() and torch.isfinite(norm).all()):
+        return None
+    mn, mx = xc.amin(dims).to(f64), xc.amax(dims).to(f64)
+    mean = s1 / cell
+    # M2 = sum(x^2) - n mean^2; a constant cell has exactly 0 (no rounding residue).
+    m2 = (norm.square() - cell * mean.square()).clamp_(min=0.0)
+    m2 = torch.where(mn == mx, 0.0, m2)
+    sg = torch.sign(xc)
+    signed = sg.sum(dims).to(f64)  # positives - negatives
+    nonzero = sg.abs_().sum(dims).to(f64)  # positives + negatives
+    del sg
+    cnt = torch.full_like(s1, float(cell))
+    zeros = cnt - nonzero
+    neg = (nonzero - signed) / 2
+    none = torch.zeros_like(s1)
+    return (cnt, mean, m2, mn, mx, zeros, neg, none, none)
+
+
+def _reduce_exact(xc: torch.Tensor, dims: tuple[int, ...], cell: int) -> tuple[torch.Tensor, ...]:
+    """Moments of a chunk holding NaN/Inf: a float64 copy, moments over finite values."""
+    import torch
+
+    xd = xc.to(torch.float64)
+    bshape = (xd.shape[0], -1) + (1,) * len(dims)
+    fin = torch.isfinite(xd)
+    nan = torch.isnan(xd).sum(dims).to(torch.float64)
+    cnt = fin.sum(dims).to(torch.float64)
+    inf = float(cell) - cnt - nan
+    mean = torch.where(fin, xd, 0.0).sum(dims) / cnt.clamp(min=1.0)
+    m2 = torch.where(fin, xd - mean.view(bshape), 0.0).square_().sum(dims)
+    mn = torch.where(fin, xd, math.inf).amin(dims)
+    mx = torch.where(fin, xd, -math.inf).amax(dims)
+    zeros = (xd == 0).sum(dims).to(torch.float64)
+    neg = (fin & (xd < 0)).sum(dims).to(torch.float64)  # -inf counts under inf, as in tensor_stats
+    return (cnt, mean, m2, mn, mx, zeros, neg, nan, inf)
 
 
 def _sample_moments(r: tuple[torch.Tensor, ...]) -> list[Moments]:

@@ -318,12 +318,14 @@ def output_seed(
                                      f"(0..{n_classes - 1})")
             lab_t = None if labels is None else torch.tensor([lab % n_classes for lab in labels], device=y.device)
             used = [[] for _ in range(n)] if lab_t is None else [[int(v)] for v in lab_t]
+            # Half precision losses are computed in float32; float64 stays float64.
+            yw = yd if yd.dtype in (torch.float32, torch.float64) else yd.float()
             if loss == "cross-entropy":
                 assert lab_t is not None
-                per_t = F.cross_entropy(yd.float(), lab_t, reduction="none")
+                per_t = F.cross_entropy(yw, lab_t, reduction="none")
             else:
-                ref = torch.zeros_like(yd) if lab_t is None else F.one_hot(lab_t, n_classes).to(yd.dtype)
-                per_t = ((yd - ref) ** 2).float().mean(1)
+                ref = torch.zeros_like(yw) if lab_t is None else F.one_hot(lab_t, n_classes).to(yw.dtype)
+                per_t = ((yw - ref) ** 2).mean(1)
         (seed,) = torch.autograd.grad(per_t.sum(), yd)
     return seed.to(y.dtype), [float(v) for v in per_t.detach().double()], used
 

@@ -20,6 +20,7 @@ from typing import Any
 from inspect_model.errors import OutputError
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._#=+-]+")
+_RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
 
 
 def safe_name(text: str, *, default: str = "x", max_len: int = 120) -> str:
@@ -28,6 +29,8 @@ def safe_name(text: str, *, default: str = "x", max_len: int = 120) -> str:
     s = s.replace("..", "_").strip("._ ")
     if not s:
         s = default
+    if s.split(".")[0].upper() in _RESERVED:
+        s = "_" + s  # CON, NUL, COM1...: device names on Windows
     return s[:max_len]
 
 
@@ -43,6 +46,7 @@ class OutputDir:
         self.staging: Path | None = None
         self.written: list[str] = []  # final paths, as given in reports
         self._pending: list[tuple[Path, Path]] = []
+        self._created_top: Path | None = None
 
     # ------------------------------------------------------------ checks
     def prepare(self) -> OutputDir:
@@ -58,11 +62,20 @@ class OutputDir:
                     "pass --force to write into it, or choose another --output-dir"
                 )
         else:
+            # Remember the top-most folder this run creates: abort() removes it all.
+            top = p
+            while not top.parent.exists() and top.parent != top:
+                top = top.parent
             try:
                 p.mkdir(parents=True)
+            except FileExistsError as exc:
+                raise OutputError(f"output directory '{p}' lies under a file; choose another --output-dir") from exc
+            except NotADirectoryError as exc:
+                raise OutputError(f"output directory '{p}' lies under a file; choose another --output-dir") from exc
             except OSError as exc:
                 raise OutputError(f"cannot create output directory '{p}': {exc.strerror or exc}") from exc
             self.created = True
+            self._created_top = top
         if not os.access(p, os.W_OK | os.X_OK):
             raise OutputError(f"output directory '{p}' is not writable; choose another --output-dir")
         try:
@@ -97,9 +110,11 @@ class OutputDir:
                 fh.flush()
                 os.fsync(fh.fileno())
         except OSError as exc:
+            staged.unlink(missing_ok=True)
             raise OutputError(f"cannot write '{final}': {exc.strerror or exc}") from exc
-        self._pending.append((staged, final))
-        self.written.append(str(final))
+        if (staged, final) not in self._pending:  # the same name written twice: last wins
+            self._pending.append((staged, final))
+            self.written.append(str(final))
         return str(final)
 
     def write_text(self, relname: str, text: str) -> str:
@@ -126,12 +141,40 @@ class OutputDir:
 
     # ------------------------------------------------------------ ending
     def commit(self) -> list[str]:
-        """Move every staged file into place."""
+        """Move every staged file into place: all of them, or (on failure) none, with any
+        file they were replacing put back."""
+        assert self.staging is not None or not self._pending
+        moved: list[tuple[Path, Path | None]] = []  # (final, backup of what it replaced)
+        made: list[Path] = []
         try:
-            for staged, final in self._pending:
+            for i, (staged, final) in enumerate(self._pending):
+                parent = final.parent
+                missing = []
+                while not parent.exists():
+                    missing.append(parent)
+                    parent = parent.parent
                 final.parent.mkdir(parents=True, exist_ok=True)
+                made.extend(reversed(missing))
+                backup = None
+                if final.exists():
+                    assert self.staging is not None
+                    backup = self.staging / f".replaced-{i}"
+                    os.replace(final, backup)
+                moved.append((final, backup))
                 os.replace(staged, final)
         except OSError as exc:
+            for final, backup in reversed(moved):
+                try:
+                    final.unlink(missing_ok=True)
+                    if backup is not None:
+                        os.replace(backup, final)
+                except OSError:
+                    pass
+            for d in reversed(made):
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
             self.abort()
             raise OutputError(f"cannot move outputs into '{self.path}': {exc.strerror or exc}") from exc
         self._pending.clear()
@@ -144,7 +187,7 @@ class OutputDir:
         self.written.clear()
         self._cleanup_staging()
         if self.created:
-            shutil.rmtree(self.path, ignore_errors=True)
+            shutil.rmtree(self._created_top or self.path, ignore_errors=True)
             self.created = False
 
     def _cleanup_staging(self) -> None:

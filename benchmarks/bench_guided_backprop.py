@@ -1,0 +1,104 @@
+"""Guided backprop speed: ours vs the floor, and vs captum's GuidedBackprop (optional).
+
+The floor is one forward pass plus one backward pass to the input with every parameter
+frozen (no weight gradients): what any input-gradient method must pay. Issue 6 asks for
+ours <= 1.1x the floor and no slower than captum on vgg16 and resnet50 (weights none,
+batch 4 to 8, CPU). Measurements are interleaved (floor, ours, captum, floor, ...) so that
+load from other processes hits all three alike; the median of each is reported.
+
+    python benchmarks/bench_guided_backprop.py [--models vgg16 resnet50] [--batch 4] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+
+
+def main() -> None:
+    import torch
+    import torchvision
+
+    from inspect_model.methods.guided import guided_backprop
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["vgg16", "resnet50"])
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    try:
+        from captum.attr import GuidedBackprop
+    except ImportError:
+        GuidedBackprop = None
+        print("captum not installed: skipping the captum comparison (pip install 'inspect-model[bench]')")
+    dev = torch.device(args.device)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {dev}, batch {args.batch}, "
+          f"{args.size}x{args.size}, median of {args.repeats}")
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    for name in args.models:
+        torch.manual_seed(0)
+        model = getattr(torchvision.models, name)(weights=None).eval().to(dev)
+        x = torch.randn(args.batch, 3, args.size, args.size, device=dev)
+        targets = [[i * 7 % 1000] for i in range(args.batch)]
+        flat_targets = [t[0] for t in targets]
+
+        def floor() -> torch.Tensor:
+            for p in model.parameters():
+                p.requires_grad_(False)
+            try:
+                leaf = x.detach().requires_grad_(True)
+                out = model(leaf.clone())
+                onehot = torch.zeros_like(out)
+                onehot[torch.arange(args.batch), flat_targets] = 1.0
+                (g,) = torch.autograd.grad(out, leaf, grad_outputs=onehot)
+                return g
+            finally:
+                for p in model.parameters():
+                    p.requires_grad_(True)
+
+        def ours() -> torch.Tensor:
+            return guided_backprop(model, x, targets).gradients[:, 0]
+
+        runs = {"floor": floor, "ours": ours}
+        if GuidedBackprop is not None:
+            gbp = GuidedBackprop(model)
+
+            def captum_gb() -> torch.Tensor:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    return gbp.attribute(x.clone(), target=flat_targets)
+
+            runs["captum"] = captum_gb
+        times: dict[str, list[float]] = {k: [] for k in runs}
+        results: dict[str, torch.Tensor] = {}
+        for k, fn in runs.items():  # warm-up
+            results[k] = fn().detach().float().cpu()
+        for _ in range(args.repeats):
+            for k, fn in runs.items():
+                sync()
+                t0 = time.perf_counter()
+                fn()
+                sync()
+                times[k].append(time.perf_counter() - t0)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        line = f"{name:10s} floor {med['floor'] * 1e3:8.1f} ms  ours {med['ours'] * 1e3:8.1f} ms  " \
+               f"ours/floor {med['ours'] / med['floor']:.3f}x (target <= 1.1)"
+        if "captum" in med:
+            line += f"  captum {med['captum'] * 1e3:8.1f} ms  ours/captum {med['ours'] / med['captum']:.3f}x (target <= 1.0)"
+        print(line)
+        if "captum" in results:
+            a, b = results["ours"], results["captum"]
+            rel = float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+            print(f"{'':10s} max |ours - captum| / max |captum| = {rel:.2e}")
+
+
+if __name__ == "__main__":
+    main()

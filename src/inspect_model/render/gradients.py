@@ -1,0 +1,301 @@
+"""Rendering ``grads`` results: text/rich tables, the JSON payload, gradient-flow and
+histogram figures, and the Jacobian map. Pure functions: records in, str/dict/figure out.
+
+Figures are built on ``matplotlib.figure.Figure`` (Agg, no pyplot state) with a fixed size
+and DPI; the caller saves them with ``OutputDir.save_figure`` (no timestamp metadata).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from inspect_model.render.table import Column, plain_table, rich_table
+
+if TYPE_CHECKING:
+    from inspect_model.methods.gradients import GradReport, LayerGrad, SampleGrad
+    from inspect_model.methods.jacobian import JacobianResult
+
+FIG_DPI = 100
+
+
+def fmt(v: float | None, spec: str = ".3g") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and math.isnan(v):
+        return "nan"
+    return format(v, spec)
+
+
+def pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def _max_abs(s: Any) -> float | None:
+    from inspect_model.methods.gradients import max_abs
+
+    return max_abs(s)
+
+
+# ----------------------------------------------------------------- tables
+LAYER_COLUMNS = [
+    Column("layer"), Column("type"), Column("output shape"),
+    Column("|grad wrt output|", "right"), Column("mean |g| out", "right"), Column("max |g| out", "right"),
+    Column("rel. norm", "right"), Column("|grad wrt input|", "right"), Column("non-finite", "right"),
+]
+PARAM_COLUMNS = [
+    Column("parameter"), Column("shape"), Column("grad norm", "right"), Column("mean", "right"),
+    Column("std", "right"), Column("max |g|", "right"), Column("zeros", "right"), Column("neg", "right"),
+    Column("grad/weight", "right"),
+]
+CHECK_COLUMNS = [Column("check"), Column("status"), Column("value", "right"), Column("threshold", "right"),
+                 Column("detail")]
+
+
+def _nonfinite(r: LayerGrad) -> str:
+    n = sum(s.nan_count + s.inf_count for s in (r.grad_output, r.grad_input) if s is not None)
+    return str(n)
+
+
+def layer_rows(rep: GradReport) -> list[list[str]]:
+    rows = []
+    for r in rep.layers:
+        o = r.grad_output
+        rows.append([
+            r.key, r.module_type, "x".join(map(str, r.output_shape)) if r.output_shape else "-",
+            fmt(o.norm) if o else "not reached", fmt(o.abs_mean) if o else "-", fmt(_max_abs(o)),
+            fmt(r.relative_norm), fmt(r.grad_input.norm) if r.grad_input else "-", _nonfinite(r),
+        ])
+    return rows
+
+
+def param_rows(rep: GradReport) -> list[list[str]]:
+    rows = []
+    for p in rep.params:
+        shape = "x".join(map(str, p.shape)) or "scalar"
+        if not p.has_grad:
+            rows.append([p.name, shape, "no grad", "-", "-", "-", "-", "-", "-"])
+            continue
+        rows.append([p.name, shape, fmt(p.norm), fmt(p.mean), fmt(p.std), fmt(p.max_abs),
+                     pct(p.zero_fraction), pct(p.negative_fraction), fmt(p.ratio)])
+    return rows
+
+
+def check_rows(rep: GradReport) -> list[list[str]]:
+    return [[c.name + (" (fail-on)" if c.fail_on else ""), c.status.upper(), fmt(c.value), fmt(c.threshold),
+             c.detail] for c in rep.checks]
+
+
+def header_lines(rep: GradReport) -> list[str]:
+    lines = [
+        f"Gradients of: {rep.objective}",
+        f"Inputs: {rep.images}    global parameter gradient norm: {fmt(rep.global_norm, '.6g')}    "
+        f"output gradient norm: {fmt(rep.output_grad_norm, '.6g')}",
+    ]
+    if rep.input_grad is not None:
+        lines.append(f"Gradient wrt the model input (saliency): norm {fmt(rep.input_grad.norm, '.6g')}, "
+                     f"max |g| {fmt(_max_abs(rep.input_grad))}")
+    if rep.clip is not None:
+        c = rep.clip
+        what = (f"would scale every gradient by {c.scale:.4g}" if c.clipped
+                else "would leave the gradients unchanged")
+        dom = ", ".join(f"{n} {100 * s:.1f}%" for n, s in c.dominant[:3])
+        lines.append(f"clip_grad_norm_(max_norm={c.max_norm:g}): total norm {c.total_norm:.6g}, {what}; "
+                     f"largest shares of the squared norm: {dom or '-'}")
+    if rep.first_nonfinite:
+        lines.append(f"First non-finite gradient in backward order: {rep.first_nonfinite}")
+    if rep.frozen_params:
+        lines.append(f"Frozen parameters (requires_grad=False, not listed): {rep.frozen_params}")
+    return lines
+
+
+def render_text(rep: GradReport) -> str:
+    parts = ["\n".join(header_lines(rep)), "",
+             "Layers (forward order; gradient wrt the layer's output, and wrt its input through this layer only)",
+             plain_table(LAYER_COLUMNS, layer_rows(rep)), "", "Parameters",
+             plain_table(PARAM_COLUMNS, param_rows(rep)), "", "Checks",
+             plain_table(CHECK_COLUMNS, check_rows(rep))]
+    return "\n".join(parts) + "\n"
+
+
+def render_rich(rep: GradReport) -> list[Any]:
+    return ["\n".join(header_lines(rep)),
+            rich_table(LAYER_COLUMNS, layer_rows(rep), title="Layers (gradient wrt output / wrt input)"),
+            rich_table(PARAM_COLUMNS, param_rows(rep), title="Parameters"),
+            rich_table(CHECK_COLUMNS, check_rows(rep), title="Checks")]
+
+
+# ----------------------------------------------------------------- JSON
+def _stats(s: Any) -> dict[str, Any] | None:
+    if s is None:
+        return None
+    d = s.to_dict()
+    d["max_abs"] = _max_abs(s)
+    return d
+
+
+def sample_payload(s: SampleGrad) -> dict[str, Any]:
+    return {"image": s.name, "targets": s.targets, "objective": s.objective,
+            "input_grad_norm": s.input_grad_norm, "layer_grad_norms": s.layer_grad_norms}
+
+
+def to_payload(rep: GradReport) -> dict[str, Any]:
+    layers = [{
+        "key": r.key, "name": r.name, "type": r.module_type, "call_index": r.call_index,
+        "output_shape": r.output_shape, "grad_wrt_output": _stats(r.grad_output),
+        "grad_wrt_input": _stats(r.grad_input), "relative_norm": r.relative_norm, "gain": r.gain,
+        "reached": r.grad_output is not None,
+    } for r in rep.layers]
+    params = [{
+        "name": p.name, "shape": p.shape, "has_grad": p.has_grad, "norm": p.norm, "mean": p.mean,
+        "std": p.std, "max_abs": p.max_abs, "zero_fraction": p.zero_fraction,
+        "negative_fraction": p.negative_fraction, "weight_norm": p.weight_norm,
+        "grad_to_weight_ratio": p.ratio, "nan_count": p.nan_count, "inf_count": p.inf_count,
+    } for p in rep.params]
+    checks = [{"name": c.name, "status": c.status, "passed": c.status != "fail", "value": c.value,
+               "threshold": c.threshold, "fail_on": c.fail_on, "detail": c.detail, "layers": c.layers}
+              for c in rep.checks]
+    clip = None
+    if rep.clip is not None:
+        c = rep.clip
+        clip = {"max_norm": c.max_norm, "total_norm": c.total_norm, "clip_coef": c.clip_coef,
+                "scale": c.scale, "clipped": c.clipped,
+                "dominant": [{"parameter": n, "share": s} for n, s in c.dominant]}
+    return {
+        "mode": "grads", "objective": rep.objective, "images": rep.images, "global_grad_norm": rep.global_norm,
+        "output_grad_norm": rep.output_grad_norm, "input_grad": _stats(rep.input_grad), "layers": layers,
+        "params": params, "frozen_params": rep.frozen_params, "clip": clip, "checks": checks,
+        "first_nonfinite": rep.first_nonfinite, "samples": [sample_payload(s) for s in rep.samples],
+        "notes": rep.notes,
+    }
+
+
+# ----------------------------------------------------------------- figures
+def _figure(w: float, h: float) -> Any:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(w, h), dpi=FIG_DPI)
+
+
+def _pos(v: float | None) -> float:
+    # log axes cannot show 0: draw it at the bottom instead of dropping the layer.
+    return v if v is not None and v > 0 and math.isfinite(v) else float("nan")
+
+
+def flow_figure(rep: GradReport) -> Any:
+    """Mean and max |grad| per layer (wrt its output) and per weight, log scale, forward order."""
+    fig = _figure(12, 8)
+    ax1, ax2 = fig.subplots(2, 1)
+    reached = [r for r in rep.layers if r.grad_output is not None]
+    xs = list(range(len(reached)))
+    ax1.bar(xs, [_pos(_max_abs(r.grad_output)) for r in reached], color="c", alpha=0.5, label="max |grad|")
+    ax1.bar(xs, [_pos(r.grad_output.abs_mean) for r in reached], color="b", alpha=0.7,  # type: ignore[union-attr]
+            label="mean |grad|")
+    ax1.set_title("Gradient wrt each layer's output (forward order)")
+    weights = [p for p in rep.params if p.has_grad and len(p.shape) > 1]
+    xw = list(range(len(weights)))
+    ax2.bar(xw, [_pos(p.max_abs) for p in weights], color="c", alpha=0.5, label="max |grad|")
+    ax2.bar(xw, [_pos(abs(p.mean) if p.mean is not None else None) for p in weights], color="b", alpha=0.7,
+            label="|mean grad|")
+    ax2.set_title("Gradient of each weight (biases and norms left out), as plot_grad_flow draws it")
+    for ax, labels in ((ax1, [r.key for r in reached]), (ax2, [p.name for p in weights])):
+        if labels:
+            ax.set_yscale("log")
+            step = max(1, len(labels) // 40)
+            ax.set_xticks(list(range(0, len(labels), step)))
+            ax.set_xticklabels(labels[::step], rotation=90, fontsize=6)
+            ax.legend(loc="upper right", fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "nothing to show", ha="center", va="center", transform=ax.transAxes)
+        ax.set_ylabel("|gradient| (log)")
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def histogram_figure(rep: GradReport, max_layers: int = 48) -> Any:
+    """One small histogram of log10|grad wrt output| per layer (forward order)."""
+    from inspect_model.methods.gradients import LogHist
+
+    reached = [r for r in rep.layers if r.grad_output is not None][:max_layers]
+    cols = 6
+    rows = max(1, math.ceil(len(reached) / cols))
+    fig = _figure(cols * 2.4, rows * 1.9 + 0.5)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    edges = LogHist.edges()
+    lows = [r.hist.min for r in reached if sum(r.hist.counts)]
+    highs = [r.hist.max for r in reached if sum(r.hist.counts)]
+    # One x range for every panel (so they compare), just wide enough for the data.
+    lo = max(edges[0], math.floor(min(lows)) - 0.5) if lows else edges[0]
+    hi = min(edges[-1], math.ceil(max(highs)) + 0.5) if highs else edges[-1]
+    for i, ax in enumerate(axes.flat):
+        if i >= len(reached):
+            ax.axis("off")
+            continue
+        r = reached[i]
+        ax.stairs(r.hist.counts, edges, fill=True, color="tab:blue")
+        ax.set_xlim(lo, hi)
+        ax.set_title(f"{r.key} (zeros {r.hist.zeros})", fontsize=6)
+        ax.set_xlabel("log10 |g|", fontsize=5)
+        ax.tick_params(labelsize=5)
+    fig.suptitle("log10 |gradient wrt layer output| per layer", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+# ----------------------------------------------------------------- jacobian
+JAC_COLUMNS = [Column("of"), Column("wrt"), Column("input"), Column("|d(sum of)/d(wrt)|", "right"),
+               Column("mean |g|", "right"), Column("max |g|", "right"), Column("||J||_F est.", "right"),
+               Column("std. error", "right")]
+
+
+def jacobian_rows(results: Sequence[JacobianResult]) -> list[list[str]]:
+    rows = []
+    for r in results:
+        rows.append([r.of, r.wrt, f"batch of {len(r.names)}", fmt(r.vjp.norm), fmt(r.vjp.abs_mean),
+                     fmt(_max_abs(r.vjp)), fmt(r.norm), fmt(r.norm_se)])
+        for i, name in enumerate(r.names):
+            est = math.sqrt(r.sample_norm_sq[i]) if i < len(r.sample_norm_sq) else None
+            rows.append(["", "", name, fmt(r.sample_norms[i]) if i < len(r.sample_norms) else "-", "", "",
+                         fmt(est), ""])
+    return rows
+
+
+def render_jacobian_text(results: Sequence[JacobianResult]) -> str:
+    r0 = results[0]
+    head = (f"d({r0.of})/d({r0.wrt}): vector-Jacobian product with "
+            + ("the target one-hot" if r0.of == "score" else "a ones vector"))
+    if r0.probes:
+        head += f"; ||J||_F estimated from {r0.probes} Gaussian probes (E||J^T v||^2), with its standard error"
+    return head + "\n" + plain_table(JAC_COLUMNS, jacobian_rows(results)) + "\n"
+
+
+def render_jacobian_rich(results: Sequence[JacobianResult]) -> list[Any]:
+    return [rich_table(JAC_COLUMNS, jacobian_rows(results), title=f"d({results[0].of})/d({results[0].wrt})")]
+
+
+def jacobian_payload(results: Sequence[JacobianResult]) -> dict[str, Any]:
+    return {"mode": "jacobian", "jacobians": [{
+        "of": r.of, "wrt": r.wrt, "images": r.names, "of_shape": r.of_shape, "wrt_shape": r.wrt_shape,
+        "vjp": _stats(r.vjp), "sample_norms": r.sample_norms, "targets": r.targets, "probes": r.probes,
+        "frobenius_sq": r.norm_sq, "frobenius_sq_se": r.norm_sq_se, "frobenius": r.norm,
+        "frobenius_se": r.norm_se, "sample_frobenius_sq": r.sample_norm_sq,
+    } for r in results]}
+
+
+def jacobian_figure(r: JacobianResult, max_images: int = 8) -> Any:
+    """mean over channels of |d(sum of)/d(wrt)| for each input, when ``wrt`` is spatial."""
+    assert r.grad_map is not None
+    maps = r.grad_map[:max_images]
+    n = maps.shape[0]
+    fig = _figure(3.0 * n, 3.4)
+    axes = fig.subplots(1, n, squeeze=False)
+    for i in range(n):
+        ax = axes[0][i]
+        im = ax.imshow(maps[i].numpy(), cmap="magma")
+        ax.set_title(r.names[i][-30:], fontsize=7)
+        ax.axis("off")
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    fig.suptitle(f"mean over channels of |d({r.of})/d({r.wrt})|", fontsize=9)
+    return fig
