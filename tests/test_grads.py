@@ -418,7 +418,7 @@ def test_cli_outputs_schema_tensorboard(cli, models_py: Path, tmp_path: Path) ->
     (["--json", "--jsonl"], "--json and --jsonl cannot be combined"),
 ])
 def test_cli_errors(cli, models_py: Path, args: list[str], message: str) -> None:
-    res = cli(["grads", f"{models_py}:TinyCNN", "--input-size", "3x8x8", *args])
+    res = cli(["grads", f"{models_py}:TinyCNN", "--input-size", "3x8x8", "-q", *args])
     assert res.exit_code in (2, 5), res.stderr
     assert res.stderr.startswith("error: ") and message in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from inspect_model.cli import completion
 from inspect_model.errors import UsageError
 
 # ---------------------------------------------------------------- option types
@@ -24,6 +25,7 @@ ModelArg = Annotated[
         help="A torchvision model name (resnet34, torchvision:vit_b_16), a user model "
         "FILE.py:FACTORY or package.module:ATTR (this runs that code), or a TorchScript file.",
         show_default=False,
+        autocompletion=completion.complete_model,
     ),
 ]
 WeightsOpt = Annotated[
@@ -69,7 +71,8 @@ ConfigOpt = Annotated[
 DepthOpt = Annotated[Optional[int], typer.Option("--depth", help="Only modules down to this nesting depth.")]
 LayersOpt = Annotated[
     Optional[list[str]],
-    typer.Option("--layers", "-l", help="Layer spec: name, glob (layer4.*), type:Conv2d, with [i] (repeatable)."),
+    typer.Option("--layers", "-l", help="Layer spec: name, glob (layer4.*), type:Conv2d, with [i] (repeatable).",
+                 autocompletion=completion.complete_layer),
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for random inputs and sampling.")]
 

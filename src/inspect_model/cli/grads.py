@@ -124,8 +124,14 @@ def grads(
                          ("--tensorboard", tensorboard)):
             if on:
                 raise UsageError(f"{flag} does not apply with --of/--wrt (gradients between layers); drop it")
-    elif jacobian_norm:
-        raise UsageError("--jacobian-norm needs --of LAYER and/or --wrt LAYER")
+    else:
+        if jacobian_norm:
+            raise UsageError("--jacobian-norm needs --of LAYER and/or --wrt LAYER")
+        from inspect_model.methods.gradients import validate_request
+
+        validate_request(target=target, loss=loss, has_labels=label is not None or labels_file is not None,
+                         clip_norm=clip_norm, vanishing_below=vanishing_below, exploding_above=exploding_above,
+                         fail_on=fail_on)
     if probes < 2:
         raise UsageError(f"--probes must be 2 or more, got {probes}")
     from inspect_model.render.files import OutputDir

@@ -331,6 +331,25 @@ def output_seed(
 
 
 # ----------------------------------------------------------------- the run
+def validate_request(*, target: str | None, loss: str | None, has_labels: bool, clip_norm: float | None,
+                     vanishing_below: float, exploding_above: float,
+                     fail_on: str | Sequence[str] | None) -> list[str]:
+    """Check option combinations before any work; return the --fail-on check names."""
+    if loss is not None and loss not in LOSSES:
+        raise UsageError(f"--loss '{loss}' is not one of {', '.join(LOSSES)}")
+    if loss is not None and target is not None:
+        raise UsageError(f"--target '{target}' and --loss {loss} both say what to differentiate; give one")
+    if loss is None and has_labels:
+        raise UsageError("--label/--labels-file apply to --loss cross-entropy or mse; add --loss")
+    if loss == "cross-entropy" and not has_labels:
+        raise UsageError("--loss cross-entropy needs the true class: --label CLASS or --labels-file FILE")
+    if clip_norm is not None and not clip_norm > 0:
+        raise UsageError(f"--clip-norm must be > 0, got {clip_norm}")
+    if not vanishing_below > 0 or not exploding_above > 0:
+        raise UsageError("--vanishing-below and --exploding-above must be > 0")
+    return parse_fail_on(fail_on)
+
+
 def gradients(
     model: nn.Module,
     inputs: torch.Tensor | Iterable[Any],
@@ -359,19 +378,8 @@ def gradients(
     from inspect_model.engine.selection import select_layers
     from inspect_model.methods.targets import parse_target, select_output
 
-    if loss is not None and loss not in LOSSES:
-        raise UsageError(f"--loss '{loss}' is not one of {', '.join(LOSSES)}")
-    if loss is not None and target is not None:
-        raise UsageError(f"--target '{target}' and --loss {loss} both say what to differentiate; give one")
-    if loss is None and labels is not None:
-        raise UsageError("--label/--labels-file apply to --loss cross-entropy or mse; add --loss")
-    if loss == "cross-entropy" and labels is None:
-        raise UsageError("--loss cross-entropy needs the true class: --label CLASS or --labels-file FILE")
-    if clip_norm is not None and not clip_norm > 0:
-        raise UsageError(f"--clip-norm must be > 0, got {clip_norm}")
-    if not vanishing_below > 0 or not exploding_above > 0:
-        raise UsageError("--vanishing-below and --exploding-above must be > 0")
-    fail = parse_fail_on(fail_on)
+    fail = validate_request(target=target, loss=loss, has_labels=labels is not None, clip_norm=clip_norm,
+                            vanishing_below=vanishing_below, exploding_above=exploding_above, fail_on=fail_on)
     spec = parse_target(target, categories) if loss is None else None
     label_list: list[int] | None = None
     label_one: int | None = None
