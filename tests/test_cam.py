@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from fixtures.models import TinyCNN, TwoLayer, assert_unchanged, model_state
 from torch import nn
 
+from fixtures.models import TinyCNN, TwoLayer, assert_unchanged, model_state
 from inspect_model.errors import LayerSelectionError, UsageError
 from inspect_model.methods.cam import compute_cams, gradcam, resolve_layer, resolve_layers
 

@@ -7,7 +7,6 @@ import json
 import os
 import sys
 import textwrap
-import warnings
 from pathlib import Path
 
 import pytest

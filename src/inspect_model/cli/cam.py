@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -12,17 +12,17 @@ from inspect_model.cli import common as c
 EXAMPLE = "inspect-model cam resnet50 cat.jpg --method gradcam --method scorecam --target top:2 -o cams"
 
 MethodOpt = Annotated[
-    Optional[list[str]],
+    list[str] | None,
     typer.Option("--method", "-m", help="cam, gradcam, gradcam++, xgradcam, layercam, hirescam, scorecam, "
                  "eigencam, or all (the five gradient methods, from one pass); repeatable. Default gradcam."),
 ]
 LayerOpt = Annotated[
-    Optional[list[str]],
+    list[str] | None,
     typer.Option("--layer", "-l", help="auto (last spatial layer; ViT/Swin: last block as a patch grid) "
                  "or a layer spec; repeat for one map per layer."),
 ]
 ReshapeOpt = Annotated[
-    Optional[str], typer.Option("--reshape", help="Patch grid HxW for a token layer (N, tokens, D); "
+    str | None, typer.Option("--reshape", help="Patch grid HxW for a token layer (N, tokens, D); "
                                 "leading class/register tokens are dropped.")
 ]
 FuseOpt = Annotated[
@@ -365,7 +365,13 @@ class _progress:
         if not self.enabled:
             return lambda n: None
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
 
         self._bar = Progress(TextColumn("cam"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                              console=Console(stderr=True), transient=True)
@@ -373,7 +379,7 @@ class _progress:
         task = self._bar.add_task("cam", total=self.total)
         return lambda n: self._bar.advance(task, n)
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._bar is not None:
             self._bar.stop()
 

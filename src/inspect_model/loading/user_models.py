@@ -83,8 +83,8 @@ def load_user_model(
             + (f"; models in it: {', '.join(names[:8])}" if names else "")
         )
     obj = resolve_attr(module, attr, origin)
-    model, how = build(obj, attr, origin, model_args, device)
-    return _finish(model, name=attr.split(".")[-1], source="python", device=device, notes=[how])
+    model = build(obj, attr, origin, model_args, device)
+    return _finish(model, name=attr.split(".")[-1], source="python", device=device, notes=[])
 
 
 # ------------------------------------------------------------------ importing
@@ -199,7 +199,7 @@ def resolve_attr(module: Any, attr: str, origin: str) -> Any:
     return obj
 
 
-def build(obj: Any, attr: str, origin: str, model_args: dict[str, Any], device: str) -> tuple[nn.Module, str]:
+def build(obj: Any, attr: str, origin: str, model_args: dict[str, Any], device: str) -> nn.Module:
     """Turn the attribute into a module: use an instance, call a class or a factory."""
     from torch import nn
 
@@ -210,7 +210,7 @@ def build(obj: Any, attr: str, origin: str, model_args: dict[str, Any], device: 
                 f"'{label}' is an already built {type(obj).__name__} instance; --model-arg needs a "
                 "class or a function that builds the model"
             )
-        return obj, f"{label} is an instance of {type(obj).__name__}"
+        return obj
     if not callable(obj):
         raise ModelLoadError(
             f"'{label}' is a {type(obj).__name__}, not an nn.Module, a module class or a function "
@@ -225,9 +225,7 @@ def build(obj: Any, attr: str, origin: str, model_args: dict[str, Any], device: 
             f"'{label}' returned a {type(model).__name__}, not an nn.Module; make it return the model"
         )
     model.eval()
-    what = "class" if inspect.isclass(obj) else "factory"
-    args = ", ".join(f"{k}={v!r}" for k, v in model_args.items())
-    return model, f"{label} built by calling the {what} {attr}({args})"
+    return model
 
 
 def _check_args(fn: Any, label: str, model_args: dict[str, Any]) -> None:

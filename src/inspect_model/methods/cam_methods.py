@@ -64,7 +64,7 @@ def token_grid(tokens: int, input_hw: tuple[int, int], max_prefix: int = 16) -> 
     """``(prefix, (gh, gw))`` for ``tokens`` tokens on an input of ``input_hw``: the fewest
     leading tokens to drop so that the rest form a grid with the input's aspect ratio."""
     h, w = input_hw
-    for prefix in range(0, min(max_prefix, tokens - 1) + 1):
+    for prefix in range(min(max_prefix, tokens - 1) + 1):
         n = tokens - prefix
         gh = round(math.sqrt(n * h / w))
         for cand in (gh - 1, gh, gh + 1):
@@ -185,9 +185,9 @@ def map_warnings(raw: torch.Tensor) -> list[str]:
         return [f"the map has {bad} NaN/Inf value(s) of {raw.numel()}; it is shown with them as 0"]
     lo, hi = float(raw.min()), float(raw.max())
     if hi == lo:
-        return [f"the map is constant ({hi:.4g} everywhere): the layer carries no spatial "
-                "evidence for this target (zero gradients or activations)"]
+        return [(f"the map is constant ({hi:.4g} everywhere): the layer carries no spatial "
+                 "evidence for this target (zero gradients or activations)")]
     if hi <= 0:
-        return [f"the map is empty: no location has positive evidence (raw max {hi:.4g}); "
-                "after ReLU it is zero everywhere"]
+        return [(f"the map is empty: no location has positive evidence (raw max {hi:.4g}); "
+                 "after ReLU it is zero everywhere")]
     return []

@@ -57,7 +57,9 @@ def image_record(res: CamResult, i: int, *, index: int, name: str, size: list[in
 
 
 def _num(v: Any) -> str:
-    return "nan" if v is None or v != v else f"{v:.4g}"
+    import math
+
+    return "nan" if v is None or math.isnan(v) else f"{v:.4g}"
 
 
 def _target(t: dict[str, Any]) -> str:

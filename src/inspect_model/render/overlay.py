@@ -59,12 +59,12 @@ def overlay(image: Image.Image, m: np.ndarray, box: Sequence[float] | None = Non
     img = image.convert("RGB")
     width, height = img.size
     left, top, right, bottom = box if box is not None else (0.0, 0.0, float(width), float(height))
-    bw, bh = max(int(round(right - left)), 1), max(int(round(bottom - top)), 1)
+    bw, bh = max(round(right - left), 1), max(round(bottom - top), 1)
     # Resize the float map onto the box, then paste it at the box origin (clipped by PIL).
     resized = Image.fromarray(np.asarray(m, dtype=np.float32), mode="F").resize((bw, bh), Image.BILINEAR)
     values = Image.new("F", (width, height), 0.0)
     inside = Image.new("L", (width, height), 0)
-    origin = (int(round(left)), int(round(top)))
+    origin = (round(left), round(top))
     values.paste(resized, origin)
     inside.paste(Image.new("L", (bw, bh), 255), origin)
     v = np.asarray(values, dtype=np.float32)

@@ -1,0 +1,190 @@
+"""Where a class activation map is taken: ``--layer auto`` and the layout of a layer's output.
+
+:func:`resolve_layers` turns ``auto`` or layer specs into :class:`CamLayer` records: the
+layer's name and the :class:`~.cam_methods.Layout` that lays its output on a spatial grid --
+channels-first (CNNs, MaxViT), channels-last (torchvision's Swin), or patch tokens with the
+class/register tokens dropped (ViT; the grid from the model's patch size and the token count,
+or ``--reshape HxW``). ``auto`` needs the output shapes, so it probes with one no-grad forward
+pass of a single sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from inspect_model.errors import LayerSelectionError, UsageError
+from inspect_model.methods import cam_methods as cm
+from inspect_model.methods.cam_methods import Layout
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+__all__ = ["CamLayer", "auto_layer", "infer_layout", "resolve_layer", "resolve_layers", "single_output"]
+
+@dataclass(frozen=True)
+class CamLayer:
+    """A layer maps are taken at, and how its output lies on the spatial grid."""
+
+    name: str
+    layout: Layout
+    output_shape: tuple[int, ...]  # per-sample shape of the layer's output (no batch)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "output_shape": list(self.output_shape), **self.layout.describe()}
+
+
+# ----------------------------------------------------------------------------- layers
+def _is_vit(model: nn.Module) -> bool:
+    enc = getattr(model, "encoder", None)
+    return hasattr(model, "patch_size") and enc is not None and hasattr(enc, "layers") \
+        and hasattr(model, "class_token")
+
+
+def _is_swin(model: nn.Module) -> bool:
+    return type(model).__name__.startswith("SwinTransformer") and hasattr(model, "features")
+
+
+def _probe(model: nn.Module, x: torch.Tensor, names: Sequence[str]) -> list[Any]:
+    """One no-grad forward of the first sample; records of ``names`` (shapes only)."""
+    from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
+
+    with HookEngine(model, list(names), CaptureOptions(outputs=True, grad_enabled=False)) as eng:
+        run_forward(eng, lambda: model(x[:1].detach()))
+    return eng.finalize()
+
+
+def auto_layer(model: nn.Module, x: torch.Tensor) -> str:
+    """The layer ``--layer auto`` picks: for torchvision's ViT the last block's first norm
+    (its patch tokens feed the class token through attention), for Swin the last stage, and
+    otherwise the outermost module producing the last (N, C, h, w) output with h*w > 1 --
+    for a CNN, its last conv block."""
+    if _is_vit(model):
+        last = list(model.encoder.layers.named_children())[-1][0]  # type: ignore[union-attr]
+        return f"encoder.layers.{last}.ln_1"
+    if _is_swin(model):
+        return f"features.{len(model.features) - 1}"  # type: ignore[arg-type]
+    names = [n for n, _ in model.named_modules() if n]
+    records = _probe(model, x, names)
+    last = None
+    for r in records:
+        if not r.finished or len(r.outputs) != 1 or r.outputs[0].key != "":
+            continue
+        shape = r.outputs[0].shape
+        if len(shape) == 4 and shape[2] * shape[3] > 1 and r.outputs[0].dtype.startswith(("float", "bfloat")):
+            last = r
+    if last is None:
+        kind = type(model).__name__
+        raise LayerSelectionError(
+            f"{kind} has no layer with a spatial (N, C, H, W) output to take a class activation map "
+            "at; for a transformer pass --layer NAME (a layer in the last block) and --reshape HxW")
+    shape = last.outputs[0].shape
+    by_name: dict[str, Any] = {}
+    for r in records:
+        if r.finished and len(r.outputs) == 1:
+            by_name[r.name] = r  # last call wins
+    parts = last.name.split(".")
+    for i in range(1, len(parts)):
+        anc = by_name.get(".".join(parts[:i]))
+        if anc is not None and anc.outputs[0].shape == shape:
+            return anc.name
+    return last.name
+
+
+def infer_layout(model: nn.Module, name: str, shape: tuple[int, ...], input_hw: tuple[int, int],
+                 reshape: tuple[int, int] | None = None) -> Layout:
+    """How the (batched) output ``shape`` of layer ``name`` lies on a grid (see :class:`Layout`)."""
+    from torch import nn
+
+    module = dict(model.named_modules()).get(name)
+    if len(shape) == 4:
+        if reshape is not None:
+            raise UsageError(f"--reshape applies to token layers (N, tokens, D); layer '{name}' "
+                             f"outputs {tuple(shape)}")
+        if _is_swin(model) and not isinstance(module, nn.Conv2d):
+            layout = Layout("nhwc", (shape[1], shape[2]), channels=shape[3])
+        else:
+            layout = Layout("nchw", (shape[2], shape[3]), channels=shape[1])
+        if layout.grid[0] * layout.grid[1] <= 1:
+            raise LayerSelectionError(
+                f"layer '{name}' outputs {tuple(shape)}: a 1x1 map has no spatial extent; "
+                "pick an earlier layer (for a CNN the last conv block), or use --layer auto")
+        return layout
+    if len(shape) == 3:
+        tokens, dim = shape[1], shape[2]
+        if reshape is not None:
+            prefix = tokens - reshape[0] * reshape[1]
+            if prefix < 0:
+                raise UsageError(f"--reshape {reshape[0]}x{reshape[1]} needs {reshape[0] * reshape[1]} "
+                                 f"tokens but layer '{name}' outputs {tokens}")
+            return Layout("tokens", reshape, prefix=prefix, channels=dim)
+        patch = getattr(model, "patch_size", None)
+        if isinstance(patch, int) and patch > 0:
+            gh, gw = input_hw[0] // patch, input_hw[1] // patch
+            if 0 <= tokens - gh * gw <= 16:
+                return Layout("tokens", (gh, gw), prefix=tokens - gh * gw, channels=dim)
+        found = cm.token_grid(tokens, input_hw)
+        if found is None:
+            raise UsageError(f"cannot lay the {tokens} tokens of layer '{name}' on a patch grid; "
+                             "pass --reshape HxW (the patch grid, e.g. 14x14)")
+        prefix, grid = found
+        return Layout("tokens", grid, prefix=prefix, channels=dim)
+    raise LayerSelectionError(
+        f"layer '{name}' outputs {tuple(shape)}: no spatial extent; a class activation map needs "
+        "(N, C, H, W) feature maps or (N, tokens, D) patch tokens; try --layer auto")
+
+
+def resolve_layers(model: nn.Module, x: torch.Tensor, specs: Sequence[str] | None = None,
+                   reshape: tuple[int, int] | None = None) -> list[CamLayer]:
+    """``auto`` (or no spec) or layer specs -> :class:`CamLayer` records, probing the output
+    shapes with one no-grad forward pass of ``x[:1]``."""
+    from inspect_model.engine.selection import select_layers
+
+    specs = [s for s in (specs or []) if s.strip()]
+    names: list[str] = []
+    for spec in specs or ["auto"]:
+        if spec.strip().lower() == "auto":
+            names.append(auto_layer(model, x))
+        else:
+            plain = not any(ch in spec for ch in "*?[") and not spec.startswith("type:")
+            names.extend(select_layers(model, [spec], leaves_only=not plain))
+    names = list(dict.fromkeys(names))
+    records = {r.name: r for r in _probe(model, x, names)}
+    hw = (int(x.shape[-2]), int(x.shape[-1]))
+    out = []
+    for n in names:
+        rec = records.get(n)
+        if rec is None:
+            raise LayerSelectionError(f"layer '{n}' is not called in the forward pass; pick a layer "
+                                      "that runs (see `inspect-model summary MODEL`)")
+        cap = single_output(rec, n)
+        out.append(CamLayer(n, infer_layout(model, n, cap.shape, hw, reshape), tuple(cap.shape[1:])))
+    return out
+
+
+def single_output(rec: Any, name: str) -> Any:
+    if len(rec.outputs) != 1 or rec.outputs[0].key != "":
+        raise LayerSelectionError(f"layer '{name}' returns {len(rec.outputs)} tensors (a tuple or dict); "
+                                  "pick a layer that returns one tensor, e.g. a sub-layer of it")
+    return rec.outputs[0]
+
+
+def resolve_layer(model: nn.Module, spec: str = "auto", x: torch.Tensor | None = None) -> str:
+    """One layer name for ``spec`` (``auto`` or a spec selecting exactly one layer). ``x``
+    (a batch the model accepts) is used for the probe pass of ``auto``; without it a zero
+    (1, C, 224, 224) input is used."""
+    import torch
+
+    if x is None:
+        from inspect_model.loading.inputs import model_channels
+
+        p = next(iter(model.parameters()), None)
+        x = torch.zeros(1, model_channels(model), 224, 224,
+                        dtype=p.dtype if p is not None else torch.float32,
+                        device=p.device if p is not None else "cpu")
+    names = [layer.name for layer in resolve_layers(model, x, [spec])]
+    if len(names) != 1:
+        raise LayerSelectionError(f"--layer '{spec}' selects {len(names)} layers; give exactly one")
+    return names[0]
