@@ -1,5 +1,5 @@
 """Benchmark `cam`: our Grad-CAM vs pytorch-grad-cam's GradCAM vs the floor of one forward pass,
-and all five gradient methods (one pass) vs Grad-CAM alone. Same process, same model, same input.
+and `--method all` (CAM + five gradient methods, one pass) vs Grad-CAM alone. Same process, same model, same input.
 
     python benchmarks/bench_cam.py [--model resnet50] [--batch 8] [--size 224] [--repeats 5]
 
@@ -11,19 +11,22 @@ without it that comparison is skipped with a message.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections.abc import Callable
 
 
-def timed(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up (allocator, lazy init)
-    runs = []
+def timed_all(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Best-of-``repeats`` seconds per function, the runs interleaved (floor, ours, peer,
+    floor, ...) so that load from other processes hits every contestant alike."""
+    for fn in fns.values():
+        fn()  # warm-up (allocator, lazy init)
+    runs: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - t0)
-    return statistics.median(runs)
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            runs[name].append(time.perf_counter() - t0)
+    return {k: min(v) for k, v in runs.items()}
 
 
 def main() -> None:
@@ -47,7 +50,7 @@ def main() -> None:
     model = models.get_model(args.model, weights=None).eval()
     x = torch.randn(args.batch, 3, args.size, args.size)
     print(f"{args.model}, weights none, batch {args.batch}, {args.size}x{args.size}, CPU, "
-          f"{torch.get_num_threads()} threads, median of {args.repeats}")
+          f"{torch.get_num_threads()} threads, best of {args.repeats} interleaved runs")
 
     def floor() -> object:
         with torch.no_grad():
@@ -56,12 +59,12 @@ def main() -> None:
     def ours(methods: list[str]) -> Callable[[], object]:
         return lambda: compute_cams(model, x, layers=[args.layer], methods=methods)
 
-    t_floor = timed(floor, args.repeats)
-    t_ours = timed(ours(["gradcam"]), args.repeats)
-    t_all = timed(ours(["all"]), args.repeats)
-    rows = [("one forward pass (floor)", t_floor), ("inspect-model gradcam", t_ours),
-            ("inspect-model --method all (5 methods)", t_all)]
-    t_peer = None
+    fns: dict[str, Callable[[], object]] = {
+        "one forward pass (floor)": floor,
+        "inspect-model gradcam": ours(["gradcam"]),
+        "inspect-model --method all (6 methods)": ours(["all"]),
+    }
+    peer = None
     try:
         from pytorch_grad_cam import GradCAM
     except ImportError:
@@ -69,9 +72,13 @@ def main() -> None:
     else:
         layer = dict(model.named_modules())[args.layer]
         peer = GradCAM(model=model, target_layers=[layer])
-        t_peer = timed(lambda: peer(input_tensor=x, targets=None), args.repeats)
-        peer.activations_and_grads.release()
-        rows.append(("pytorch-grad-cam GradCAM", t_peer))
+        fns["pytorch-grad-cam GradCAM"] = lambda: peer(input_tensor=x, targets=None)
+    times = timed_all(fns, args.repeats)
+    if peer is not None:
+        peer.activations_and_grads.release()  # its hooks stay on the model otherwise
+    rows = list(times.items())
+    t_floor, t_ours = times["one forward pass (floor)"], times["inspect-model gradcam"]
+    t_all, t_peer = times["inspect-model --method all (6 methods)"], times.get("pytorch-grad-cam GradCAM")
     for name, t in rows:
         print(f"  {name:<42} {t:8.3f} s   {args.batch / t:7.2f} img/s")
     print(f"gradcam / floor:            {t_ours / t_floor:5.2f}x the time of one forward pass")

@@ -157,6 +157,17 @@ def test_cam_refuses_a_network_without_gap_and_one_linear() -> None:
     assert_unchanged(model, before)
 
 
+def test_all_is_cam_plus_five_gradient_methods_cam_only_where_it_fits() -> None:
+    model = tiny()
+    x = torch.randn(2, 3, 8, 8)
+    res = compute_cams(model, x, layers=["features"], methods=["all"])
+    assert [m.method for m in res.maps if m.sample == 0] == ["cam", *GRAD_METHODS] and not res.notes
+    assert res.passes == {"forward": 1, "backward": 1, "scorecam_forward": 0}
+    res = compute_cams(model, x, layers=["features.3"], methods=["all"])
+    assert [m.method for m in res.maps if m.sample == 0] == GRAD_METHODS
+    assert res.notes and "cam left out of --method all at layer 'features.3'" in res.notes[0]
+
+
 def test_batching_gives_the_same_maps_as_one_at_a_time() -> None:
     model = tiny()
     x = torch.randn(4, 3, 10, 10)

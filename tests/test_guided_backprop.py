@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from fixtures.models import ReusedReLU, TinyCNN, assert_unchanged, model_state
 from torch import nn
 
+from fixtures.models import ReusedReLU, TinyCNN, assert_unchanged, model_state
 from inspect_model.errors import ModelRuntimeError
 from inspect_model.methods import guided as gb
 from inspect_model.render import saliency

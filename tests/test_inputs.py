@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from fixtures.models import TinyCNN
 from PIL import Image
 
+from fixtures.models import TinyCNN
 from inspect_model.errors import EXIT_INPUT, InputError, UsageError
 from inspect_model.loading.inputs import (
     Preprocess,

@@ -22,7 +22,8 @@ def test_commit_writes_everything(tmp_path: Path) -> None:
     out.write_text("a.txt", "A")
     out.write_bytes("sub/b.bin", b"\x00\x01")
     out.write_text("a.txt", "A2")  # the same name twice: the last write wins, listed once
-    assert listing(tmp_path / "run") == [listing(tmp_path / "run")[0]]  # only the staging folder
+    # Before commit only the hidden staging folder exists: a reader sees no half run.
+    assert [p.name.startswith(OutputDir.MARKER) for p in (tmp_path / "run").iterdir()] == [True]
     files = out.commit()
     assert files == [str(tmp_path / "run" / "a.txt"), str(tmp_path / "run" / "sub" / "b.bin")]
     assert listing(tmp_path / "run") == ["a.txt", "sub", "sub/b.bin"]
@@ -75,10 +76,9 @@ def test_abort_leaves_nothing(tmp_path: Path) -> None:
     d = tmp_path / "existing"
     d.mkdir()
     (d / "mine.txt").write_text("keep")
-    with pytest.raises(RuntimeError):
-        with OutputDir(d, force=True) as out:
-            out.write_text("new.txt", "n")
-            raise RuntimeError("the run failed")
+    with pytest.raises(RuntimeError), OutputDir(d, force=True) as out:
+        out.write_text("new.txt", "n")
+        raise RuntimeError("the run failed")
     assert listing(d) == ["mine.txt"] and (d / "mine.txt").read_text() == "keep"
 
 

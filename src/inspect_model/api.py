@@ -113,7 +113,7 @@ def summary(
             notes.append(f"the meta device could not run this model ({reason[:100]}); used a real forward pass on cpu")
     else:
         res = run(device)
-    res.notes[:0] = notes
+    res.notes[:0] = [*loaded.notes, *notes]
     if res.error:
         found = first_layer_hint(m)
         if found is not None:

@@ -12,8 +12,9 @@ Relative paths in values are relative to the working directory, as on the comman
 
 from __future__ import annotations
 
-import tomllib
 from typing import Any
+
+import tomllib
 
 from inspect_model.errors import UsageError, suggest
 

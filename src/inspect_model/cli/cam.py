@@ -14,7 +14,8 @@ EXAMPLE = "inspect-model cam resnet50 cat.jpg --method gradcam --method scorecam
 MethodOpt = Annotated[
     list[str] | None,
     typer.Option("--method", "-m", help="cam, gradcam, gradcam++, xgradcam, layercam, hirescam, scorecam, "
-                 "eigencam, or all (the five gradient methods, from one pass); repeatable. Default gradcam."),
+                 "eigencam; all (cam where the net fits it + the five gradient methods, one pass) or "
+                 "gradients (the five); repeatable. Default gradcam."),
 ]
 LayerOpt = Annotated[
     list[str] | None,
@@ -38,6 +39,7 @@ TopOpt = Annotated[int, typer.Option("--top", help="Predicted classes listed per
 JsonlOpt = Annotated[
     bool, typer.Option("--jsonl", help="Write one compact JSON object per image to stdout as each batch finishes.")
 ]
+MAX_WARNINGS = 50
 SHEET_ROWS = 16  # rows per contact-sheet page: memory stays bounded for any number of images
 
 
@@ -120,8 +122,8 @@ def cam(
 
             writer = open_writer(tensorboard)
         opts = c.ModelOptions(model, weights, checkpoint, model_arg, non_strict, trust_checkpoint, device, dtype)
-        run = _Run(opts, msgs, out, writer, methods=methods, jsonl=jsonl, keep=not jsonl, save_raw=save_raw,
-                   colormap=colormap, alpha=alpha, top=top)
+        run = _Run(opts, msgs, out, writer, methods=methods, method_items=method or ["gradcam"], jsonl=jsonl,
+                   keep=not jsonl, save_raw=save_raw, colormap=colormap, alpha=alpha, top=top)
         payload, options = run.execute(
             images, layers=layer, reshape=grid, fuse=fuse, target=target, output_key=output_key,
             scorecam_batch=scorecam_batch, input_size=input_size, batch_size=batch_size, seed=seed,
@@ -161,8 +163,10 @@ class _Run:
     """One cam run: load, resolve layers, stream batches, write files, build the payload."""
 
     def __init__(self, opts: c.ModelOptions, msgs: c.Messages, out: Any, writer: Any, *, methods: list[str],
-                 jsonl: bool, keep: bool, save_raw: bool, colormap: str, alpha: float, top: int) -> None:
+                 method_items: list[str], jsonl: bool, keep: bool, save_raw: bool, colormap: str, alpha: float,
+                 top: int) -> None:
         self.opts, self.msgs, self.out, self.writer = opts, msgs, out, writer
+        self.method_items = method_items  # as typed: `all` makes CAM optional
         self.methods, self.jsonl, self.keep, self.save_raw = methods, jsonl, keep, save_raw
         self.colormap, self.alpha, self.top = colormap, alpha, top
         self.warnings: list[str] = []
@@ -171,8 +175,13 @@ class _Run:
         self.columns: list[tuple[str, str]] = []
 
     def warn(self, text: str) -> None:
-        if text not in self.warnings:
+        # Bounded: a large run with many empty maps must not grow the report without limit.
+        if text in self.warnings:
+            return
+        if len(self.warnings) < MAX_WARNINGS:
             self.warnings.append(text)
+        elif len(self.warnings) == MAX_WARNINGS:
+            self.warnings.append("more warnings left out; see each map's warnings in --json/--jsonl")
 
     def execute(self, images: list[str] | None, *, layers: list[str] | None, reshape: tuple[int, int] | None,
                 fuse: bool, target: str, output_key: str | None, scorecam_batch: int,
@@ -229,10 +238,12 @@ class _Run:
         count = 0
         with _progress(self.msgs, n_images, batch_size) as advance:
             for batch in itertools.chain([first], batches):
-                res = compute_cams(net, batch.tensor, layers=cam_layers, methods=self.methods, target=spec,
-                                   output_key=output_key, scorecam_batch=scorecam_batch, fuse=fuse)
+                res = compute_cams(net, batch.tensor, layers=cam_layers, methods=self.method_items,
+                                   target=spec, output_key=output_key, scorecam_batch=scorecam_batch, fuse=fuse)
                 for key in passes:
                     passes[key] += res.passes[key]
+                for note in res.notes:
+                    self.warn(note)
                 for i in range(batch.tensor.shape[0]):
                     entry = self._entry(count, batch, i, res, categories, plan.preprocess)
                     count += 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -14,22 +14,22 @@ from inspect_model.cli import common as c
 EXAMPLE = "inspect-model grads resnet18 cat.jpg --weights none --fail-on nan,inf,exploding --output-dir g"
 
 GradTargetOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--target", "-t", help="Differentiate a class score: predicted (default), a class index or "
                  "name, or top:K (the sum of the K best scores), as output.backward(one_hot)."),
 ]
 LossOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--loss", help="Differentiate a loss instead, summed over inputs: cross-entropy (needs "
                  "--label/--labels-file), mse (against the label's one-hot, or zeros without a label), "
                  "or sum (of every output element)."),
 ]
-LabelOpt = Annotated[Optional[str], typer.Option("--label", help="True class (index or name) of every input, for --loss.")]
+LabelOpt = Annotated[str | None, typer.Option("--label", help="True class (index or name) of every input, for --loss.")]
 LabelsFileOpt = Annotated[
-    Optional[Path], typer.Option("--labels-file", help="One true class per image (index or name per line), for --loss.")
+    Path | None, typer.Option("--labels-file", help="One true class per image (index or name per line), for --loss.")
 ]
 ClipNormOpt = Annotated[
-    Optional[float], typer.Option("--clip-norm", help="Report what clip_grad_norm_(max_norm=X) would do.")
+    float | None, typer.Option("--clip-norm", help="Report what clip_grad_norm_(max_norm=X) would do.")
 ]
 VanishingOpt = Annotated[
     float, typer.Option("--vanishing-below", help="Vanishing: a layer's output-gradient norm / the largest layer's "
@@ -40,15 +40,15 @@ ExplodingOpt = Annotated[
                         "output's gradient norm is above this.")
 ]
 FailOnOpt = Annotated[
-    Optional[str], typer.Option("--fail-on", help="Exit 1 if one of these checks fails: nan,inf,vanishing,exploding "
+    str | None, typer.Option("--fail-on", help="Exit 1 if one of these checks fails: nan,inf,vanishing,exploding "
                                 "(comma-separated) or all.")
 ]
 OfOpt = Annotated[
-    Optional[str], typer.Option("--of", help="Gradient of: a layer's output (ones vector), 'output' (the model "
+    str | None, typer.Option("--of", help="Gradient of: a layer's output (ones vector), 'output' (the model "
                                 "output) or 'score' (the --target score). Default with --wrt: score.")
 ]
 WrtOpt = Annotated[
-    Optional[str], typer.Option("--wrt", help="... with respect to: a layer's output or 'input'. Default with --of: input.")
+    str | None, typer.Option("--wrt", help="... with respect to: a layer's output or 'input'. Default with --of: input.")
 ]
 JacNormOpt = Annotated[
     bool, typer.Option("--jacobian-norm", help="Estimate ||d(of)/d(wrt)||_F with Gaussian probes, with its standard error.")
@@ -171,7 +171,7 @@ def grads(
                 loaded, plan, layers=layers, depth=depth, target=target, loss=loss, label=label,
                 labels_file=labels_file, output_key=output_key, categories=categories, clip_norm=clip_norm,
                 vanishing_below=vanishing_below, exploding_above=exploding_above, fail_on=fail_on, out=out,
-                emit_line=emit_line)
+                emit_line=emit_line, histograms=out is not None or writer is not None)
             for note in rep.notes:
                 msgs.info(f"note: {note}")
             failures = rep.failures()
@@ -249,7 +249,7 @@ def _prepare(opts: c.ModelOptions, msgs: c.Messages, images: list[str] | None, *
 def _run_grads(loaded: Any, plan: Any, *, layers: list[str] | None, depth: int | None, target: str | None,
                loss: str | None, label: str | None, labels_file: Path | None, output_key: str | None,
                categories: Any, clip_norm: float | None, vanishing_below: float, exploding_above: float,
-               fail_on: str | None, out: Any, emit_line: Any) -> tuple[Any, dict[str, Any], Any, Any]:
+               fail_on: str | None, out: Any, emit_line: Any, histograms: bool) -> tuple[Any, dict[str, Any], Any, Any]:
     from inspect_model.methods.gradients import gradients, read_labels_file
     from inspect_model.render import gradients as render
 
@@ -265,7 +265,7 @@ def _run_grads(loaded: Any, plan: Any, *, layers: list[str] | None, depth: int |
     rep = gradients(loaded.model, plan.batches(), layers=layers, depth=depth, target=target, loss=loss,
                     labels=lab, output_key=output_key, categories=categories, clip_norm=clip_norm,
                     vanishing_below=vanishing_below, exploding_above=exploding_above, fail_on=fail_on,
-                    on_batch=on_batch)
+                    histograms=histograms, on_batch=on_batch)
     if out is not None:
         fig = render.flow_figure(rep)
         out.save_figure("grad_flow.png", fig, dpi=render.FIG_DPI)

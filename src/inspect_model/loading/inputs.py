@@ -453,7 +453,7 @@ class InputPlan:
             self.processed += len(b.images)
             yield InputBatch(b.tensor.to(device=self.device, dtype=dtype), b.names, b.images)
         if self.processed == 0 and self.skipped:
-            first_path, first_reason = self.skipped[0]
+            first_reason = self.skipped[0][1]
             raise InputError(
                 f"none of the {len(self.paths)} images could be read (--skip-bad-inputs skipped them "
                 f"all); first: {first_reason}"

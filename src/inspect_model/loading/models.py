@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from inspect_model.errors import ModelLoadError, UsageError, suggest
 
 if TYPE_CHECKING:
-    import torch
     from torch import nn
 
 FAMILIES = ("classification", "detection", "segmentation", "video", "optical_flow", "quantization")
@@ -241,7 +240,7 @@ class params_on_meta:
         nn.Module.register_parameter = register_parameter  # type: ignore[method-assign]
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         from torch import nn
 
         nn.Module.register_parameter = self._orig  # type: ignore[method-assign]

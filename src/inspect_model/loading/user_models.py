@@ -174,11 +174,7 @@ def model_names(module: Any) -> list[str]:
     for name, value in vars(module).items():
         if name.startswith("_"):
             continue
-        if isinstance(value, nn.Module):
-            out.append(name)
-        elif _is_module_class(value) and value.__module__ == module.__name__:
-            out.append(name)
-        elif inspect.isfunction(value) and value.__module__ == module.__name__:
+        if isinstance(value, nn.Module) or _is_module_class(value) and value.__module__ == module.__name__ or inspect.isfunction(value) and value.__module__ == module.__name__:
             out.append(name)
     return out
 
@@ -367,11 +363,10 @@ def load_exported(path: str, *, device: str = "cpu") -> LoadedModel:
     if device not in ("cpu", "meta"):
         model.to(device)
     sizes, static_batch = _export_input_sizes(ep)
-    notes = [
-        "exported program: layers come from torch.export.unflatten; the graph was fixed at export, "
-        "so train/eval mode and in-place flags do not change it, and ReLUs are graph ops "
-        "(InterpreterModules named after the original class, not nn.ReLU instances)"
-    ]
+    notes = [(
+        "exported program: layers rebuilt with torch.export.unflatten; the graph is fixed "
+        "(train/eval and inplace flags have no effect, layers are not nn.ReLU/nn.Conv2d instances)"
+    )]
     if static_batch is not None:
         notes.append(f"exported with a static batch size of {static_batch}: inputs are fed in batches of "
                      f"{static_batch}")
@@ -399,7 +394,7 @@ def _restore_class_names(model: nn.Module, ep: Any) -> None:
     reports say Conv2d and ``type:Conv2d`` selects it. Behaviour is unchanged."""
     types: dict[str, str] = {}
     for node in ep.graph.nodes:
-        for _key, entry in (node.meta.get("nn_module_stack") or {}).items():
+        for entry in (node.meta.get("nn_module_stack") or {}).values():
             try:
                 fqn, ty = entry
             except (TypeError, ValueError):
@@ -459,13 +454,10 @@ def _finish(model: nn.Module, *, name: str, source: str, device: str, notes: lis
         except Exception as exc:
             raise ModelLoadError(f"cannot move model {name} to {device}: {_brief(exc)}") from exc
     actual = _model_device(model) or ("cpu" if device == "meta" else device)
-    sizes = _declared_input_sizes(model)
+    # The input size is only a default for runs without images or --input-size; the
+    # report records the size used, so a guess needs no note of its own.
+    sizes = _declared_input_sizes(model) or guess_input_sizes(model)
     notes = list(notes)
-    if sizes is None:
-        sizes = guess_input_sizes(model)
-        if sizes:
-            notes.append(f"input size {'x'.join(map(str, sizes[0]))} guessed from the first layer; "
-                         "pass --input-size to change it")
     cats = getattr(model, "categories", None)
     categories = [str(c) for c in cats] if isinstance(cats, (list, tuple)) and cats else None
     return LoadedModel(model=model, name=name, source=source, family="custom", categories=categories,
@@ -474,6 +466,11 @@ def _finish(model: nn.Module, *, name: str, source: str, device: str, notes: lis
 
 def _declared_input_sizes(model: nn.Module) -> list[tuple[int, ...]] | None:
     """A model's own ``input_size`` attribute: ``(3, 32, 32)`` or a list of such tuples."""
+    image_size = getattr(model, "image_size", None)  # torchvision's VisionTransformer has one
+    if isinstance(image_size, int) and not isinstance(image_size, bool) and image_size > 0:
+        guess = guess_input_sizes(model)
+        channels = guess[0][0] if guess and len(guess[0]) == 3 else 3
+        return [(channels, image_size, image_size)]
     size = getattr(model, "input_size", None)
     if isinstance(size, (tuple, list)) and size:
         if all(isinstance(d, int) for d in size):

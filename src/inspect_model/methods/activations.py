@@ -111,15 +111,23 @@ class Channels:
 
     dim: int  # channel dimension in the full output (with batch)
     sums: torch.Tensor  # float64 sum of finite values
-    counts: torch.Tensor  # float64 number of finite values
+    counts: torch.Tensor | float  # number of finite values: one number while all are finite
     dead: torch.Tensor  # bool: every value exactly zero, for every image so far
 
     def merge(self, o: Channels) -> None:
         if o.sums.shape != self.sums.shape:
             return  # a shape change between batches: keep the first
-        self.sums = self.sums + o.sums
+        self.sums += o.sums
         self.counts = self.counts + o.counts
-        self.dead = self.dead & o.dead
+        self.dead &= o.dead
+
+    def means(self) -> list[float]:
+        import torch
+
+        counts = self.counts if isinstance(self.counts, torch.Tensor) else \
+            torch.full_like(self.sums, float(self.counts))
+        means = (self.sums / counts.clamp(min=1.0)).tolist()
+        return [m if n > 0 else float("nan") for m, n in zip(means, counts.tolist())]
 
 
 @dataclass
@@ -239,7 +247,11 @@ def _sample_moments(r: tuple[torch.Tensor, ...]) -> list[Moments]:
 def _channels(r: tuple[torch.Tensor, ...], dim: int) -> tuple[Channels, list[float]]:
     cnt, mean, _m2, _mn, _mx, zeros, *_rest, cell = r
     dead_nc = zeros == cell  # (N, C): every value of the channel exactly zero in that sample
-    ch = Channels(dim=dim, sums=(cnt * mean).sum(0).cpu(), counts=cnt.sum(0).cpu(),
+    counts = cnt.sum(0)
+    # One number for the counts while every value is finite: report memory is per channel.
+    uniform = bool((counts == counts[0]).all()) if counts.numel() else True
+    ch = Channels(dim=dim, sums=(cnt * mean).sum(0).cpu(),
+                  counts=float(counts[0]) if uniform and counts.numel() else counts.cpu(),
                   dead=dead_nc.all(0).cpu())
     return ch, dead_nc.to(mean.dtype).mean(1).cpu().tolist()
 
@@ -518,8 +530,7 @@ class ActivationCapture:
         for r in sorted(self._rows.values(), key=lambda r: r.order):
             ch = r.channels
             if ch is not None:
-                means = (ch.sums / ch.counts.clamp(min=1.0)).tolist()
-                means = [m if c > 0 else float("nan") for m, c in zip(means, ch.counts.tolist())]
+                means = ch.means()
                 dead, nch = int(ch.dead.sum()), int(ch.dead.numel())
             else:
                 means, dead, nch = [], 0, 0

@@ -80,6 +80,7 @@ class CamResult:
     maps: list[CamMap]
     input_hw: tuple[int, int]
     passes: dict[str, int]  # forward / backward / scorecam forward passes run
+    notes: list[str] = field(default_factory=list)  # e.g. CAM left out of `all`
 
     @property
     def probabilities(self) -> torch.Tensor:
@@ -87,26 +88,41 @@ class CamResult:
 
 
 # ----------------------------------------------------------------------------- options
-def parse_methods(items: Sequence[str] | None) -> list[str]:
-    """``--method`` values (repeatable, comma lists, ``all``, ``gradients``) in a fixed order."""
-    wanted: list[str] = []
+def _tokens(items: Sequence[str] | None) -> list[tuple[str, str]]:
+    aliases = {"gradcampp": "gradcam++", "gradcamplusplus": "gradcam++"}
+    out = []
     for item in items or ["gradcam"]:
         for raw in item.split(","):
             m = raw.strip().lower().replace("_", "").replace("-", "")
-            if not m:
-                continue
-            aliases = {"gradcampp": "gradcam++", "gradcamplusplus": "gradcam++", "gradcam++": "gradcam++"}
-            m = aliases.get(m, m)
-            if m == "all" or m in ("gradients", "gradient"):
-                wanted.extend(GRADIENT_METHODS)
-            elif m in METHODS:
-                wanted.append(m)
-            else:
-                from inspect_model.errors import suggest
+            if m:
+                out.append((raw.strip(), aliases.get(m, m)))
+    return out
 
-                raise UsageError(f"--method '{raw.strip()}' is not a CAM method"
-                                 + (suggest(m, list(METHODS)) or "")
-                                 + f"; choose from {', '.join(METHODS)}, all")
+
+def cam_is_optional(items: Sequence[str] | None) -> bool:
+    """True when CAM comes only from ``all``: then a network it does not fit skips it with a
+    note instead of failing the run."""
+    names = [m for _, m in _tokens(items)]
+    return "cam" not in names
+
+
+def parse_methods(items: Sequence[str] | None) -> list[str]:
+    """``--method`` values (repeatable, comma lists) in a fixed order. ``all`` is the six
+    methods of the single gradient pass: CAM (where the network fits it) and the five
+    gradient methods; ``gradients`` is the five gradient methods."""
+    wanted: list[str] = []
+    for raw, m in _tokens(items):
+        if m == "all":
+            wanted.extend(("cam", *GRADIENT_METHODS))
+        elif m in ("gradients", "gradient"):
+            wanted.extend(GRADIENT_METHODS)
+        elif m in METHODS:
+            wanted.append(m)
+        else:
+            from inspect_model.errors import suggest
+
+            raise UsageError(f"--method '{raw}' is not a CAM method" + (suggest(m, list(METHODS)) or "")
+                             + f"; choose from {', '.join(METHODS)}, all, gradients")
     return [m for m in METHODS if m in wanted]
 
 
@@ -316,7 +332,9 @@ def compute_cams(
     given back as it was (hooks, flags, ``requires_grad``, ``.grad``)."""
     import torch
 
+    optional_cam = cam_is_optional(list(methods))
     methods = parse_methods(list(methods))
+    notes: list[str] = []
     if scorecam_batch < 1:
         raise UsageError(f"--scorecam-batch must be 1 or more, got {scorecam_batch}")
     x = x.detach()
@@ -370,7 +388,14 @@ def compute_cams(
                 Gs = [cm.to_spatial(g, layer.layout).to(A.dtype) for g in gradients[layer.name]]
                 raw_maps[(layer.name, m)] = torch.stack([cm.gradient_map(m, A, G) for G in Gs])
             elif m == "cam":
-                w = _check_cam(model, fc, layer.name, A, first)
+                try:
+                    w = _check_cam(model, fc, layer.name, A, first)
+                except UsageError as exc:
+                    if not optional_cam:
+                        raise
+                    notes.append(f"cam left out of --method all at layer '{layer.name}': "
+                                 + str(exc).split(": ", 1)[-1].split("; use --method")[0])
+                    continue
                 raw_maps[(layer.name, m)] = torch.stack([cm.cam_map(A, w, classes[:, j]) for j in range(k)])
             elif m == "eigencam":
                 raw_maps[(layer.name, m)] = cm.eigen_map(A)[None].expand(k, -1, -1, -1)
@@ -380,7 +405,7 @@ def compute_cams(
                 passes["scorecam_forward"] += n_pass
     maps = _records(raw_maps, classes, hw, [layer.name for layer in cam_layers], methods, fuse)
     return CamResult(scores=first.scores.float().cpu(), targets=classes.cpu().tolist(),
-                     layers=cam_layers, maps=maps, input_hw=hw, passes=passes)
+                     layers=cam_layers, maps=maps, input_hw=hw, passes=passes, notes=notes)
 
 
 def _records(raw_maps: dict[tuple[str, str], torch.Tensor], classes: torch.Tensor, hw: tuple[int, int],
@@ -404,7 +429,10 @@ def _records(raw_maps: dict[tuple[str, str], torch.Tensor], classes: torch.Tenso
         name = "fused:" + "+".join(layer_names)
         for m in methods:
             # As pytorch-grad-cam: the element-wise maximum of the normalised maps, renormalised.
-            stack = torch.stack([finished[(layer, m)] for layer in layer_names]).amax(dim=0)  # (K, N, H, W)
+            have = [finished[(layer, m)] for layer in layer_names if (layer, m) in finished]
+            if len(have) < 2:
+                continue
+            stack = torch.stack(have).amax(dim=0)  # (K, N, H, W)
             fused = cm.finish_maps(stack.reshape(k * n, *hw), hw).reshape(k, n, *hw)
             for i in range(n):
                 for j in range(k):

@@ -69,19 +69,28 @@ class LogHist:
 
 
 def log_hist(g: torch.Tensor) -> LogHist:
+    """Histogram of log10|g| (values beyond the range go to the end bins; zeros and
+    non-finite values are left out, zeros counted apart). ``sum``/``min``/``max`` are taken
+    from the bin centres and edges: one cheap pass per statistic, in the hook."""
     import torch
 
-    a = g.detach().reshape(-1).abs().float()
-    a = a[torch.isfinite(a)]
-    nz = a[a > 0]
-    h = LogHist(zeros=int(a.numel() - nz.numel()))
-    if nz.numel():
-        lg = nz.log10().double()
-        w = (HIST_HI - HIST_LO) / HIST_BINS
-        idx = ((lg - HIST_LO) / w).floor().clamp(0, HIST_BINS - 1).long()
-        h.counts = torch.bincount(idx, minlength=HIST_BINS).tolist()
-        h.sum, h.sum_squares = float(lg.sum()), float((lg * lg).sum())
-        h.min, h.max = float(lg.min()), float(lg.max())
+    a = g.detach().reshape(-1).abs()
+    if a.dtype != torch.float32:
+        a = a.float()
+    zeros = int((a == 0).sum())
+    infs = int(torch.isinf(a).sum())
+    lg = torch.log10(a).clamp_(HIST_LO, HIST_HI - 1e-6)  # zeros -> first bin, inf -> last; NaN stays NaN
+    counts = torch.histc(lg, HIST_BINS, HIST_LO, HIST_HI).long().tolist()  # histc ignores NaN
+    counts[0] -= zeros
+    counts[-1] -= infs
+    h = LogHist(counts=counts, zeros=zeros)
+    edges = LogHist.edges()
+    used = [i for i, c in enumerate(counts) if c]
+    if used:
+        centres = [(edges[i] + edges[i + 1]) / 2 for i in range(HIST_BINS)]
+        h.sum = sum(c * m for c, m in zip(counts, centres))
+        h.sum_squares = sum(c * m * m for c, m in zip(counts, centres))
+        h.min, h.max = edges[used[0]], edges[used[-1] + 1]
     return h
 
 
@@ -91,7 +100,7 @@ class GradObs:
 
     seq: int  # position in backward order (autograd delivery order), over the whole run
     stats: TensorStats
-    hist: LogHist
+    hist: LogHist | None  # when histograms are asked for
     sample_norms: list[float] | None  # per input, when dim 0 is the batch
 
 
@@ -366,12 +375,14 @@ def gradients(
     exploding_above: float = DEFAULT_EXPLODING,
     fail_on: str | Sequence[str] | None = None,
     keep_input_grad: bool = False,
+    histograms: bool = False,
     on_batch: Callable[[list[SampleGrad]], None] | None = None,
 ) -> GradReport:
     """Differentiate the objective over ``inputs`` (a tensor, or an iterable of tensors or
     of objects with ``.tensor`` and ``.names``, such as ``InputPlan.batches()``) and report
     layer and parameter gradients and the health checks (see the module docstring).
-    Nothing is printed; ``on_batch`` gets each batch's per-input records as it finishes."""
+    Nothing is printed; ``on_batch`` gets each batch's per-input records as it finishes.
+    ``histograms`` adds log10|g| histograms per layer and parameter (for plots/TensorBoard)."""
     import torch
 
     from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
@@ -405,8 +416,8 @@ def gradients(
         n = batch_n[0]
         per = None
         if g.dim() >= 1 and g.shape[0] == n:
-            per = g.detach().reshape(n, -1).double().pow(2).sum(1).sqrt().tolist()
-        return GradObs(next(counter), tensor_stats(g), log_hist(g), per)
+            per = torch.linalg.vector_norm(g.detach().reshape(n, -1), dim=1, dtype=torch.float64).tolist()
+        return GradObs(next(counter), tensor_stats(g), log_hist(g) if histograms else None, per)
 
     acc: dict[str, LayerGrad] = {}
     samples: list[SampleGrad] = []
@@ -424,7 +435,7 @@ def gradients(
             batch_n[0] = n
             eng.reset()
             x = x0.detach().clone().requires_grad_(x0.is_floating_point())
-            out = run_forward(eng, lambda: model(x))
+            out = run_forward(eng, lambda x=x: model(x))
             y = select_output(out, output_key)
             if not y.is_floating_point():
                 raise ModelRuntimeError(f"the output to differentiate has dtype {y.dtype}; pick a float output with --output-key")
@@ -450,7 +461,7 @@ def gradients(
             layer_norms = {r.key: r for r in eng.records}
             if x.grad is not None:
                 input_stats = merge_stats(input_stats, tensor_stats(x.grad))
-                in_norms = x.grad.detach().reshape(n, -1).double().pow(2).sum(1).sqrt().tolist()
+                in_norms = torch.linalg.vector_norm(x.grad.detach().reshape(n, -1), dim=1, dtype=torch.float64).tolist()
                 if keep_input_grad:
                     input_grads.append(x.grad.detach().clone())
             else:
@@ -476,7 +487,7 @@ def gradients(
         if label_list is not None and label_pos != len(label_list):
             raise InputError(f"--labels-file has {len(label_list)} labels for {label_pos} inputs; "
                              "give one label per image")
-        params = [_param_grad(n, p) for n, p in listed]
+        params = [_param_grad(n, p, histograms) for n, p in listed]
         sq = [float(p.grad.detach().double().pow(2).sum()) for _, p in trainable if p.grad is not None]
         total = math.sqrt(sum(sq))
         shares = [(n, float(p.grad.detach().double().pow(2).sum())) for n, p in trainable if p.grad is not None]
@@ -541,14 +552,15 @@ def _merge_batch(acc: dict[str, LayerGrad], records: list[Any], by_name: dict[st
                     continue
                 if where == "output":
                     rec.grad_output = merge_stats(rec.grad_output, obs.stats)
-                    rec.hist.add(obs.hist)
+                    if obs.hist is not None:
+                        rec.hist.add(obs.hist)
                 else:
                     rec.grad_input = merge_stats(rec.grad_input, obs.stats)
                 if not obs.stats.finite and (rec.first_nonfinite_seq is None or obs.seq < rec.first_nonfinite_seq):
                     rec.first_nonfinite_seq, rec.first_nonfinite_where = obs.seq, where
 
 
-def _param_grad(name: str, p: torch.Tensor) -> ParamGrad:
+def _param_grad(name: str, p: torch.Tensor, histograms: bool) -> ParamGrad:
     wn = float(p.detach().double().norm())
     g = p.grad
     if g is None:
@@ -558,7 +570,7 @@ def _param_grad(name: str, p: torch.Tensor) -> ParamGrad:
         name=name, shape=list(p.shape), has_grad=True, norm=s.norm, mean=s.mean, std=s.std,
         max_abs=max_abs(s), zero_fraction=s.zero_fraction, negative_fraction=s.negative_fraction,
         weight_norm=wn, ratio=s.norm / wn if wn > 0 else None, nan_count=s.nan_count,
-        inf_count=s.inf_count, hist=log_hist(g),
+        inf_count=s.inf_count, hist=log_hist(g) if histograms else LogHist(),
     )
 
 

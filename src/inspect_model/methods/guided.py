@@ -113,6 +113,8 @@ class GuidedResult:
 
 def _targets_for(spec: Any, flat: torch.Tensor, categories: Sequence[str] | None) -> list[list[int]]:
     n = flat.shape[0]
+    if isinstance(spec, (list, tuple)) and len(spec) == n and all(isinstance(t, int) for t in spec):
+        spec = [[t] for t in spec]  # one class per input
     if isinstance(spec, (list, tuple)) and len(spec) == n and all(isinstance(t, (list, tuple)) for t in spec):
         rows = [[int(i) for i in row] for row in spec]
         if not rows or any(len(r) != len(rows[0]) or not r for r in rows):
@@ -152,7 +154,7 @@ def guided_backprop(
     """Guided-backprop maps of ``inputs`` (N, ...) for ``target``.
 
     ``target``: ``"predicted"``, ``"top:K"``, a class index or name, a :class:`TargetSpec`, or
-    explicit per-input lists ``[[281], [3]]``. Each input gets its own map (one-hot gradient
+    explicit classes per input, ``[281, 3]`` or ``[[281, 5], [3, 9]]`` (same count per input). Each input gets its own map (one-hot gradient
     per row), equal to running the inputs one at a time. The model is left as it was.
     """
     if not isinstance(inputs, torch.Tensor) or inputs.dim() < 1 or inputs.shape[0] < 1:
@@ -160,6 +162,8 @@ def guided_backprop(
     if not inputs.is_floating_point():
         raise InputError(f"guided backprop needs a floating-point input, got {inputs.dtype}")
     kinds = resolve_kinds(activations)
+    # torch.compile'd models run a compiled backward the mode cannot see: use the eager module.
+    model = getattr(model, "_orig_mod", model) if type(model).__name__ == "OptimizedModule" else model
     opts = CaptureOptions(outputs=False, freeze_params=True, eval_mode=True, grad_enabled=True)
     with HookEngine(model, [], opts) as engine:
         leaf = inputs.detach().requires_grad_(True)
@@ -213,7 +217,7 @@ def guided_gradcam(gradients: torch.Tensor, cams: torch.Tensor) -> torch.Tensor:
     Grad-CAM maps (N, K, h, w) upsampled bilinearly to (H, W)."""
     import torch.nn.functional as F
 
-    n, k, c, h, w = gradients.shape
+    n, k, _, h, w = gradients.shape
     cams = cams.detach().float().cpu().reshape(n * k, 1, *cams.shape[-2:])
     up = F.interpolate(cams, size=(h, w), mode="bilinear", align_corners=False)
     return gradients * up.reshape(n, k, 1, h, w)

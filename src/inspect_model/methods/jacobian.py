@@ -98,7 +98,6 @@ def jacobian(
     n = x.shape[0]
     batch_names = list(names) if names else [f"input-{i}" for i in range(n)]
     live: dict[str, torch.Tensor] = {}
-    roots: list[Any] = []
     opts = CaptureOptions(outputs=False, graph_roots=[wrt_layer] if wrt_layer else [],
                           freeze_params=True, grad_enabled=True, keep_grads=True)
     with HookEngine(model, [wrt_layer] if wrt_layer else [], opts) as eng:

@@ -55,32 +55,40 @@ def tensor_stats(t: torch.Tensor) -> TensorStats:
         nan = float("nan")
         return TensorStats(0, nan, nan, nan, nan, nan, 0.0, 0.0, 0.0, 0, 0)
     x = x.reshape(-1)
-    finite_mask = torch.isfinite(x)
-    n_finite = int(finite_mask.sum())
-    nan_count = int(torch.isnan(x).sum()) if n_finite != numel else 0
-    inf_count = numel - n_finite - nan_count
-    if n_finite != numel:
+    zero_count = numel - int(torch.count_nonzero(x))  # NaN and Inf are not zero
+    nan_count = inf_count = 0
+    # Sums accumulate in float64 (float32 loses digits over 10^7 values) without copying
+    # the tensor to float64: reductions take an accumulation dtype.
+    s1 = float(x.sum(dtype=torch.float64))
+    # A float64 sum of float32 values cannot overflow: it is finite iff every value is,
+    # which saves a pass over the tensor in the common case.
+    surely_finite = math.isfinite(s1) and x.dtype != torch.float64
+    if not surely_finite and not bool(torch.isfinite(x).all()):
+        finite_mask = torch.isfinite(x)
+        nan_count = int(torch.isnan(x).sum())
+        inf_count = numel - int(finite_mask.sum()) - nan_count
         x = x[finite_mask]
+        s1 = float(x.sum(dtype=torch.float64))
+    n_finite = x.numel()
     if n_finite == 0:
         nan = float("nan")
-        return TensorStats(numel, nan, nan, nan, nan, nan, nan, 0.0, 0.0, nan_count, inf_count)
-    # One pass of reductions in float64 for sums: float32 sums lose digits over 10^7 values.
-    xd = x.to(torch.float64)
-    s1 = float(xd.sum())
-    s2 = float((xd * xd).sum())
+        return TensorStats(numel, nan, nan, nan, nan, nan, nan, zero_count / numel, 0.0, nan_count, inf_count)
+    l2 = float(torch.linalg.vector_norm(x, 2, dtype=torch.float64))
+    l1 = float(torch.linalg.vector_norm(x, 1, dtype=torch.float64))
     mean = s1 / n_finite
-    var = max(s2 / n_finite - mean * mean, 0.0)
+    var = max(l2 * l2 / n_finite - mean * mean, 0.0)
     # Unbiased std as torch.std gives, so reports match what users compute themselves.
     std = math.sqrt(var * n_finite / (n_finite - 1)) if n_finite > 1 else 0.0
+    lo, hi = torch.aminmax(x)
     return TensorStats(
         numel=numel,
         mean=mean,
         std=std,
-        min=float(x.min()),
-        max=float(x.max()),
-        abs_mean=float(xd.abs().sum()) / n_finite,
-        norm=math.sqrt(s2),
-        zero_fraction=float((x == 0).sum()) / numel,
+        min=float(lo),
+        max=float(hi),
+        abs_mean=l1 / n_finite,
+        norm=l2,
+        zero_fraction=zero_count / numel,
         negative_fraction=float((x < 0).sum()) / numel,
         nan_count=nan_count,
         inf_count=inf_count,

@@ -90,8 +90,8 @@ def check_rows(rep: GradReport) -> list[list[str]]:
 def header_lines(rep: GradReport) -> list[str]:
     lines = [
         f"Gradients of: {rep.objective}",
-        f"Inputs: {rep.images}    global parameter gradient norm: {fmt(rep.global_norm, '.6g')}    "
-        f"output gradient norm: {fmt(rep.output_grad_norm, '.6g')}",
+        (f"Inputs: {rep.images}    global parameter gradient norm: {fmt(rep.global_norm, '.6g')}    "
+         f"output gradient norm: {fmt(rep.output_grad_norm, '.6g')}"),
     ]
     if rep.input_grad is not None:
         lines.append(f"Gradient wrt the model input (saliency): norm {fmt(rep.input_grad.norm, '.6g')}, "

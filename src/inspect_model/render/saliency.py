@@ -171,9 +171,9 @@ def render_text(payload: dict[str, Any]) -> str:
         parts.append(f"Guided Grad-CAM layer: {payload['guided_gradcam']['layer']}")
     parts += ["", plain_table(MAP_COLUMNS, map_rows(payload))]
     if payload.get("sanity"):
-        parts += ["", "Sanity check: cascading weight randomisation from the top; Spearman rank correlation "
-                      "with the original maps (mean over maps; near 1 = the map ignores the weights)",
-                  plain_table(SANITY_COLUMNS, sanity_rows(payload))]
+        title = ("Sanity check: cascading weight randomisation from the top; Spearman rank correlation "
+                 "with the original maps (mean over maps; near 1 = the map ignores the weights)")
+        parts += ["", title, plain_table(SANITY_COLUMNS, sanity_rows(payload))]
     parts += ["", *(f"note: {n}" for n in payload["notes"])]
     return "\n".join(parts) + "\n"
 
