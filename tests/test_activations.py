@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from fixtures.models import Boom, Nested, ReusedReLU, TinyCNN, assert_unchanged, model_state
 from torch import nn
 
+from fixtures.models import Boom, Nested, ReusedReLU, TinyCNN, assert_unchanged, model_state
 from inspect_model.errors import ModelRuntimeError, UsageError
 from inspect_model.methods.activations import capture_activations, choose_channel_dim, measure
 from inspect_model.render.grids import (
@@ -211,7 +211,7 @@ def test_dead_channels_are_dead_for_every_image():
     assert relu.channels == 3 and relu.dead_channels == 1  # channel 1: bias -1, weight 0
     assert relu.dead_channel_fraction == pytest.approx(1 / 3)
     # Per image: image 0 has channels 1 and 2 dead.
-    with ActivationCaptureFor(model) as cap:
+    with capture_all(model) as cap:
         res = cap.run(x, ["a", "b"])
     per_image = {img.name: {s.key: s for s in img.layers} for img in res.images}
     assert per_image["a"]["1"].dead_channel_fraction == pytest.approx(2 / 3)
@@ -219,7 +219,7 @@ def test_dead_channels_are_dead_for_every_image():
     assert_stats_match(per_image["b"]["1"].stats, torch.relu(conv(x[1:])).detach())
 
 
-def ActivationCaptureFor(model):  # noqa: N802 - reads like the class it builds
+def capture_all(model):
     from inspect_model.engine.selection import select_layers
     from inspect_model.methods.activations import ActivationCapture
 

@@ -72,6 +72,16 @@ def hand_finish(raw: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
     return (up - up.min()) / (up.max() - up.min())
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny models run fastest on one thread; on a loaded CI box, two threads spinning against
+    # other processes made the training test ten times slower. Restored afterwards.
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 GRAD_METHODS = ["gradcam", "gradcam++", "xgradcam", "layercam", "hirescam"]
 
 
@@ -348,6 +358,14 @@ def test_cli_jsonl_text_and_errors(cli, models_py: Path, images: list[str]) -> N
     assert [ln["index"] for ln in lines] == [0, 1] and len(lines[0]["maps"]) == 2 and r.stderr == ""
     r = cli(base)
     assert r.exit_code == 0 and "gradcam" in r.stdout and "predicted:" in r.stdout
+    labels = Path(images[0]).parent / "labels.txt"
+    labels.write_text("ant\nbee\ncat\ndog\nemu\n")
+    r = cli([*base, "--labels", str(labels), "--target", "cat", "--layer", "features.0", "--layer", "features",
+             "--fuse", "--json", "-q"])
+    assert r.exit_code == 0, r.stderr
+    maps = json.loads(r.stdout)["images"][0]["maps"]
+    assert [m["layer"] for m in maps] == ["features.0", "features", "fused:features.0+features"]
+    assert {m["target"]["label"] for m in maps} == {"cat"} and maps[0]["target"]["index"] == 2
     r = cli(["cam", f"{models_py}:TwoLayer", "--input-size", "3", "--weights", "none"])
     assert r.exit_code == 5 and "no layer with a spatial" in r.stderr and "Traceback" not in r.stderr
     r = cli([*base, "-m", "gradcum"])

@@ -35,14 +35,19 @@ def as_loaded(model: Any, *, device: str = "cpu", weights: str | None = None) ->
     raise InputError(f"expected an nn.Module or a model name, got {type(model).__name__}")
 
 
-def _meta_call(model: nn.Module, inputs: Sequence[Any]) -> Any:
-    """Run ``model(*inputs)`` with meta copies of its parameters and buffers: shapes flow,
-    nothing is allocated, and the user's weights are not touched."""
+def _meta_call(model: nn.Module, inputs: Sequence[Any], dtype: Any = None) -> Any:
+    """Run ``model(*inputs)`` with meta copies of its parameters and buffers (floating ones
+    in ``dtype`` when given, to match --dtype inputs): shapes flow, nothing is allocated,
+    and the user's weights are not touched."""
     import torch
     from torch.func import functional_call
 
-    state = {k: torch.empty_like(v, device="meta") for k, v in model.named_parameters()}
-    state.update({k: torch.empty_like(v, device="meta") for k, v in model.named_buffers()})
+    def meta(v: torch.Tensor) -> torch.Tensor:
+        cast = dtype if dtype is not None and v.is_floating_point() else None
+        return torch.empty_like(v, device="meta", dtype=cast)
+
+    state = {k: meta(v) for k, v in model.named_parameters()}
+    state.update({k: meta(v) for k, v in model.named_buffers()})
     return lambda: functional_call(model, state, tuple(inputs), tie_weights=True, strict=False)
 
 
@@ -67,6 +72,8 @@ def summary(
     ``device="meta"`` (the default) computes shapes and MACs without memory or arithmetic;
     a model that cannot run on meta falls back to a real pass on the CPU, with a note.
     """
+    import torch
+
     from inspect_model.loading.shapes import make_example_inputs, parse_dtype, parse_size
     from inspect_model.methods.summary import summarize
 
@@ -90,8 +97,8 @@ def summary(
         x = make_example_inputs(sizes, batch_size=batch_size, family=loaded.family, dtype=torch_dtype,
                                 device=dev, seed=seed)
         fwd = None
-        if dev == "meta" and not _on_meta(m):
-            fwd = _meta_call(m, x)
+        if dev == "meta" and (not _on_meta(m) or torch_dtype != torch.float32):
+            fwd = _meta_call(m, x, torch_dtype)
         elif dev != "meta" and _on_meta(m):
             raise _NeedsRealModel()
         return summarize(m, x, name=loaded.name, depth=depth, forward=fwd)

@@ -75,6 +75,14 @@ class ModelRuntimeError(InspectModelError):
     exit_code = EXIT_RUNTIME
 
 
+class InputMismatchError(InputError, ModelRuntimeError):
+    """The forward pass failed in the model's first layer: the input's shape (or channel
+    count) does not fit the model. An input error (exit 4) that is also a runtime error,
+    for callers that catch :class:`ModelRuntimeError` around a forward pass."""
+
+    exit_code = EXIT_INPUT
+
+
 class OutputError(InspectModelError):
     """An output directory or file cannot be written."""
 

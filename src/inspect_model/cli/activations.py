@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -18,7 +18,7 @@ MaxChannelsOpt = Annotated[
     int, typer.Option("--max-channels", help="Draw at most this many channels per layer (0: all).")
 ]
 ChannelsOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--channels", help="Channels to draw: top:N (most active first) or a list like 0,5,8-11."),
 ]
 CmapOpt = Annotated[str, typer.Option("--cmap", help="Matplotlib colour map of the feature maps.")]

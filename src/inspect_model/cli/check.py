@@ -68,9 +68,12 @@ def check(
     params = checks.parse_count_range(expect_params) if expect_params else None
     opts = c.ModelOptions(model, weights, checkpoint, model_arg, non_strict, trust_checkpoint, device, dtype)
     dev = c.resolve_device(device)
+    torch_dtype = parse_dtype(dtype)
     loaded = c.load(opts, device=dev)
+    if str(torch_dtype) != "torch.float32":
+        loaded.model.to(torch_dtype)  # our own loaded model (c.load copies a user's instance)
     plan = plan_inputs(loaded, images, input_size=input_size, batch_size=batch_size, seed=seed,
-                       device=dev, dtype=parse_dtype(dtype))
+                       device=dev, dtype=torch_dtype)
     batch = next(iter(plan.batches()))
     results = checks.run_checks(
         loaded.model,

@@ -148,7 +148,7 @@ def load(opts: ModelOptions, *, device: str | None = None) -> Any:
         # torchvision builders warn about init defaults the user did not ask about.
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", UserWarning)
-        return load_model(
+        loaded = load_model(
             opts.model,
             weights=opts.weights,
             device=device or resolve_device(opts.device),
@@ -157,6 +157,14 @@ def load(opts: ModelOptions, *, device: str | None = None) -> Any:
             strict=not opts.non_strict,
             trust_checkpoint=opts.trust_checkpoint,
         )
+    from inspect_model.loading.shapes import parse_dtype
+
+    if loaded.borrowed and str(parse_dtype(opts.dtype)) != "torch.float32":
+        # Commands cast the model to --dtype in place: give them a copy of the user's instance.
+        from inspect_model.loading.user_models import private_copy
+
+        loaded.model, loaded.borrowed = private_copy(loaded.model, opts.model), False
+    return loaded
 
 
 # ---------------------------------------------------------------- consoles

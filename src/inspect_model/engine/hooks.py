@@ -415,8 +415,10 @@ class HookEngine:
 
 def run_forward(engine: HookEngine, fn: Callable[[], Any]) -> Any:
     """Run ``fn`` (a forward pass) inside ``engine``; turn a model error into a one-line
-    :class:`ModelRuntimeError` that names the innermost hooked layer that failed."""
-    from inspect_model.errors import InspectModelError
+    :class:`ModelRuntimeError` that names the innermost layer that failed. A failure in the
+    model's first conv/linear layer is an input that does not fit the model: an
+    :class:`InputMismatchError` (exit 4) saying what that layer expects."""
+    from inspect_model.errors import InputMismatchError, InspectModelError
 
     try:
         return fn()
@@ -424,9 +426,29 @@ def run_forward(engine: HookEngine, fn: Callable[[], Any]) -> Any:
         raise
     except Exception as exc:
         engine.failed_in = list(engine.stack)
-        where = engine.failed_in[-1] if engine.failed_in else None
+        # The traceback names the innermost module that raised even where it is not hooked
+        # (cam hooks only its target layer); fall back to the hooked stack.
+        where = _raising_module(engine.model, exc) or (engine.failed_in[-1] if engine.failed_in else None)
         loc = f" in layer '{where}'" if where else ""
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise ModelRuntimeError(
-            f"forward pass failed{loc}: {type(exc).__name__}: {msg}"
-        ) from exc
+        text = f"forward pass failed{loc}: {type(exc).__name__}: {msg}"
+        from inspect_model.api import first_layer_hint
+
+        hint = first_layer_hint(engine.model) if where else None
+        if hint is not None and hint[0] == where:
+            raise InputMismatchError(f"{text}; the input does not fit the model: {hint[1]}") from exc
+        raise ModelRuntimeError(text) from exc
+
+
+def _raising_module(model: nn.Module, exc: BaseException) -> str | None:
+    """Qualified name of the deepest submodule of ``model`` whose code is on ``exc``'s
+    traceback (``None`` for the model itself or none)."""
+    names = {id(m): n for n, m in model.named_modules()}
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        obj = tb.tb_frame.f_locals.get("self")
+        if obj is not None and names.get(id(obj)):
+            found = names[id(obj)]
+        tb = tb.tb_next
+    return found

@@ -39,6 +39,7 @@ class LoadedModel:
     hookable: bool = True  # False where torch rejects module hooks (TorchScript)
     static_batch: int | None = None  # batch size fixed at export (torch.export), if any
     checkpoint: Any = None  # checkpoints.CheckpointReport when --checkpoint was loaded
+    borrowed: bool = False  # the model is the user's own instance (package.module:ATTR): copy before changing it
 
 
 def require_hookable(loaded: LoadedModel, command: str) -> None:
@@ -351,6 +352,11 @@ def load_model(
     if checkpoint:
         from inspect_model.loading import checkpoints
 
+        if loaded.borrowed:
+            # The weights go into a copy: the user's own instance is never changed (issue 9).
+            from inspect_model.loading.user_models import private_copy
+
+            loaded.model, loaded.borrowed = private_copy(loaded.model, spec), False
         report = checkpoints.load_checkpoint(
             loaded.model, checkpoint, device=device, strict=strict, trust=trust_checkpoint
         )

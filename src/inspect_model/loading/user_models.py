@@ -84,7 +84,27 @@ def load_user_model(
         )
     obj = resolve_attr(module, attr, origin)
     model = build(obj, attr, origin, model_args, device)
-    return _finish(model, name=attr.split(".")[-1], source="python", device=device, notes=[])
+    borrowed = model is obj  # the user's own instance, used as it is
+    if borrowed and device != "meta" and _model_device(model) not in (None, device):
+        # Never move the user's object to another device (issue 9): run on a copy.
+        model = private_copy(model, f"{origin}:{attr}")
+        borrowed = False
+    loaded = _finish(model, name=attr.split(".")[-1], source="python", device=device, notes=[])
+    loaded.borrowed = borrowed
+    return loaded
+
+
+def private_copy(model: nn.Module, label: str) -> nn.Module:
+    """A deep copy of a user's model instance, to change (device, dtype, weights) freely."""
+    import copy
+
+    try:
+        return copy.deepcopy(model)
+    except Exception as exc:
+        raise ModelLoadError(
+            f"cannot copy the model instance {label} ({_brief(exc)}), so it cannot be moved, cast or "
+            "given a checkpoint without changing your object; give its class or a factory function instead"
+        ) from exc
 
 
 # ------------------------------------------------------------------ importing

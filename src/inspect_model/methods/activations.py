@@ -573,7 +573,7 @@ def capture_activations(
         selected = sorted(set(selected) | set(kept), key=[n for n, _ in model.named_modules()].index)
     else:
         kept = []
-    if isinstance(inputs, torch.Tensor) or isinstance(inputs, tuple):
+    if isinstance(inputs, (torch.Tensor, tuple)):
         batches: list[Any] = [inputs]
     elif isinstance(inputs, Iterable):
         batches = list(inputs)

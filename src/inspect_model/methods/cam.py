@@ -1,17 +1,15 @@
-"""Class activation maps: choose the layer, run the passes, hand back maps as records.
+"""Class activation maps as a Python API: maps in, records out.
 
-:func:`compute_cams` computes any mix of the CAM family (see :mod:`.cam_methods` for the
-formulas) for one batch. Every gradient-based method comes from the same single forward
-pass and one *partial* backward pass per target rank: the chosen layer's output is made a
-graph root by the hook engine (``CaptureOptions.graph_roots``) and every parameter is frozen,
-so the forward below the layer builds no autograd graph and the backward runs only from the
-class score down to the layer -- no parameter gradients, nothing below it. Score-CAM adds
-its masked forward passes (batched), Eigen-CAM and CAM need the activations only.
+:func:`compute_cams` computes any mix of the CAM family for one batch and returns
+:class:`CamMap` records (raw layer-resolution map, normalised input-resolution map, raw range,
+warnings). Every gradient-based method comes from the same single forward pass and one
+*partial* backward pass per target rank (see :mod:`.cam_passes`): no parameter gradients and
+nothing below the layer. Score-CAM adds its batched masked forward passes; Eigen-CAM and CAM
+need the activations only. :func:`gradcam` is the small tensor-in, tensor-out entry point
+other methods (guided Grad-CAM) build on.
 
-:func:`resolve_layers` turns ``auto`` or layer specs into :class:`CamLayer` records with the
-layout that maps the layer's output onto a spatial grid (channels-first, Swin's channels-last,
-or ViT patch tokens with the class/register tokens dropped). :func:`gradcam` is the small
-tensor-in, tensor-out entry point other methods (guided Grad-CAM) build on.
+The parts: :mod:`.cam_methods` (the formulas), :mod:`.cam_layers` (``--layer auto`` and the
+layout of token / channels-last outputs), :mod:`.cam_passes` (the passes).
 """
 
 from __future__ import annotations
@@ -20,15 +18,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.errors import LayerSelectionError, UsageError
+from inspect_model.errors import UsageError
 from inspect_model.methods import cam_methods as cm
+from inspect_model.methods import cam_passes as cp
 from inspect_model.methods.cam_layers import (
     CamLayer,
     auto_layer,
     infer_layout,
     resolve_layer,
     resolve_layers,
-    single_output,
 )
 from inspect_model.methods.cam_methods import GRADIENT_METHODS, METHODS
 
@@ -140,177 +138,6 @@ def parse_reshape(text: str | None) -> tuple[int, int] | None:
     return h, w
 
 
-# ----------------------------------------------------------------------------- passes
-@dataclass
-class _Captured:
-    scores: Any  # (N, classes) detached
-    classes: Any  # (N, K) long
-    acts: dict[str, Any]  # name -> raw-layout activations
-    grads: dict[str, list[Any]]  # name -> K gradients (raw layout)
-    fc_in: Any = None
-    fc_out: Any = None
-
-
-def _resolve_classes(scores: torch.Tensor, target: Any) -> torch.Tensor:
-    import torch
-
-    from inspect_model.methods.targets import TargetSpec, parse_target, resolve_targets
-
-    if isinstance(target, str):
-        target = parse_target(target)
-    if isinstance(target, TargetSpec):
-        return torch.tensor(resolve_targets(target, scores), dtype=torch.long, device=scores.device)
-    rows = [[int(i)] if isinstance(i, int) or not isinstance(i, (list, tuple)) else [int(v) for v in i]
-            for i in target]
-    if len(rows) != scores.shape[0] or len({len(r) for r in rows}) != 1 or not rows[0]:
-        raise UsageError(f"class indices must give the same number (>= 1) of classes for each of the "
-                         f"{scores.shape[0]} samples; got {rows}")
-    idx = torch.tensor(rows, dtype=torch.long, device=scores.device)
-    n_classes = scores.shape[1]
-    if int(idx.min()) < 0 or int(idx.max()) >= n_classes:
-        from inspect_model.errors import InputError
-
-        raise InputError(f"class index {int(idx.max()) if int(idx.max()) >= n_classes else int(idx.min())} "
-                         f"is out of range: the model has {n_classes} classes (0..{n_classes - 1})")
-    return idx
-
-
-def _scores_of(out: Any, output_key: str | None) -> torch.Tensor:
-    from inspect_model.errors import ModelRuntimeError
-    from inspect_model.methods.targets import select_output
-
-    scores = select_output(out, output_key)
-    if scores.dim() != 2:
-        raise ModelRuntimeError(
-            f"the model output has shape {tuple(scores.shape)}; a class activation map needs class "
-            "scores (N, classes); use --output-key to pick another output")
-    return scores
-
-
-def _capture(model: nn.Module, x: torch.Tensor, layers: list[str], *, grads: bool, target: Any,
-             output_key: str | None, fc: str | None, classes: Any = None) -> tuple[_Captured, list[str]]:
-    """One forward (and with ``grads`` one partial backward per target rank) with ``layers[0]``
-    as the graph root. Returns what was captured and the layers that received no gradient
-    (they do not depend on the root: the caller gives them a pass of their own)."""
-    import torch
-
-    from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
-    from inspect_model.errors import ModelRuntimeError
-
-    hooked = list(layers) + ([fc] if fc and fc not in layers else [])
-    opts = CaptureOptions(
-        outputs=True, inputs=fc is not None, keep=set(hooked),
-        output_grads=grads, keep_grads=set(layers) if grads else False,
-        graph_roots={layers[0]} if grads else (),
-        freeze_params=grads, grad_enabled=grads,
-    )
-    missing: list[str] = []
-    with HookEngine(model, hooked, opts) as eng:
-        out = run_forward(eng, lambda: model(x))
-        scores = _scores_of(out, output_key)
-        idx = _resolve_classes(scores, target) if classes is None else classes
-        recs: dict[str, Any] = {}
-        for r in eng.finalize():
-            recs[r.name] = r  # the last call of a reused module wins
-        caps = {}
-        for n in layers:
-            if n not in recs:
-                raise LayerSelectionError(f"layer '{n}' is not called in the forward pass; pick a layer that runs")
-            caps[n] = single_output(recs[n], n)
-        got: dict[str, list[Any]] = {n: [] for n in layers}
-        if grads:
-            if not scores.requires_grad:
-                raise LayerSelectionError(
-                    f"the model output does not depend on layer '{layers[0]}'; pick a layer on the path "
-                    "to the output")
-            for j in range(idx.shape[1]):
-                for cap in caps.values():
-                    cap.grad = None
-                sel = scores.gather(1, idx[:, j:j + 1]).sum()  # samples are independent: one call
-                try:
-                    # Only the root leaf requires grad (parameters are frozen), so this runs
-                    # from the scores down to the layer and no further.
-                    torch.autograd.backward(sel, retain_graph=j < idx.shape[1] - 1)
-                except RuntimeError as exc:
-                    raise ModelRuntimeError(f"backward pass failed: {str(exc).splitlines()[0]}") from exc
-                for n, cap in caps.items():
-                    got[n].append(cap.grad)
-            missing = [n for n in layers[1:] if any(g is None for g in got[n])]
-            if any(g is None for g in got[layers[0]]):
-                raise LayerSelectionError(f"the class scores do not depend on layer '{layers[0]}'; "
-                                          "pick a layer on the path to the output")
-        fc_in = fc_out = None
-        if fc is not None and fc in recs:
-            r = recs[fc]
-            fc_in = r.inputs[0].tensor if r.inputs else None
-            fc_out = r.outputs[0].tensor if r.outputs else None
-        result = _Captured(
-            scores=scores.detach(), classes=idx,
-            acts={n: caps[n].tensor for n in layers if n not in missing},
-            grads={n: got[n] for n in layers if n not in missing} if grads else {},
-            fc_in=fc_in, fc_out=fc_out)
-    return result, missing
-
-
-def _classifier(model: nn.Module) -> str | None:
-    from torch import nn
-
-    last = None
-    for n, m in model.named_modules():
-        if isinstance(m, nn.Linear):
-            last = n
-    return last
-
-
-def _check_cam(model: nn.Module, fc: str | None, layer: str, A: torch.Tensor, cap: _Captured) -> torch.Tensor:
-    """The classifier weight (classes, C) when the net ends in GAP over ``layer`` + one linear
-    layer (checked numerically on this batch), else a clear refusal."""
-    import torch
-
-    hint = ("; use --method gradcam, which equals CAM up to scale on networks that fit")
-    if fc is None or cap.fc_in is None:
-        raise UsageError(f"--method cam needs a network that ends in global average pooling and one "
-                         f"linear layer; {type(model).__name__} has no linear classifier{hint}")
-    gap = A.float().mean(dim=(2, 3))
-    fc_in = cap.fc_in.float().reshape(cap.fc_in.shape[0], -1)
-    tol = 1e-4 * float(gap.abs().max().clamp_min(1.0))
-    fits_in = fc_in.shape == gap.shape and torch.allclose(fc_in, gap, rtol=1e-3, atol=tol)
-    out_tol = 1e-4 * float(cap.scores.abs().max().clamp_min(1.0))
-    fits_out = cap.fc_out is not None and cap.fc_out.shape == cap.scores.shape and \
-        torch.allclose(cap.fc_out.float(), cap.scores.float(), rtol=1e-3, atol=out_tol)
-    if not (fits_in and fits_out):
-        why = (f"the input of '{fc}' is not the global average of layer '{layer}'" if not fits_in
-               else f"the output is not the output of '{fc}'")
-        raise UsageError(f"--method cam needs a network that ends in global average pooling and one "
-                         f"linear layer after the CAM layer: {why}{hint}")
-    return dict(model.named_modules())[fc].weight.detach()
-
-
-def _scorecam(model: nn.Module, x: torch.Tensor, A: torch.Tensor, classes: torch.Tensor,
-              output_key: str | None, batch: int) -> tuple[torch.Tensor, int]:
-    """Raw Score-CAM maps (K, N, h, w) and the number of masked forward passes run."""
-    import torch
-
-    from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
-
-    n, c = A.shape[0], A.shape[1]
-    hw = (x.shape[-2], x.shape[-1])
-    weights = torch.empty(n, classes.shape[1], c, dtype=torch.float32, device=A.device)
-    passes = 0
-    # No hooks: the engine only puts the model in eval mode without grad, and restores it.
-    with HookEngine(model, [], CaptureOptions(outputs=False, grad_enabled=False)) as eng:
-        for i in range(n):
-            for c0 in range(0, c, batch):
-                masks = cm.scorecam_masks(A[i, c0:c0 + batch], hw).to(x.dtype)  # (B, H, W)
-                masked = x[i:i + 1] * masks[:, None]  # (B, Cin, H, W)
-                out = run_forward(eng, lambda m=masked: model(m))
-                probs = _scores_of(out, output_key).float().softmax(dim=1)  # (B, classes)
-                weights[i, :, c0:c0 + batch] = probs[:, classes[i]].T
-                passes += 1
-    raw = torch.stack([cm.scorecam_map(A[i].float(), weights[i]) for i in range(n)], dim=1)
-    return raw, passes
-
-
 # ----------------------------------------------------------------------------- entry points
 def compute_cams(
     model: nn.Module,
@@ -356,7 +183,7 @@ def compute_cams(
             names.extend(select_layers(model, [spec], leaves_only=not plain))
         names = list(dict.fromkeys(names))
     grads = any(m in GRADIENT_METHODS for m in methods)
-    fc = _classifier(model) if "cam" in methods else None
+    fc = cp.classifier(model) if "cam" in methods else None
     passes = {"forward": 0, "backward": 0, "scorecam_forward": 0}
 
     # Layers that do not depend on the first one's output get a pass of their own.
@@ -364,7 +191,7 @@ def compute_cams(
     gradients: dict[str, list[Any]] = {}
     remaining, classes, first = list(names), None, None
     while remaining:
-        cap, missing = _capture(model, x, remaining, grads=grads, target=target, output_key=output_key,
+        cap, missing = cp.capture(model, x, remaining, grads=grads, target=target, output_key=output_key,
                                 fc=fc if first is None else None, classes=classes)
         passes["forward"] += 1
         passes["backward"] += cap.classes.shape[1] if grads else 0
@@ -389,7 +216,7 @@ def compute_cams(
                 raw_maps[(layer.name, m)] = torch.stack([cm.gradient_map(m, A, G) for G in Gs])
             elif m == "cam":
                 try:
-                    w = _check_cam(model, fc, layer.name, A, first)
+                    w = cp.check_cam(model, fc, layer.name, A, first)
                 except UsageError as exc:
                     if not optional_cam:
                         raise
@@ -400,7 +227,7 @@ def compute_cams(
             elif m == "eigencam":
                 raw_maps[(layer.name, m)] = cm.eigen_map(A)[None].expand(k, -1, -1, -1)
             elif m == "scorecam":
-                raw, n_pass = _scorecam(model, x, A, classes, output_key, scorecam_batch)
+                raw, n_pass = cp.scorecam(model, x, A, classes, output_key, scorecam_batch)
                 raw_maps[(layer.name, m)] = raw
                 passes["scorecam_forward"] += n_pass
     maps = _records(raw_maps, classes, hw, [layer.name for layer in cam_layers], methods, fuse)
@@ -458,7 +285,7 @@ def gradcam(model: nn.Module, x: torch.Tensor, layer: str,
 
     x = x.detach()
     hw = (int(x.shape[-2]), int(x.shape[-1]))
-    cap, _ = _capture(model, x, [layer], grads=True, target=list(class_indices), output_key=None, fc=None)
+    cap, _ = cp.capture(model, x, [layer], grads=True, target=list(class_indices), output_key=None, fc=None)
     layout = infer_layout(model, layer, tuple(cap.acts[layer].shape), hw)
     A = cm.to_spatial(cap.acts[layer], layout).float()
     raw = torch.stack([cm.gradient_map("gradcam", A, cm.to_spatial(g, layout).float())

@@ -81,7 +81,11 @@ class GuidedBackwardMode(TorchDispatchMode):
             self.seen[kind] += 1
             if kind in self.kinds:
                 self.guided[kind] += 1
-                # The mode is off inside this method, so clamp runs as a plain op.
+                # (The mode is off inside this method: these run as plain ops.)
+                if kind in ("relu", "relu6"):
+                    # The derivative is 0 or 1, so clamping after is the same as before, and
+                    # done in place on the fresh result it costs no extra allocation.
+                    return func(*args, **(kwargs or {})).clamp_(min=0)
                 args = (args[0].clamp(min=0),) + tuple(args[1:])
         return func(*args, **(kwargs or {}))
 

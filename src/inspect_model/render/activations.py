@@ -34,7 +34,7 @@ COLUMNS = (
 
 
 def _num(v: float) -> str:
-    if v != v:
+    if math.isnan(v):
         return "nan"
     if math.isinf(v):
         return "inf" if v > 0 else "-inf"

@@ -90,7 +90,7 @@ def pick_channels(means: Sequence[float], spec: ChannelSpec, *, layer: str = "")
         return list(spec.indices)
     if spec.top is not None:
         # NaN means sort last; ties by index, so the order is reproducible.
-        key = [(-(m if m == m else -math.inf), i) for i, m in enumerate(means)]
+        key = [(-(-math.inf if math.isnan(m) else m), i) for i, m in enumerate(means)]
         return [i for _, i in sorted(key)[: spec.top]]
     return list(range(n if not spec.max_channels else min(n, spec.max_channels)))
 
