@@ -16,6 +16,17 @@ SAMPLE_IMAGES = ROOT / "sample_images"
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
+try:  # Hypothesis profiles (tests/test_fuzz.py): `pytest --hypothesis-profile long` for longer runs
+    from hypothesis import HealthCheck, settings
+
+    _slow = [HealthCheck.too_slow, HealthCheck.data_too_large]
+    # ci: fixed seed, bounded examples; the default.
+    settings.register_profile("ci", max_examples=40, derandomize=True, deadline=None, suppress_health_check=_slow)
+    settings.register_profile("long", max_examples=600, deadline=None, suppress_health_check=_slow)
+    settings.load_profile("ci")  # --hypothesis-profile NAME (the plugin) loads another after this
+except ImportError:  # pragma: no cover - hypothesis is in the test extra
+    pass
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite golden files in tests/golden")

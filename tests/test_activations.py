@@ -126,7 +126,7 @@ def test_first_conv_of_resnet34_is_an_8x8_grid(cli, tmp_path):
     assert grid["channels"] == list(range(64)) and grid["total_channels"] == 64
     png = Path(grid["file"])
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (out / "overview.png").is_file() and (out / "activations.json").is_file()
+    assert (out / "overview.png").is_file() and (out / "report.json").is_file()
     assert sorted(doc["files"]) == sorted(str(p) for p in out.rglob("*") if p.is_file())
 
 

@@ -345,3 +345,140 @@ def test_corpus_is_large_and_covers_every_code() -> None:
                      E.EXIT_RUNTIME, E.EXIT_OUTPUT}
     assert len(set(errors.EXIT_CODES)) == len(errors.EXIT_CODES)  # one code, one meaning
     assert len({c.id for c in CASES}) == len(CASES)
+
+
+# ------------------------------------------------------------------ handled, with a warning
+def _img(env: Env, name: str, make: Callable[[], object], **save: object) -> str:
+    buf = io.BytesIO()
+    make().save(buf, **save)  # type: ignore[attr-defined]
+    return env.write(name, buf.getvalue())
+
+
+def _gif(env: Env) -> str:
+    from PIL import Image
+
+    frames = [Image.new("RGB", (16, 16), (i * 80, 0, 0)) for i in range(3)]
+    buf = io.BytesIO()
+    frames[0].save(buf, "GIF", save_all=True, append_images=frames[1:], duration=50)
+    return env.write("anim.gif", buf.getvalue())
+
+
+def _png16(env: Env) -> str:
+    import numpy as np
+    from PIL import Image
+
+    arr = (np.arange(16 * 16, dtype=np.uint16).reshape(16, 16) * 250)
+    return _img(env, "deep.png", lambda: Image.fromarray(arr), format="PNG")  # mode I;16
+
+
+def _cmyk(env: Env) -> str:
+    from PIL import Image
+
+    return _img(env, "print.jpg", lambda: Image.new("CMYK", (16, 16), (0, 128, 255, 10)), format="JPEG")
+
+
+HANDLED = [  # (id, argv, model, warning expected on stderr or None)
+    ("image-16-bit-png", lambda e: ["cam", e.spec, "--weights", "none", _png16(e)], TinyCNN, None),
+    ("image-cmyk-jpeg", lambda e: ["guided-backprop", e.spec, "--weights", "none", _cmyk(e)], TinyCNN, None),
+    ("image-animated-gif", lambda e: ["activations", e.spec, "--weights", "none", _gif(e)], TinyCNN,
+     ("anim.gif", "3 frames", "first")),
+    ("guided-no-relu", lambda e: ["guided-backprop", e.spec, "--weights", "none", "--input-size", "3x8x8"], NoReLU,
+     ("relu",)),
+    ("cam-nan-map", lambda e: ["cam", e.spec, "--weights", "none", "--input-size", "3x8x8"], NaNOut, ("nan",)),
+]
+
+
+@pytest.mark.parametrize(("argv", "model_cls", "warning"), [h[1:] for h in HANDLED], ids=[h[0] for h in HANDLED])
+def test_handled_input(argv, model_cls, warning, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli) -> None:
+    """Odd but valid inputs are converted (16-bit, CMYK) or used with a warning (the first
+    frame of a GIF; a model guided backprop or CAM cannot really explain): exit 0, files
+    written, the model untouched."""
+    model = model_cls()
+    env = Env(tmp=tmp_path, spec=register_model(monkeypatch, model), out=tmp_path / "out", monkeypatch=monkeypatch)
+    before = snapshot(model)
+    res = cli([*argv(env), "--output-dir", str(env.out)])
+    assert res.exit_code == 0, res.stderr
+    assert "Traceback" not in res.stderr and "error:" not in res.stderr
+    assert any(p.suffix == ".png" for p in env.out.rglob("*")), "no image written"
+    if warning:
+        warn = [ln for ln in res.stderr.splitlines() if ln.startswith("warning: ")]
+        assert any(all(w.lower() in ln.lower() for w in warning) for ln in warn), res.stderr
+    assert_same(model, before)
+
+
+# ------------------------------------------------------------------ security
+def test_model_file_is_run_and_help_says_so(tmp_path: Path, cli) -> None:
+    """`file.py:name` executes the file (as `python file.py` would, but not its __main__
+    block); every model-taking subcommand's help says so plainly."""
+    marker = tmp_path / "ran.txt"
+    src = USER_FILE + f"\nopen({str(marker)!r}, 'w').write('top level ran')\n" \
+        + f"if __name__ == '__main__':\n    open({str(marker)!r}, 'w').write('main ran')\n"
+    p = tmp_path / "side_effect.py"
+    p.write_text(src)
+    res = cli(["summary", f"{p}:Net", "--input-size", "3x8x8", "--quiet"])
+    assert res.exit_code == 0, res.stderr
+    assert marker.read_text() == "top level ran"
+    for command in ("summary", "activations", "grads", "guided-backprop", "cam", "check"):
+        text = " ".join(cli([command, "--help"]).stdout.split())
+        assert "this runs that code" in text, command
+        assert "FILE.py:FACTORY" in text, command
+
+
+class Escaper(nn.Module):
+    """Layer names that try to climb out of the output directory. torch's add_module refuses
+    names with a dot, so '../../etc' goes straight into ``_modules`` (as a loaded pickle or
+    hand-written container could); '/etc' (absolute) passes add_module as it is."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with pytest.raises(KeyError):
+            self.add_module("../../etc", nn.Identity())
+        self._modules["../../etc"] = nn.Conv2d(3, 4, 3, padding=1)
+        self.add_module("/etc", nn.ReLU())
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self._modules["/etc"](self._modules["../../etc"](x))
+        return self.fc(torch.flatten(self.pool(h), 1))
+
+
+ESCAPE_RUNS = {
+    "activations": ["--layers", "../../etc", "--layers", "/etc", "--save-raw"],
+    "cam": ["--layer", "../../etc", "--layer", "/etc", "--fuse", "--save-raw"],
+    "grads": ["--of", "/etc", "--wrt", "../../etc"],
+    "guided-backprop": ["--guided-gradcam", "--layer", "../../etc", "--save-raw"],
+}
+
+
+@pytest.mark.parametrize("command", list(ESCAPE_RUNS))
+def test_output_names_cannot_escape(command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli) -> None:
+    model = Escaper()
+    spec = register_model(monkeypatch, model)
+    deep = tmp_path / "a" / "b"
+    deep.mkdir(parents=True)
+    imgs = tmp_path / "imgs"
+    (imgs / "sub").mkdir(parents=True)
+    names = ["..jpg", "...jpg", "~root.jpg", "sub/-rf .jpg", "%2e%2e%2fx.jpg"]
+    for n in names:
+        (imgs / n).write_bytes(_jpeg())
+    out = deep / "out"
+    stdin = "\n".join(str(imgs / "sub" / ".." / n) for n in names) + "\n"  # '..' components in the paths
+    before = snapshot(model)
+    res = cli([command, spec, "--weights", "none", "--input-size", "3x8x8", "-", "-o", str(out),
+               *ESCAPE_RUNS[command]], stdin=stdin)
+    assert res.exit_code == 0, res.stderr
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and imgs not in p.parents]
+    assert written and all(out in p.parents for p in written), [str(p) for p in written if out not in p.parents]
+    assert not (tmp_path / "etc").exists() and not Path("/etc/x.png").exists()
+    if command != "grads":  # grads --of/--wrt writes one figure per batch, not per image
+        assert len(list(out.rglob("*.png"))) >= len(names)  # a picture per image at least: none overwritten
+    assert_same(model, before)
+
+
+def test_checkpoint_payload_test_exists() -> None:
+    """Checkpoints load with weights_only=True unless --trust-checkpoint; the payload test
+    (a pickle whose payload must not run) is tests/test_loading.py, not repeated here."""
+    import test_loading
+
+    assert callable(test_loading.test_malicious_pickle_does_not_run_without_trust)

@@ -379,7 +379,7 @@ def test_cli_outputs_schema_tensorboard(cli, models_py: Path, tmp_path: Path) ->
     assert res.exit_code == 0, res.stderr
     doc = json.loads(res.stdout)
     jsonschema.validate(doc, schema, cls=jsonschema.Draft202012Validator)
-    assert {Path(f).name for f in doc["files"]} >= {"grads.json", "grads.txt", "grad_flow.png",
+    assert {Path(f).name for f in doc["files"]} >= {"report.json", "report.txt", "grad_flow.png",
                                                     "grad_histograms.png"}
     assert all(Path(f).exists() for f in doc["files"])
     assert doc["options"]["preprocessing"]["input_size"] == [3, 12, 12]

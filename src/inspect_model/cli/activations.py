@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated, Any
 
 import typer
 
 from inspect_model.cli import common as c
+from inspect_model.cli.run import CommandRun, InputOptions, JsonlOpt
 
 EXAMPLE = "inspect-model activations resnet34 cat.jpg --layers type:Conv2d[0] --output-dir acts"
 
@@ -25,9 +25,7 @@ CmapOpt = Annotated[str, typer.Option("--cmap", help="Matplotlib colour map of t
 RawFormatOpt = Annotated[
     str, typer.Option("--raw-format", help="With --save-raw: npy (one file per layer and image) or npz (one per image).")
 ]
-JsonlOpt = Annotated[
-    bool, typer.Option("--jsonl", help="Write one compact JSON object per image to stdout as each batch finishes.")
-]
+
 
 
 def activations(
@@ -78,66 +76,24 @@ def activations(
     from inspect_model.errors import UsageError
     from inspect_model.render.grids import SCALES, parse_channels
 
-    if json_ and jsonl:
-        raise UsageError("--json and --jsonl cannot be combined; choose one")
     if scale not in SCALES:
         raise UsageError(f"--scale '{scale}' is not one of {', '.join(SCALES)}")
     if raw_format not in ("npy", "npz"):
         raise UsageError(f"--raw-format '{raw_format}' is not npy or npz")
-    for flag, on in (("--save-raw", save_raw), ("--force", force)):
-        if on and output_dir is None:
-            raise UsageError(f"{flag} needs --output-dir DIR")
-    if len(input_size or []) > 1:
-        from inspect_model.errors import InputError
-
-        raise InputError("activations takes one input; give --input-size once")
     spec = parse_channels(channels, max_channels)
     _check_cmap(cmap)
-    from inspect_model.render.files import OutputDir
-
-    msgs = c.Messages(quiet)
-    out = OutputDir(output_dir, force=force).prepare() if output_dir else None
-    writer = None
-    try:
-        if tensorboard is not None:
-            from inspect_model.render.tensorboard import open_writer
-
-            writer = open_writer(tensorboard)
+    with CommandRun("activations", output_dir=output_dir, force=force, tensorboard=tensorboard, json_=json_,
+                    jsonl=jsonl, quiet=quiet, save_raw=save_raw) as run:
         opts = c.ModelOptions(model, weights, checkpoint, model_arg, non_strict, trust_checkpoint, device, dtype)
-        run = _Run(opts, msgs, out, writer, jsonl=jsonl, save_raw=save_raw, raw_format=raw_format,
-                   scale=scale, spec=spec, cmap=cmap)
-        report, options = run.execute(
-            images, layers=layers, depth=depth, input_size=(input_size or [None])[0], batch_size=batch_size,
-            seed=seed, preset=preset, resize=resize, crop=crop, mean=mean, std=std, skip_bad=skip_bad_inputs,
-        )
+        inputs = InputOptions(images, input_size, batch_size, seed, preset, resize, crop, mean, std,
+                              skip_bad=skip_bad_inputs)
+        act = _Run(run, opts, save_raw=save_raw, raw_format=raw_format, scale=scale, spec=spec, cmap=cmap)
+        report, options = act.execute(inputs, layers=layers, depth=depth)
         from inspect_model.render import activations as render
-        from inspect_model.render.jsonout import dumps, envelope
 
-        files: list[str] = []
-        payload = render.to_payload(report, images=run.names, grids=run.grids)
-        if out is not None:
-            files = list(out.written) + [str(out.path / "activations.txt"), str(out.path / "activations.json")]
-            out.write_text("activations.txt", render.render_text(report, files))
-            out.write_text("activations.json",
-                           dumps(envelope("activations", payload, options=options, files=files)) + "\n")
-        if writer is not None:
-            writer.flush()
-        if out is not None:
-            out.commit()
-        if not jsonl:
-            c.emit(
-                as_json=json_,
-                json_doc=lambda: envelope("activations", payload, options=options, files=files),
-                text=lambda: render.render_text(report, files),
-                rich=lambda: render.render_rich(report, files),
-            )
-    except BaseException:
-        if out is not None:
-            out.abort()
-        raise
-    finally:
-        if writer is not None:
-            writer.close()
+        payload = render.to_payload(report, images=act.names, grids=act.grids)
+        run.finish(payload, options, text=lambda files: render.render_text(report, files),
+                   rich=lambda files: render.render_rich(report, files))
 
 
 def _check_cmap(name: str) -> None:
@@ -153,10 +109,10 @@ def _check_cmap(name: str) -> None:
 class _Run:
     """One activations run: load, select, stream batches (grids, raw arrays, JSON lines)."""
 
-    def __init__(self, opts: c.ModelOptions, msgs: c.Messages, out: Any, writer: Any, *, jsonl: bool,
-                 save_raw: bool, raw_format: str, scale: str, spec: Any, cmap: str) -> None:
-        self.opts, self.msgs, self.out, self.writer = opts, msgs, out, writer
-        self.jsonl, self.save_raw, self.raw_format = jsonl, save_raw, raw_format
+    def __init__(self, run: CommandRun, opts: c.ModelOptions, *, save_raw: bool, raw_format: str, scale: str,
+                 spec: Any, cmap: str) -> None:
+        self.run, self.opts, self.msgs, self.out, self.writer = run, opts, run.msgs, run.out, run.writer
+        self.jsonl, self.save_raw, self.raw_format = run.jsonl, save_raw, raw_format
         self.scale, self.spec, self.cmap = scale, spec, cmap
         self.names: list[str] = []
         self.grids: list[dict[str, Any]] = []
@@ -167,30 +123,18 @@ class _Run:
             self._warned.add(text)
             self.msgs.warn(text)
 
-    def execute(self, images: list[str] | None, *, layers: list[str] | None, depth: int | None,
-                input_size: str | None, batch_size: int, seed: int, preset: str | None, resize: int | None,
-                crop: int | None, mean: str | None, std: str | None,
-                skip_bad: bool) -> tuple[Any, dict[str, Any]]:
-        import torch
-
+    def execute(self, inputs: InputOptions, *, layers: list[str] | None,
+                depth: int | None) -> tuple[Any, dict[str, Any]]:
         from inspect_model.engine.selection import select_layers
         from inspect_model.errors import LayerSelectionError
-        from inspect_model.loading.inputs import plan_inputs
-        from inspect_model.loading.shapes import parse_dtype
         from inspect_model.methods.activations import ActivationCapture
 
-        torch_dtype = parse_dtype(self.opts.dtype)
-        dev = c.resolve_device(self.opts.device)
-        torch.manual_seed(seed)
-        loaded = c.load(self.opts, device=dev)
-        for note in loaded.notes:
-            self.msgs.info(f"note: {note}")
+        prep = self.run.prepare(self.opts, inputs)
+        loaded, plan, dev = prep.loaded, prep.plan, prep.device
         if not getattr(loaded, "hookable", True):
             raise LayerSelectionError(
                 f"{loaded.name} ({loaded.source}) has no module hooks, so layer outputs cannot be "
                 "captured; export the model as a Python nn.Module (FILE.py:FACTORY) instead")
-        if torch_dtype != torch.float32:
-            loaded.model.to(torch_dtype)  # our own freshly loaded copy
         net = loaded.model
         selected = select_layers(net, layers, depth=depth)
         wants_files = self.out is not None or self.writer is not None
@@ -204,9 +148,6 @@ class _Run:
             if wants_files:
                 self.msgs.info("note: no --layers given: statistics only; name layers with --layers "
                                "to draw their feature maps")
-        plan = plan_inputs(loaded, images, input_size=input_size, batch_size=batch_size, seed=seed,
-                           preset=preset, resize=resize, crop=crop, mean=c.parse_floats(mean, "--mean"),
-                           std=c.parse_floats(std, "--std"), skip_bad=skip_bad, device=dev, dtype=torch_dtype)
         draw = set(selected) if layers and wants_files else set()
         with ActivationCapture(net, selected, keep=keep, hist_bins=64 if self.writer is not None else 0,
                                model_name=loaded.name) as cap:
@@ -216,6 +157,8 @@ class _Run:
             report = cap.report()
         for path, reason in plan.skipped:
             self.warn(f"skipped '{path}': {reason}")
+        for w in plan.warnings:  # per-image notes (first frame of an animated GIF...)
+            self.warn(w)
         called = {r.name for r in report.layers}
         missing = [n for n in selected if n not in called]
         if missing:
@@ -232,7 +175,7 @@ class _Run:
             "layers": list(layers or []), "depth": depth, "selected": len(selected),
             "scale": self.scale, "max_channels": self.spec.max_channels, "channels": self.spec.describe(),
             "cmap": self.cmap, "save_raw": self.save_raw, "raw_format": self.raw_format,
-            "device": dev, "dtype": self.opts.dtype, "seed": seed, "preprocessing": plan.describe(),
+            "device": dev, "dtype": self.opts.dtype, "seed": inputs.seed, "preprocessing": plan.describe(),
             "tensorboard": None if self.writer is None else str(getattr(self.writer, "log_dir", "")),
         }
         return report, options
@@ -276,18 +219,16 @@ class _Run:
                     bucket_counts=counts, global_step=b)
         if self.jsonl:
             from inspect_model.render.activations import image_line
-            from inspect_model.render.jsonout import dumps
 
             for i, img in enumerate(res.images):
-                sys.stdout.write(dumps(image_line(img, per_image_files[i]), indent=None) + "\n")
-            sys.stdout.flush()
+                self.run.line(image_line(img, per_image_files[i]))
 
     def _draw(self, k: Any, sample: Any, img: Any, image_id: str) -> list[str]:
         from inspect_model.render.files import safe_name
         from inspect_model.render.grids import figure_to_array, render_activation
 
         cdim = None if k.channel_dim is None else k.channel_dim - 1
-        title = f"{k.key} ({k.type}) - {img.name}"
+        title = f"{k.key} ({k.type}) - {_basename(img.name)}"
         fig, layout = render_activation(_numpy(sample), cdim, title=title, channels=self.spec, scale=self.scale,
                                         cmap=self.cmap, layer=k.key)
         files: list[str] = []
@@ -327,3 +268,9 @@ def _npz_bytes(arrays: dict[str, Any]) -> bytes:
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     return buf.getvalue()
+
+
+def _basename(name: str) -> str:
+    from pathlib import Path
+
+    return Path(name).name or name

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated, Any
 
 import typer
 
 from inspect_model.cli import common as c
+from inspect_model.cli.run import CommandRun, InputOptions, JsonlOpt
 
 EXAMPLE = "inspect-model cam resnet50 cat.jpg --method gradcam --method scorecam --target top:2 -o cams"
 
@@ -36,9 +36,6 @@ ScoreBatchOpt = Annotated[
 ColormapOpt = Annotated[str, typer.Option("--colormap", help="Matplotlib colormap of the heat maps.")]
 AlphaOpt = Annotated[float, typer.Option("--alpha", help="Heat-map opacity in overlays, 0..1.")]
 TopOpt = Annotated[int, typer.Option("--top", help="Predicted classes listed per image.")]
-JsonlOpt = Annotated[
-    bool, typer.Option("--jsonl", help="Write one compact JSON object per image to stdout as each batch finishes.")
-]
 MAX_WARNINGS = 50
 SHEET_ROWS = 16  # rows per contact-sheet page: memory stays bounded for any number of images
 
@@ -95,11 +92,6 @@ def cam(
     from inspect_model.methods.cam import parse_methods, parse_reshape
     from inspect_model.render.overlay import check_colormap
 
-    if json_ and jsonl:
-        raise UsageError("--json and --jsonl cannot be combined; choose one")
-    for flag, on in (("--save-raw", save_raw), ("--force", force)):
-        if on and output_dir is None:
-            raise UsageError(f"{flag} needs --output-dir DIR")
     if not 0.0 <= alpha <= 1.0:
         raise UsageError(f"--alpha must be between 0 and 1, got {alpha}")
     if scorecam_batch < 1:
@@ -111,61 +103,30 @@ def cam(
     if fuse and len(layer or []) < 2:
         raise UsageError("--fuse combines several layers; give --layer at least twice")
     check_colormap(colormap)
-    from inspect_model.render.files import OutputDir
-
-    msgs = c.Messages(quiet)
-    out = OutputDir(output_dir, force=force).prepare() if output_dir else None
-    writer = None
-    try:
-        if tensorboard is not None:
-            from inspect_model.render.tensorboard import open_writer
-
-            writer = open_writer(tensorboard)
+    with CommandRun("cam", output_dir=output_dir, force=force, tensorboard=tensorboard, json_=json_, jsonl=jsonl,
+                    quiet=quiet, save_raw=save_raw) as run:
         opts = c.ModelOptions(model, weights, checkpoint, model_arg, non_strict, trust_checkpoint, device, dtype)
-        run = _Run(opts, msgs, out, writer, methods=methods, method_items=method or ["gradcam"], jsonl=jsonl,
-                   keep=not jsonl, save_raw=save_raw, colormap=colormap, alpha=alpha, top=top)
-        payload, options = run.execute(
-            images, layers=layer, reshape=grid, fuse=fuse, target=target, output_key=output_key,
-            scorecam_batch=scorecam_batch, input_size=input_size, batch_size=batch_size, seed=seed,
-            preset=preset, resize=resize, crop=crop, mean=mean, std=std, labels=labels,
-            skip_bad=skip_bad_inputs)
+        inputs = InputOptions(images, input_size, batch_size, seed, preset, resize, crop, mean, std, labels,
+                              skip_bad_inputs)
+        cams = _Run(run, opts, methods=methods, method_items=method or ["gradcam"], save_raw=save_raw,
+                    colormap=colormap, alpha=alpha, top=top)
+        payload, options = cams.execute(inputs, layers=layer, reshape=grid, fuse=fuse, target=target,
+                                        output_key=output_key, scorecam_batch=scorecam_batch)
         from inspect_model.render import cam_report as render
-        from inspect_model.render.jsonout import dumps, envelope
 
-        files: list[str] = []
-        if out is not None:
-            files = list(out.written) + [str(out.path / "report.json"), str(out.path / "report.txt")]
-            out.write_text("report.txt", render.render_text(payload))
-            out.write_text("report.json", dumps(envelope("cam", payload, options=options, files=files)) + "\n")
-        if writer is not None:
-            writer.flush()
         for w in payload["warnings"]:
-            msgs.warn(w)
-        if out is not None:
-            out.commit()
-        if not jsonl:
-            c.emit(
-                as_json=json_,
-                json_doc=lambda: envelope("cam", payload, options=options, files=files),
-                text=lambda: render.render_text(payload),
-                rich=lambda: render.render_rich(payload),
-            )
-    except BaseException:
-        if out is not None:
-            out.abort()
-        raise
-    finally:
-        if writer is not None:
-            writer.close()
+            run.msgs.warn(w)
+        run.finish(payload, options, text=lambda files: render.render_text(payload),
+                   rich=lambda files: render.render_rich(payload))
 
 
 class _Run:
     """One cam run: load, resolve layers, stream batches, write files, build the payload."""
 
-    def __init__(self, opts: c.ModelOptions, msgs: c.Messages, out: Any, writer: Any, *, methods: list[str],
-                 method_items: list[str], jsonl: bool, keep: bool, save_raw: bool, colormap: str, alpha: float,
-                 top: int) -> None:
-        self.opts, self.msgs, self.out, self.writer = opts, msgs, out, writer
+    def __init__(self, run: CommandRun, opts: c.ModelOptions, *, methods: list[str], method_items: list[str],
+                 save_raw: bool, colormap: str, alpha: float, top: int) -> None:
+        self.run, self.opts, self.msgs, self.out, self.writer = run, opts, run.msgs, run.out, run.writer
+        jsonl, keep = run.jsonl, not run.jsonl
         self.method_items = method_items  # as typed: `all` makes CAM optional
         self.methods, self.jsonl, self.keep, self.save_raw = methods, jsonl, keep, save_raw
         self.colormap, self.alpha, self.top = colormap, alpha, top
@@ -183,38 +144,20 @@ class _Run:
         elif len(self.warnings) == MAX_WARNINGS:
             self.warnings.append("more warnings left out; see each map's warnings in --json/--jsonl")
 
-    def execute(self, images: list[str] | None, *, layers: list[str] | None, reshape: tuple[int, int] | None,
-                fuse: bool, target: str, output_key: str | None, scorecam_batch: int,
-                input_size: list[str] | None, batch_size: int, seed: int, preset: str | None,
-                resize: int | None, crop: int | None, mean: str | None, std: str | None, labels: Any,
-                skip_bad: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    def execute(self, inputs: InputOptions, *, layers: list[str] | None, reshape: tuple[int, int] | None,
+                fuse: bool, target: str, output_key: str | None,
+                scorecam_batch: int) -> tuple[dict[str, Any], dict[str, Any]]:
         import itertools
 
-        import torch
-
         from inspect_model.errors import InputError
-        from inspect_model.loading.inputs import plan_inputs
-        from inspect_model.loading.shapes import parse_dtype
         from inspect_model.methods.cam import compute_cams, resolve_layers
-        from inspect_model.methods.targets import load_labels, parse_target
+        from inspect_model.methods.targets import parse_target
 
-        torch_dtype = parse_dtype(self.opts.dtype)
-        dev = c.resolve_device(self.opts.device)
-        if len(input_size or []) > 1:
-            raise InputError("cam takes one input; give --input-size once")
-        torch.manual_seed(seed)
-        loaded = c.load(self.opts, device=dev)
-        for note in loaded.notes:
-            self.msgs.info(f"note: {note}")
-        if torch_dtype != torch.float32:
-            loaded.model.to(torch_dtype)  # our own freshly loaded copy
+        prep = self.run.prepare(self.opts, inputs)
+        loaded, plan, categories, dev, torch_dtype = prep.loaded, prep.plan, prep.categories, prep.device, prep.dtype
+        seed, batch_size = inputs.seed, inputs.batch_size
         net = loaded.model
-        categories = load_labels(labels) if labels else loaded.categories
         spec = parse_target(target, categories)
-        plan = plan_inputs(loaded, images, input_size=(input_size or [None])[0], batch_size=batch_size,
-                           seed=seed, preset=preset, resize=resize, crop=crop,
-                           mean=c.parse_floats(mean, "--mean"), std=c.parse_floats(std, "--std"),
-                           skip_bad=skip_bad, device=dev, dtype=torch_dtype)
         batches = plan.batches()
         first = next(batches, None)
         if first is None:
@@ -249,15 +192,13 @@ class _Run:
                     count += 1
                     if self.keep:
                         entries.append(entry)
-                    if self.jsonl:
-                        from inspect_model.render.jsonout import dumps
-
-                        sys.stdout.write(dumps({"command": "cam", **entry}, indent=None) + "\n")
-                        sys.stdout.flush()
+                    self.run.line(entry)
                 advance(batch.tensor.shape[0])
         self._flush_sheet(final=True)
         for path, reason in plan.skipped:
             self.warn(f"skipped {path}: {reason}")
+        for w in plan.warnings:  # per-image notes (first frame of an animated GIF...)
+            self.warn(w)
         payload = {
             "model": loaded.name,
             "methods": list(self.methods),
@@ -396,6 +337,8 @@ class _progress:
 
 
 def _stderr_is_terminal() -> bool:
+    import sys
+
     try:
         return sys.stderr.isatty()
     except (AttributeError, ValueError):

@@ -3,13 +3,13 @@ gradients between inner layers (``--of A --wrt B``)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from inspect_model.cli import common as c
+from inspect_model.cli.run import CommandRun, InputOptions, JsonlOpt
 
 EXAMPLE = "inspect-model grads resnet18 cat.jpg --weights none --fail-on nan,inf,exploding --output-dir g"
 
@@ -54,9 +54,7 @@ JacNormOpt = Annotated[
     bool, typer.Option("--jacobian-norm", help="Estimate ||d(of)/d(wrt)||_F with Gaussian probes, with its standard error.")
 ]
 ProbesOpt = Annotated[int, typer.Option("--probes", help="Number of random probes for --jacobian-norm.")]
-JsonlOpt = Annotated[
-    bool, typer.Option("--jsonl", help="Write one compact JSON object per image to stdout as each batch finishes.")
-]
+
 
 
 def grads(
@@ -111,10 +109,6 @@ def grads(
     """
     from inspect_model.errors import UsageError
 
-    if json_ and jsonl:
-        raise UsageError("--json and --jsonl cannot be combined; choose one")
-    if force and output_dir is None:
-        raise UsageError("--force needs --output-dir DIR")
     if label is not None and labels_file is not None:
         raise UsageError("--label and --labels-file both give labels; choose one")
     jac = of is not None or wrt is not None
@@ -134,116 +128,48 @@ def grads(
                          fail_on=fail_on)
     if probes < 2:
         raise UsageError(f"--probes must be 2 or more, got {probes}")
-    from inspect_model.render.files import OutputDir
-
-    msgs = c.Messages(quiet)
-    out = OutputDir(output_dir, force=force).prepare() if output_dir else None
-    writer = None
-    tb_before: set[Any] = set()
     failures: list[Any] = []
-    try:
-        if tensorboard is not None:
-            from inspect_model.render.tensorboard import open_writer
-
-            tb_before = set(tensorboard.rglob("*")) if tensorboard.is_dir() else set()
-            writer = open_writer(tensorboard)
+    with CommandRun("grads", output_dir=output_dir, force=force, tensorboard=tensorboard, json_=json_,
+                    jsonl=jsonl, quiet=quiet) as run:
         opts = c.ModelOptions(model, weights, checkpoint, model_arg, non_strict, trust_checkpoint, device, dtype)
-        loaded, plan, categories, dev = _prepare(opts, msgs, images, input_size=input_size, batch_size=batch_size,
-                                                 seed=seed, preset=preset, resize=resize, crop=crop, mean=mean,
-                                                 std=std, labels=labels, skip_bad=skip_bad_inputs)
+        prep = run.prepare(opts, InputOptions(images, input_size, batch_size, seed, preset, resize, crop, mean,
+                                              std, labels, skip_bad_inputs))
+        loaded, plan, categories, dev = prep.loaded, prep.plan, prep.categories, prep.device
         options: dict[str, Any] = {
             "model": model, "weights": weights, "checkpoint": str(checkpoint) if checkpoint else None,
             "layers": layers, "depth": depth, "preprocessing": plan.describe(), "device": dev, "dtype": dtype,
             "seed": seed, "target": target, "loss": loss, "label": label,
             "labels_file": str(labels_file) if labels_file else None, "output_key": output_key,
         }
-        emit_line = _jsonl_writer() if jsonl else None
         if jac:
             of_, wrt_ = of or "score", wrt or "input"
             options.update({"of": of_, "wrt": wrt_, "jacobian_norm": jacobian_norm, "probes": probes})
             payload, text, rich = _run_jacobian(loaded, plan, of_, wrt_, target=target, output_key=output_key,
                                                 categories=categories, norm=jacobian_norm, probes=probes,
-                                                seed=seed, out=out, emit_line=emit_line)
+                                                seed=seed, out=run.out,
+                                                emit_line=run.line if jsonl else None)
         else:
             options.update({"clip_norm": clip_norm, "vanishing_below": vanishing_below,
                             "exploding_above": exploding_above, "fail_on": fail_on})
             rep, payload, text, rich = _run_grads(
                 loaded, plan, layers=layers, depth=depth, target=target, loss=loss, label=label,
                 labels_file=labels_file, output_key=output_key, categories=categories, clip_norm=clip_norm,
-                vanishing_below=vanishing_below, exploding_above=exploding_above, fail_on=fail_on, out=out,
-                emit_line=emit_line, histograms=out is not None or writer is not None)
+                vanishing_below=vanishing_below, exploding_above=exploding_above, fail_on=fail_on, out=run.out,
+                emit_line=run.line if jsonl else None, histograms=run.out is not None or run.writer is not None)
             for note in rep.notes:
-                msgs.info(f"note: {note}")
+                run.msgs.info(f"note: {note}")
             failures = rep.failures()
-            if writer is not None:
-                _write_tensorboard(writer, rep)
-        from inspect_model.render.jsonout import dumps, envelope
-
-        files: list[str] = []
-        if writer is not None:
-            writer.close()
-            writer = None
-            assert tensorboard is not None
-            files += sorted(str(p) for p in set(tensorboard.rglob("*")) - tb_before if p.is_file())
-        name = "jacobian" if jac else "grads"
-        if out is not None:
-            files = list(out.written) + [str(out.path / f"{name}.json"), str(out.path / f"{name}.txt")] + files
-            out.write_text(f"{name}.txt", text())
-            out.write_text(f"{name}.json", dumps(envelope("grads", payload, options=options, files=files)) + "\n")
-            out.commit()
-        if not jsonl:
-            c.emit(as_json=json_, json_doc=lambda: envelope("grads", payload, options=options, files=files),
-                   text=text, rich=rich)
-    except BaseException:
-        if out is not None:
-            out.abort()
-        raise
-    finally:
-        if writer is not None:
-            writer.close()
+            if run.writer is not None:
+                _write_tensorboard(run.writer, rep)
+        for w in plan.drain_warnings():  # skipped files (--skip-bad-inputs), first GIF frames...
+            run.msgs.warn(w)
+        run.finish(payload, options, text=lambda files: text(), rich=lambda files: rich())
     if failures:
         from inspect_model.errors import CheckFailed
 
         first = failures[0]
         more = f" (also failed: {', '.join(f.name for f in failures[1:])})" if len(failures) > 1 else ""
         raise CheckFailed(f"gradient check '{first.name}' failed: {first.detail}{more}")
-
-
-def _jsonl_writer() -> Any:
-    from inspect_model.render.jsonout import dumps
-
-    def write(obj: dict[str, Any]) -> None:
-        sys.stdout.write(dumps(obj, indent=None) + "\n")
-        sys.stdout.flush()
-
-    return write
-
-
-def _prepare(opts: c.ModelOptions, msgs: c.Messages, images: list[str] | None, *, input_size: list[str] | None,
-             batch_size: int, seed: int, preset: str | None, resize: int | None, crop: int | None,
-             mean: str | None, std: str | None, labels: Path | None, skip_bad: bool) -> tuple[Any, Any, Any, str]:
-    import torch
-
-    from inspect_model.errors import InputError
-    from inspect_model.loading.inputs import plan_inputs
-    from inspect_model.loading.shapes import parse_dtype
-    from inspect_model.methods.targets import load_labels
-
-    torch_dtype = parse_dtype(opts.dtype)
-    dev = c.resolve_device(opts.device)
-    if len(input_size or []) > 1:
-        raise InputError("grads takes one input; give --input-size once")
-    torch.manual_seed(seed)
-    loaded = c.load(opts, device=dev)
-    for note in loaded.notes:
-        msgs.info(f"note: {note}")
-    if torch_dtype != torch.float32:
-        loaded.model.to(torch_dtype)  # our own freshly loaded copy
-    categories = load_labels(labels) if labels else loaded.categories
-    plan = plan_inputs(loaded, images, input_size=(input_size or [None])[0], batch_size=batch_size, seed=seed,
-                       preset=preset, resize=resize, crop=crop, mean=c.parse_floats(mean, "--mean"),
-                       std=c.parse_floats(std, "--std"), skip_bad=skip_bad, device=dev, dtype=torch_dtype)
-    return loaded, plan, categories, dev
 
 
 def _run_grads(loaded: Any, plan: Any, *, layers: list[str] | None, depth: int | None, target: str | None,
@@ -260,7 +186,7 @@ def _run_grads(loaded: Any, plan: Any, *, layers: list[str] | None, depth: int |
     if emit_line is not None:
         def on_batch(samples: list[Any]) -> None:
             for s in samples:
-                emit_line({"command": "grads", **render.sample_payload(s)})
+                emit_line(render.sample_payload(s))
 
     rep = gradients(loaded.model, plan.batches(), layers=layers, depth=depth, target=target, loss=loss,
                     labels=lab, output_key=output_key, categories=categories, clip_norm=clip_norm,
@@ -292,11 +218,10 @@ def _run_jacobian(loaded: Any, plan: Any, of: str, wrt: str, *, target: str | No
                 out.save_figure(f"jacobian_{safe_name(r.of)}_wrt_{safe_name(r.wrt)}_batch{b}.png", fig,
                                 dpi=render.FIG_DPI)
             r.grad_map = None  # drawn; do not keep maps of every batch
-            if emit_line is not None:
-                for i, name in enumerate(r.names):
-                    emit_line({"command": "grads", "image": name, "of": r.of, "wrt": r.wrt,
-                               "vjp_norm": r.sample_norms[i] if i < len(r.sample_norms) else None,
-                               "frobenius_sq": r.sample_norm_sq[i] if i < len(r.sample_norm_sq) else None})
+            for i, name in enumerate(r.names if emit_line is not None else []):
+                emit_line({"image": name, "of": r.of, "wrt": r.wrt,
+                           "vjp_norm": r.sample_norms[i] if i < len(r.sample_norms) else None,
+                           "frobenius_sq": r.sample_norm_sq[i] if i < len(r.sample_norm_sq) else None})
         results.extend(res)
     payload = render.jacobian_payload(results)
     return payload, lambda: render.render_jacobian_text(results), lambda: render.render_jacobian_rich(results)

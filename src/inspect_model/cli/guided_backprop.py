@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated, Any
 
 import typer
 
 from inspect_model.cli import common as c
+from inspect_model.cli.run import CommandRun, InputOptions, JsonlOpt
 
 EXAMPLE = "inspect-model guided-backprop resnet50 cat.jpg --target top:3 --output-dir gb"
 
-JsonlOpt = Annotated[
-    bool, typer.Option("--jsonl", help="Write one compact JSON object per image to stdout as each batch finishes.")
-]
 ActivationsOpt = Annotated[
     bool,
     typer.Option("--activations", help="Also guide relu6, leaky_relu, silu, gelu and prelu "
@@ -81,109 +78,49 @@ def guided_backprop(
     """
     from inspect_model.errors import UsageError
 
-    if json_ and jsonl:
-        raise UsageError("--json and --jsonl cannot be combined; choose one")
-    for flag, on in (("--save-raw", save_raw), ("--force", force)):
-        if on and output_dir is None:
-            raise UsageError(f"{flag} needs --output-dir DIR")
     if layer != "auto" and not guided_gradcam:
         raise UsageError("--layer applies to --guided-gradcam; add --guided-gradcam or drop --layer")
     if guided_gradcam and output_key is not None:
         raise UsageError("--guided-gradcam uses the model's first output; drop --output-key")
-    from inspect_model.render.files import OutputDir
-
-    msgs = c.Messages(quiet)
-    out = OutputDir(output_dir, force=force).prepare() if output_dir else None
-    writer = None
-    tb_before: set[Any] = set()
-    try:
-        if tensorboard is not None:
-            from inspect_model.render.tensorboard import open_writer
-
-            tb_before = set(tensorboard.rglob("*")) if tensorboard.is_dir() else set()
-            writer = open_writer(tensorboard)
+    with CommandRun("guided-backprop", output_dir=output_dir, force=force, tensorboard=tensorboard, json_=json_,
+                    jsonl=jsonl, quiet=quiet, save_raw=save_raw) as run:
         opts = c.ModelOptions(model, weights, checkpoint, model_arg, non_strict, trust_checkpoint, device, dtype)
-        run = _Run(opts, msgs, out, writer, jsonl=jsonl, save_raw=save_raw, overview=overview)
-        payload, options = run.execute(
-            images, target=target, activations=activations, guided_gradcam=guided_gradcam, layer=layer,
-            sanity=sanity, input_size=input_size, batch_size=batch_size, seed=seed, preset=preset,
-            resize=resize, crop=crop, mean=mean, std=std, labels=labels, skip_bad=skip_bad_inputs,
-            output_key=output_key,
-        )
+        inputs = InputOptions(images, input_size, batch_size, seed, preset, resize, crop, mean, std, labels,
+                              skip_bad_inputs)
+        gbr = _Run(run, opts, save_raw=save_raw, overview=overview)
+        payload, options = gbr.execute(inputs, target=target, activations=activations,
+                                       guided_gradcam=guided_gradcam, layer=layer, sanity=sanity,
+                                       output_key=output_key)
         from inspect_model.render import saliency as render
-        from inspect_model.render.jsonout import dumps, envelope
 
-        files: list[str] = []
-        if writer is not None:
-            writer.close()
-            writer = None
-            assert tensorboard is not None
-            files += sorted(str(p) for p in set(tensorboard.rglob("*")) - tb_before if p.is_file())
-        if out is not None:
-            files = list(out.written) + [str(out.path / "report.json"), str(out.path / "report.txt")] + files
-            out.write_text("report.txt", render.render_text(payload))
-            out.write_text("report.json", dumps(envelope("guided-backprop", payload, options=options, files=files)) + "\n")
         for w in payload["warnings"]:
-            msgs.warn(w)
-        if out is not None:
-            out.commit()
-        if not jsonl:
-            c.emit(
-                as_json=json_,
-                json_doc=lambda: envelope("guided-backprop", payload, options=options, files=files),
-                text=lambda: render.render_text(payload),
-                rich=lambda: render.render_rich(payload),
-            )
-    except BaseException:
-        if out is not None:
-            out.abort()
-        raise
-    finally:
-        if writer is not None:
-            writer.close()
+            run.msgs.warn(w)
+        run.finish(payload, options, text=lambda files: render.render_text(payload),
+                   rich=lambda files: render.render_rich(payload))
 
 
 class _Run:
     """One guided-backprop run: load, stream batches, write files, build the report payload."""
 
-    def __init__(self, opts: c.ModelOptions, msgs: c.Messages, out: Any, writer: Any, *, jsonl: bool,
-                 save_raw: bool, overview: bool) -> None:
-        self.opts, self.msgs, self.out, self.writer = opts, msgs, out, writer
-        self.jsonl, self.save_raw, self.overview = jsonl, save_raw, overview
+    def __init__(self, run: CommandRun, opts: c.ModelOptions, *, save_raw: bool, overview: bool) -> None:
+        self.run, self.opts, self.msgs, self.out, self.writer = run, opts, run.msgs, run.out, run.writer
+        self.jsonl, self.save_raw, self.overview = run.jsonl, save_raw, overview
         self.warnings: list[str] = []
 
     def warn(self, text: str) -> None:
         if text not in self.warnings:
             self.warnings.append(text)
 
-    def execute(self, images: list[str] | None, *, target: str, activations: bool, guided_gradcam: bool,
-                layer: str, sanity: bool, input_size: list[str] | None, batch_size: int, seed: int,
-                preset: str | None, resize: int | None, crop: int | None, mean: str | None, std: str | None,
-                labels: Any, skip_bad: bool, output_key: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
-        import torch
-
+    def execute(self, inputs: InputOptions, *, target: str, activations: bool, guided_gradcam: bool,
+                layer: str, sanity: bool, output_key: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
         from inspect_model.errors import InputError
-        from inspect_model.loading.inputs import plan_inputs
-        from inspect_model.loading.shapes import parse_dtype
         from inspect_model.methods import guided as gb
-        from inspect_model.methods.targets import load_labels, parse_target
+        from inspect_model.methods.targets import parse_target
 
-        torch_dtype = parse_dtype(self.opts.dtype)
-        dev = c.resolve_device(self.opts.device)
-        if len(input_size or []) > 1:
-            raise InputError("guided-backprop takes one input; give --input-size once")
-        torch.manual_seed(seed)
-        loaded = c.load(self.opts, device=dev)
-        for note in loaded.notes:
-            self.msgs.info(f"note: {note}")
-        if torch_dtype != torch.float32:
-            loaded.model.to(torch_dtype)  # our own freshly loaded copy
-        categories = load_labels(labels) if labels else loaded.categories
+        prep = self.run.prepare(self.opts, inputs)
+        loaded, plan, categories, dev, torch_dtype = prep.loaded, prep.plan, prep.categories, prep.device, prep.dtype
+        seed = inputs.seed
         spec = parse_target(target, categories)
-        plan = plan_inputs(loaded, images, input_size=(input_size or [None])[0], batch_size=batch_size,
-                           seed=seed, preset=preset, resize=resize, crop=crop,
-                           mean=c.parse_floats(mean, "--mean"), std=c.parse_floats(std, "--std"),
-                           skip_bad=skip_bad, device=dev, dtype=torch_dtype)
         cam_layer: str | None = None
         kinds = gb.resolve_kinds(activations)
         entries: list[dict[str, Any]] = []
@@ -212,13 +149,11 @@ class _Run:
             for i in range(x.shape[0]):
                 entry = self._entry(len(entries), batch.names[i], x[i], res, i, ggc, categories, pre)
                 entries.append(entry)
-                if self.jsonl:
-                    from inspect_model.render.jsonout import dumps
-
-                    sys.stdout.write(dumps({"command": "guided-backprop", **entry}, indent=None) + "\n")
-                    sys.stdout.flush()
+                self.run.line(entry)
         for path, reason in plan.skipped:
             self.warn(f"skipped {path}: {reason}")
+        for w in plan.warnings:  # per-image notes (first frame of an animated GIF...)
+            self.warn(w)
         if not entries:
             raise InputError("no input could be read; nothing to do")
         payload = {
@@ -240,7 +175,7 @@ class _Run:
             "layers": [cam_layer] if cam_layer else [], "preprocessing": plan.describe(), "device": dev,
             "dtype": str(torch_dtype).replace("torch.", ""), "seed": seed, "target": target,
             "activations": list(kinds), "guided_gradcam": guided_gradcam, "sanity": sanity,
-            "output_key": output_key, "batch_size": batch_size,
+            "output_key": output_key, "batch_size": inputs.batch_size,
         }
         return payload, options
 

@@ -201,6 +201,12 @@ def compute_cams(
         gradients.update(cap.grads)
         remaining = missing
     assert first is not None and classes is not None
+    scores = first.scores.detach()
+    bad = ~torch.isfinite(scores.reshape(scores.shape[0], -1)).all(1) if scores.dim() else None
+    if bad is not None and bool(bad.any()):
+        # Never a silent map: a NaN score makes 'predicted' (argmax) arbitrary (issue 9).
+        notes.append(f"the model's output holds NaN or Inf for {int(bad.sum())} of {bad.numel()} image(s): "
+                     "scores, probabilities and 'predicted' targets are meaningless there")
     if cam_layers is None:
         cam_layers = [CamLayer(n, infer_layout(model, n, tuple(acts[n].shape), hw, reshape),
                                tuple(acts[n].shape[1:])) for n in names]

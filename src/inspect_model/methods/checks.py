@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
-from inspect_model.errors import UsageError
+from inspect_model.errors import ModelRuntimeError, UsageError
 
 if TYPE_CHECKING:
     import torch
@@ -131,7 +131,11 @@ def run_checks(
         y = pick(out)
         grads_finite: bool | None = None
         if y.requires_grad and y.is_floating_point():
-            y.float().sum().backward()
+            try:
+                y.float().sum().backward()
+            except Exception as exc:  # the model's own backward (custom autograd Functions)
+                msg = (str(exc).strip().splitlines() or [""])[0]
+                raise ModelRuntimeError(f"backward pass failed: {type(exc).__name__}: {msg}") from exc
             gs = [p.grad for p in model.parameters() if p.grad is not None]
             grads_finite = all(bool(torch.isfinite(g).all()) for g in gs)
         records = engine.finalize()
@@ -139,7 +143,7 @@ def run_checks(
         second = None
         if deterministic:
             with torch.no_grad():
-                second = pick(model(*inputs)).detach().clone()
+                second = pick(run_forward(engine, lambda: model(*inputs))).detach().clone()
     seconds = time.perf_counter() - t0
     mem = max(_peak_rss_mb(), _rss_mb()) - rss0
 
