@@ -37,11 +37,11 @@ def rss_mb() -> float:
 
 def lingering(model) -> dict[str, int]:  # type: ignore[no-untyped-def]
     """What gc still holds after the runs: autograd graphs, grad-requiring tensors, hooks."""
+    import warnings
+
     import torch
 
     from inspect_model.engine.hooks import HookEngine
-
-    import warnings
 
     gc.collect()
     graphs = grad_tensors = engines = 0

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Regenerates the pictures in README.md from the real commands (run from the repo root with
+# the project installed). Offline, so torchvision models run with --weights none (random
+# weights): the pictures show what each command writes, not what a trained model sees.
+set -euo pipefail
+out=sample_images/readme
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+python - "$out" <<'PY'
+import subprocess, sys
+from rich.console import Console
+from rich.text import Text
+out = sys.argv[1]
+for name, args in [
+    ("summary", ["inspect-model", "summary", "resnet34", "--depth", "2"]),
+    ("check", ["inspect-model", "check", "resnet50", "--weights", "none", "--expect-output-shape", "1x1000",
+               "--expect-params", "25557032", "--deterministic"]),
+]:
+    r = subprocess.run(args, capture_output=True, text=True)
+    console = Console(record=True, width=100, file=open("/dev/null", "w"))
+    console.print(Text("$ " + " ".join(args), style="bold"))
+    console.print(Text(r.stdout.rstrip()))
+    console.save_svg(f"{out}/{name}.svg", title=" ".join(args[:3]))
+PY
+
+inspect-model activations resnet34 sample_images/cat.jpg --weights none --layers conv1 --layers layer2.0.conv1 \
+  --output-dir "$tmp/acts" --quiet > /dev/null
+cp "$tmp"/acts/grids/0000_cat/conv1.png "$out/activations_conv1.png"
+cp "$tmp/acts/overview.png" "$out/activations_overview.png"
+
+inspect-model grads resnet18 sample_images/cat.jpg --weights none --output-dir "$tmp/grads" --quiet > /dev/null
+cp "$tmp/grads/grad_flow.png" "$out/grads_flow.png"
+
+inspect-model guided-backprop resnet50 sample_images/astronaut.jpg --weights none --guided-gradcam \
+  --output-dir "$tmp/gb" --quiet > /dev/null
+cp "$tmp"/gb/*.overview.png "$out/guided_backprop.png"
+
+inspect-model cam resnet50 sample_images/cat.jpg sample_images/coffee.jpg --weights none \
+  --method gradcam --method gradcam++ --method layercam --output-dir "$tmp/cam" --quiet > /dev/null
+cp "$tmp/cam/contact_sheet_001.png" "$out/cam_contact_sheet.png"
+echo "pictures written to $out"
