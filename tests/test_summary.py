@@ -236,3 +236,38 @@ def test_models_command_lists_and_filters(cli) -> None:
     assert "r3d_18" in r.stdout and "resnet34" not in r.stdout
     r = cli(["models", "--family", "nope"])
     assert r.exit_code == 2
+
+
+def _classification_models() -> list[str]:
+    from inspect_model.loading.models import registry
+
+    return [n for n, fam in registry().items() if fam == "classification"]
+
+
+def test_summary_runs_on_every_classification_model() -> None:
+    """Every classification model of torchvision's registry, on meta: rows add up, the
+    output is (1, 1000), and parameters equal a direct count on the same architecture."""
+    import warnings
+
+    from inspect_model.loading.models import load_torchvision
+
+    names = _classification_models()
+    assert len(names) >= 80
+    failures = []
+    for name in names:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            loaded = load_torchvision(name, device="meta")
+        res = summary(loaded)
+        root = res.rows[0]
+        ok = (
+            res.error is None
+            and res.device == "meta"
+            and sum(r.params for r in res.rows) == res.total_params
+            == sum(p.numel() for p in loaded.model.parameters())
+            and sum(r.macs for r in res.rows) == res.total_macs > 0
+            and root.output_shapes[0] == (1, 1000)
+        )
+        if not ok:
+            failures.append(f"{name}: {res.error or res.device or root.output_shapes}")
+    assert not failures, failures

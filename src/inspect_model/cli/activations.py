@@ -151,7 +151,7 @@ class _Run:
         draw = set(selected) if layers and wants_files else set()
         with ActivationCapture(net, selected, keep=keep, hist_bins=64 if self.writer is not None else 0,
                                model_name=loaded.name) as cap:
-            for b, batch in enumerate(plan.batches()):
+            for b, batch in enumerate(self.run.track(plan)):
                 res = cap.run(batch.tensor, batch.names)
                 self._batch(res, b, draw)
             report = cap.report()

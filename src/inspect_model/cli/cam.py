@@ -158,7 +158,7 @@ class _Run:
         seed, batch_size = inputs.seed, inputs.batch_size
         net = loaded.model
         spec = parse_target(target, categories)
-        batches = plan.batches()
+        batches = self.run.track(plan)
         first = next(batches, None)
         if first is None:
             raise InputError("no input could be read; nothing to do")
@@ -179,21 +179,19 @@ class _Run:
         entries: list[dict[str, Any]] = []
         passes = {"forward": 0, "backward": 0, "scorecam_forward": 0}
         count = 0
-        with _progress(self.msgs, n_images, batch_size) as advance:
-            for batch in itertools.chain([first], batches):
-                res = compute_cams(net, batch.tensor, layers=cam_layers, methods=self.method_items,
-                                   target=spec, output_key=output_key, scorecam_batch=scorecam_batch, fuse=fuse)
-                for key in passes:
-                    passes[key] += res.passes[key]
-                for note in res.notes:
-                    self.warn(note)
-                for i in range(batch.tensor.shape[0]):
-                    entry = self._entry(count, batch, i, res, categories, plan.preprocess)
-                    count += 1
-                    if self.keep:
-                        entries.append(entry)
-                    self.run.line(entry)
-                advance(batch.tensor.shape[0])
+        for batch in itertools.chain([first], batches):
+            res = compute_cams(net, batch.tensor, layers=cam_layers, methods=self.method_items,
+                               target=spec, output_key=output_key, scorecam_batch=scorecam_batch, fuse=fuse)
+            for key in passes:
+                passes[key] += res.passes[key]
+            for note in res.notes:
+                self.warn(note)
+            for i in range(batch.tensor.shape[0]):
+                entry = self._entry(count, batch, i, res, categories, plan.preprocess)
+                count += 1
+                if self.keep:
+                    entries.append(entry)
+                self.run.line(entry)
         self._flush_sheet(final=True)
         for path, reason in plan.skipped:
             self.warn(f"skipped {path}: {reason}")
@@ -303,43 +301,3 @@ class _Run:
                 self._flush_sheet(final=True)
         else:
             self.sheet_rows = []
-
-
-class _progress:
-    """A rich progress bar on stderr, only when stderr is a terminal and the run is large."""
-
-    def __init__(self, msgs: c.Messages, total: int, batch_size: int) -> None:
-        self.enabled = not msgs.quiet and total > batch_size and _stderr_is_terminal()
-        self.total = total
-        self._bar: Any = None
-
-    def __enter__(self) -> Any:
-        if not self.enabled:
-            return lambda n: None
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
-
-        self._bar = Progress(TextColumn("cam"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                             console=Console(stderr=True), transient=True)
-        self._bar.start()
-        task = self._bar.add_task("cam", total=self.total)
-        return lambda n: self._bar.advance(task, n)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-
-def _stderr_is_terminal() -> bool:
-    import sys
-
-    try:
-        return sys.stderr.isatty()
-    except (AttributeError, ValueError):
-        return False

@@ -144,7 +144,7 @@ def grads(
         if jac:
             of_, wrt_ = of or "score", wrt or "input"
             options.update({"of": of_, "wrt": wrt_, "jacobian_norm": jacobian_norm, "probes": probes})
-            payload, text, rich = _run_jacobian(loaded, plan, of_, wrt_, target=target, output_key=output_key,
+            payload, text, rich = _run_jacobian(loaded, run.track(plan), of_, wrt_, target=target, output_key=output_key,
                                                 categories=categories, norm=jacobian_norm, probes=probes,
                                                 seed=seed, out=run.out,
                                                 emit_line=run.line if jsonl else None)
@@ -152,7 +152,7 @@ def grads(
             options.update({"clip_norm": clip_norm, "vanishing_below": vanishing_below,
                             "exploding_above": exploding_above, "fail_on": fail_on})
             rep, payload, text, rich = _run_grads(
-                loaded, plan, layers=layers, depth=depth, target=target, loss=loss, label=label,
+                loaded, run.track(plan), layers=layers, depth=depth, target=target, loss=loss, label=label,
                 labels_file=labels_file, output_key=output_key, categories=categories, clip_norm=clip_norm,
                 vanishing_below=vanishing_below, exploding_above=exploding_above, fail_on=fail_on, out=run.out,
                 emit_line=run.line if jsonl else None, histograms=run.out is not None or run.writer is not None)
@@ -172,7 +172,7 @@ def grads(
         raise CheckFailed(f"gradient check '{first.name}' failed: {first.detail}{more}")
 
 
-def _run_grads(loaded: Any, plan: Any, *, layers: list[str] | None, depth: int | None, target: str | None,
+def _run_grads(loaded: Any, batches: Any, *, layers: list[str] | None, depth: int | None, target: str | None,
                loss: str | None, label: str | None, labels_file: Path | None, output_key: str | None,
                categories: Any, clip_norm: float | None, vanishing_below: float, exploding_above: float,
                fail_on: str | None, out: Any, emit_line: Any, histograms: bool) -> tuple[Any, dict[str, Any], Any, Any]:
@@ -188,7 +188,7 @@ def _run_grads(loaded: Any, plan: Any, *, layers: list[str] | None, depth: int |
             for s in samples:
                 emit_line(render.sample_payload(s))
 
-    rep = gradients(loaded.model, plan.batches(), layers=layers, depth=depth, target=target, loss=loss,
+    rep = gradients(loaded.model, batches, layers=layers, depth=depth, target=target, loss=loss,
                     labels=lab, output_key=output_key, categories=categories, clip_norm=clip_norm,
                     vanishing_below=vanishing_below, exploding_above=exploding_above, fail_on=fail_on,
                     histograms=histograms, on_batch=on_batch)
@@ -201,7 +201,7 @@ def _run_grads(loaded: Any, plan: Any, *, layers: list[str] | None, depth: int |
     return rep, payload, lambda: render.render_text(rep), lambda: render.render_rich(rep)
 
 
-def _run_jacobian(loaded: Any, plan: Any, of: str, wrt: str, *, target: str | None, output_key: str | None,
+def _run_jacobian(loaded: Any, batches: Any, of: str, wrt: str, *, target: str | None, output_key: str | None,
                   categories: Any, norm: bool, probes: int, seed: int, out: Any,
                   emit_line: Any) -> tuple[dict[str, Any], Any, Any]:
     from inspect_model.methods.jacobian import jacobian
@@ -209,7 +209,7 @@ def _run_jacobian(loaded: Any, plan: Any, of: str, wrt: str, *, target: str | No
     from inspect_model.render.files import safe_name
 
     results = []
-    for b, batch in enumerate(plan.batches()):
+    for b, batch in enumerate(batches):
         res = jacobian(loaded.model, batch.tensor, of=of, wrt=wrt, target=target, output_key=output_key,
                        categories=categories, norm=norm, probes=probes, seed=seed + b, names=batch.names)
         for r in res:

@@ -127,7 +127,7 @@ class _Run:
         sites: dict[str, int] | None = None
         unguided: dict[str, int] = {}
         sanity_acc: dict[str, Any] | None = None
-        for batch in plan.batches():
+        for batch in self.run.track(plan):
             x = batch.tensor
             res = gb.guided_backprop(loaded.model, x, spec, activations=kinds, output_key=output_key,
                                      categories=categories)

@@ -10,7 +10,7 @@ commits the directory and prints the report in the format asked for (``finish``)
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -141,6 +141,15 @@ class CommandRun:
         )
         return Prepared(loaded, plan, categories, dev, torch_dtype)
 
+    def track(self, plan: InputPlan) -> Iterator[Any]:
+        """``plan.batches()`` with a progress bar on stderr when stderr is a terminal, the
+        run is not --quiet, and there is more than one batch to wait for."""
+        total = len(plan.paths) if plan.paths else 0
+        with _Progress(self.command, self.msgs, total, plan.batch_size) as advance:
+            for batch in plan.batches():
+                yield batch
+                advance(len(batch.names))
+
     # ------------------------------------------------------------------ outputs
     def line(self, obj: dict[str, Any]) -> None:
         """With --jsonl: one compact JSON object on stdout, flushed at once."""
@@ -189,3 +198,36 @@ class CommandRun:
 JsonlOpt = Annotated[
     bool, typer.Option("--jsonl", help="Write one compact JSON object per image to stdout as each batch finishes.")
 ]
+
+
+class _Progress:
+    """A rich progress bar on stderr, only when stderr is a terminal and the run is large."""
+
+    def __init__(self, label: str, msgs: c.Messages, total: int, batch_size: int) -> None:
+        self.label = label
+        self.enabled = not msgs.quiet and total > batch_size and _stderr_is_terminal()
+        self.total = total
+        self._bar: Any = None
+
+    def __enter__(self) -> Callable[[int], None]:
+        if not self.enabled:
+            return lambda n: None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._bar = Progress(TextColumn(self.label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                             console=Console(stderr=True), transient=True)
+        self._bar.start()
+        task = self._bar.add_task(self.label, total=self.total)
+        return lambda n: self._bar.advance(task, n)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
