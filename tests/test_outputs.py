@@ -3,6 +3,8 @@ no mixing into another run's directory, names that cannot escape."""
 
 from __future__ import annotations
 
+import re
+
 import errno
 import os
 from pathlib import Path
@@ -156,11 +158,12 @@ def test_names_cannot_escape(tmp_path: Path, name: str) -> None:
 
 
 def test_safe_name() -> None:
-    assert safe_name("../../etc") == "etc"
+    # A cleaned name keeps a readable prefix and gains a hash of the original.
+    assert re.fullmatch(r"etc-[0-9a-f]{8}", safe_name("../../etc"))
     assert safe_name("layer4.0.conv1") == "layer4.0.conv1"
-    assert safe_name("a b/c:d") == "a_b_c_d"
-    assert safe_name("..") == "x" and safe_name("") == "x"
-    assert safe_name("CON") == "_CON"
+    assert re.fullmatch(r"a_b_c_d-[0-9a-f]{8}", safe_name("a b/c:d"))
+    assert safe_name("..").startswith("x-") and safe_name("").startswith("x-")
+    assert safe_name("CON").startswith("_CON-")
     assert "/" not in safe_name("x/" * 200) and len(safe_name("y" * 500)) == 120
 
 
@@ -195,3 +198,15 @@ def test_cli_output_dir_errors(tmp_path: Path, models_py: Path, cli) -> None:
     res = cli(["summary", f"{models_py}:Boom", "--input-size", "4", "--device", "cpu", "-o", str(tmp_path / "fail")])
     assert res.exit_code != 0
     assert not (tmp_path / "fail").exists() or listing(tmp_path / "fail") == []
+
+
+def test_names_that_clean_to_the_same_file_do_not_overwrite(tmp_path: Path) -> None:
+    from inspect_model.render.files import OutputDir, safe_name
+
+    assert safe_name("layer4.1.conv2") == "layer4.1.conv2"  # clean names stay as they are
+    assert safe_name("a/b") != safe_name("a_b") == "a_b"
+    out = OutputDir(tmp_path / "o").prepare()
+    a = out.write_text(f"grids/{safe_name('a/b')}.png", "first")
+    b = out.write_text(f"grids/{safe_name('a_b')}.png", "second")
+    out.commit()
+    assert a != b and Path(a).read_text() == "first" and Path(b).read_text() == "second"

@@ -24,14 +24,22 @@ _RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f
 
 
 def safe_name(text: str, *, default: str = "x", max_len: int = 120) -> str:
-    """A file-name-safe version of ``text``: no separators, no leading dots, no '..'."""
+    """A file-name-safe version of ``text``: no separators, no leading dots, no '..'.
+
+    When cleaning changes the text, a short hash of the original is appended, so two names
+    that clean alike ('a/b' and 'a_b') still give two files."""
     s = _UNSAFE.sub("_", text.replace(os.sep, "_").replace("/", "_").replace("\\", "_"))
     s = s.replace("..", "_").strip("._ ")
     if not s:
         s = default
     if s.split(".")[0].upper() in _RESERVED:
         s = "_" + s  # CON, NUL, COM1...: device names on Windows
-    return s[:max_len]
+    if s != text or len(s) > max_len:
+        import hashlib
+
+        digest = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+        return f"{s[: max_len - 9]}-{digest}"
+    return s
 
 
 class OutputDir:
