@@ -179,4 +179,8 @@ def _click_type(param: Any) -> Any:
     name = getattr(getattr(param, "type", None), "name", "")
     if getattr(param, "is_flag", False) or name == "boolean":
         return bool
-    return {"integer": int, "float": float, "path": str, "text": str}.get(name, str)
+    # Click names its types "integer"/"float"/"text"; Typer's vendored Click "int"/"float"/...
+    import pathlib
+
+    table = {"integer": int, "int": int, "float": float, "path": pathlib.Path, "text": str}
+    return table.get(str(name).lower(), str)
