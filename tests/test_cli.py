@@ -86,7 +86,7 @@ def test_shipped_model_list_matches_torchvision_registry() -> None:
 
 
 def test_unexpected_exception_is_one_line_and_debug_shows_traceback(cli, monkeypatch) -> None:
-    import inspect_model.api as api
+    from inspect_model import api
 
     def broken(*a, **k):
         raise KeyError("internal")

@@ -4,10 +4,10 @@ wins, strict keys and types (exit 2), and the shipped configs in configs/ run.""
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from inspect_model.errors import EXIT_USAGE, UsageError
 

@@ -6,7 +6,15 @@ import pytest
 import torch
 from torch import nn
 
-from fixtures.models import Boom, DictOut, Nested, ReusedReLU, TinyCNN, assert_unchanged, model_state
+from fixtures.models import (
+    Boom,
+    DictOut,
+    Nested,
+    ReusedReLU,
+    TinyCNN,
+    assert_unchanged,
+    model_state,
+)
 from inspect_model.engine.hooks import CaptureOptions, HookEngine, flatten_tensors, run_forward
 from inspect_model.engine.selection import select_layers
 from inspect_model.errors import LayerSelectionError, ModelRuntimeError

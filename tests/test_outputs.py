@@ -3,10 +3,9 @@ no mixing into another run's directory, names that cannot escape."""
 
 from __future__ import annotations
 
-import re
-
 import errno
 import os
+import re
 from pathlib import Path
 
 import pytest

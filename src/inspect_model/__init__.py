@@ -30,7 +30,11 @@ _LAZY = {
     "run_checks": ("inspect_model.methods.checks", "run_checks"),
 }
 
-__all__ = ["__version__", *_LAZY]
+__all__ = [  # noqa: RUF022 - grouped as in _LAZY
+    "__version__", "summary", "load_model", "HookEngine", "CaptureOptions", "select_layers", "tensor_stats",
+    "capture_activations", "gradients", "jacobian", "guided_backprop", "sanity_check", "compute_cams", "gradcam",
+    "run_checks",
+]
 
 
 def __getattr__(name: str) -> Any:

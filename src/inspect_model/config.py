@@ -12,9 +12,8 @@ Relative paths in values are relative to the working directory, as on the comman
 
 from __future__ import annotations
 
-from typing import Any
-
 import tomllib
+from typing import Any
 
 from inspect_model.errors import UsageError, suggest
 

@@ -17,4 +17,4 @@ ABORT_TYPES: tuple[type[BaseException], ...] = tuple(
     {typer.Abort, getattr(click.exceptions, "Abort", typer.Abort)}
 )
 
-__all__ = ["click", "EXIT_TYPES", "ABORT_TYPES"]
+__all__ = ["ABORT_TYPES", "EXIT_TYPES", "click"]

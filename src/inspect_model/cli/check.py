@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -13,10 +13,10 @@ def check(
     model: c.ModelArg,
     images: c.ImagesArg = None,
     expect_output_shape: Annotated[
-        Optional[str], typer.Option("--expect-output-shape", help="Expected output shape, e.g. 1x1000.")
+        str | None, typer.Option("--expect-output-shape", help="Expected output shape, e.g. 1x1000.")
     ] = None,
     expect_params: Annotated[
-        Optional[str], typer.Option("--expect-params", help="Parameter count, exact (25557032) or a range (25e6..26e6).")
+        str | None, typer.Option("--expect-params", help="Parameter count, exact (25557032) or a range (25e6..26e6).")
     ] = None,
     finite: Annotated[bool, typer.Option("--finite/--no-finite", help="Outputs and gradients must be finite.")] = True,
     max_dead_fraction: Annotated[
@@ -26,13 +26,13 @@ def check(
         bool, typer.Option("--deterministic", help="Fail unless two forward passes give identical outputs.")
     ] = False,
     max_seconds: Annotated[
-        Optional[float], typer.Option("--max-seconds", help="Budget for forward + backward, in seconds.")
+        float | None, typer.Option("--max-seconds", help="Budget for forward + backward, in seconds.")
     ] = None,
     max_memory: Annotated[
-        Optional[float], typer.Option("--max-memory", help="Budget for peak memory growth, in MB.")
+        float | None, typer.Option("--max-memory", help="Budget for peak memory growth, in MB.")
     ] = None,
     input_size: Annotated[
-        Optional[str], typer.Option("--input-size", help="Per-sample input shape such as 3x224x224 (without images).")
+        str | None, typer.Option("--input-size", help="Per-sample input shape such as 3x224x224 (without images).")
     ] = None,
     batch_size: c.BatchSizeOpt = 1,
     seed: c.SeedOpt = 0,

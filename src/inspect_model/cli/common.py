@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -29,15 +29,15 @@ ModelArg = Annotated[
     ),
 ]
 WeightsOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--weights", help="none, DEFAULT, or a weights enum member (IMAGENET1K_V2)."),
 ]
 CheckpointOpt = Annotated[
-    Optional[Path],
+    Path | None,
     typer.Option("--checkpoint", help="Load this state_dict (or a dict holding one) into the model."),
 ]
 ModelArgOpt = Annotated[
-    Optional[list[str]],
+    list[str] | None,
     typer.Option("--model-arg", help="key=value passed to a user model's constructor (repeatable)."),
 ]
 NonStrictOpt = Annotated[
@@ -53,24 +53,24 @@ TrustOpt = Annotated[
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N, mps or auto.")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32, float16, bfloat16 or float64.")]
 InputSizeOpt = Annotated[
-    Optional[list[str]],
+    list[str] | None,
     typer.Option("--input-size", help="Per-sample input shape such as 3x224x224 (repeat for several inputs)."),
 ]
 BatchSizeOpt = Annotated[int, typer.Option("--batch-size", help="Batch size.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Write the report to stdout as one JSON document.")]
 OutputDirOpt = Annotated[
-    Optional[Path], typer.Option("--output-dir", "-o", help="Write the report's files into this directory.")
+    Path | None, typer.Option("--output-dir", "-o", help="Write the report's files into this directory.")
 ]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Write into a non-empty --output-dir.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on stderr but errors.")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show a traceback on errors.")]
 ConfigOpt = Annotated[
-    Optional[Path],
+    Path | None,
     typer.Option("--config", help="TOML file setting any option of this command (the command line wins)."),
 ]
-DepthOpt = Annotated[Optional[int], typer.Option("--depth", help="Only modules down to this nesting depth.")]
+DepthOpt = Annotated[int | None, typer.Option("--depth", help="Only modules down to this nesting depth.")]
 LayersOpt = Annotated[
-    Optional[list[str]],
+    list[str] | None,
     typer.Option("--layers", "-l", help="Layer spec: name, glob (layer4.*), type:Conv2d, with [i] (repeatable).",
                  autocompletion=completion.complete_layer),
 ]
@@ -215,19 +215,19 @@ def emit(
 
 # ---------------------------------------------------------------- inputs
 ImagesArg = Annotated[
-    Optional[list[str]],
+    list[str] | None,
     typer.Argument(
         help="Images: files, directories (recursive), globs, or - to read paths from stdin. "
         "Without images a seeded random input of --input-size is used.",
         show_default=False,
     ),
 ]
-PresetOpt = Annotated[Optional[str], typer.Option("--preset", help="Preprocessing preset: imagenet, inception, clip, unit.")]
-ResizeOpt = Annotated[Optional[int], typer.Option("--resize", help="Resize the shorter side to this many pixels.")]
-CropOpt = Annotated[Optional[int], typer.Option("--crop", help="Centre-crop to this square size.")]
-MeanOpt = Annotated[Optional[str], typer.Option("--mean", help="Normalisation mean, e.g. 0.485,0.456,0.406.")]
-StdOpt = Annotated[Optional[str], typer.Option("--std", help="Normalisation std, e.g. 0.229,0.224,0.225.")]
-LabelsOpt = Annotated[Optional[Path], typer.Option("--labels", help="Class names: one per line, or JSON.")]
+PresetOpt = Annotated[str | None, typer.Option("--preset", help="Preprocessing preset: imagenet, inception, clip, unit.")]
+ResizeOpt = Annotated[int | None, typer.Option("--resize", help="Resize the shorter side to this many pixels.")]
+CropOpt = Annotated[int | None, typer.Option("--crop", help="Centre-crop to this square size.")]
+MeanOpt = Annotated[str | None, typer.Option("--mean", help="Normalisation mean, e.g. 0.485,0.456,0.406.")]
+StdOpt = Annotated[str | None, typer.Option("--std", help="Normalisation std, e.g. 0.229,0.224,0.225.")]
+LabelsOpt = Annotated[Path | None, typer.Option("--labels", help="Class names: one per line, or JSON.")]
 SkipBadOpt = Annotated[
     bool, typer.Option("--skip-bad-inputs", help="Skip unreadable images with a warning instead of failing.")
 ]
@@ -235,11 +235,11 @@ TargetOpt = Annotated[
     str, typer.Option("--target", "-t", help="predicted, a class index or name, or top:K.")
 ]
 OutputKeyOpt = Annotated[
-    Optional[str], typer.Option("--output-key", help="Which output of a tuple/dict-returning model to use (name or index).")
+    str | None, typer.Option("--output-key", help="Which output of a tuple/dict-returning model to use (name or index).")
 ]
 SaveRawOpt = Annotated[bool, typer.Option("--save-raw", help="Also save raw arrays as .npy files.")]
 TensorboardOpt = Annotated[
-    Optional[Path], typer.Option("--tensorboard", help="Also write TensorBoard events here (needs the tensorboard extra).")
+    Path | None, typer.Option("--tensorboard", help="Also write TensorBoard events here (needs the tensorboard extra).")
 ]
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -10,9 +10,9 @@ from inspect_model.cli import common as c
 
 
 def models(
-    pattern: Annotated[Optional[str], typer.Argument(help="Glob (resnet*) or substring (vit) to filter by.")] = None,
+    pattern: Annotated[str | None, typer.Argument(help="Glob (resnet*) or substring (vit) to filter by.")] = None,
     family: Annotated[
-        Optional[str],
+        str | None,
         typer.Option("--family", help="classification, detection, segmentation, video, optical_flow or quantization."),
     ] = None,
     json_: c.JsonOpt = False,

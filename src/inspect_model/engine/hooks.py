@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
 
 from inspect_model.errors import ModelLoadError, ModelRuntimeError
 
@@ -149,7 +150,7 @@ class HookEngine:
         self._open: dict[int, CallRecord] = {}
 
     # ----------------------------------------------------------------- lifecycle
-    def __enter__(self) -> HookEngine:
+    def __enter__(self) -> Self:
         import torch
 
         modules = dict(self.model.named_modules())
@@ -199,7 +200,9 @@ class HookEngine:
             raise
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc is not None and not self.failed_in:
             self.failed_in = list(self.stack)
         self._restore()
@@ -379,7 +382,6 @@ class HookEngine:
                 cap.grad = gd if cap.grad is None else cap.grad + gd
             if opts.grad_stats_fn is not None:
                 cap.grad_stats = opts.grad_stats_fn(g)
-            return None
 
         self._tensor_handles.append(t.register_hook(on_grad))
 

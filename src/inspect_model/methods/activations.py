@@ -20,7 +20,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
 
 from inspect_model.errors import InputError, ModelLoadError
 
@@ -445,7 +446,7 @@ class ActivationCapture:
         self._batch_size: int | None = None
         self._engine: Any = None
 
-    def __enter__(self) -> ActivationCapture:
+    def __enter__(self) -> Self:
         from inspect_model.engine.hooks import CaptureOptions, HookEngine
 
         opts = CaptureOptions(stats_fn=self._measure, keep=self.keep, grad_enabled=False)
@@ -453,7 +454,9 @@ class ActivationCapture:
         self._engine.__enter__()
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.__exit__(exc_type, exc, tb)

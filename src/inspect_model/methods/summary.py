@@ -123,7 +123,6 @@ def summarize(
     If the pass raises, the result holds the rows up to the failing layer and names it in
     ``failed_layer``/``error`` instead of raising.
     """
-    import torch
 
     table = list(model.named_modules(remove_duplicate=False))
     seen_mod: set[int] = set()

@@ -122,9 +122,9 @@ def load_labels(path: str | Path) -> list[str]:
 def select_output(output: Any, key: str | None) -> torch.Tensor:
     """The tensor to differentiate: the output itself, or ``--output-key NAME|INDEX`` of a
     tuple/list/dict/dataclass output. Without a key, a lone tensor or the first one."""
-    from inspect_model.engine.hooks import flatten_tensors
-
     import torch
+
+    from inspect_model.engine.hooks import flatten_tensors
 
     if isinstance(output, torch.Tensor) and key is None:
         return output

@@ -15,7 +15,8 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 from inspect_model.errors import OutputError
 
@@ -203,10 +204,12 @@ class OutputDir:
             shutil.rmtree(self.staging, ignore_errors=True)
             self.staging = None
 
-    def __enter__(self) -> OutputDir:
+    def __enter__(self) -> Self:
         return self.prepare()
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc is not None:
             self.abort()
         elif self._pending:

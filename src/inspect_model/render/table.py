@@ -45,7 +45,7 @@ def rich_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], title: 
     return t
 
 
-def human_count(n: int | float) -> str:
+def human_count(n: float) -> str:
     """1234567 -> '1.23 M' (for totals lines)."""
     n = float(n)
     for unit, div in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
@@ -54,7 +54,7 @@ def human_count(n: int | float) -> str:
     return f"{int(n)}"
 
 
-def human_bytes(n: int | float) -> str:
+def human_bytes(n: float) -> str:
     n = float(n)
     for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n) >= div:
