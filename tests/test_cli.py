@@ -99,3 +99,35 @@ def test_unexpected_exception_is_one_line_and_debug_shows_traceback(cli, monkeyp
     ]
     r = cli(["summary", "resnet18", "--debug"])
     assert "Traceback" in r.stderr and r.stderr.strip().splitlines()[-1].startswith("error: unexpected KeyError")
+
+
+def test_every_option_has_help_text() -> None:
+    import typer
+
+    from inspect_model.cli.app import app
+
+    group = typer.main.get_command(app)
+    missing = []
+    for name, cmd in group.commands.items():  # type: ignore[attr-defined]
+        for p in cmd.params:
+            if p.param_type_name == "option" and not (getattr(p, "help", None) or "").strip():
+                missing.append(f"{name} {p.opts[0]}")
+    assert not missing, missing
+
+
+def test_tensorboard_without_the_extra_is_a_clear_usage_error(cli, models_py, tmp_path, monkeypatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_tensorboard(name, *args, **kwargs):
+        if name == "tensorboard" or name.startswith("tensorboard."):
+            raise ImportError("No module named 'tensorboard'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    r = cli(["activations", f"{models_py}:TinyCNN", "--input-size", "3x8x8", "--weights", "none",
+             "--tensorboard", str(tmp_path / "tb")])
+    assert r.exit_code == 2
+    assert r.stderr.strip() == ("error: --tensorboard needs the tensorboard package; "
+                                "pip install 'inspect-model[tensorboard]'")
