@@ -21,7 +21,7 @@ ChannelsOpt = Annotated[
     str | None,
     typer.Option("--channels", help="Channels to draw: top:N (most active first) or a list like 0,5,8-11."),
 ]
-CmapOpt = Annotated[str, typer.Option("--cmap", help="Matplotlib colour map of the feature maps.")]
+CmapOpt = Annotated[str, typer.Option("--colormap", "--cmap", help="Matplotlib colour map of the feature maps.")]
 RawFormatOpt = Annotated[
     str, typer.Option("--raw-format", help="With --save-raw: npy (one file per layer and image) or npz (one per image).")
 ]
@@ -47,7 +47,7 @@ def activations(
     device: c.DeviceOpt = "cpu",
     dtype: c.DtypeOpt = "float32",
     input_size: c.InputSizeOpt = None,
-    batch_size: c.BatchSizeOpt = 8,
+    batch_size: c.ImageBatchSizeOpt = None,
     seed: c.SeedOpt = 0,
     preset: c.PresetOpt = None,
     resize: c.ResizeOpt = None,

@@ -33,7 +33,7 @@ FuseOpt = Annotated[
 ScoreBatchOpt = Annotated[
     int, typer.Option("--scorecam-batch", help="Masked inputs per forward pass for scorecam.")
 ]
-ColormapOpt = Annotated[str, typer.Option("--colormap", help="Matplotlib colormap of the heat maps.")]
+ColormapOpt = Annotated[str, typer.Option("--colormap", "--cmap", help="Matplotlib colormap of the heat maps.")]
 AlphaOpt = Annotated[float, typer.Option("--alpha", help="Heat-map opacity in overlays, 0..1.")]
 TopOpt = Annotated[int, typer.Option("--top", help="Predicted classes listed per image.")]
 MAX_WARNINGS = 50
@@ -58,7 +58,7 @@ def cam(
     device: c.DeviceOpt = "cpu",
     dtype: c.DtypeOpt = "float32",
     input_size: c.InputSizeOpt = None,
-    batch_size: c.BatchSizeOpt = 8,
+    batch_size: c.ImageBatchSizeOpt = None,
     seed: c.SeedOpt = 0,
     preset: c.PresetOpt = None,
     resize: c.ResizeOpt = None,
@@ -155,7 +155,7 @@ class _Run:
 
         prep = self.run.prepare(self.opts, inputs)
         loaded, plan, categories, dev, torch_dtype = prep.loaded, prep.plan, prep.categories, prep.device, prep.dtype
-        seed, batch_size = inputs.seed, inputs.batch_size
+        seed = inputs.seed
         net = loaded.model
         spec = parse_target(target, categories)
         batches = self.run.track(plan)
@@ -216,7 +216,7 @@ class _Run:
             "layers": [lay.name for lay in cam_layers], "layer_specs": list(layers or ["auto"]),
             "reshape": list(reshape) if reshape else None, "preprocessing": plan.describe(), "device": dev,
             "dtype": str(torch_dtype).replace("torch.", ""), "seed": seed, "target": target,
-            "methods": list(self.methods), "fuse": fuse, "output_key": output_key, "batch_size": batch_size,
+            "methods": list(self.methods), "fuse": fuse, "output_key": output_key, "batch_size": plan.batch_size,
             "scorecam_batch": scorecam_batch, "colormap": self.colormap, "alpha": self.alpha,
         }
         return payload, options

@@ -57,6 +57,11 @@ InputSizeOpt = Annotated[
     typer.Option("--input-size", help="Per-sample input shape such as 3x224x224 (repeat for several inputs)."),
 ]
 BatchSizeOpt = Annotated[int, typer.Option("--batch-size", help="Batch size.")]
+ImageBatchSizeOpt = Annotated[
+    int | None,
+    typer.Option("--batch-size", help="Images per forward pass (default 8); without images, how many "
+                 "seeded random inputs to make (default 1)."),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Write the report to stdout as one JSON document.")]
 OutputDirOpt = Annotated[
     Path | None, typer.Option("--output-dir", "-o", help="Write the report's files into this directory.")

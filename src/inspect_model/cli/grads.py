@@ -83,7 +83,7 @@ def grads(
     device: c.DeviceOpt = "cpu",
     dtype: c.DtypeOpt = "float32",
     input_size: c.InputSizeOpt = None,
-    batch_size: c.BatchSizeOpt = 8,
+    batch_size: c.ImageBatchSizeOpt = None,
     seed: c.SeedOpt = 0,
     preset: c.PresetOpt = None,
     resize: c.ResizeOpt = None,

@@ -48,7 +48,7 @@ def guided_backprop(
     device: c.DeviceOpt = "cpu",
     dtype: c.DtypeOpt = "float32",
     input_size: c.InputSizeOpt = None,
-    batch_size: c.BatchSizeOpt = 8,
+    batch_size: c.ImageBatchSizeOpt = None,
     seed: c.SeedOpt = 0,
     preset: c.PresetOpt = None,
     resize: c.ResizeOpt = None,
@@ -175,7 +175,7 @@ class _Run:
             "layers": [cam_layer] if cam_layer else [], "preprocessing": plan.describe(), "device": dev,
             "dtype": str(torch_dtype).replace("torch.", ""), "seed": seed, "target": target,
             "activations": list(kinds), "guided_gradcam": guided_gradcam, "sanity": sanity,
-            "output_key": output_key, "batch_size": inputs.batch_size,
+            "output_key": output_key, "batch_size": plan.batch_size,
         }
         return payload, options
 

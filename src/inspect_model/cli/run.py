@@ -34,7 +34,7 @@ class InputOptions:
 
     images: list[str] | None
     input_size: list[str] | None = None
-    batch_size: int = 8
+    batch_size: int | None = None  # None: 8 images per batch, or 1 random input
     seed: int = 0
     preset: str | None = None
     resize: int | None = None
@@ -133,8 +133,9 @@ class CommandRun:
         if torch_dtype != torch.float32:
             loaded.model.to(torch_dtype)  # our own freshly loaded copy, never the caller's
         categories = load_labels(inputs.labels) if inputs.labels else loaded.categories
+        batch_size = inputs.batch_size if inputs.batch_size is not None else (8 if inputs.images else 1)
         plan = plan_inputs(
-            loaded, inputs.images, input_size=(inputs.input_size or [None])[0], batch_size=inputs.batch_size,
+            loaded, inputs.images, input_size=(inputs.input_size or [None])[0], batch_size=batch_size,
             seed=inputs.seed, preset=inputs.preset, resize=inputs.resize, crop=inputs.crop,
             mean=c.parse_floats(inputs.mean, "--mean"), std=c.parse_floats(inputs.std, "--std"),
             skip_bad=inputs.skip_bad, device=dev, dtype=torch_dtype,
