@@ -113,7 +113,11 @@ def summary(
                 from inspect_model.loading.models import load_torchvision
 
                 if loaded.source != "torchvision":
-                    raise
+                    from inspect_model.errors import ModelRuntimeError
+
+                    raise ModelRuntimeError(
+                        f"the meta device cannot run this model ({reason[:100]}); use --device cpu"
+                    ) from None
                 real = load_torchvision(loaded.name, weights=None, device="cpu")
                 m = real.model
                 res = run("cpu")

@@ -17,295 +17,25 @@ exactly zero, for every image of the run.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from inspect_model.errors import InputError, ModelLoadError
+from inspect_model.methods.activation_stats import (  # noqa: F401 - re-exported from its old home
+    CHUNK_ELEMENTS,
+    ActivationStats,
+    Channels,
+    Measurement,
+    Moments,
+    choose_channel_dim,
+    measure,
+)
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
-
-# Elements per chunk when measuring: bounds the temporaries of the hook (a sign() copy, or
-# on the NaN/Inf path a float64 copy and masks) to about 1-2 MiB whatever the layer size.
-CHUNK_ELEMENTS = 1 << 18
-
-# Layers whose 3-D output is (N, tokens, dim): channels are the last dimension.
-_TOKEN_TYPES = ("Linear", "LayerNorm", "Embedding", "MultiheadAttention", "RMSNorm", "MLP",
-                "EncoderBlock", "TransformerEncoderLayer", "TransformerDecoderLayer")
-# Element-wise layers inherit the channel dim of the layer before them.
-_ELEMENTWISE = ("ReLU", "ReLU6", "GELU", "SiLU", "Sigmoid", "Tanh", "LeakyReLU", "ELU", "Hardswish",
-                "Hardsigmoid", "Mish", "Dropout", "Identity", "PReLU", "Softplus", "SELU", "CELU",
-                "Softmax", "StochasticDepth", "AlphaDropout", "Hardtanh", "LogSoftmax")
-
-
-# --------------------------------------------------------------------------- moments
-@dataclass
-class Moments:
-    """Mergeable statistics of a set of values; moments over the finite ones."""
-
-    numel: int = 0
-    count: int = 0  # finite values
-    mean: float = 0.0
-    m2: float = 0.0  # sum of squared deviations from the mean (finite values)
-    min: float = math.inf
-    max: float = -math.inf
-    zeros: int = 0
-    negatives: int = 0
-    nan: int = 0
-    inf: int = 0
-
-    def merge(self, o: Moments) -> None:
-        """Add the values of ``o`` (Chan, Golub & LeVeque's parallel update)."""
-        if o.count:
-            n = self.count + o.count
-            delta = o.mean - self.mean
-            self.mean += delta * o.count / n
-            self.m2 += o.m2 + delta * delta * self.count * o.count / n
-            self.count = n
-        self.numel += o.numel
-        self.min = min(self.min, o.min)
-        self.max = max(self.max, o.max)
-        self.zeros += o.zeros
-        self.negatives += o.negatives
-        self.nan += o.nan
-        self.inf += o.inf
-
-    def stats(self) -> ActivationStats:
-        nan = float("nan")
-        has = self.count > 0
-        return ActivationStats(
-            numel=self.numel,
-            mean=self.mean if has else nan,
-            # Unbiased, as torch.std computes it.
-            std=math.sqrt(max(self.m2, 0.0) / (self.count - 1)) if self.count > 1 else (0.0 if has else nan),
-            min=self.min if has else nan,
-            max=self.max if has else nan,
-            zero_fraction=self.zeros / self.numel if self.numel else 0.0,
-            negative_fraction=self.negatives / self.numel if self.numel else 0.0,
-            nan_count=self.nan,
-            inf_count=self.inf,
-        )
-
-
-@dataclass(frozen=True)
-class ActivationStats:
-    """Statistics of a layer's output: moments over finite values, fractions over all."""
-
-    numel: int
-    mean: float
-    std: float
-    min: float
-    max: float
-    zero_fraction: float  # exact zeros (dead ReLU units)
-    negative_fraction: float
-    nan_count: int
-    inf_count: int
-
-
-@dataclass
-class Channels:
-    """Per-channel sums over the images measured so far (tensors of shape (C,))."""
-
-    dim: int  # channel dimension in the full output (with batch)
-    sums: torch.Tensor  # float64 sum of finite values
-    counts: torch.Tensor | float  # number of finite values: one number while all are finite
-    dead: torch.Tensor  # bool: every value exactly zero, for every image so far
-
-    def merge(self, o: Channels) -> None:
-        if o.sums.shape != self.sums.shape:
-            return  # a shape change between batches: keep the first
-        self.sums += o.sums
-        self.counts = self.counts + o.counts
-        self.dead &= o.dead
-
-    def means(self) -> list[float]:
-        import torch
-
-        counts = self.counts if isinstance(self.counts, torch.Tensor) else \
-            torch.full_like(self.sums, float(self.counts))
-        means = (self.sums / counts.clamp(min=1.0)).tolist()
-        return [m if n > 0 else float("nan") for m, n in zip(means, counts.tolist())]
-
-
-@dataclass
-class Measurement:
-    """What the hook keeps of one output tensor (the tensor itself is dropped)."""
-
-    per_sample: bool  # False when dim 0 is not the batch: ``samples`` has one entry
-    samples: list[Moments]
-    channels: dict[int, Channels]  # by candidate channel dim
-    sample_dead: dict[int, list[float]]  # dead-channel fraction of each sample, by dim
-    histogram: tuple[float, float, list[float]] | None = None  # (lo, hi, counts)
-
-    def total(self) -> Moments:
-        m = Moments()
-        for s in self.samples:
-            m.merge(s)
-        return m
-
-
-def _reduce_nc(x: torch.Tensor, cdim: int) -> tuple[torch.Tensor, ...]:
-    """(N, C) float64 tensors (count, mean, m2, min, max, zeros, negatives, nan, inf) and the
-    cell size, of ``x`` with channels along ``cdim``, reduced chunk by chunk over channels.
-
-    The common case (finite float32/float64 values) reads the tensor with reductions that
-    allocate nothing of its size: sum, L2 norm (for the sum of squares), amin, amax, and the
-    sum of sign() and |sign()| for the zero and negative counts (comparisons would allocate
-    a bool mask plus an int64 copy of it). Non-finite values take the exact float64 path.
-    """
-    import torch
-
-    xm = x.movedim(cdim, 1) if cdim != 1 else x  # a view: no copy
-    if xm.ndim == 2:
-        xm = xm.unsqueeze(-1)
-    n, c = xm.shape[0], xm.shape[1]
-    cell = 1
-    for d in xm.shape[2:]:
-        cell *= int(d)
-    dims = tuple(range(2, xm.ndim))
-    step = max(1, CHUNK_ELEMENTS // max(1, n * cell))
-    parts: list[tuple[torch.Tensor, ...]] = []
-    for c0 in range(0, c, step):
-        xc = xm.narrow(1, c0, min(step, c - c0))
-        if xc.dtype not in (torch.float32, torch.float64):
-            xc = xc.to(torch.float64 if not xc.is_floating_point() else torch.float32)  # chunk copy
-        part = _reduce_fast(xc, dims, cell)
-        if part is None:
-            part = _reduce_exact(xc, dims, cell)
-        parts.append(part)
-    out = tuple(torch.cat([p[i] for p in parts], dim=1) for i in range(9))
-    return out + (torch.tensor(float(cell), dtype=torch.float64),)
-
-
-def _reduce_fast(xc: torch.Tensor, dims: tuple[int, ...], cell: int) -> tuple[torch.Tensor, ...] | None:
-    """Moments of a finite chunk without size-of-tensor temporaries but one sign() copy;
-    None when a value is not finite (the sums then are not)."""
-    import torch
-
-    f64 = torch.float64
-    s1 = xc.sum(dims).to(f64)  # (N, c)
-    norm = torch.linalg.vector_norm(xc, 2, dims).to(f64)
-    if not bool(torch.isfinite(s1).all() and torch.isfinite(norm).all()):
-        return None
-    mn, mx = xc.amin(dims).to(f64), xc.amax(dims).to(f64)
-    mean = s1 / cell
-    # M2 = sum(x^2) - n mean^2; a constant cell has exactly 0 (no rounding residue).
-    m2 = (norm.square() - cell * mean.square()).clamp_(min=0.0)
-    m2 = torch.where(mn == mx, 0.0, m2)
-    sg = torch.sign(xc)
-    signed = sg.sum(dims).to(f64)  # positives - negatives
-    nonzero = sg.abs_().sum(dims).to(f64)  # positives + negatives
-    del sg
-    cnt = torch.full_like(s1, float(cell))
-    zeros = cnt - nonzero
-    neg = (nonzero - signed) / 2
-    none = torch.zeros_like(s1)
-    return (cnt, mean, m2, mn, mx, zeros, neg, none, none)
-
-
-def _reduce_exact(xc: torch.Tensor, dims: tuple[int, ...], cell: int) -> tuple[torch.Tensor, ...]:
-    """Moments of a chunk holding NaN/Inf: a float64 copy, moments over finite values."""
-    import torch
-
-    xd = xc.to(torch.float64)
-    bshape = (xd.shape[0], -1) + (1,) * len(dims)
-    fin = torch.isfinite(xd)
-    nan = torch.isnan(xd).sum(dims).to(torch.float64)
-    cnt = fin.sum(dims).to(torch.float64)
-    inf = float(cell) - cnt - nan
-    mean = torch.where(fin, xd, 0.0).sum(dims) / cnt.clamp(min=1.0)
-    m2 = torch.where(fin, xd - mean.view(bshape), 0.0).square_().sum(dims)
-    mn = torch.where(fin, xd, math.inf).amin(dims)
-    mx = torch.where(fin, xd, -math.inf).amax(dims)
-    zeros = (xd == 0).sum(dims).to(torch.float64)
-    neg = (fin & (xd < 0)).sum(dims).to(torch.float64)  # -inf counts under inf, as in tensor_stats
-    return (cnt, mean, m2, mn, mx, zeros, neg, nan, inf)
-
-
-def _sample_moments(r: tuple[torch.Tensor, ...]) -> list[Moments]:
-    """Merge the (N, C) cells of :func:`_reduce_nc` over channels: one :class:`Moments` per
-    sample (vectorised Chan update)."""
-    import torch
-
-    cnt, mean, m2, mn, mx, zeros, neg, nan, inf, cell = r
-    n_s = cnt.sum(1)
-    mean_s = (cnt * mean).sum(1) / n_s.clamp(min=1.0)
-    m2_s = m2.sum(1) + (cnt * (mean - mean_s[:, None]).square()).sum(1)
-    numel = cell * cnt.shape[1]
-    rows = torch.stack([n_s, mean_s, m2_s, mn.amin(1), mx.amax(1), zeros.sum(1), neg.sum(1),
-                        nan.sum(1), inf.sum(1)], dim=1).cpu().tolist()
-    out = []
-    for n, mu, v, lo, hi, z, ng, na, nf in rows:
-        out.append(Moments(numel=int(numel), count=int(n), mean=mu if n else 0.0, m2=v if n else 0.0,
-                           min=lo, max=hi, zeros=int(z), negatives=int(ng), nan=int(na), inf=int(nf)))
-    return out
-
-
-def _channels(r: tuple[torch.Tensor, ...], dim: int) -> tuple[Channels, list[float]]:
-    cnt, mean, _m2, _mn, _mx, zeros, *_rest, cell = r
-    dead_nc = zeros == cell  # (N, C): every value of the channel exactly zero in that sample
-    counts = cnt.sum(0)
-    # One number for the counts while every value is finite: report memory is per channel.
-    uniform = bool((counts == counts[0]).all()) if counts.numel() else True
-    ch = Channels(dim=dim, sums=(cnt * mean).sum(0).cpu(),
-                  counts=float(counts[0]) if uniform and counts.numel() else counts.cpu(),
-                  dead=dead_nc.all(0).cpu())
-    return ch, dead_nc.to(mean.dtype).mean(1).cpu().tolist()
-
-
-def measure(t: torch.Tensor, batch_size: int | None = None, *, hist_bins: int = 0) -> Measurement:
-    """Measure one output tensor: per-sample moments and per-channel sums (module docstring).
-
-    ``batch_size`` tells which leading dimension is the batch; when dim 0 differs, the whole
-    tensor counts as one unit (``per_sample=False``).
-    """
-    import torch
-
-    x = t.detach()
-    if x.is_quantized:
-        x = x.dequantize()
-    if x.is_complex():
-        x = x.abs()
-    per_sample = batch_size is not None and x.ndim >= 1 and x.shape[0] == batch_size
-    # Candidate channel dims, in the coordinates of ``t``; 3-D outputs get both (docstring).
-    if per_sample:
-        cands = [] if x.ndim <= 1 else ([1, 2] if x.ndim == 3 else [1])
-        shift = 0
-    else:
-        cands = [0] if x.ndim >= 1 else []
-        shift = 1
-        x = x.unsqueeze(0)  # one unit: the whole tensor
-    if x.numel() == 0:
-        return Measurement(per_sample, [Moments() for _ in range(x.shape[0])], {}, {})
-    channels: dict[int, Channels] = {}
-    sample_dead: dict[int, list[float]] = {}
-    samples: list[Moments] | None = None
-    for cdim in cands or [None]:
-        r = _reduce_nc(x.reshape(x.shape[0], 1, -1), 1) if cdim is None else _reduce_nc(x, cdim + shift)
-        if samples is None:
-            samples = _sample_moments(r)
-        if cdim is not None:
-            channels[cdim], sample_dead[cdim] = _channels(r, cdim)
-    assert samples is not None
-    hist = None
-    if hist_bins > 0:
-        total = Moments()
-        for s in samples:
-            total.merge(s)
-        if total.count:
-            flat = x.reshape(-1)
-            if total.count != total.numel:
-                flat = flat[torch.isfinite(flat)]
-            lo, hi = total.min, total.max
-            if hi <= lo:
-                hi = lo + 1e-6 if lo == 0 else lo + abs(lo) * 1e-6
-            counts = torch.histc(flat.float(), bins=hist_bins, min=lo, max=hi)
-            hist = (lo, hi, counts.cpu().tolist())
-    return Measurement(per_sample, samples, channels, sample_dead, hist)
 
 
 # --------------------------------------------------------------------------- records
@@ -406,23 +136,6 @@ class _RowAccum:
     moments: Moments
     channels: Channels | None
     kept: bool
-
-
-def choose_channel_dim(type_name: str, shape: Sequence[int], per_sample: bool,
-                       previous: tuple[tuple[int, ...], int | None] | None) -> int | None:
-    """Channel dimension of an output of ``shape`` (see module docstring); ``previous`` is
-    the shape and channel dim of the row just before it in the forward pass."""
-    if not per_sample:
-        return 0 if len(shape) >= 1 else None
-    if len(shape) <= 1:
-        return None
-    if len(shape) != 3:
-        return 1
-    if type_name.endswith("1d"):
-        return 1
-    if type_name in _ELEMENTWISE and previous is not None and tuple(previous[0]) == tuple(shape):
-        return previous[1]
-    return 2
 
 
 class ActivationCapture:

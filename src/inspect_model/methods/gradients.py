@@ -27,6 +27,32 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import InputError, ModelRuntimeError, UsageError
+from inspect_model.methods.grad_checks import (  # noqa: F401 - CHECKS re-exported from its old home
+    CHECKS,
+    DEFAULT_EXPLODING,
+    DEFAULT_VANISHING,
+    Check,
+    ClipReport,
+    clip_report,
+    first_nonfinite,
+    health_checks,
+    parse_fail_on,
+)
+from inspect_model.methods.grad_objective import (  # noqa: F401 - re-exported from its old home
+    describe_objective,
+    output_seed,
+    read_labels_file,
+    resolve_label,
+)
+from inspect_model.methods.grad_stats import (  # noqa: F401 - re-exported from their old home
+    HIST_BINS,
+    HIST_HI,
+    HIST_LO,
+    LogHist,
+    log_hist,
+    max_abs,
+    merge_stats,
+)
 from inspect_model.methods.stats import TensorStats, tensor_stats
 
 if TYPE_CHECKING:
@@ -34,66 +60,9 @@ if TYPE_CHECKING:
     from torch import nn
 
 LOSSES = ("cross-entropy", "mse", "sum")
-CHECKS = ("nan", "inf", "vanishing", "exploding")
-DEFAULT_VANISHING = 1e-5
-DEFAULT_EXPLODING = 1e4
-# Histograms of log10|g|: fixed edges so that batches merge exactly; values outside the
-# range fall into the end bins, exact zeros are counted apart.
-HIST_LO, HIST_HI, HIST_BINS = -12.0, 6.0, 72
 
 
 # ----------------------------------------------------------------- records
-@dataclass
-class LogHist:
-    """Histogram of log10|g| over the non-zero finite values, plus the zeros."""
-
-    counts: list[int] = field(default_factory=lambda: [0] * HIST_BINS)
-    zeros: int = 0
-    sum: float = 0.0  # of log10|g|, for TensorBoard's raw histogram
-    sum_squares: float = 0.0
-    min: float = math.inf
-    max: float = -math.inf
-
-    @staticmethod
-    def edges() -> list[float]:
-        w = (HIST_HI - HIST_LO) / HIST_BINS
-        return [HIST_LO + i * w for i in range(HIST_BINS + 1)]
-
-    def add(self, other: LogHist) -> None:
-        self.counts = [a + b for a, b in zip(self.counts, other.counts)]
-        self.zeros += other.zeros
-        self.sum += other.sum
-        self.sum_squares += other.sum_squares
-        self.min = min(self.min, other.min)
-        self.max = max(self.max, other.max)
-
-
-def log_hist(g: torch.Tensor) -> LogHist:
-    """Histogram of log10|g| (values beyond the range go to the end bins; zeros and
-    non-finite values are left out, zeros counted apart). ``sum``/``min``/``max`` are taken
-    from the bin centres and edges: one cheap pass per statistic, in the hook."""
-    import torch
-
-    a = g.detach().reshape(-1).abs()
-    if a.dtype != torch.float32:
-        a = a.float()
-    zeros = int((a == 0).sum())
-    infs = int(torch.isinf(a).sum())
-    lg = torch.log10(a).clamp_(HIST_LO, HIST_HI - 1e-6)  # zeros -> first bin, inf -> last; NaN stays NaN
-    counts = torch.histc(lg, HIST_BINS, HIST_LO, HIST_HI).long().tolist()  # histc ignores NaN
-    counts[0] -= zeros
-    counts[-1] -= infs
-    h = LogHist(counts=counts, zeros=zeros)
-    edges = LogHist.edges()
-    used = [i for i, c in enumerate(counts) if c]
-    if used:
-        centres = [(edges[i] + edges[i + 1]) / 2 for i in range(HIST_BINS)]
-        h.sum = sum(c * m for c, m in zip(counts, centres))
-        h.sum_squares = sum(c * m * m for c, m in zip(counts, centres))
-        h.min, h.max = edges[used[0]], edges[used[-1] + 1]
-    return h
-
-
 @dataclass
 class GradObs:
     """What the tensor hook computes for one gradient, where it is (the tensor is dropped)."""
@@ -142,33 +111,6 @@ class ParamGrad:
 
 
 @dataclass
-class Check:
-    name: str
-    status: str  # "pass", "fail", "skip"
-    value: float | None
-    threshold: float | None
-    detail: str
-    layers: list[str] = field(default_factory=list)
-    fail_on: bool = False  # requested with --fail-on
-
-    @property
-    def failed(self) -> bool:
-        return self.status == "fail"
-
-
-@dataclass
-class ClipReport:
-    """What ``torch.nn.utils.clip_grad_norm_(params, max_norm)`` would do (2-norm)."""
-
-    max_norm: float
-    total_norm: float
-    clip_coef: float  # max_norm / (total_norm + 1e-6), as torch computes it
-    scale: float  # min(1, clip_coef): the factor every gradient would be multiplied by
-    clipped: bool
-    dominant: list[tuple[str, float]]  # (parameter, share of total squared norm), largest first
-
-
-@dataclass
 class SampleGrad:
     name: str
     targets: list[int]  # classes differentiated (target mode) or the label (losses)
@@ -196,147 +138,6 @@ class GradReport:
 
     def failures(self) -> list[Check]:
         return [c for c in self.checks if c.fail_on and c.failed]
-
-
-# ----------------------------------------------------------------- statistics
-def merge_stats(a: TensorStats | None, b: TensorStats | None) -> TensorStats | None:
-    """Statistics of the concatenation of two tensors, from their statistics alone."""
-    if a is None or b is None:
-        return a if b is None else b
-    fa, fb = a.numel - a.nan_count - a.inf_count, b.numel - b.nan_count - b.inf_count
-    nf, numel = fa + fb, a.numel + b.numel
-    nan_count, inf_count = a.nan_count + b.nan_count, a.inf_count + b.inf_count
-    if nf == 0:
-        nan = float("nan")
-        return TensorStats(numel, nan, nan, nan, nan, nan, nan, 0.0, 0.0, nan_count, inf_count)
-
-    def part(s: TensorStats, f: int, attr: str) -> float:
-        return getattr(s, attr) * f if f else 0.0
-
-    s1 = part(a, fa, "mean") + part(b, fb, "mean")
-    s2 = (a.norm if fa else 0.0) ** 2 + (b.norm if fb else 0.0) ** 2
-    mean = s1 / nf
-    var = max(s2 / nf - mean * mean, 0.0)
-    finite = [s for s, f in ((a, fa), (b, fb)) if f]
-    return TensorStats(
-        numel=numel, mean=mean, std=math.sqrt(var * nf / (nf - 1)) if nf > 1 else 0.0,
-        min=min(s.min for s in finite), max=max(s.max for s in finite),
-        abs_mean=(part(a, fa, "abs_mean") + part(b, fb, "abs_mean")) / nf, norm=math.sqrt(s2),
-        zero_fraction=(a.zero_fraction * a.numel + b.zero_fraction * b.numel) / numel,
-        negative_fraction=(a.negative_fraction * a.numel + b.negative_fraction * b.numel) / numel,
-        nan_count=nan_count, inf_count=inf_count,
-    )
-
-
-def max_abs(s: TensorStats | None) -> float | None:
-    if s is None or math.isnan(s.min):
-        return None
-    return max(abs(s.min), abs(s.max))
-
-
-# ----------------------------------------------------------------- objective
-def parse_fail_on(text: str | Sequence[str] | None) -> list[str]:
-    items = text.split(",") if isinstance(text, str) else list(text or [])
-    out = []
-    for raw in items:
-        name = raw.strip().lower()
-        if not name:
-            continue
-        if name == "all":
-            out.extend(CHECKS)
-        elif name in CHECKS:
-            out.append(name)
-        else:
-            raise UsageError(f"--fail-on '{raw.strip()}' is not a check; choose from {','.join(CHECKS)} or all")
-    return list(dict.fromkeys(out))
-
-
-def resolve_label(value: int | str, categories: Sequence[str] | None) -> int:
-    from inspect_model.methods.targets import parse_target
-
-    spec = parse_target(str(value), categories)
-    if spec.kind != "class" or spec.index is None:
-        raise UsageError(f"label '{value}' must be a class index or class name, not '{spec.kind}'")
-    return spec.index
-
-
-def read_labels_file(path: str, categories: Sequence[str] | None) -> list[int]:
-    """One label per image: a class index or name per line, in the order of the images."""
-    from pathlib import Path
-
-    try:
-        lines = [ln.strip() for ln in Path(path).read_text(encoding="utf-8").splitlines()]
-    except OSError as exc:
-        raise InputError(f"labels file '{path}' cannot be read: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise InputError(f"labels file '{path}' is not UTF-8 text") from exc
-    labels = [resolve_label(ln, categories) for ln in lines if ln and not ln.startswith("#")]
-    if not labels:
-        raise InputError(f"labels file '{path}' holds no label; write one class per image, one per line")
-    return labels
-
-
-def describe_objective(target: str | None, loss: str | None) -> str:
-    if loss == "cross-entropy":
-        return "sum over inputs of cross_entropy(output_i, label_i)"
-    if loss == "mse":
-        return "sum over inputs of mean((output_i - onehot(label_i))^2) (zeros without labels)"
-    if loss == "sum":
-        return "sum of every output element"
-    return f"sum over inputs of the output score of target '{target or 'predicted'}' (one-hot backward)"
-
-
-def output_seed(
-    y: torch.Tensor, *, target: Any, loss: str | None, labels: list[int] | None
-) -> tuple[torch.Tensor, list[float], list[list[int]]]:
-    """d(objective)/d(y) for one batch, each input's objective term, and the classes used.
-
-    The seed is computed on a detached copy of ``y``, so only the loss is differentiated
-    here; the model's graph is then walked once by ``y.backward(seed)``.
-    """
-    import torch
-    import torch.nn.functional as F
-
-    from inspect_model.methods.targets import resolve_targets
-
-    n = y.shape[0] if y.dim() else 1
-    if loss is None:
-        idx = resolve_targets(target, y)
-        flat = torch.zeros(y.reshape(n, -1).shape, dtype=y.dtype, device=y.device)
-        for i, cls in enumerate(idx):
-            flat[i, cls] = 1.0
-        scores = y.detach().reshape(n, -1)
-        per = [float(scores[i, cls].double().sum()) for i, cls in enumerate(idx)]
-        return flat.reshape(y.shape), per, idx
-    yd = y.detach().requires_grad_(True)
-    with torch.enable_grad():
-        if loss == "sum":
-            per_t = yd.reshape(n, -1).sum(1)
-            used: list[list[int]] = [[] for _ in range(n)]
-        else:
-            if y.dim() != 2:
-                raise ModelRuntimeError(
-                    f"--loss {loss} needs an output of shape (N, classes), got {tuple(y.shape)}; "
-                    "use --output-key or --loss sum"
-                )
-            n_classes = y.shape[1]
-            if labels is not None:
-                bad = [lab for lab in labels if not -n_classes <= lab < n_classes]
-                if bad:
-                    raise InputError(f"label {bad[0]} is out of range: the model has {n_classes} classes "
-                                     f"(0..{n_classes - 1})")
-            lab_t = None if labels is None else torch.tensor([lab % n_classes for lab in labels], device=y.device)
-            used = [[] for _ in range(n)] if lab_t is None else [[int(v)] for v in lab_t]
-            # Half precision losses are computed in float32; float64 stays float64.
-            yw = yd if yd.dtype in (torch.float32, torch.float64) else yd.float()
-            if loss == "cross-entropy":
-                assert lab_t is not None
-                per_t = F.cross_entropy(yw, lab_t, reduction="none")
-            else:
-                ref = torch.zeros_like(yw) if lab_t is None else F.one_hot(lab_t, n_classes).to(yw.dtype)
-                per_t = ((yw - ref) ** 2).mean(1)
-        (seed,) = torch.autograd.grad(per_t.sum(), yd)
-    return seed.to(y.dtype), [float(v) for v in per_t.detach().double()], used
 
 
 # ----------------------------------------------------------------- the run
@@ -493,14 +294,11 @@ def gradients(
         shares = [(n, float(p.grad.detach().double().pow(2).sum())) for n, p in trainable if p.grad is not None]
     clip = None
     if clip_norm is not None:
-        coef = clip_norm / (total + 1e-6)
-        denom = total * total
-        dom = sorted(((n, s / denom if denom > 0 else 0.0) for n, s in shares), key=lambda t: -t[1])[:5]
-        clip = ClipReport(clip_norm, total, coef, min(1.0, coef), coef < 1.0, dom)
+        clip = clip_report(clip_norm, total, shares)
     layer_list = sorted(acc.values(), key=lambda r: r.order)
     out_norm = math.sqrt(out_sq)
-    first = _first_nonfinite(layer_list, params)
-    checks = _checks(layer_list, params, out_norm, vanishing_below, exploding_above, first)
+    first = first_nonfinite(layer_list, params)
+    checks = health_checks(layer_list, params, out_norm, vanishing_below, exploding_above, first)
     for c in checks:
         c.fail_on = c.name in fail
     notes = []
@@ -572,51 +370,3 @@ def _param_grad(name: str, p: torch.Tensor, histograms: bool) -> ParamGrad:
         weight_norm=wn, ratio=s.norm / wn if wn > 0 else None, nan_count=s.nan_count,
         inf_count=s.inf_count, hist=log_hist(g) if histograms else LogHist(),
     )
-
-
-def _first_nonfinite(layers: list[LayerGrad], params: list[ParamGrad]) -> str | None:
-    hits = [r for r in layers if r.first_nonfinite_seq is not None]
-    if hits:
-        r = min(hits, key=lambda r: r.first_nonfinite_seq)  # type: ignore[arg-type, return-value]
-        return f"{r.key} (gradient wrt its {r.first_nonfinite_where})"
-    bad = [p for p in params if p.nan_count or p.inf_count]
-    # Parameters only: backward reaches later modules first, so the last one listed.
-    return f"parameter {bad[-1].name}" if bad else None
-
-
-def _checks(layers: list[LayerGrad], params: list[ParamGrad], out_norm: float, vanishing_below: float,
-            exploding_above: float, first: str | None) -> list[Check]:
-    checks = []
-    for kind, attr in (("nan", "nan_count"), ("inf", "inf_count")):
-        bad = [f"{r.key}:{w}" for r in layers for w, s in (("output", r.grad_output), ("input", r.grad_input))
-               if s is not None and getattr(s, attr)]
-        bad += [f"param:{p.name}" for p in params if getattr(p, attr)]
-        label = "NaN" if kind == "nan" else "Inf"
-        detail = (f"{len(bad)} gradient tensor(s) hold {label}; first in backward order: {first}" if bad
-                  else f"no {label} in any gradient")
-        checks.append(Check(kind, "fail" if bad else "pass", float(len(bad)), 0.0, detail, bad[:20]))
-    reached = [r for r in layers if r.grad_output is not None and math.isfinite(r.grad_output.norm)]
-    largest = max((r.grad_output.norm for r in reached), default=0.0)  # type: ignore[union-attr]
-    for r in reached:
-        assert r.grad_output is not None
-        r.relative_norm = r.grad_output.norm / largest if largest > 0 else None
-        r.gain = r.grad_output.norm / out_norm if out_norm > 0 else None
-    if not reached or largest == 0:
-        why = "no selected layer was reached by the gradient" if not reached else "every layer gradient is zero"
-        checks.append(Check("vanishing", "skip", None, vanishing_below, why))
-        checks.append(Check("exploding", "skip", None, exploding_above, why))
-        return checks
-    low = min(reached, key=lambda r: r.relative_norm or 0.0)
-    vanished = [r.key for r in reached if (r.relative_norm or 0.0) < vanishing_below]
-    checks.append(Check(
-        "vanishing", "fail" if vanished else "pass", low.relative_norm, vanishing_below,
-        f"smallest layer gradient norm / largest = {low.relative_norm:.3g} at '{low.key}'", vanished[:20]))
-    if out_norm == 0:
-        checks.append(Check("exploding", "skip", None, exploding_above, "the output gradient is zero"))
-        return checks
-    high = max(reached, key=lambda r: r.gain or 0.0)
-    exploded = [r.key for r in reached if (r.gain or 0.0) > exploding_above]
-    checks.append(Check(
-        "exploding", "fail" if exploded else "pass", high.gain, exploding_above,
-        f"largest layer gradient norm / output gradient norm = {high.gain:.3g} at '{high.key}'", exploded[:20]))
-    return checks
