@@ -58,13 +58,13 @@ def _root(
     """inspect-model: open up PyTorch models."""
 
 
-COMMANDS: dict[str, Any] = {
-    "cam": cam,
+COMMANDS: dict[str, Any] = {  # in the order `inspect-model --help` lists them
     "summary": summary,
     "models": models,
     "activations": activations,
-    "guided-backprop": guided_backprop,
     "grads": grads,
+    "guided-backprop": guided_backprop,
+    "cam": cam,
     "check": check,
 }
 
