@@ -246,14 +246,19 @@ def _classification_models() -> list[str]:
 
 def test_summary_runs_on_every_classification_model() -> None:
     """Every classification model of torchvision's registry, on meta: rows add up, the
-    output is (1, 1000), and parameters equal a direct count on the same architecture."""
+    output is (1, 1000), parameters equal a direct count on the same architecture, and the
+    MACs equal torchvision's own published figure (``weights.meta["_ops"]``, GFLOPS that
+    count one multiply-add as one, rounded to 3 decimals) wherever the input sizes match."""
     import warnings
+
+    from torchvision import models
 
     from inspect_model.loading.models import load_torchvision
 
     names = _classification_models()
     assert len(names) >= 80
     failures = []
+    compared = 0
     for name in names:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -270,4 +275,12 @@ def test_summary_runs_on_every_classification_model() -> None:
         )
         if not ok:
             failures.append(f"{name}: {res.error or res.device or root.output_shapes}")
+        weights = models.get_model_weights(name).DEFAULT
+        crop = weights.transforms().crop_size[0]
+        if res.input_shapes == [[1, 3, crop, crop]]:
+            compared += 1
+            published = weights.meta["_ops"] * 1e9
+            if abs(res.total_macs - published) > max(0.005 * published, 0.0005e9 + 1):
+                failures.append(f"{name}: {res.total_macs / 1e9:.3f} GMACs, torchvision says {published / 1e9:.3f}")
     assert not failures, failures
+    assert compared >= 75
