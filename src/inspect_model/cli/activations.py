@@ -7,7 +7,8 @@ from typing import Annotated, Any
 import typer
 
 from inspect_model.cli import common as c
-from inspect_model.cli.run import CommandRun, InputOptions, JsonlOpt
+from inspect_model.cli.run import CommandRun, InputOptions
+from inspect_model.cli.shared import RunOptions, command_run, shared_options
 
 EXAMPLE = "inspect-model activations resnet34 cat.jpg --layers type:Conv2d[0] --output-dir acts"
 
@@ -28,6 +29,7 @@ RawFormatOpt = Annotated[
 
 
 
+@shared_options(labels=False)
 def activations(
     model: c.ModelArg,
     images: c.ImagesArg = None,
@@ -39,30 +41,10 @@ def activations(
     cmap: CmapOpt = "viridis",
     save_raw: c.SaveRawOpt = False,
     raw_format: RawFormatOpt = "npy",
-    weights: c.WeightsOpt = "DEFAULT",
-    checkpoint: c.CheckpointOpt = None,
-    model_arg: c.ModelArgOpt = None,
-    non_strict: c.NonStrictOpt = False,
-    trust_checkpoint: c.TrustOpt = False,
-    device: c.DeviceOpt = "cpu",
-    dtype: c.DtypeOpt = "float32",
-    input_size: c.InputSizeOpt = None,
-    batch_size: c.ImageBatchSizeOpt = None,
-    seed: c.SeedOpt = 0,
-    preset: c.PresetOpt = None,
-    resize: c.ResizeOpt = None,
-    crop: c.CropOpt = None,
-    mean: c.MeanOpt = None,
-    std: c.StdOpt = None,
-    skip_bad_inputs: c.SkipBadOpt = False,
-    output_dir: c.OutputDirOpt = None,
-    force: c.ForceOpt = False,
-    tensorboard: c.TensorboardOpt = None,
-    json_: c.JsonOpt = False,
-    jsonl: JsonlOpt = False,
-    quiet: c.QuietOpt = False,
-    config: c.ConfigOpt = None,
-    debug: c.DebugOpt = False,
+    *,
+    opts: c.ModelOptions,
+    inputs: InputOptions,
+    run_opts: RunOptions,
 ) -> None:
     """Activation statistics of every layer, and feature-map grids of the layers you name.
 
@@ -82,11 +64,7 @@ def activations(
         raise UsageError(f"--raw-format '{raw_format}' is not npy or npz")
     spec = parse_channels(channels, max_channels)
     _check_cmap(cmap)
-    with CommandRun("activations", output_dir=output_dir, force=force, tensorboard=tensorboard, json_=json_,
-                    jsonl=jsonl, quiet=quiet, save_raw=save_raw) as run:
-        opts = c.ModelOptions(model, weights, checkpoint, model_arg, non_strict, trust_checkpoint, device, dtype)
-        inputs = InputOptions(images, input_size, batch_size, seed, preset, resize, crop, mean, std,
-                              skip_bad=skip_bad_inputs)
+    with command_run("activations", run_opts, save_raw=save_raw) as run:
         act = _Run(run, opts, save_raw=save_raw, raw_format=raw_format, scale=scale, spec=spec, cmap=cmap)
         report, options = act.execute(inputs, layers=layers, depth=depth)
         from inspect_model.render import activations as render

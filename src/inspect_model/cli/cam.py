@@ -7,7 +7,8 @@ from typing import Annotated, Any
 import typer
 
 from inspect_model.cli import common as c
-from inspect_model.cli.run import CommandRun, InputOptions, JsonlOpt
+from inspect_model.cli.run import CommandRun, InputOptions
+from inspect_model.cli.shared import RunOptions, command_run, shared_options
 
 EXAMPLE = "inspect-model cam resnet50 cat.jpg --method gradcam --method scorecam --target top:2 -o cams"
 
@@ -40,6 +41,7 @@ MAX_WARNINGS = 50
 SHEET_ROWS = 16  # rows per contact-sheet page: memory stays bounded for any number of images
 
 
+@shared_options()
 def cam(
     model: c.ModelArg,
     images: c.ImagesArg = None,
@@ -50,35 +52,14 @@ def cam(
     target: c.TargetOpt = "predicted",
     output_key: c.OutputKeyOpt = None,
     scorecam_batch: ScoreBatchOpt = 32,
-    weights: c.WeightsOpt = "DEFAULT",
-    checkpoint: c.CheckpointOpt = None,
-    model_arg: c.ModelArgOpt = None,
-    non_strict: c.NonStrictOpt = False,
-    trust_checkpoint: c.TrustOpt = False,
-    device: c.DeviceOpt = "cpu",
-    dtype: c.DtypeOpt = "float32",
-    input_size: c.InputSizeOpt = None,
-    batch_size: c.ImageBatchSizeOpt = None,
-    seed: c.SeedOpt = 0,
-    preset: c.PresetOpt = None,
-    resize: c.ResizeOpt = None,
-    crop: c.CropOpt = None,
-    mean: c.MeanOpt = None,
-    std: c.StdOpt = None,
-    labels: c.LabelsOpt = None,
-    skip_bad_inputs: c.SkipBadOpt = False,
     colormap: ColormapOpt = "jet",
     alpha: AlphaOpt = 0.5,
     top: TopOpt = 5,
-    output_dir: c.OutputDirOpt = None,
-    force: c.ForceOpt = False,
     save_raw: c.SaveRawOpt = False,
-    tensorboard: c.TensorboardOpt = None,
-    json_: c.JsonOpt = False,
-    jsonl: JsonlOpt = False,
-    quiet: c.QuietOpt = False,
-    config: c.ConfigOpt = None,
-    debug: c.DebugOpt = False,
+    *,
+    opts: c.ModelOptions,
+    inputs: InputOptions,
+    run_opts: RunOptions,
 ) -> None:
     """Class activation maps: CAM, Grad-CAM, Grad-CAM++, XGrad-CAM, Layer-CAM, HiResCAM,
     Score-CAM and Eigen-CAM.
@@ -103,11 +84,7 @@ def cam(
     if fuse and len(layer or []) < 2:
         raise UsageError("--fuse combines several layers; give --layer at least twice")
     check_colormap(colormap)
-    with CommandRun("cam", output_dir=output_dir, force=force, tensorboard=tensorboard, json_=json_, jsonl=jsonl,
-                    quiet=quiet, save_raw=save_raw) as run:
-        opts = c.ModelOptions(model, weights, checkpoint, model_arg, non_strict, trust_checkpoint, device, dtype)
-        inputs = InputOptions(images, input_size, batch_size, seed, preset, resize, crop, mean, std, labels,
-                              skip_bad_inputs)
+    with command_run("cam", run_opts, save_raw=save_raw) as run:
         cams = _Run(run, opts, methods=methods, method_items=method or ["gradcam"], save_raw=save_raw,
                     colormap=colormap, alpha=alpha, top=top)
         payload, options = cams.execute(inputs, layers=layer, reshape=grid, fuse=fuse, target=target,

@@ -25,6 +25,7 @@ ModelArg = Annotated[
         help="A torchvision model name (resnet34, torchvision:vit_b_16), a user model "
         "FILE.py:FACTORY or package.module:ATTR (this runs that code), or a TorchScript file.",
         show_default=False,
+        metavar="MODEL",
         autocompletion=completion.complete_model,
     ),
 ]

@@ -9,7 +9,8 @@ from typing import Annotated, Any
 import typer
 
 from inspect_model.cli import common as c
-from inspect_model.cli.run import CommandRun, InputOptions, JsonlOpt
+from inspect_model.cli.run import InputOptions
+from inspect_model.cli.shared import RunOptions, command_run, shared_options
 
 EXAMPLE = "inspect-model grads resnet18 cat.jpg --weights none --fail-on nan,inf,exploding --output-dir g"
 
@@ -57,6 +58,7 @@ ProbesOpt = Annotated[int, typer.Option("--probes", help="Number of random probe
 
 
 
+@shared_options()
 def grads(
     model: c.ModelArg,
     images: c.ImagesArg = None,
@@ -75,31 +77,10 @@ def grads(
     wrt: WrtOpt = None,
     jacobian_norm: JacNormOpt = False,
     probes: ProbesOpt = 16,
-    weights: c.WeightsOpt = "DEFAULT",
-    checkpoint: c.CheckpointOpt = None,
-    model_arg: c.ModelArgOpt = None,
-    non_strict: c.NonStrictOpt = False,
-    trust_checkpoint: c.TrustOpt = False,
-    device: c.DeviceOpt = "cpu",
-    dtype: c.DtypeOpt = "float32",
-    input_size: c.InputSizeOpt = None,
-    batch_size: c.ImageBatchSizeOpt = None,
-    seed: c.SeedOpt = 0,
-    preset: c.PresetOpt = None,
-    resize: c.ResizeOpt = None,
-    crop: c.CropOpt = None,
-    mean: c.MeanOpt = None,
-    std: c.StdOpt = None,
-    labels: c.LabelsOpt = None,
-    skip_bad_inputs: c.SkipBadOpt = False,
-    output_dir: c.OutputDirOpt = None,
-    force: c.ForceOpt = False,
-    tensorboard: c.TensorboardOpt = None,
-    json_: c.JsonOpt = False,
-    jsonl: JsonlOpt = False,
-    quiet: c.QuietOpt = False,
-    config: c.ConfigOpt = None,
-    debug: c.DebugOpt = False,
+    *,
+    opts: c.ModelOptions,
+    inputs: InputOptions,
+    run_opts: RunOptions,
 ) -> None:
     """Gradient flow and gradient health: per layer the gradient wrt its output and wrt its
     input, per parameter its gradient statistics, the global norm, clipping, and NaN/Inf,
@@ -115,7 +96,7 @@ def grads(
     if jac:
         for flag, on in (("--loss", loss), ("--label", label), ("--labels-file", labels_file),
                          ("--clip-norm", clip_norm), ("--fail-on", fail_on), ("--layers", layers),
-                         ("--tensorboard", tensorboard)):
+                         ("--tensorboard", run_opts.tensorboard)):
             if on:
                 raise UsageError(f"{flag} does not apply with --of/--wrt (gradients between layers); drop it")
     else:
@@ -129,16 +110,13 @@ def grads(
     if probes < 2:
         raise UsageError(f"--probes must be 2 or more, got {probes}")
     failures: list[Any] = []
-    with CommandRun("grads", output_dir=output_dir, force=force, tensorboard=tensorboard, json_=json_,
-                    jsonl=jsonl, quiet=quiet) as run:
-        opts = c.ModelOptions(model, weights, checkpoint, model_arg, non_strict, trust_checkpoint, device, dtype)
-        prep = run.prepare(opts, InputOptions(images, input_size, batch_size, seed, preset, resize, crop, mean,
-                                              std, labels, skip_bad_inputs))
+    with command_run("grads", run_opts) as run:
+        prep = run.prepare(opts, inputs)
         loaded, plan, categories, dev = prep.loaded, prep.plan, prep.categories, prep.device
         options: dict[str, Any] = {
-            "model": model, "weights": weights, "checkpoint": str(checkpoint) if checkpoint else None,
-            "layers": layers, "depth": depth, "preprocessing": plan.describe(), "device": dev, "dtype": dtype,
-            "seed": seed, "target": target, "loss": loss, "label": label,
+            "model": model, "weights": opts.weights, "checkpoint": str(opts.checkpoint) if opts.checkpoint else None,
+            "layers": layers, "depth": depth, "preprocessing": plan.describe(), "device": dev, "dtype": opts.dtype,
+            "seed": inputs.seed, "target": target, "loss": loss, "label": label,
             "labels_file": str(labels_file) if labels_file else None, "output_key": output_key,
         }
         if jac:
@@ -146,8 +124,8 @@ def grads(
             options.update({"of": of_, "wrt": wrt_, "jacobian_norm": jacobian_norm, "probes": probes})
             payload, text, rich = _run_jacobian(loaded, run.track(plan), of_, wrt_, target=target, output_key=output_key,
                                                 categories=categories, norm=jacobian_norm, probes=probes,
-                                                seed=seed, out=run.out,
-                                                emit_line=run.line if jsonl else None)
+                                                seed=inputs.seed, out=run.out,
+                                                emit_line=run.line if run.jsonl else None)
         else:
             options.update({"clip_norm": clip_norm, "vanishing_below": vanishing_below,
                             "exploding_above": exploding_above, "fail_on": fail_on})
@@ -155,7 +133,7 @@ def grads(
                 loaded, run.track(plan), layers=layers, depth=depth, target=target, loss=loss, label=label,
                 labels_file=labels_file, output_key=output_key, categories=categories, clip_norm=clip_norm,
                 vanishing_below=vanishing_below, exploding_above=exploding_above, fail_on=fail_on, out=run.out,
-                emit_line=run.line if jsonl else None, histograms=run.out is not None or run.writer is not None)
+                emit_line=run.line if run.jsonl else None, histograms=run.out is not None or run.writer is not None)
             for note in rep.notes:
                 run.msgs.info(f"note: {note}")
             failures = rep.failures()

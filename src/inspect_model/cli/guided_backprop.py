@@ -7,7 +7,8 @@ from typing import Annotated, Any
 import typer
 
 from inspect_model.cli import common as c
-from inspect_model.cli.run import CommandRun, InputOptions, JsonlOpt
+from inspect_model.cli.run import CommandRun, InputOptions
+from inspect_model.cli.shared import RunOptions, command_run, shared_options
 
 EXAMPLE = "inspect-model guided-backprop resnet50 cat.jpg --target top:3 --output-dir gb"
 
@@ -32,6 +33,7 @@ OverviewOpt = Annotated[
 ]
 
 
+@shared_options()
 def guided_backprop(
     model: c.ModelArg,
     images: c.ImagesArg = None,
@@ -40,34 +42,13 @@ def guided_backprop(
     guided_gradcam: GuidedGradcamOpt = False,
     layer: LayerOpt = "auto",
     sanity: SanityOpt = False,
-    weights: c.WeightsOpt = "DEFAULT",
-    checkpoint: c.CheckpointOpt = None,
-    model_arg: c.ModelArgOpt = None,
-    non_strict: c.NonStrictOpt = False,
-    trust_checkpoint: c.TrustOpt = False,
-    device: c.DeviceOpt = "cpu",
-    dtype: c.DtypeOpt = "float32",
-    input_size: c.InputSizeOpt = None,
-    batch_size: c.ImageBatchSizeOpt = None,
-    seed: c.SeedOpt = 0,
-    preset: c.PresetOpt = None,
-    resize: c.ResizeOpt = None,
-    crop: c.CropOpt = None,
-    mean: c.MeanOpt = None,
-    std: c.StdOpt = None,
-    labels: c.LabelsOpt = None,
-    skip_bad_inputs: c.SkipBadOpt = False,
     output_key: c.OutputKeyOpt = None,
-    output_dir: c.OutputDirOpt = None,
-    force: c.ForceOpt = False,
     save_raw: c.SaveRawOpt = False,
     overview: OverviewOpt = True,
-    tensorboard: c.TensorboardOpt = None,
-    json_: c.JsonOpt = False,
-    jsonl: JsonlOpt = False,
-    quiet: c.QuietOpt = False,
-    config: c.ConfigOpt = None,
-    debug: c.DebugOpt = False,
+    *,
+    opts: c.ModelOptions,
+    inputs: InputOptions,
+    run_opts: RunOptions,
 ) -> None:
     """Guided backpropagation (Springenberg et al. 2015) for any network.
 
@@ -82,11 +63,7 @@ def guided_backprop(
         raise UsageError("--layer applies to --guided-gradcam; add --guided-gradcam or drop --layer")
     if guided_gradcam and output_key is not None:
         raise UsageError("--guided-gradcam uses the model's first output; drop --output-key")
-    with CommandRun("guided-backprop", output_dir=output_dir, force=force, tensorboard=tensorboard, json_=json_,
-                    jsonl=jsonl, quiet=quiet, save_raw=save_raw) as run:
-        opts = c.ModelOptions(model, weights, checkpoint, model_arg, non_strict, trust_checkpoint, device, dtype)
-        inputs = InputOptions(images, input_size, batch_size, seed, preset, resize, crop, mean, std, labels,
-                              skip_bad_inputs)
+    with command_run("guided-backprop", run_opts, save_raw=save_raw) as run:
         gbr = _Run(run, opts, save_raw=save_raw, overview=overview)
         payload, options = gbr.execute(inputs, target=target, activations=activations,
                                        guided_gradcam=guided_gradcam, layer=layer, sanity=sanity,
