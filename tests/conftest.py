@@ -17,11 +17,13 @@ SAMPLE_IMAGES = ROOT / "sample_images"
 os.environ.setdefault("MPLBACKEND", "Agg")
 
 try:  # Hypothesis profiles (tests/test_fuzz.py): `pytest --hypothesis-profile long` for longer runs
-    from hypothesis import HealthCheck, settings
+    from hypothesis import HealthCheck, Phase, settings
 
     _slow = [HealthCheck.too_slow, HealthCheck.data_too_large]
     # ci: fixed seed, bounded examples; the default.
-    settings.register_profile("ci", max_examples=40, derandomize=True, deadline=None, suppress_health_check=_slow)
+    # No "explain" phase in CI: on a failure it re-runs every example under a tracer (minutes).
+    settings.register_profile("ci", max_examples=40, derandomize=True, deadline=None, suppress_health_check=_slow,
+                              phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink])
     settings.register_profile("long", max_examples=600, deadline=None, suppress_health_check=_slow)
     settings.load_profile("ci")  # --hypothesis-profile NAME (the plugin) loads another after this
 except ImportError:  # pragma: no cover - hypothesis is in the test extra

@@ -16,7 +16,8 @@ from torch import nn
 
 from fixtures.models import Boom, Nested, ReusedReLU, TinyCNN, assert_unchanged, model_state
 from inspect_model.errors import ModelRuntimeError, UsageError
-from inspect_model.methods.activations import capture_activations, choose_channel_dim, measure
+from inspect_model.methods.activation_stats import choose_channel_dim, measure
+from inspect_model.methods.activations import capture_activations
 from inspect_model.render.grids import (
     grid_shape,
     parse_channels,
@@ -124,10 +125,11 @@ def test_first_conv_of_resnet34_is_an_8x8_grid(cli, tmp_path):
     (grid,) = doc["grids"]
     assert (grid["kind"], grid["rows"], grid["cols"]) == ("grid", 8, 8)
     assert grid["channels"] == list(range(64)) and grid["total_channels"] == 64
-    png = Path(grid["file"])
+    png = out / grid["file"]
+    assert grid["file"] == "images/0000-random-0/conv1.png"
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "overview.png").is_file() and (out / "report.json").is_file()
-    assert sorted(doc["files"]) == sorted(str(p) for p in out.rglob("*") if p.is_file())
+    assert sorted(doc["files"]) == sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
 
 
 def test_nested_sequential_hooks_the_leaves():
@@ -337,7 +339,7 @@ def test_json_report_validates_against_the_schema(cli, user_py):
     assert list(rows) == ["patch", "mlp", "act"]
     assert rows["mlp"]["channel_dim"] == 2 and rows["mlp"]["channels"] == 6
     assert rows["act"]["channel_dim"] == 2
-    assert doc["images"] == 3 and doc["options"]["weights"] == "DEFAULT"
+    assert doc["image_count"] == 3 and doc["options"]["weights"] == "DEFAULT"
 
 
 def test_token_layer_drawn_as_spatial_grid(cli, user_py, tmp_path):
@@ -372,8 +374,8 @@ def test_save_raw_npy_and_npz(cli, user_py, tmp_path):
              "--layers", "conv", "--save-raw", "-o", str(out), "--json"])
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
-    a0 = np.load(out / "raw" / "0000_random-0" / "conv.npy")
-    a1 = np.load(out / "raw" / "0001_random-1" / "conv.npy")
+    a0 = np.load(out / "images" / "0000-random-0" / "conv.npy")
+    a1 = np.load(out / "images" / "0001-random-1" / "conv.npy")
     both = np.stack([a0, a1]).astype(np.float64)
     assert a0.shape == (4, 8, 8)
     conv = doc["layers"][0]
@@ -383,7 +385,7 @@ def test_save_raw_npy_and_npz(cli, user_py, tmp_path):
     r = cli(["activations", f"{user_py}:Small", "--input-size", "3x8x8", "--batch-size", "2",
              "--layers", "conv", "--layers", "fc", "--save-raw", "--raw-format", "npz", "-o", str(out2), "-q"])
     assert r.exit_code == 0, r.stderr
-    with np.load(out2 / "raw" / "0001_random-1.npz") as z:
+    with np.load(out2 / "images" / "0001-random-1" / "raw.npz") as z:
         assert sorted(z.files) == ["conv", "fc"]
         assert np.array_equal(z["conv"], a1)
 
@@ -407,7 +409,7 @@ def test_tensorboard_histograms_and_grid_images(cli, user_py, tmp_path):
         (["--channels", "best"], 2, "--channels 'best' is not top:N"),
         (["--json", "--jsonl"], 2, "--json and --jsonl cannot be combined"),
         (["--save-raw"], 2, "--save-raw needs --output-dir DIR"),
-        (["--cmap", "viridi"], 2, "--cmap 'viridi' is not a matplotlib colour map; did you mean 'viridis'"),
+        (["--cmap", "viridi"], 2, "--colormap 'viridi' is not a matplotlib colormap; did you mean 'viridis'"),
         (["--layers", "convv"], 5, "layer 'convv' not found; did you mean 'conv'?"),
         (["--raw-format", "csv"], 2, "--raw-format 'csv' is not npy or npz"),
     ],

@@ -217,7 +217,7 @@ CASES = [
          E.EXIT_INPUT, ("3x0x8",)),
     Case("input-size-garbage", lambda e: ["guided-backprop", e.spec, "--weights", "none", "--input-size", "3xbig"],
          E.EXIT_USAGE, ("3xbig", "3x224x224")),
-    Case("batch-size-zero", lambda e: ["cam", e.spec, *IN, "--batch-size", "0"], E.EXIT_INPUT, ("--batch-size", "0")),
+    Case("batch-size-zero", lambda e: ["cam", e.spec, *IN, "--batch-size", "0"], E.EXIT_USAGE, ("--batch-size", "0")),
     # ---- images
     Case("image-empty", lambda e: ["cam", e.spec, "--weights", "none", e.write("empty.jpg", b"")], E.EXIT_INPUT,
          ("empty.jpg", "empty")),

@@ -340,12 +340,12 @@ def test_cli_files_json_schema_and_tensorboard(cli, models_py: Path, images: lis
     assert doc["layers"][0]["name"] == "features" and "layer: features" in r.stderr
     assert [m["method"] for m in doc["images"][0]["maps"]] == ["gradcam", "eigencam"]
     for f in doc["files"]:
-        assert Path(f).is_file(), f
+        assert (out / f).is_file(), f
     m = doc["images"][1]["maps"][0]
-    assert Image.open(m["files"]["overlay"]).size == (28, 36)  # the original image, not the crop
-    assert np.load(m["files"]["raw_input"]).shape == (16, 16)
-    assert np.load(m["files"]["raw_layer"]).shape == (16, 16)
-    assert doc["contact_sheets"] and Path(doc["contact_sheets"][0]).is_file()
+    assert Image.open(out / m["files"]["overlay"]).size == (28, 36)  # the original image, not the crop
+    assert np.load(out / m["files"]["raw_input"]).shape == (16, 16)
+    assert np.load(out / m["files"]["raw_layer"]).shape == (16, 16)
+    assert doc["contact_sheets"] and (out / doc["contact_sheets"][0]).is_file()
     assert abs(sum(p["probability"] for p in doc["images"][0]["predictions"]) - 1) < 1e-5
     assert "cam/gradcam/features/rank0" in read_tags(tb)["images"]
 
@@ -365,7 +365,7 @@ def test_cli_jsonl_text_and_errors(cli, models_py: Path, images: list[str]) -> N
     assert r.exit_code == 0, r.stderr
     maps = json.loads(r.stdout)["images"][0]["maps"]
     assert [m["layer"] for m in maps] == ["features.0", "features", "fused:features.0+features"]
-    assert {m["target"]["label"] for m in maps} == {"cat"} and maps[0]["target"]["index"] == 2
+    assert {m["target"]["label"] for m in maps} == {"cat"} and maps[0]["target"]["class"] == 2
     r = cli(["cam", f"{models_py}:TwoLayer", "--input-size", "3", "--weights", "none"])
     assert r.exit_code == 5 and "no layer with a spatial" in r.stderr and "Traceback" not in r.stderr
     r = cli([*base, "-m", "gradcum"])

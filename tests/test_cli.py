@@ -91,7 +91,7 @@ def test_unexpected_exception_is_one_line_and_debug_shows_traceback(cli, monkeyp
     def broken(*a, **k):
         raise KeyError("internal")
 
-    monkeypatch.setattr(api, "summary_from_options", broken)
+    monkeypatch.setattr(api, "summary", broken)
     r = cli(["summary", "resnet18"])
     assert r.exit_code == 6
     assert r.stderr.strip().splitlines() == [

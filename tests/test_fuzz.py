@@ -80,9 +80,9 @@ def _run(command: str, spec: NetSpec, extra: list[str], seed: int, write: bool) 
             if res.exit_code == 0:
                 doc = json.loads(res.stdout)
                 assert doc["command"] == command
-                for f in doc.get("files") or []:
-                    assert Path(f).resolve().is_relative_to(out.resolve()), f
-                    assert Path(f).is_file(), f
+                for f in doc.get("files") or []:  # relative to the output directory
+                    assert (out / f).resolve().is_relative_to(out.resolve()), f
+                    assert (out / f).is_file(), f
             else:
                 line = res.stderr.strip().splitlines()[-1]
                 assert line.startswith("error: ") and not line.startswith("error: unexpected"), (spec, argv, line)

@@ -14,7 +14,8 @@ from torch import nn
 
 from fixtures.models import DictOut, ReusedReLU, TinyCNN, TwoLayer, assert_unchanged, model_state
 from inspect_model.errors import InputError, ModelRuntimeError, UsageError
-from inspect_model.methods.gradients import gradients, merge_stats
+from inspect_model.methods.grad_stats import merge_stats
+from inspect_model.methods.gradients import gradients
 from inspect_model.methods.jacobian import jacobian
 from inspect_model.methods.stats import tensor_stats
 
@@ -380,9 +381,9 @@ def test_cli_outputs_schema_tensorboard(cli, models_py: Path, tmp_path: Path) ->
     doc = json.loads(res.stdout)
     jsonschema.validate(doc, schema, cls=jsonschema.Draft202012Validator)
     assert {Path(f).name for f in doc["files"]} >= {"report.json", "report.txt", "grad_flow.png",
-                                                    "grad_histograms.png"}
-    assert all(Path(f).exists() for f in doc["files"])
-    assert doc["options"]["preprocessing"]["input_size"] == [3, 12, 12]
+                                                    "grad_histograms_001.png"}
+    assert all((out / f).exists() for f in doc["files"])
+    assert doc["options"]["inputs"]["input_size"] == [3, 12, 12]
     tags = read_tags(tb)
     assert "grads/global_norm" in tags["scalars"]
     assert "grads/layer/fc/log10_abs_output_grad" in tags["histograms"]
@@ -431,7 +432,7 @@ def test_cli_labels_file(cli, models_py: Path, tmp_path: Path) -> None:
             "--loss", "cross-entropy"]
     res = cli(base + ["--labels-file", str(lab)])
     assert res.exit_code == 0, res.stderr
-    assert [s["targets"] for s in json.loads(res.stdout)["samples"]] == [[1], [3]]
+    assert [s["targets"] for s in json.loads(res.stdout)["images"]] == [[1], [3]]
     lab.write_text("1\n")
     res = cli(base + ["--labels-file", str(lab)])
     assert res.exit_code == 4 and "one label per image" in res.stderr

@@ -319,12 +319,13 @@ def test_cli_json_report_validates_and_files_are_written(cli, models_py: Path, t
     assert len(doc["images"]) == 3 and all(len(i["maps"]) == 2 for i in doc["images"])
     assert [s["randomized"] for s in doc["sanity"]["steps"]] == [1, 2, 3]
     for f in doc["files"]:
-        assert Path(f).is_file(), f
+        assert (out / f).is_file(), f
     raw = doc["images"][1]["maps"][0]["files"]["raw"]
-    arr = np.load(raw)
+    assert raw == "images/0001-random-1/guided.c" + str(doc["images"][1]["maps"][0]["target"]["class"]) + ".npy"
+    arr = np.load(out / raw)
     assert arr.shape == (3, 12, 12)
     assert doc["images"][1]["maps"][0]["max_abs"] == pytest.approx(float(np.abs(arr).max()), rel=1e-6)
-    assert any("events.out.tfevents" in f for f in doc["files"])
+    assert any("events.out.tfevents" in p.name for p in (tmp_path / "tb").rglob("*"))
     from inspect_model.render.tensorboard import read_tags
 
     tags = read_tags(tmp_path / "tb")["images"]
@@ -337,8 +338,8 @@ def test_cli_pngs_are_byte_reproducible_and_text_report(cli, models_py: Path, tm
     a = cli([*args, "-o", str(tmp_path / "a")])
     b = cli([*args, "-o", str(tmp_path / "b")])
     assert a.exit_code == 0 and b.exit_code == 0, a.stderr
-    pngs = sorted(p.name for p in (tmp_path / "a").glob("*.png"))
-    assert "0000-random-0.c1.guided.png" in pngs and "0001-random-1.overview.png" in pngs
+    pngs = sorted(p.relative_to(tmp_path / "a").as_posix() for p in (tmp_path / "a").rglob("*.png"))
+    assert "images/0000-random-0/guided.c1.png" in pngs and "images/0001-random-1/overview.png" in pngs
     for name in pngs:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     assert "Guided activation sites (one backward pass): relu x2" in a.stdout
@@ -361,7 +362,7 @@ def test_cli_guided_gradcam(cli, models_py: Path, tmp_path: Path) -> None:
     doc = json.loads(r.stdout)
     assert doc["guided_gradcam"] == {"layer": "features.3"}
     files = doc["images"][0]["maps"][0]["files"]
-    ggc, g = np.load(files["guided_gradcam_raw"]), np.load(files["raw"])
+    ggc, g = np.load(tmp_path / "o" / files["guided_gradcam_raw"]), np.load(tmp_path / "o" / files["raw"])
     assert ggc.shape == g.shape == (3, 8, 8)
     # Guided Grad-CAM = guided map times a [0, 1] map shared by all channels.
     ratio = np.where(np.abs(g) > 1e-12, ggc / np.where(g == 0, 1, g), np.nan)

@@ -16,14 +16,8 @@ from PIL import Image
 
 from fixtures.models import TinyCNN
 from inspect_model.errors import EXIT_INPUT, InputError, UsageError
-from inspect_model.loading.inputs import (
-    Preprocess,
-    build_preprocess,
-    collect_paths,
-    load_image,
-    model_channels,
-    plan_inputs,
-)
+from inspect_model.loading.images import collect_paths, load_image
+from inspect_model.loading.inputs import Preprocess, build_preprocess, model_channels, plan_inputs
 from inspect_model.loading.models import LoadedModel
 
 
@@ -72,10 +66,7 @@ def test_collect_from_stdin(tmp_path: Path) -> None:
 
 
 def test_cli_stdin_and_empty_stdin(tmp_path: Path, models_py: Path, cli) -> None:
-    from inspect_model.cli.app import COMMANDS
 
-    if "cam" not in COMMANDS:
-        pytest.skip("cam is not registered yet")
     res = cli(["cam", f"{models_py}:TinyCNN", "-", "--weights", "none"], stdin="")
     assert res.exit_code == EXIT_INPUT, res.stderr
     assert res.stderr.strip().splitlines()[-1] == (
@@ -224,8 +215,7 @@ def test_animated_gif_first_frame_with_warning(tmp_path: Path) -> None:
     assert li.warnings == [f"'{path}' has 3 frames; using the first"]
     plan = plan_inputs(loaded_tiny(), [str(path)], crop=16, resize=16)
     list(plan.batches())
-    assert plan.drain_warnings() == li.warnings and plan.drain_warnings() == []
-    assert plan.input_report()["warnings"] == li.warnings
+    assert plan.warnings == li.warnings
 
 
 # ---------------------------------------------------------------- skipping bad inputs
@@ -239,10 +229,8 @@ def test_skip_bad_inputs_counts_and_reports(tmp_path: Path) -> None:
     plan = plan_inputs(loaded_tiny(), paths, crop=16, resize=16, batch_size=2, skip_bad=True)
     names = [n for b in plan.batches() for n in b.names]
     assert names == [str(good[0]), str(good[1]), str(good[2])]
-    rep = plan.input_report()
-    assert rep["skipped_count"] == 1 and rep["images_used"] == 3 and rep["images_total"] == 4
-    assert rep["skipped"][0]["path"] == str(bad) and "not an image" in rep["skipped"][0]["reason"]
-    assert plan.drain_warnings() == [f"skipped {rep['skipped'][0]['reason']}"]
+    assert plan.processed == 3 and len(plan.paths) == 4
+    assert len(plan.skipped) == 1 and plan.skipped[0][0] == str(bad) and "not an image" in plan.skipped[0][1]
     all_bad = plan_inputs(loaded_tiny(), [str(bad), str(bad)], skip_bad=True)
     with pytest.raises(InputError, match="none of the 1 images could be read"):
         list(all_bad.batches())

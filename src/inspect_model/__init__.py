@@ -11,30 +11,33 @@ from typing import Any
 from inspect_model._version import __version__
 
 _LAZY = {
-    # summary and loading
+    # one function per command: a request in, a Result out (to_dict(), save(dir))
     "summary": ("inspect_model.api", "summary"),
+    "activations": ("inspect_model.api", "activations"),
+    "grads": ("inspect_model.api", "grads"),
+    "guided_backprop": ("inspect_model.api", "guided_backprop"),
+    "cam": ("inspect_model.api", "cam"),
+    "check": ("inspect_model.api", "check"),
+    "Result": ("inspect_model.api", "Result"),
+    "ModelOptions": ("inspect_model.api", "ModelOptions"),
+    "InputOptions": ("inspect_model.api", "InputOptions"),
+    # loading and the hook engine
     "load_model": ("inspect_model.loading.models", "load_model"),
-    # the hook engine
     "HookEngine": ("inspect_model.engine.hooks", "HookEngine"),
     "CaptureOptions": ("inspect_model.engine.hooks", "CaptureOptions"),
     "select_layers": ("inspect_model.engine.selection", "select_layers"),
-    # the methods, each taking a model object and returning records/tensors
+    # the bare methods, each taking a model object and returning records/tensors
     "tensor_stats": ("inspect_model.methods.stats", "tensor_stats"),
     "capture_activations": ("inspect_model.methods.activations", "capture_activations"),
     "gradients": ("inspect_model.methods.gradients", "gradients"),
     "jacobian": ("inspect_model.methods.jacobian", "jacobian"),
-    "guided_backprop": ("inspect_model.methods.guided", "guided_backprop"),
     "sanity_check": ("inspect_model.methods.guided", "sanity_check"),
     "compute_cams": ("inspect_model.methods.cam", "compute_cams"),
     "gradcam": ("inspect_model.methods.cam", "gradcam"),
     "run_checks": ("inspect_model.methods.checks", "run_checks"),
 }
 
-__all__ = [  # noqa: RUF022 - grouped as in _LAZY
-    "__version__", "summary", "load_model", "HookEngine", "CaptureOptions", "select_layers", "tensor_stats",
-    "capture_activations", "gradients", "jacobian", "guided_backprop", "sanity_check", "compute_cams", "gradcam",
-    "run_checks",
-]
+__all__ = ["__version__", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

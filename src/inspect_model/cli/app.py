@@ -15,6 +15,7 @@ from typing import Any
 import typer
 
 from inspect_model import errors
+from inspect_model.cli import completion
 from inspect_model.cli.activations import activations
 from inspect_model.cli.cam import cam
 from inspect_model.cli.check import check
@@ -67,6 +68,9 @@ COMMANDS: dict[str, Any] = {  # in the order `inspect-model --help` lists them
     "cam": cam,
     "check": check,
 }
+
+
+assert tuple(COMMANDS) == completion.COMMAND_NAMES
 
 
 def _register() -> None:

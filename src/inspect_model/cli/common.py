@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from inspect_model.cli import completion
-from inspect_model.errors import UsageError
+from inspect_model.render.table import clean
 
 # ---------------------------------------------------------------- option types
 ModelArg = Annotated[
@@ -77,100 +76,11 @@ ConfigOpt = Annotated[
 DepthOpt = Annotated[int | None, typer.Option("--depth", help="Only modules down to this nesting depth.")]
 LayersOpt = Annotated[
     list[str] | None,
-    typer.Option("--layers", "-l", help="Layer spec: name, glob (layer4.*), type:Conv2d, with [i] (repeatable).",
-                 autocompletion=completion.complete_layer),
+    typer.Option("--layer", "--layers", "-l", help="Layer spec: name, glob (layer4.*), type:Conv2d, with [i] "
+                 "(repeatable).", autocompletion=completion.complete_layer),
 ]
+ColormapOpt = Annotated[str, typer.Option("--colormap", "--cmap", help="Matplotlib colormap of the pictures.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed for random inputs and sampling.")]
-
-
-@dataclass
-class ModelOptions:
-    """What every subcommand needs to load a model."""
-
-    model: str
-    weights: str | None
-    checkpoint: Path | None = None
-    model_args: list[str] | None = None
-    non_strict: bool = False
-    trust_checkpoint: bool = False
-    device: str = "cpu"
-    dtype: str = "float32"
-
-
-def parse_model_args(items: list[str] | None) -> dict[str, Any]:
-    """``['depth=3', 'name="x"']`` to a dict; values are Python literals, else strings."""
-    import ast
-
-    out: dict[str, Any] = {}
-    for item in items or []:
-        if "=" not in item:
-            raise UsageError(f"--model-arg '{item}' is not key=value")
-        key, raw = item.split("=", 1)
-        key = key.strip()
-        if not key.isidentifier():
-            raise UsageError(f"--model-arg key '{key}' is not a valid Python identifier")
-        try:
-            out[key] = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            out[key] = raw
-    return out
-
-
-def resolve_device(name: str) -> str:
-    """``auto`` picks cuda, then mps, then cpu; an unavailable device is a usage error."""
-    import torch
-
-    key = (name or "cpu").strip().lower()
-    if key == "auto":
-        if torch.cuda.is_available():
-            return "cuda"
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return "mps"
-        return "cpu"
-    if key.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise UsageError(f"--device {name}: CUDA is not available on this machine; use --device cpu or auto")
-        if ":" in key:
-            idx = int(key.split(":", 1)[1]) if key.split(":", 1)[1].isdigit() else -1
-            if not 0 <= idx < torch.cuda.device_count():
-                raise UsageError(f"--device {name}: no such CUDA device (found {torch.cuda.device_count()})")
-        return key
-    if key == "mps":
-        if getattr(torch.backends, "mps", None) is None or not torch.backends.mps.is_available():
-            raise UsageError("--device mps: MPS is not available on this machine; use --device cpu or auto")
-        return key
-    if key == "cpu":
-        return key
-    raise UsageError(f"--device '{name}' is not one of cpu, cuda, cuda:N, mps, auto")
-
-
-def load(opts: ModelOptions, *, device: str | None = None) -> Any:
-    """Load the model named by ``opts`` (see :func:`inspect_model.loading.models.load_model`)."""
-    import warnings
-
-    from inspect_model.loading.models import load_model
-
-    with warnings.catch_warnings():
-        # torchvision builders warn about init defaults the user did not ask about.
-        warnings.simplefilter("ignore", FutureWarning)
-        warnings.simplefilter("ignore", UserWarning)
-        loaded = load_model(
-            opts.model,
-            weights=opts.weights,
-            device=device or resolve_device(opts.device),
-            model_args=parse_model_args(opts.model_args),
-            checkpoint=str(opts.checkpoint) if opts.checkpoint else None,
-            strict=not opts.non_strict,
-            trust_checkpoint=opts.trust_checkpoint,
-        )
-    from inspect_model.loading.shapes import parse_dtype
-
-    if loaded.borrowed and str(parse_dtype(opts.dtype)) != "torch.float32":
-        # Commands cast the model to --dtype in place: give them a copy of the user's instance.
-        from inspect_model.loading.user_models import private_copy
-
-        loaded.model, loaded.borrowed = private_copy(loaded.model, opts.model), False
-    return loaded
 
 
 # ---------------------------------------------------------------- consoles
@@ -182,11 +92,14 @@ class Messages:
 
     def info(self, text: str) -> None:
         if not self.quiet:
-            print(text, file=sys.stderr)
+            print(clean(text), file=sys.stderr)
+
+    def note(self, text: str) -> None:
+        self.info(f"note: {text}")
 
     def warn(self, text: str) -> None:
         if not self.quiet:
-            print(f"warning: {text}", file=sys.stderr)
+            print(f"warning: {clean(text)}", file=sys.stderr)
 
 
 def stdout_is_terminal() -> bool:
@@ -247,12 +160,3 @@ SaveRawOpt = Annotated[bool, typer.Option("--save-raw", help="Also save raw arra
 TensorboardOpt = Annotated[
     Path | None, typer.Option("--tensorboard", help="Also write TensorBoard events here (needs the tensorboard extra).")
 ]
-
-
-def parse_floats(text: str | None, option: str) -> list[float] | None:
-    if text is None:
-        return None
-    try:
-        return [float(v) for v in text.replace(" ", "").split(",") if v]
-    except ValueError as exc:
-        raise UsageError(f"{option} '{text}' is not a comma-separated list of numbers") from exc

@@ -9,6 +9,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+# The subcommands, in the order `inspect-model --help` lists them (cli/app.py registers these).
+COMMAND_NAMES = ("summary", "models", "activations", "grads", "guided-backprop", "cam", "check")
+
 
 def model_names() -> list[str]:
     text = resources.files("inspect_model").joinpath("data/torchvision_models.txt").read_text(encoding="utf-8")
@@ -59,10 +62,8 @@ def _model_from_command_line() -> str | None:
         words = shlex.split(raw)
     except ValueError:
         words = raw.split()
-    from inspect_model.cli.app import COMMANDS
-
     for i, w in enumerate(words):
-        if w in COMMANDS:
+        if w in COMMAND_NAMES:
             for nxt in words[i + 1:]:
                 if not nxt.startswith("-"):
                     return nxt

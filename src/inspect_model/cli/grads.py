@@ -4,13 +4,13 @@ gradients between inner layers (``--of A --wrt B``)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
+from inspect_model.api.options import InputOptions, ModelOptions
 from inspect_model.cli import common as c
-from inspect_model.cli.run import InputOptions
-from inspect_model.cli.shared import RunOptions, command_run, shared_options
+from inspect_model.cli.shared import RunOptions, run_api, shared_options
 
 EXAMPLE = "inspect-model grads resnet18 cat.jpg --weights none --fail-on nan,inf,exploding --output-dir g"
 
@@ -78,7 +78,7 @@ def grads(
     jacobian_norm: JacNormOpt = False,
     probes: ProbesOpt = 16,
     *,
-    opts: c.ModelOptions,
+    opts: ModelOptions,
     inputs: InputOptions,
     run_opts: RunOptions,
 ) -> None:
@@ -92,138 +92,15 @@ def grads(
 
     if label is not None and labels_file is not None:
         raise UsageError("--label and --labels-file both give labels; choose one")
-    jac = of is not None or wrt is not None
-    if jac:
-        for flag, on in (("--loss", loss), ("--label", label), ("--labels-file", labels_file),
-                         ("--clip-norm", clip_norm), ("--fail-on", fail_on), ("--layers", layers),
-                         ("--tensorboard", run_opts.tensorboard)):
-            if on:
-                raise UsageError(f"{flag} does not apply with --of/--wrt (gradients between layers); drop it")
-    else:
-        if jacobian_norm:
-            raise UsageError("--jacobian-norm needs --of LAYER and/or --wrt LAYER")
-        from inspect_model.methods.gradients import validate_request
+    from inspect_model.api.grads import check_grads_request
+    from inspect_model.api.grads import grads as api_grads
 
-        validate_request(target=target, loss=loss, has_labels=label is not None or labels_file is not None,
-                         clip_norm=clip_norm, vanishing_below=vanishing_below, exploding_above=exploding_above,
-                         fail_on=fail_on)
-    if probes < 2:
-        raise UsageError(f"--probes must be 2 or more, got {probes}")
-    failures: list[Any] = []
-    with command_run("grads", run_opts) as run:
-        prep = run.prepare(opts, inputs)
-        loaded, plan, categories, dev = prep.loaded, prep.plan, prep.categories, prep.device
-        options: dict[str, Any] = {
-            "model": model, "weights": opts.weights, "checkpoint": str(opts.checkpoint) if opts.checkpoint else None,
-            "layers": layers, "depth": depth, "preprocessing": plan.describe(), "device": dev, "dtype": opts.dtype,
-            "seed": inputs.seed, "target": target, "loss": loss, "label": label,
-            "labels_file": str(labels_file) if labels_file else None, "output_key": output_key,
-        }
-        if jac:
-            of_, wrt_ = of or "score", wrt or "input"
-            options.update({"of": of_, "wrt": wrt_, "jacobian_norm": jacobian_norm, "probes": probes})
-            payload, text, rich = _run_jacobian(loaded, run.track(plan), of_, wrt_, target=target, output_key=output_key,
-                                                categories=categories, norm=jacobian_norm, probes=probes,
-                                                seed=inputs.seed, out=run.out,
-                                                emit_line=run.line if run.jsonl else None)
-        else:
-            options.update({"clip_norm": clip_norm, "vanishing_below": vanishing_below,
-                            "exploding_above": exploding_above, "fail_on": fail_on})
-            rep, payload, text, rich = _run_grads(
-                loaded, run.track(plan), layers=layers, depth=depth, target=target, loss=loss, label=label,
-                labels_file=labels_file, output_key=output_key, categories=categories, clip_norm=clip_norm,
-                vanishing_below=vanishing_below, exploding_above=exploding_above, fail_on=fail_on, out=run.out,
-                emit_line=run.line if run.jsonl else None, histograms=run.out is not None or run.writer is not None)
-            for note in rep.notes:
-                run.msgs.info(f"note: {note}")
-            failures = rep.failures()
-            if run.writer is not None:
-                _write_tensorboard(run.writer, rep)
-        for w in plan.drain_warnings():  # skipped files (--skip-bad-inputs), first GIF frames...
-            run.msgs.warn(w)
-        run.finish(payload, options, text=lambda files: text(), rich=lambda files: rich())
-    if failures:
-        from inspect_model.errors import CheckFailed
-
-        first = failures[0]
-        more = f" (also failed: {', '.join(f.name for f in failures[1:])})" if len(failures) > 1 else ""
-        raise CheckFailed(f"gradient check '{first.name}' failed: {first.detail}{more}")
-
-
-def _run_grads(loaded: Any, batches: Any, *, layers: list[str] | None, depth: int | None, target: str | None,
-               loss: str | None, label: str | None, labels_file: Path | None, output_key: str | None,
-               categories: Any, clip_norm: float | None, vanishing_below: float, exploding_above: float,
-               fail_on: str | None, out: Any, emit_line: Any, histograms: bool) -> tuple[Any, dict[str, Any], Any, Any]:
-    from inspect_model.methods.gradients import gradients, read_labels_file
-    from inspect_model.render import gradients as render
-
-    lab: Any = label
-    if labels_file is not None:
-        lab = read_labels_file(str(labels_file), categories)
-    on_batch = None
-    if emit_line is not None:
-        def on_batch(samples: list[Any]) -> None:
-            for s in samples:
-                emit_line(render.sample_payload(s))
-
-    rep = gradients(loaded.model, batches, layers=layers, depth=depth, target=target, loss=loss,
-                    labels=lab, output_key=output_key, categories=categories, clip_norm=clip_norm,
-                    vanishing_below=vanishing_below, exploding_above=exploding_above, fail_on=fail_on,
-                    histograms=histograms, on_batch=on_batch)
-    if out is not None:
-        fig = render.flow_figure(rep)
-        out.save_figure("grad_flow.png", fig, dpi=render.FIG_DPI)
-        fig = render.histogram_figure(rep)
-        out.save_figure("grad_histograms.png", fig, dpi=render.FIG_DPI)
-    payload = render.to_payload(rep)
-    return rep, payload, lambda: render.render_text(rep), lambda: render.render_rich(rep)
-
-
-def _run_jacobian(loaded: Any, batches: Any, of: str, wrt: str, *, target: str | None, output_key: str | None,
-                  categories: Any, norm: bool, probes: int, seed: int, out: Any,
-                  emit_line: Any) -> tuple[dict[str, Any], Any, Any]:
-    from inspect_model.methods.jacobian import jacobian
-    from inspect_model.render import gradients as render
-    from inspect_model.render.files import safe_name
-
-    results = []
-    for b, batch in enumerate(batches):
-        res = jacobian(loaded.model, batch.tensor, of=of, wrt=wrt, target=target, output_key=output_key,
-                       categories=categories, norm=norm, probes=probes, seed=seed + b, names=batch.names)
-        for r in res:
-            if out is not None and r.grad_map is not None:
-                fig = render.jacobian_figure(r)
-                out.save_figure(f"jacobian_{safe_name(r.of)}_wrt_{safe_name(r.wrt)}_batch{b}.png", fig,
-                                dpi=render.FIG_DPI)
-            r.grad_map = None  # drawn; do not keep maps of every batch
-            for i, name in enumerate(r.names if emit_line is not None else []):
-                emit_line({"image": name, "of": r.of, "wrt": r.wrt,
-                           "vjp_norm": r.sample_norms[i] if i < len(r.sample_norms) else None,
-                           "frobenius_sq": r.sample_norm_sq[i] if i < len(r.sample_norm_sq) else None})
-        results.extend(res)
-    payload = render.jacobian_payload(results)
-    return payload, lambda: render.render_jacobian_text(results), lambda: render.render_jacobian_rich(results)
-
-
-def _write_tensorboard(writer: Any, rep: Any) -> None:
-    """Scalars (norms) and histograms of log10|grad| (raw buckets) for layers and parameters."""
-    from inspect_model.methods.gradients import LogHist
-
-    edges = LogHist.edges()[1:]
-    writer.add_scalar("grads/global_norm", rep.global_norm, 0)
-    writer.add_scalar("grads/output_grad_norm", rep.output_grad_norm, 0)
-
-    def hist(tag: str, h: Any) -> None:
-        num = sum(h.counts)
-        if num:
-            writer.add_histogram_raw(tag, min=h.min, max=h.max, num=num, sum=h.sum, sum_squares=h.sum_squares,
-                                     bucket_limits=edges, bucket_counts=h.counts, global_step=0)
-
-    for r in rep.layers:
-        if r.grad_output is not None:
-            writer.add_scalar(f"grads/layer/{r.key}/output_grad_norm", r.grad_output.norm, 0)
-            hist(f"grads/layer/{r.key}/log10_abs_output_grad", r.hist)
-    for p in rep.params:
-        if p.has_grad:
-            writer.add_scalar(f"grads/param/{p.name}/norm", p.norm, 0)
-            hist(f"grads/param/{p.name}/log10_abs_grad", p.hist)
+    run_opts.check()
+    check_grads_request(
+        target=target, loss=loss, label=label, labels_file=labels_file, clip_norm=clip_norm,
+        vanishing_below=vanishing_below, exploding_above=exploding_above, fail_on=fail_on, layers=layers, of=of,
+        wrt=wrt, jacobian_norm=jacobian_norm, probes=probes, tensorboard=run_opts.tensorboard)
+    run_api("grads", api_grads, opts, inputs, run_opts, target=target, loss=loss, label=label,
+            labels_file=labels_file, output_key=output_key, layers=layers, depth=depth, clip_norm=clip_norm,
+            vanishing_below=vanishing_below, exploding_above=exploding_above, fail_on=fail_on, of=of, wrt=wrt,
+            jacobian_norm=jacobian_norm, probes=probes)

@@ -1,26 +1,35 @@
-"""The option groups the image subcommands share, declared once.
+"""The option groups the image commands share, declared once, and the one way a command
+hands its API result to the user.
 
 ``@shared_options()`` appends the model, input and run options to a command's signature,
 so Typer (and therefore ``--help``, completion and ``--config``) sees them as ordinary
 options of that command, and calls the command with three objects instead of twenty-five
 parameters: ``opts`` (:class:`ModelOptions`), ``inputs`` (:class:`InputOptions`) and
-``run_opts`` (:class:`RunOptions`). The command keeps its own options and its ``model``
-and ``images`` arguments.
+``run_opts`` (:class:`RunOptions`). :func:`run_api` calls an API function with them and
+delivers its result: notes and progress on stderr, ``--jsonl`` lines, the report on
+stdout, warnings once each, exit 1 for failed checks.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import typer
+
+from inspect_model.api.options import InputOptions, ModelOptions, check_dtype, check_request
 from inspect_model.cli import common as c
-from inspect_model.cli.run import CommandRun, InputOptions, JsonlOpt
+from inspect_model.errors import UsageError
 
+JsonlOpt = Annotated[
+    bool, typer.Option("--jsonl", help="Write one compact JSON object per image to stdout as each batch finishes.")
+]
 MODEL_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("weights", c.WeightsOpt, "DEFAULT"),
     ("checkpoint", c.CheckpointOpt, None),
@@ -57,21 +66,35 @@ _INJECTED = ("opts", "inputs", "run_opts")
 
 @dataclass(frozen=True)
 class RunOptions:
-    """Where and how a run reports (see :class:`inspect_model.cli.run.CommandRun`)."""
+    """Where and how a run reports."""
 
-    output_dir: Path | None
-    force: bool
-    tensorboard: Path | None
-    json_: bool
-    jsonl: bool
-    quiet: bool
+    output_dir: Path | None = None
+    force: bool = False
+    tensorboard: Path | None = None
+    json_: bool = False
+    jsonl: bool = False
+    quiet: bool = False
+
+    def check(self, *, save_raw: bool = False) -> None:
+        if self.json_ and self.jsonl:
+            raise UsageError("--json and --jsonl cannot be combined; choose one")
+        for flag, on in (("--save-raw", save_raw), ("--force", self.force)):
+            if on and self.output_dir is None:
+                raise UsageError(f"{flag} needs --output-dir DIR")
+        if self.tensorboard is not None:
+            from inspect_model.render.tensorboard import require_tensorboard
+
+            require_tensorboard()
 
 
-def shared_options(*, labels: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorate a subcommand taking ``model``, ``images``, its own options and the injected
+def shared_options(*, labels: bool = True, images: bool = True,
+                   run: tuple[str, ...] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a command taking ``model``, ``images``, its own options and the injected
     ``opts``/``inputs``/``run_opts``. ``labels=False`` leaves ``--labels`` out (for commands
-    that name no classes)."""
-    input_options = tuple(o for o in INPUT_OPTIONS if labels or o[0] != "labels")
+    that name no classes); ``run`` names the run options the command has (default: all)."""
+    input_options = tuple(o for o in INPUT_OPTIONS if (labels or o[0] != "labels")
+                          and (images or o[0] not in ("preset", "resize", "crop", "mean", "std", "skip_bad_inputs")))
+    run_options = tuple(o for o in RUN_OPTIONS if run is None or o[0] in run or o[0] in ("config", "debug"))
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         hints = typing.get_type_hints(fn, include_extras=True)
@@ -80,19 +103,24 @@ def shared_options(*, labels: bool = True) -> Callable[[Callable[..., Any]], Cal
             for p in inspect.signature(fn).parameters.values()
             if p.name not in _INJECTED
         ]
-        groups = MODEL_OPTIONS + input_options + RUN_OPTIONS
+        groups = MODEL_OPTIONS + input_options + run_options
         extra = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d, annotation=a)
                  for n, a, d in groups]
 
         @functools.wraps(fn)
         def command(**kw: Any) -> Any:
-            opts = c.ModelOptions(kw["model"], *(kw.pop(n) for n, _, _ in MODEL_OPTIONS))
+            mo = {n: kw.pop(n) for n, _, _ in MODEL_OPTIONS}
+            opts = ModelOptions(kw["model"], weights=mo["weights"], checkpoint=mo["checkpoint"],
+                                model_args=mo["model_arg"], non_strict=mo["non_strict"],
+                                trust_checkpoint=mo["trust_checkpoint"], device=mo["device"], dtype=mo["dtype"])
+            check_dtype(opts.dtype)
             given = {n: kw.pop(n) for n, _, _ in input_options}
-            given["skip_bad"] = given.pop("skip_bad_inputs")
+            given["skip_bad"] = given.pop("skip_bad_inputs", False)
             inputs = InputOptions(kw.get("images"), **given)
-            run_opts = RunOptions(*(kw.pop(n) for n, _, _ in RUN_OPTIONS[:6]))
+            check_request(inputs)
+            ro = {n: kw.pop(n) for n, _, _ in run_options if n not in ("config", "debug")}
             kw.pop("config"), kw.pop("debug")
-            return fn(**kw, opts=opts, inputs=inputs, run_opts=run_opts)
+            return fn(**kw, opts=opts, inputs=inputs, run_opts=RunOptions(**ro))
 
         params = own + extra
         command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
@@ -102,8 +130,45 @@ def shared_options(*, labels: bool = True) -> Callable[[Callable[..., Any]], Cal
     return decorate
 
 
-def command_run(command: str, run_opts: RunOptions, *, save_raw: bool = False) -> CommandRun:
-    """The :class:`CommandRun` of one subcommand invocation."""
-    r = run_opts
-    return CommandRun(command, output_dir=r.output_dir, force=r.force, tensorboard=r.tensorboard, json_=r.json_,
-                      jsonl=r.jsonl, quiet=r.quiet, save_raw=save_raw)
+def run_api(command: str, api_fn: Callable[..., Any], opts: ModelOptions, inputs: InputOptions,
+            run_opts: RunOptions, *, streams: bool = True, **kwargs: Any) -> Any:
+    """Call ``api_fn`` (``inspect_model.api.cam`` ...) with the shared options and deliver
+    its result (see the module docstring)."""
+    from inspect_model.cli.progress import Progress
+    from inspect_model.errors import CheckFailed
+
+    msgs = c.Messages(run_opts.quiet)
+    extra: dict[str, Any] = {"model_options": opts, "inputs": inputs, "output_dir": run_opts.output_dir,
+                             "force": run_opts.force, "notes": msgs.note}
+    if streams:
+        extra.update(tensorboard=run_opts.tensorboard, keep=False,
+                     on_item=_jsonl_writer(command) if run_opts.jsonl else None)
+    with Progress(command, msgs) as progress:
+        if streams:
+            extra["progress"] = progress
+        result = api_fn(None, **extra, **kwargs)
+    deliver(result, run_opts, msgs)
+    if result.failures:
+        raise CheckFailed("; ".join(result.failures))
+    return result
+
+
+def deliver(result: Any, run_opts: RunOptions, msgs: c.Messages) -> None:
+    """The report on stdout in the one format asked for; each warning once on stderr."""
+    from inspect_model.api.pipeline import warning_lines
+
+    for line in warning_lines(result.warnings):
+        msgs.warn(line)
+    if run_opts.jsonl:
+        return
+    c.emit(as_json=run_opts.json_, json_doc=result.to_dict, text=result.text, rich=result.rich)
+
+
+def _jsonl_writer(command: str) -> Callable[[dict[str, Any]], None]:
+    from inspect_model.render.jsonout import dumps
+
+    def write(obj: dict[str, Any]) -> None:
+        sys.stdout.write(dumps({"command": command, **obj}, indent=None) + "\n")
+        sys.stdout.flush()
+
+    return write

@@ -6,7 +6,9 @@ from typing import Annotated
 
 import typer
 
+from inspect_model.api.options import ModelOptions
 from inspect_model.cli import common as c
+from inspect_model.cli.shared import RunOptions, deliver
 
 EXAMPLE = "inspect-model summary resnet34 --depth 2"
 
@@ -25,6 +27,7 @@ def summary(
     device: Annotated[
         str, typer.Option("--device", help="meta (no memory, no arithmetic), cpu, cuda, mps or auto.")
     ] = "meta",
+    seed: c.SeedOpt = 0,
     json_: c.JsonOpt = False,
     output_dir: c.OutputDirOpt = None,
     force: c.ForceOpt = False,
@@ -37,40 +40,23 @@ def summary(
     Runs on the meta device by default, so a model of any size is summarised without
     allocating its weights. Example: inspect-model summary resnet34 --depth 2
     """
-    from inspect_model.api import summary_from_options
-    from inspect_model.errors import ModelRuntimeError
-    from inspect_model.render import summary as render
-    from inspect_model.render.files import OutputDir
-    from inspect_model.render.jsonout import dumps, envelope
+    from inspect_model.api.options import InputOptions, check_dtype, check_request
+    from inspect_model.errors import ModelRuntimeError, UsageError
+
+    run_opts = RunOptions(output_dir=output_dir, force=force, json_=json_, quiet=quiet)
+    run_opts.check()
+    if depth is not None and depth < 0:
+        raise UsageError(f"--depth must be 0 or more, got {depth}")
+    check_dtype(dtype)
+    check_request(InputOptions(None, input_size=input_size), batch_size=batch_size)
+    from inspect_model import api
 
     msgs = c.Messages(quiet)
-    out = OutputDir(output_dir, force=force).prepare() if output_dir else None
-    try:
-        opts = c.ModelOptions(model, weights, checkpoint, model_arg, non_strict, trust_checkpoint,
-                              device, dtype)
-        res = summary_from_options(opts, input_sizes=input_size, batch_size=batch_size, depth=depth)
-        for note in res.notes:
-            msgs.info(f"note: {note}")
-        options = {
-            "model": model, "weights": weights, "input_size": res.input_shapes, "batch_size": batch_size,
-            "dtype": dtype, "depth": depth, "device": res.device, "checkpoint": str(checkpoint) if checkpoint else None,
-        }
-        files: list[str] = []
-        if out is not None:
-            files = [str(out.path / "summary.txt"), str(out.path / "summary.json")]
-            out.write_text("summary.txt", render.render_text(res))
-            out.write_text("summary.json", dumps(envelope("summary", render.to_payload(res), options=options, files=files)) + "\n")
-            out.commit()
-        c.emit(
-            as_json=json_,
-            json_doc=lambda: envelope("summary", render.to_payload(res), options=options, files=files),
-            text=lambda: render.render_text(res),
-            rich=lambda: render.render_rich(res),
-        )
-        if res.error:
-            where = f" in layer '{res.failed_layer}'" if res.failed_layer else ""
-            raise ModelRuntimeError(f"forward pass failed{where}: {res.error}")
-    except BaseException:
-        if out is not None:
-            out.abort()
-        raise
+    opts = ModelOptions(model, weights=weights, checkpoint=checkpoint, model_args=model_arg, non_strict=non_strict,
+                        trust_checkpoint=trust_checkpoint, device=device, dtype=dtype)
+    res = api.summary(None, model_options=opts, input_size=input_size, batch_size=batch_size, depth=depth,
+                      seed=seed, output_dir=output_dir, force=force, notes=msgs.note)
+    deliver(res, run_opts, msgs)
+    if res.record.error:
+        where = f" in layer '{res.record.failed_layer}'" if res.record.failed_layer else ""
+        raise ModelRuntimeError(f"forward pass failed{where}: {res.record.error}")

@@ -97,9 +97,9 @@ class HookEngine:
             raise ModelRuntimeError(f"internal: layers not in model: {', '.join(missing[:5])}")
         if self.layers and isinstance(self.model, torch.jit.ScriptModule):
             # torch raises NotImplementedError on hooks of ScriptModules (issue 3).
-            from inspect_model.loading.models import hooks_unsupported_message
-
-            raise ModelLoadError(hooks_unsupported_message("the model", None))
+            raise ModelLoadError(
+                "the model is a TorchScript model, and torch does not allow module hooks on it; layer-level "
+                "commands need the Python nn.Module (FILE.py:FACTORY) or a torch.export program (.pt2)")
         params = list(self.model.parameters())
         self._saved = {
             "training": [(m, m.training) for m in self.model.modules()],
@@ -371,7 +371,7 @@ def run_forward(engine: HookEngine, fn: Callable[[], Any]) -> Any:
         loc = f" in layer '{where}'" if where else ""
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         text = f"forward pass failed{loc}: {type(exc).__name__}: {msg}"
-        from inspect_model.api import first_layer_hint
+        from inspect_model.engine.hints import first_layer_hint
 
         hint = first_layer_hint(engine.model) if where else None
         if hint is not None and hint[0] == where:

@@ -16,14 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import InputError, UsageError
-from inspect_model.loading.images import (  # noqa: F401 - constants re-exported from their old home
-    IMAGE_EXTENSIONS,
-    MAX_PIXELS,
-    MIN_SIDE,
-    LoadedImage,
-    collect_paths,
-    load_image,
-)
+from inspect_model.loading.images import LoadedImage, collect_paths, load_image
 
 if TYPE_CHECKING:
     import torch
@@ -220,8 +213,8 @@ class InputPlan:
     """The resolved input options of one run; ``batches()`` streams :class:`InputBatch`.
 
     While streaming, ``skipped`` collects ``(path, reason)`` for each bad file passed over
-    with ``--skip-bad-inputs`` and ``warnings`` the per-image notes; commands print them with
-    :meth:`drain_warnings` as they go and put :meth:`input_report` in their report.
+    with ``--skip-bad-inputs`` and ``warnings`` the per-image notes; the pipeline puts both
+    in the report (``api.pipeline.input_outcome``).
     """
 
     paths: list[Path]
@@ -237,8 +230,6 @@ class InputPlan:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     processed: int = 0  # images fed to the model so far
-    _drained: int = 0
-    _skips_drained: int = 0
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -251,24 +242,6 @@ class InputPlan:
             "fill": None if self.paths else self.fill,
             "skip_bad_inputs": self.skip_bad,
         }
-
-    def input_report(self) -> dict[str, Any]:
-        """How the inputs went: counts, skipped files with reasons, warnings."""
-        return {
-            "images_total": len(self.paths),
-            "images_used": self.processed,
-            "skipped_count": len(self.skipped),
-            "skipped": [{"path": p, "reason": r} for p, r in self.skipped],
-            "warnings": list(self.warnings),
-        }
-
-    def drain_warnings(self) -> list[str]:
-        """Warnings (including skipped files) not returned by an earlier call."""
-        new = list(self.warnings[self._drained:])
-        new += [f"skipped {r}" for _, r in self.skipped[self._skips_drained:]]
-        self._drained = len(self.warnings)
-        self._skips_drained = len(self.skipped)
-        return new
 
     def batches(self) -> Iterator[InputBatch]:
         import torch
@@ -378,3 +351,37 @@ def plan_inputs(
             )
     return InputPlan(paths=paths, preprocess=pre, input_size=size, batch_size=batch_size,
                      channels=channels, seed=seed, fill=fill, skip_bad=skip_bad, device=device, dtype=dtype)
+
+
+@dataclass
+class TensorPlan:
+    """Inputs given as a tensor (N, C, H, W) by the Python API, streamed in batches."""
+
+    tensor: torch.Tensor
+    names: list[str] | None = None
+    batch_size: int = 8
+    seed: int = 0
+    paths: list[Path] = field(default_factory=list)
+    preprocess: Preprocess | None = None
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = int(self.tensor.shape[0])
+        if self.names is None:
+            self.names = [f"input-{i}" for i in range(n)]
+        if len(self.names) != n:
+            raise InputError(f"{len(self.names)} names for {n} inputs")
+        if self.batch_size < 1:
+            raise InputError(f"batch_size must be 1 or more, got {self.batch_size}")
+
+    def describe(self) -> dict[str, Any]:
+        return {"images": [], "preprocessing": None, "input_size": list(self.tensor.shape[1:]),
+                "batch_size": self.batch_size, "channels": int(self.tensor.shape[1]) if self.tensor.dim() > 1 else 1,
+                "seed": self.seed, "fill": "tensor", "skip_bad_inputs": False}
+
+    def batches(self) -> Iterator[InputBatch]:
+        assert self.names is not None
+        x = self.tensor.detach()
+        for start in range(0, int(x.shape[0]), self.batch_size):
+            yield InputBatch(x[start:start + self.batch_size], self.names[start:start + self.batch_size], None)

@@ -91,11 +91,6 @@ def load_torchscript(path: str, *, device: str = "cpu") -> LoadedModel:
     loaded = _finish(model, name=os.path.basename(path), source="torchscript", device=map_location,
                      notes=[])
     loaded.hookable = False
-    loaded.notes.append(
-        "TorchScript: torch rejects forward hooks on ScriptModules, so commands that hook layers "
-        f"({', '.join(HOOK_COMMANDS)}) cannot run on it; save it with torch.export (.pt2) or load "
-        "the Python class (FILE.py:NAME) with --checkpoint"
-    )
     return loaded
 
 

@@ -79,16 +79,3 @@ def make_example_inputs(
     if family == "detection":
         return ([make(tuple(sizes[0])) for _ in range(batch_size)],)
     return tuple(make((batch_size, *s)) for s in sizes)
-
-
-def describe_inputs(args: Sequence[Any]) -> list[list[int]]:
-    """Shapes of example inputs for reports (a detection list gives one shape per image)."""
-    import torch
-
-    out: list[list[int]] = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            out.append(list(a.shape))
-        elif isinstance(a, (list, tuple)):
-            out.extend(list(t.shape) for t in a if isinstance(t, torch.Tensor))
-    return out

@@ -20,13 +20,7 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import ModelLoadError, suggest
-from inspect_model.loading.saved_models import (  # noqa: F401 - re-exported from their old home
-    HOOK_COMMANDS,
-    SCRIPT_SUFFIXES,
-    load_archive,
-    load_exported,
-    load_torchscript,
-)
+from inspect_model.loading.saved_models import load_archive
 
 if TYPE_CHECKING:
     from torch import nn

@@ -23,8 +23,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from inspect_model.errors import InputError, ModelLoadError
-from inspect_model.methods.activation_stats import (  # noqa: F401 - re-exported from its old home
-    CHUNK_ELEMENTS,
+from inspect_model.methods.activation_stats import (
     ActivationStats,
     Channels,
     Measurement,

@@ -28,7 +28,7 @@ from inspect_model.methods.cam_layers import (
     resolve_layer,
     resolve_layers,
 )
-from inspect_model.methods.cam_methods import GRADIENT_METHODS, METHODS
+from inspect_model.methods.cam_methods import GRADIENT_METHODS, GROUPS, METHODS
 
 if TYPE_CHECKING:
     import torch
@@ -87,7 +87,7 @@ class CamResult:
 
 # ----------------------------------------------------------------------------- options
 def _tokens(items: Sequence[str] | None) -> list[tuple[str, str]]:
-    aliases = {"gradcampp": "gradcam++", "gradcamplusplus": "gradcam++"}
+    aliases = {"gradcampp": "gradcam++", "gradcamplusplus": "gradcam++", "gradient": "gradients"}
     out = []
     for item in items or ["gradcam"]:
         for raw in item.split(","):
@@ -101,7 +101,8 @@ def cam_is_optional(items: Sequence[str] | None) -> bool:
     """True when CAM comes only from ``all``: then a network it does not fit skips it with a
     note instead of failing the run."""
     names = [m for _, m in _tokens(items)]
-    return "cam" not in names
+    optional = {m.name for m in cm.REGISTRY.values() if m.in_all == "if-fits"}
+    return not optional & set(names)
 
 
 def parse_methods(items: Sequence[str] | None) -> list[str]:
@@ -110,10 +111,8 @@ def parse_methods(items: Sequence[str] | None) -> list[str]:
     gradient methods; ``gradients`` is the five gradient methods."""
     wanted: list[str] = []
     for raw, m in _tokens(items):
-        if m == "all":
-            wanted.extend(("cam", *GRADIENT_METHODS))
-        elif m in ("gradients", "gradient"):
-            wanted.extend(GRADIENT_METHODS)
+        if m in GROUPS:
+            wanted.extend(GROUPS[m])
         elif m in METHODS:
             wanted.append(m)
         else:
@@ -212,30 +211,27 @@ def compute_cams(
                                tuple(acts[n].shape[1:])) for n in names]
 
     raw_maps: dict[tuple[str, str], torch.Tensor] = {}  # (layer, method) -> (K, N, h, w)
-    k = classes.shape[1]
     for layer in cam_layers:
         A = cm.to_spatial(acts[layer.name], layer.layout)
         A = A.float() if A.dtype != torch.float64 else A
+
+        def masked_scores(A: torch.Tensor = A) -> torch.Tensor:
+            weights, n_pass = cp.scorecam(model, x, A, classes, output_key, scorecam_batch)
+            passes["scorecam_forward"] += n_pass
+            return weights
+
+        inp = cm.MapInputs(
+            A, [cm.to_spatial(g, layer.layout) for g in gradients[layer.name]] if grads else None, classes,
+            fc_weight=lambda name=layer.name, A=A: cp.check_cam(model, fc, name, A, first),
+            masked_scores=masked_scores)
         for m in methods:
-            if m in GRADIENT_METHODS:
-                Gs = [cm.to_spatial(g, layer.layout).to(A.dtype) for g in gradients[layer.name]]
-                raw_maps[(layer.name, m)] = torch.stack([cm.gradient_map(m, A, G) for G in Gs])
-            elif m == "cam":
-                try:
-                    w = cp.check_cam(model, fc, layer.name, A, first)
-                except UsageError as exc:
-                    if not optional_cam:
-                        raise
-                    notes.append(f"cam left out of --method all at layer '{layer.name}': "
-                                 + str(exc).split(": ", 1)[-1].split("; use --method")[0])
-                    continue
-                raw_maps[(layer.name, m)] = torch.stack([cm.cam_map(A, w, classes[:, j]) for j in range(k)])
-            elif m == "eigencam":
-                raw_maps[(layer.name, m)] = cm.eigen_map(A)[None].expand(k, -1, -1, -1)
-            elif m == "scorecam":
-                raw, n_pass = cp.scorecam(model, x, A, classes, output_key, scorecam_batch)
-                raw_maps[(layer.name, m)] = raw
-                passes["scorecam_forward"] += n_pass
+            try:
+                raw_maps[(layer.name, m)] = cm.REGISTRY[m].fn(inp)
+            except UsageError as exc:
+                if not (optional_cam and cm.REGISTRY[m].in_all == "if-fits"):
+                    raise
+                notes.append(f"{m} left out of --method all at layer '{layer.name}': "
+                             + str(exc).split(": ", 1)[-1].split("; use --method")[0])
     maps = _records(raw_maps, classes, hw, [layer.name for layer in cam_layers], methods, fuse)
     return CamResult(scores=first.scores.float().cpu(), targets=classes.cpu().tolist(),
                      layers=cam_layers, maps=maps, input_hw=hw, passes=passes, notes=notes)

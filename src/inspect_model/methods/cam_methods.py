@@ -18,14 +18,13 @@ by :func:`to_spatial` before any of this runs.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
-GRADIENT_METHODS = ("gradcam", "gradcam++", "xgradcam", "layercam", "hirescam")
-METHODS = ("cam", *GRADIENT_METHODS, "scorecam", "eigencam")
 EPS = 1e-7  # as pytorch-grad-cam, in the denominators of XGrad-CAM and Grad-CAM++
 
 
@@ -191,3 +190,104 @@ def map_warnings(raw: torch.Tensor) -> list[str]:
         return [(f"the map is empty: no location has positive evidence (raw max {hi:.4g}); "
                  "after ReLU it is zero everywhere")]
     return []
+
+
+# ----------------------------------------------------------------------------- the registry
+@dataclass
+class MapInputs:
+    """What a method's function gets for one layer: ``A`` (N, C, h, w); ``grads``, one
+    d(score)/dA (N, C, h, w) per target rank (K of them) when the method needs gradients;
+    ``classes`` (N, K); and two callbacks for the methods that need more than the pass:
+    ``fc_weight()`` (CAM's classifier weights, UsageError when the network does not end in
+    global pooling + one linear layer) and ``masked_scores()`` (Score-CAM's channel weights
+    (N, K, C) from its masked forward passes)."""
+
+    A: torch.Tensor
+    grads: list[torch.Tensor] | None
+    classes: torch.Tensor
+    fc_weight: Callable[[], torch.Tensor]
+    masked_scores: Callable[[], torch.Tensor]
+
+    @property
+    def k(self) -> int:
+        return int(self.classes.shape[1])
+
+
+@dataclass(frozen=True)
+class CamMethod:
+    """One CAM method: its function (MapInputs -> raw maps (K, N, h, w)) and the properties
+    the rest of the code reads (parsing, ``all``, help, passes, the report)."""
+
+    name: str
+    title: str
+    paper: str
+    fn: Callable[[MapInputs], Any]
+    needs_gradients: bool = False  # captured in the one backward pass that stops at the layer
+    one_pass: bool = True  # from the single forward (+ backward) pass; False: passes of its own
+    in_all: str = "no"  # "yes", "if-fits" (skipped with a note where the network does not fit), "no"
+
+
+def _gradient(method: str) -> Callable[[MapInputs], Any]:
+    def fn(inp: MapInputs) -> Any:
+        import torch
+
+        assert inp.grads is not None
+        return torch.stack([gradient_map(method, inp.A, G.to(inp.A.dtype)) for G in inp.grads])
+
+    return fn
+
+
+def _cam(inp: MapInputs) -> Any:
+    import torch
+
+    w = inp.fc_weight()
+    return torch.stack([cam_map(inp.A, w, inp.classes[:, j]) for j in range(inp.k)])
+
+
+def _eigen(inp: MapInputs) -> Any:
+    import torch
+
+    if not bool(torch.isfinite(inp.A).all()):
+        # No SVD of NaN/Inf (LinAlgError): a NaN map, reported like any other (issue 14).
+        n, _, h, w = inp.A.shape
+        return torch.full((inp.k, n, h, w), float("nan"), dtype=inp.A.dtype, device=inp.A.device)
+    return eigen_map(inp.A)[None].expand(inp.k, -1, -1, -1)
+
+
+def _score(inp: MapInputs) -> Any:
+    import torch
+
+    weights = inp.masked_scores()  # (N, K, C)
+    return torch.stack([scorecam_map(inp.A[i].float(), weights[i]) for i in range(inp.A.shape[0])], dim=1)
+
+
+REGISTRY: dict[str, CamMethod] = {m.name: m for m in (
+    CamMethod("cam", "CAM", "Zhou et al. 2016", _cam, in_all="if-fits"),
+    CamMethod("gradcam", "Grad-CAM", "Selvaraju et al. 2017", _gradient("gradcam"), needs_gradients=True,
+              in_all="yes"),
+    CamMethod("gradcam++", "Grad-CAM++", "Chattopadhyay et al. 2018", _gradient("gradcam++"),
+              needs_gradients=True, in_all="yes"),
+    CamMethod("xgradcam", "XGrad-CAM", "Fu et al. 2020", _gradient("xgradcam"), needs_gradients=True,
+              in_all="yes"),
+    CamMethod("layercam", "Layer-CAM", "Jiang et al. 2021", _gradient("layercam"), needs_gradients=True,
+              in_all="yes"),
+    CamMethod("hirescam", "HiResCAM", "Draelos & Carin 2020", _gradient("hirescam"), needs_gradients=True,
+              in_all="yes"),
+    CamMethod("scorecam", "Score-CAM", "Wang et al. 2020", _score, one_pass=False),
+    CamMethod("eigencam", "Eigen-CAM", "Muhammad & Yeasin 2020", _eigen),
+)}
+METHODS = tuple(REGISTRY)
+GRADIENT_METHODS = tuple(m.name for m in REGISTRY.values() if m.needs_gradients)
+GROUPS = {  # --method names that stand for several methods
+    "all": tuple(m.name for m in REGISTRY.values() if m.in_all != "no"),
+    "gradients": GRADIENT_METHODS,
+}
+
+
+def method_help() -> str:
+    """``--method``'s help, from the registry."""
+    names = ", ".join(METHODS)
+    fits = [m.name for m in REGISTRY.values() if m.in_all == "if-fits"]
+    return (f"{names}; all ({' + '.join(fits)} where the net fits it, and "
+            f"{', '.join(n for n in GROUPS['all'] if n not in fits)}: one pass) or gradients "
+            f"({', '.join(GRADIENT_METHODS)}); repeatable. Default gradcam.")

@@ -168,7 +168,8 @@ def check_cam(model: nn.Module, fc: str | None, layer: str, A: torch.Tensor, cap
 
 def scorecam(model: nn.Module, x: torch.Tensor, A: torch.Tensor, classes: torch.Tensor,
               output_key: str | None, batch: int) -> tuple[torch.Tensor, int]:
-    """Raw Score-CAM maps (K, N, h, w) and the number of masked forward passes run."""
+    """Score-CAM's channel weights (N, K, C), the target's softmax probability on each
+    masked input, and the number of masked forward passes run."""
     import torch
 
     from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
@@ -187,5 +188,4 @@ def scorecam(model: nn.Module, x: torch.Tensor, A: torch.Tensor, classes: torch.
                 probs = scores_of(out, output_key).float().softmax(dim=1)  # (B, classes)
                 weights[i, :, c0:c0 + batch] = probs[:, classes[i]].T
                 passes += 1
-    raw = torch.stack([cm.scorecam_map(A[i].float(), weights[i]) for i in range(n)], dim=1)
-    return raw, passes
+    return weights, passes

@@ -32,7 +32,7 @@ class CheckResult:
 
     @property
     def status(self) -> str:
-        return "PASS" if self.passed else "FAIL"
+        return "pass" if self.passed else "fail"
 
 
 @dataclass(frozen=True)

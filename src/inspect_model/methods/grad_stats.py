@@ -101,6 +101,4 @@ def merge_stats(a: TensorStats | None, b: TensorStats | None) -> TensorStats | N
 
 
 def max_abs(s: TensorStats | None) -> float | None:
-    if s is None or math.isnan(s.min):
-        return None
-    return max(abs(s.min), abs(s.max))
+    return None if s is None else s.abs_max

@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import InputError, ModelRuntimeError, UsageError
-from inspect_model.methods.grad_checks import (  # noqa: F401 - CHECKS re-exported from its old home
-    CHECKS,
+from inspect_model.methods.grad_checks import (
     DEFAULT_EXPLODING,
     DEFAULT_VANISHING,
     Check,
@@ -38,21 +37,8 @@ from inspect_model.methods.grad_checks import (  # noqa: F401 - CHECKS re-export
     health_checks,
     parse_fail_on,
 )
-from inspect_model.methods.grad_objective import (  # noqa: F401 - re-exported from its old home
-    describe_objective,
-    output_seed,
-    read_labels_file,
-    resolve_label,
-)
-from inspect_model.methods.grad_stats import (  # noqa: F401 - re-exported from their old home
-    HIST_BINS,
-    HIST_HI,
-    HIST_LO,
-    LogHist,
-    log_hist,
-    max_abs,
-    merge_stats,
-)
+from inspect_model.methods.grad_objective import describe_objective, output_seed, resolve_label
+from inspect_model.methods.grad_stats import LogHist, log_hist, max_abs, merge_stats
 from inspect_model.methods.stats import TensorStats, tensor_stats
 
 if TYPE_CHECKING:

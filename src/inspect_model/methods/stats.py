@@ -35,6 +35,13 @@ class TensorStats:
     def finite(self) -> bool:
         return self.nan_count == 0 and self.inf_count == 0
 
+    @property
+    def abs_max(self) -> float | None:
+        """max |x| over the finite values; None when there are none."""
+        if math.isnan(self.min):
+            return None
+        return max(abs(self.min), abs(self.max))
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

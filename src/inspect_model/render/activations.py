@@ -6,14 +6,14 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.render.table import Column, plain_table
+from inspect_model.render.table import Column, clean, plain_table, warning_text
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from inspect_model.methods.activation_stats import ActivationStats
     from inspect_model.methods.activations import (
         ActivationReport,
-        ActivationStats,
         ImageActivations,
         LayerActivation,
     )
@@ -80,16 +80,19 @@ def footer_lines(rep: ActivationReport, files: list[str] | None = None) -> list[
     return lines
 
 
-def render_text(rep: ActivationReport, files: list[str] | None = None) -> str:
+def render_text(rep: ActivationReport, files: list[str] | None = None,
+                warnings: list[dict[str, Any]] | None = None) -> str:
     body = plain_table(COLUMNS, [row_cells(r) for r in rep.layers])
-    return f"Model: {rep.model}\n{body}\n\n" + "\n".join(footer_lines(rep, files)) + "\n"
+    tail = footer_lines(rep, files) + warning_text({"warnings": warnings or []})
+    return f"Model: {clean(rep.model)}\n{body}\n\n" + "\n".join(tail) + "\n"
 
 
-def render_rich(rep: ActivationReport, files: list[str] | None = None) -> list[Any]:
+def render_rich(rep: ActivationReport, files: list[str] | None = None,
+                warnings: list[dict[str, Any]] | None = None) -> list[Any]:
     from inspect_model.render.table import rich_table
 
     t = rich_table(COLUMNS, [row_cells(r) for r in rep.layers], title=f"Model: {rep.model}")
-    return [t, "\n".join(footer_lines(rep, files))]
+    return [t, "\n".join(footer_lines(rep, files)), *warning_text({"warnings": warnings or []})]
 
 
 def stats_dict(s: ActivationStats) -> dict[str, Any]:
@@ -111,12 +114,12 @@ def layer_dict(r: LayerActivation) -> dict[str, Any]:
     }
 
 
-def to_payload(rep: ActivationReport, *, images: list[str] | None = None,
+def to_payload(rep: ActivationReport, *, images: list[dict[str, Any]] | None = None,
                grids: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return {
         "model": rep.model,
-        "images": rep.images,
-        "image_names": list(images or []),
+        "image_count": rep.images,
+        "images": list(images or []),
         "batches": rep.batches,
         "aggregation": "merged over all images (exact: per-image moments combined)",
         "selected_layers": list(rep.selected),

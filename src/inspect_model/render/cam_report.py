@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.render.table import Column, plain_table, rich_table
+from inspect_model.render.table import Column, plain_table, rich_table, warning_text
 
 if TYPE_CHECKING:
     from inspect_model.methods.cam import CamResult
@@ -27,15 +27,14 @@ def class_name(index: int, categories: list[str] | None) -> str | None:
 
 
 def image_record(res: CamResult, i: int, *, index: int, name: str, size: list[int] | None,
-                 categories: list[str] | None, files: dict[tuple[int, str, str], dict[str, str]],
-                 top: int = 5) -> dict[str, Any]:
+                 categories: list[str] | None, top: int = 5) -> dict[str, Any]:
     """The report entry of sample ``i`` of ``res`` (global position ``index``)."""
     scores = res.scores[i]
     probs = res.probabilities[i]
     k = min(top, scores.shape[0])
     best = probs.topk(k)
     predictions = [
-        {"index": int(c), "label": class_name(int(c), categories), "score": float(scores[int(c)]),
+        {"class": int(c), "label": class_name(int(c), categories), "score": float(scores[int(c)]),
          "probability": float(p)}
         for p, c in zip(best.values.tolist(), best.indices.tolist())
     ]
@@ -45,15 +44,15 @@ def image_record(res: CamResult, i: int, *, index: int, name: str, size: list[in
             continue
         maps.append({
             "method": m.method, "layer": m.layer, "rank": m.rank,
-            "target": {"index": m.target, "label": class_name(m.target, categories),
+            "target": {"class": m.target, "label": class_name(m.target, categories),
                        "score": float(scores[m.target]), "probability": float(probs[m.target])},
             "class_independent": m.method == "eigencam",
             "raw_min": m.raw_min, "raw_max": m.raw_max,
             "warnings": list(m.warnings),
-            "files": files.get((m.rank, m.method, m.layer), {}),
+            "files": {},
         })
     return {"index": index, "image": name, "size": size, "predictions": predictions,
-            "targets": [int(t) for t in res.targets[i]], "maps": maps}
+            "targets": [int(t) for t in res.targets[i]], "maps": maps, "files": {}}
 
 
 def _num(v: Any) -> str:
@@ -63,7 +62,7 @@ def _num(v: Any) -> str:
 
 
 def _target(t: dict[str, Any]) -> str:
-    return f"{t['index']} {t['label']}" if t.get("label") else str(t["index"])
+    return f"{t['class']} {t['label']}" if t.get("label") else str(t["class"])
 
 
 def _map_rows(rec: dict[str, Any]) -> list[list[str]]:
@@ -99,8 +98,7 @@ def render_text(payload: dict[str, Any]) -> str:
     files = [f for f in payload.get("contact_sheets", [])]
     if files:
         out += ["", "contact sheets: " + ", ".join(files)]
-    for w in payload.get("warnings", []):
-        out.append(f"warning: {w}")
+    out += warning_text(payload)
     return "\n".join(out) + "\n"
 
 
@@ -109,6 +107,5 @@ def render_rich(payload: dict[str, Any]) -> list[Any]:
     for rec in payload["images"]:
         parts.append(rich_table(MAP_COLUMNS, _map_rows(rec),
                                 title=f"[{rec['index']}] {rec['image']}  predicted: {_predictions(rec)}"))
-    for w in payload.get("warnings", []):
-        parts.append(f"warning: {w}")
+    parts += warning_text(payload)
     return parts

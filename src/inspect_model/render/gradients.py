@@ -33,9 +33,7 @@ def pct(v: float | None) -> str:
 
 
 def _max_abs(s: Any) -> float | None:
-    from inspect_model.methods.gradients import max_abs
-
-    return max_abs(s)
+    return None if s is None else s.abs_max
 
 
 # ----------------------------------------------------------------- tables
@@ -135,8 +133,8 @@ def _stats(s: Any) -> dict[str, Any] | None:
     return d
 
 
-def sample_payload(s: SampleGrad) -> dict[str, Any]:
-    return {"image": s.name, "targets": s.targets, "objective": s.objective,
+def sample_payload(s: SampleGrad, index: int = 0) -> dict[str, Any]:
+    return {"index": index, "image": s.name, "targets": s.targets, "objective": s.objective,
             "input_grad_norm": s.input_grad_norm, "layer_grad_norms": s.layer_grad_norms}
 
 
@@ -163,10 +161,11 @@ def to_payload(rep: GradReport) -> dict[str, Any]:
                 "scale": c.scale, "clipped": c.clipped,
                 "dominant": [{"parameter": n, "share": s} for n, s in c.dominant]}
     return {
-        "mode": "grads", "objective": rep.objective, "images": rep.images, "global_grad_norm": rep.global_norm,
+        "mode": "grads", "objective": rep.objective, "image_count": rep.images, "global_grad_norm": rep.global_norm,
         "output_grad_norm": rep.output_grad_norm, "input_grad": _stats(rep.input_grad), "layers": layers,
         "params": params, "frozen_params": rep.frozen_params, "clip": clip, "checks": checks,
-        "first_nonfinite": rep.first_nonfinite, "samples": [sample_payload(s) for s in rep.samples],
+        "first_nonfinite": rep.first_nonfinite,
+        "images": [sample_payload(s, i) for i, s in enumerate(rep.samples)],
         "notes": rep.notes,
     }
 
@@ -216,14 +215,12 @@ def flow_figure(rep: GradReport) -> Any:
 
 def histogram_figure(rep: GradReport, max_layers: int = 48) -> Any:
     """One small histogram of log10|grad wrt output| per layer (forward order)."""
-    from inspect_model.methods.gradients import LogHist
-
     reached = [r for r in rep.layers if r.grad_output is not None][:max_layers]
     cols = 6
     rows = max(1, math.ceil(len(reached) / cols))
     fig = _figure(cols * 2.4, rows * 1.9 + 0.5)
     axes = fig.subplots(rows, cols, squeeze=False)
-    edges = LogHist.edges()
+    edges = rep.layers[0].hist.edges() if rep.layers else [0.0, 1.0]
     lows = [r.hist.min for r in reached if sum(r.hist.counts)]
     highs = [r.hist.max for r in reached if sum(r.hist.counts)]
     # One x range for every panel (so they compare), just wide enough for the data.

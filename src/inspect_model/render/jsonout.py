@@ -13,7 +13,7 @@ import math
 import sys
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def versions() -> dict[str, str]:

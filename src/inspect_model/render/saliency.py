@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.render.table import Column, plain_table, rich_table
+from inspect_model.render.table import Column, plain_table, rich_table, warning_text
 
 if TYPE_CHECKING:
     import numpy as np
@@ -145,7 +145,9 @@ def map_rows(payload: dict[str, Any]) -> list[list[str]]:
     rows = []
     for img in payload["images"]:
         for m in img["maps"]:
-            rows.append([img["name"], m["label"], _num(m["score"]), _num(m["max_abs"]), _num(m["mean_abs"]),
+            t = m["target"]
+            label = f"{t['class']} {t['label']}" if t.get("label") else str(t["class"])
+            rows.append([img["image"], label, _num(t["score"]), _num(m["max_abs"]), _num(m["mean_abs"]),
                          f"{100.0 * m['nonzero_fraction']:.1f}%"])
     return rows
 
@@ -174,7 +176,7 @@ def render_text(payload: dict[str, Any]) -> str:
         title = ("Sanity check: cascading weight randomisation from the top; Spearman rank correlation "
                  "with the original maps (mean over maps; near 1 = the map ignores the weights)")
         parts += ["", title, plain_table(SANITY_COLUMNS, sanity_rows(payload))]
-    parts += ["", *(f"note: {n}" for n in payload["notes"])]
+    parts += ["", *(f"note: {n}" for n in payload["notes"]), *warning_text(payload)]
     return "\n".join(parts) + "\n"
 
 
@@ -187,4 +189,5 @@ def render_rich(payload: dict[str, Any]) -> list[Any]:
         out.append(rich_table(SANITY_COLUMNS, sanity_rows(payload),
                               title="Sanity check: Spearman rank correlation with the original maps"))
     out.extend(f"note: {n}" for n in payload["notes"])
+    out.extend(warning_text(payload))
     return out

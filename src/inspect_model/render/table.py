@@ -6,8 +6,33 @@ Plain text has no colour codes and no box characters, and its column order is fi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+# C0 controls (but not tab/newline handled by callers), DEL, C1 controls, and the Unicode
+# bidi overrides: an ESC sequence in a file name must not retitle or recolour a terminal.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def clean(text: Any) -> str:
+    """``text`` safe for a terminal: control characters shown as ``\\xNN`` escapes.
+    Human-readable output passes through this; JSON keeps the exact string."""
+    s = str(text)
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256
+                        else f"\\u{ord(m.group()):04x}", s)
+
+
+def warning_text(payload: dict[str, Any]) -> list[str]:
+    """The report's warnings, one line each, repeats collapsed (``text (x15)``)."""
+    out = []
+    for w in payload.get("warnings", []):
+        if isinstance(w, dict):
+            out.append("warning: " + clean(w["message"]) + (f" (x{w['count']})" if w.get("count", 1) > 1 else ""))
+        else:
+            out.append(f"warning: {clean(w)}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -18,6 +43,7 @@ class Column:
 
 def plain_table(columns: Sequence[Column], rows: Sequence[Sequence[str]]) -> str:
     """Aligned plain text: two spaces between columns, a dashed rule under the header."""
+    rows = [[clean(cell) for cell in r] for r in rows]
     widths = [len(c.header) for c in columns]
     for r in rows:
         for i, cell in enumerate(r):
@@ -35,13 +61,14 @@ def plain_table(columns: Sequence[Column], rows: Sequence[Sequence[str]]) -> str
 
 
 def rich_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], title: str | None = None):
+    from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=title, show_lines=False, header_style="bold")
+    t = Table(title=escape(clean(title)) if title else None, show_lines=False, header_style="bold")
     for c in columns:
         t.add_column(c.header, justify="right" if c.align == "right" else "left", overflow="fold")
     for r in rows:
-        t.add_row(*r)
+        t.add_row(*(escape(clean(cell)) for cell in r))
     return t
 
 

@@ -14,6 +14,14 @@ from inspect_model.errors import OutputError, UsageError
 INSTALL_HINT = "pip install 'inspect-model[tensorboard]'"
 
 
+def require_tensorboard() -> None:
+    """Fail at once, before any model loads, when the extra is missing."""
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError as exc:
+        raise UsageError(f"--tensorboard needs the tensorboard package; {INSTALL_HINT}") from exc
+
+
 def open_writer(logdir: str | Path) -> Any:
     """A ``torch.utils.tensorboard.SummaryWriter`` on ``logdir``."""
     try:

@@ -1,8 +1,8 @@
-"""The Python API: the same capabilities as the CLI, as functions over model objects.
+"""``summary``: the layer table (names, types, shapes, parameters, MACs, memory).
 
-Every function takes an ``nn.Module`` (or a model spec string, or a ``LoadedModel``) and
-returns plain records; nothing is printed and no file is written. The CLI is a thin layer
-over these functions. The model is always given back as it was (hooks, flags, weights).
+Runs on the meta device by default: no weights are allocated and no arithmetic runs;
+a model that cannot run there falls back to a real CPU pass, with a note. The result's
+``to_dict()`` is the CLI's ``--json`` and ``save(dir)`` writes report.txt/report.json.
 """
 
 from __future__ import annotations
@@ -10,29 +10,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.errors import InputError
+from inspect_model.api.options import ModelOptions, check_dtype, load, resolve_device
+from inspect_model.api.pipeline import Result
+from inspect_model.engine.hints import first_layer_hint
+from inspect_model.errors import InputError, UsageError
+from inspect_model.loading.models import require_hookable
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from inspect_model.cli.common import ModelOptions
-    from inspect_model.loading.models import LoadedModel
     from inspect_model.methods.summary import SummaryResult
-
-
-def as_loaded(model: Any, *, device: str = "cpu", weights: str | None = None) -> LoadedModel:
-    """Wrap a module (or load a spec) as a :class:`LoadedModel`."""
-    from torch import nn
-
-    from inspect_model.loading.models import LoadedModel, load_model
-
-    if isinstance(model, LoadedModel):
-        return model
-    if isinstance(model, nn.Module):
-        return LoadedModel(model=model, name=type(model).__name__, source="python")
-    if isinstance(model, str):
-        return load_model(model, weights=weights, device=device)
-    raise InputError(f"expected an nn.Module or a model name, got {type(model).__name__}")
 
 
 def _meta_call(model: nn.Module, inputs: Sequence[Any], dtype: Any = None) -> Any:
@@ -57,7 +44,7 @@ def _on_meta(model: nn.Module) -> bool:
     return False
 
 
-def summary(
+def summarize_model(
     model: Any,
     *,
     input_size: Sequence[Sequence[int] | str] | None = None,
@@ -77,7 +64,7 @@ def summary(
     from inspect_model.loading.shapes import make_example_inputs, parse_dtype, parse_size
     from inspect_model.methods.summary import summarize
 
-    loaded = as_loaded(model, device="meta" if device == "meta" else device)
+    loaded = model
     sizes: list[tuple[int, ...]]
     if input_size:
         sizes = [parse_size(s) if isinstance(s, str) else tuple(int(d) for d in s) for s in input_size]
@@ -147,35 +134,57 @@ class _NeedsRealModel(Exception):
     pass
 
 
-def first_layer_hint(model: nn.Module) -> tuple[str, str] | None:
-    """What the first conv/linear layer expects, e.g. "the first layer 'conv1' (Conv2d)
-    expects 3 input channels and a 4-D input (N, C, H, W)": the fix for a wrong input size."""
-    from torch import nn
-
-    for name, mod in model.named_modules():
-        if isinstance(mod, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
-            rank = {nn.Conv1d: 3, nn.Conv2d: 4, nn.Conv3d: 5}[type(mod)] if type(mod) in (
-                nn.Conv1d, nn.Conv2d, nn.Conv3d) else 4
-            dims = {3: "(N, C, L)", 4: "(N, C, H, W)", 5: "(N, C, T, H, W)"}[rank]
-            return name, (f"the first layer '{name}' ({type(mod).__name__}) expects {mod.in_channels} "
-                          f"input channels and a {rank}-D input {dims}; set --input-size accordingly")
-        if isinstance(mod, nn.Linear):
-            return name, (f"the first layer '{name}' (Linear) expects {mod.in_features} features in the "
-                          "last dimension; set --input-size accordingly")
-        if isinstance(mod, nn.Embedding):
-            return name, f"the first layer '{name}' (Embedding) expects integer token ids"
-    return None
 
 
-def summary_from_options(opts: ModelOptions, *, input_sizes: Sequence[str] | None, batch_size: int,
-                         depth: int | None) -> SummaryResult:
-    """CLI glue: load per ``opts`` (on meta where possible) and summarise."""
-    from inspect_model.cli.common import load, resolve_device
+def summary(
+    model: Any,
+    *,
+    input_size: Sequence[Sequence[int] | str] | None = None,
+    batch_size: int = 1,
+    dtype: str = "float32",
+    device: str = "meta",
+    depth: int | None = None,
+    seed: int = 0,
+    model_options: ModelOptions | None = None,
+    output_dir: Any = None,
+    force: bool = False,
+    notes: Any = None,
+) -> Result:
+    """The layer table of ``model`` (a spec, an ``nn.Module`` or a ``LoadedModel``).
 
-    device = opts.device.lower()
-    if device != "meta":
-        device = resolve_device(device)
-    load_device = "meta" if device == "meta" and not opts.checkpoint else ("cpu" if device == "meta" else device)
-    loaded = load(opts, device=load_device)
-    return summary(loaded, input_size=input_sizes, batch_size=batch_size, dtype=opts.dtype,
-                   device=device, depth=depth)
+    The result has the table's attributes (``rows``, ``total_params``, ``total_macs``...),
+    ``to_dict()`` (the ``--json`` document) and ``save(dir)``. A forward pass that fails
+    keeps the rows up to the failing layer; ``result.error`` says why."""
+    from inspect_model.render import summary as render
+
+    if batch_size < 1:
+        raise UsageError(f"--batch-size must be 1 or more, got {batch_size}")
+    if depth is not None and depth < 0:
+        raise UsageError(f"--depth must be 0 or more, got {depth}")
+    mopts = model_options or ModelOptions(model, weights=None, device=device, dtype=dtype)
+    check_dtype(mopts.dtype)
+    dev = mopts.device.strip().lower() if mopts.device else "meta"
+    if dev != "meta":
+        dev = resolve_device(dev)
+    load_device = "meta" if dev == "meta" and not mopts.checkpoint else ("cpu" if dev == "meta" else dev)
+    loaded = load(mopts, device=load_device)
+    require_hookable(loaded, "summary")
+    for note in loaded.notes if notes is not None else []:
+        notes(note)
+    res = summarize_model(loaded, input_size=input_size, batch_size=batch_size, dtype=mopts.dtype, device=dev,
+                          depth=depth, seed=seed)
+    if notes is not None:
+        for note in res.notes[len(loaded.notes):]:
+            notes(note)
+    options = {
+        "model": mopts.spec(), "weights": loaded.weights if loaded.source == "torchvision" else (
+            mopts.weights if isinstance(mopts.model, str) else None),
+        "checkpoint": str(mopts.checkpoint) if mopts.checkpoint else None, "input_size": res.input_shapes,
+        "batch_size": batch_size, "dtype": check_dtype(mopts.dtype), "depth": depth, "device": res.device,
+        "seed": seed,
+    }
+    result = Result("summary", options, render.to_payload(res), [], record=res,
+                    render_text=lambda r: render.render_text(res), render_rich=lambda r: render.render_rich(res))
+    if output_dir is not None and not res.error:  # a failed pass leaves no files (the CLI exits 6)
+        result.save(output_dir, force=force)
+    return result

@@ -1,0 +1,267 @@
+"""``cam``: class activation maps per image, target, method and layer, as a session.
+
+Files per image (``images/NNNN-stem/``): ``<method>.<layer>.<class>.overlay.png`` (the map
+on the original image), ``.heatmap.png`` (the bare map with a colour bar) and, with
+``save_raw``, ``.input.npy`` / ``.layer.npy``; contact sheets (rows: image x target,
+columns: method x layer) at the top as ``contact_sheet_NNN.png``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from inspect_model.api.options import InputOptions, ModelOptions
+from inspect_model.api.pipeline import (
+    ImageItem,
+    Result,
+    Session,
+    Sink,
+    Warnings,
+    class_tag,
+    execute,
+    image_dir,
+    input_outcome,
+    prepare,
+    tracked,
+)
+from inspect_model.errors import InputError, UsageError
+
+SHEET_ROWS = 16  # rows per contact-sheet page: memory stays bounded for any number of images
+
+
+def check_cam_request(*, methods: list[str] | None, layers: list[str] | None, reshape: str | None, fuse: bool,
+                      scorecam_batch: int, colormap: str, alpha: float, top: int) -> tuple[list[str], Any]:
+    """The cam options that need no model, checked before anything loads."""
+    from inspect_model.methods.cam import parse_methods, parse_reshape
+
+    if not 0.0 <= alpha <= 1.0:
+        raise UsageError(f"--alpha must be between 0 and 1, got {alpha}")
+    if scorecam_batch < 1:
+        raise UsageError(f"--scorecam-batch must be 1 or more, got {scorecam_batch}")
+    if top < 1:
+        raise UsageError(f"--top must be 1 or more, got {top}")
+    parsed = parse_methods(methods)
+    grid = parse_reshape(reshape)
+    if fuse and len(layers or []) < 2:
+        raise UsageError("--fuse combines several layers; give --layer at least twice")
+    from inspect_model.render.overlay import check_colormap
+
+    check_colormap(colormap)
+    return parsed, grid
+
+
+class CamSession(Session):
+    """Feed batches; each image gives its predictions and maps (see the module docstring)."""
+
+    command = "cam"
+    streams_files = True
+
+    def __init__(self, prep: Any, mopts: ModelOptions, *, methods: list[str] | None = None,
+                 layers: list[str] | None = None, reshape: str | None = None, fuse: bool = False,
+                 target: str = "predicted", output_key: str | None = None, scorecam_batch: int = 32,
+                 colormap: str = "jet", alpha: float = 0.5, top: int = 5, save_raw: bool = False,
+                 notes: Any = None) -> None:
+        from inspect_model.methods.targets import parse_target
+
+        self.method_items = list(methods or ["gradcam"])  # as typed: `all` makes CAM optional
+        self.methods, self.reshape = check_cam_request(
+            methods=self.method_items, layers=layers, reshape=reshape, fuse=fuse, scorecam_batch=scorecam_batch,
+            colormap=colormap, alpha=alpha, top=top)
+        self.prep, self.mopts, self.layer_specs = prep, mopts, list(layers or [])
+        self.fuse, self.output_key, self.scorecam_batch = fuse, output_key, scorecam_batch
+        self.colormap, self.alpha, self.top, self.save_raw = colormap, alpha, top, save_raw
+        self.target_text = target
+        self.spec = parse_target(target, prep.categories)
+        self.notes = notes or (lambda text: None)
+        self.warnings = Warnings()
+        self.cam_layers: list[Any] | None = None
+        self.entries: list[dict[str, Any]] = []
+        self.passes = {"forward": 0, "backward": 0, "scorecam_forward": 0}
+        self.columns: list[tuple[str, str]] = []
+        self.reset_drawing()
+
+    # ------------------------------------------------------------------ computing
+    def _resolve(self, x: Any) -> None:
+        from inspect_model.methods.cam import resolve_layers
+
+        net = self.prep.loaded.model
+        self.cam_layers = resolve_layers(net, x, self.layer_specs or None, self.reshape)
+        for lay in self.cam_layers:
+            g = lay.layout.grid
+            self.notes(f"layer: {lay.name} ({lay.layout.kind}, {g[0]}x{g[1]} grid, {lay.layout.channels} channels)")
+        if "scorecam" in self.methods:
+            plan = self.prep.plan
+            n_images = len(plan.paths) if plan.paths else int(x.shape[0])
+            per = sum(lay.layout.channels for lay in self.cam_layers)
+            runs = sum(-(-lay.layout.channels // self.scorecam_batch) for lay in self.cam_layers) * n_images
+            self.notes(f"scorecam: {per} masked inputs per image ({n_images} image(s): {per * n_images} in all), "
+                       f"run as {runs} forward passes of up to {self.scorecam_batch} (--scorecam-batch)")
+        names = [lay.name for lay in self.cam_layers]
+        if self.fuse and len(names) > 1:
+            names.append("fused:" + "+".join(names))
+        self.columns = [(m, n) for n in names for m in self.methods]
+
+    def feed(self, batch: Any) -> list[ImageItem]:
+        from inspect_model.methods.cam import compute_cams
+
+        if self.cam_layers is None:
+            self._resolve(batch.tensor)
+        res = compute_cams(self.prep.loaded.model, batch.tensor, layers=self.cam_layers, methods=self.method_items,
+                           target=self.spec, output_key=self.output_key, scorecam_batch=self.scorecam_batch,
+                           fuse=self.fuse)
+        for key in self.passes:
+            self.passes[key] += res.passes[key]
+        self.warnings.extend(res.notes)
+        items = []
+        for i in range(batch.tensor.shape[0]):
+            index = len(self.entries)
+            name = batch.names[i]
+            img = batch.images[i] if batch.images is not None else None
+            entry = self._entry(res, i, index, name, img)
+            self.entries.append(entry)
+            maps = [m for m in res.maps if m.sample == i]
+            items.append(ImageItem(entry, (img, batch.tensor[i], maps, res.probabilities[i])))
+        return items
+
+    def _entry(self, res: Any, i: int, index: int, name: str, img: Any) -> dict[str, Any]:
+        from inspect_model.render.cam_report import image_record
+
+        for m in res.maps:
+            if m.sample == i:
+                for w in m.warnings:
+                    self.warnings.add(f"{name}: {m.method} at {m.layer} for class {m.target}: {w}")
+        size = list(img.image.size) if img is not None else None
+        return image_record(res, i, index=index, name=name, size=size, categories=self.prep.categories,
+                            top=self.top)
+
+    def finish(self) -> Result:
+        from inspect_model.render import cam_report as render
+
+        plan = self.prep.plan
+        if not self.entries:
+            raise InputError("no input could be read; nothing to do")
+        skipped = input_outcome(plan, self.warnings)
+        layers = self.cam_layers or []
+        payload = {
+            "model": self.prep.loaded.name,
+            "methods": list(self.methods),
+            "layers": [lay.describe() for lay in layers],
+            "target": self.spec.text,
+            "fuse": bool(self.fuse and len(layers) > 1),
+            "images": self.entries,
+            "image_count": len(self.entries),
+            "passes": dict(self.passes),
+            "skipped": skipped,
+        }
+        options = self.prep.options(
+            self.mopts, layers=[lay.name for lay in layers], layer_specs=self.layer_specs or ["auto"],
+            reshape=list(self.reshape) if self.reshape else None, target=self.target_text,
+            methods=list(self.methods), fuse=self.fuse, output_key=self.output_key,
+            scorecam_batch=self.scorecam_batch, colormap=self.colormap, alpha=self.alpha, top=self.top,
+            save_raw=self.save_raw)
+        return Result("cam", options, payload, self.warnings.to_list(), record=None,
+                      render_text=lambda r: render.render_text(r.to_dict()),
+                      render_rich=lambda r: render.render_rich(r.to_dict()))
+
+    # ------------------------------------------------------------------ drawing
+    def reset_drawing(self) -> None:
+        self.sheet_rows: list[Any] = []
+        self.sheets: list[str] = []
+
+    def draw(self, item: ImageItem, sink: Sink) -> dict[str, Any]:
+        from inspect_model.render import overlay as ov
+
+        if item.data is None:
+            return item.entry.get("files", {})
+        img, x, maps, probs = item.data
+        entry = item.entry
+        cats = self.prep.categories
+        pre = self.prep.plan.preprocess
+        if img is not None:
+            picture = img.image
+            box = pre.uncrop_box(*picture.size) if pre is not None else None
+        else:
+            picture = ov.input_picture(x.detach().float().cpu())
+            box = None
+        base = image_dir(entry["index"], entry["image"])
+        rows: dict[int, dict[tuple[str, str], Any]] = {}
+        for m, rec in zip(maps, entry["maps"]):
+            cls = m.target
+            cname = cats[cls] if cats and 0 <= cls < len(cats) else None
+            arr = m.map.numpy()
+            over = ov.overlay(picture, arr, box, alpha=self.alpha, cmap=self.colormap)
+            title = f"{cls}{' ' + cname if cname else ''} p={float(probs[cls]):.3f}"
+            rows.setdefault(m.rank, {})[(m.method, m.layer)] = ov.SheetCell(ov.thumbnail(over), title)
+            if sink.writer is not None:
+                import numpy as np
+
+                sink.writer.add_image(f"cam/{m.method}/{m.layer}/rank{m.rank}", np.asarray(over), entry["index"],
+                                      dataformats="HWC")
+            if sink.out is None:
+                continue
+            from inspect_model.render.files import safe_name
+
+            stem = f"{base}/{safe_name(m.method)}.{safe_name(m.layer)}.{class_tag(cls, cats)}"
+            f = {"overlay": sink.image(f"{stem}.overlay.png", over)}
+            fig = ov.heatmap_figure(arr, f"{m.method} @ {m.layer}\n{title}", cmap=self.colormap)
+            f["heatmap"] = sink.figure(f"{stem}.heatmap.png", fig)
+            if self.save_raw:
+                f["raw_input"] = sink.npy(f"{stem}.input.npy", arr)
+                if m.raw is not None:
+                    f["raw_layer"] = sink.npy(f"{stem}.layer.npy", m.raw.numpy())
+            rec["files"] = f
+        if sink.out is not None:
+            for rank in sorted(rows):
+                cells = [rows[rank].get(col) for col in self.columns]
+                self.sheet_rows.append((f"{Path(entry['image']).name} #{rank + 1}", cells))
+            self._flush_sheet(sink, final=False)
+        return {}
+
+    def draw_summary(self, sink: Sink, result: Result) -> None:
+        self._flush_sheet(sink, final=True)
+        result.payload["contact_sheets"] = list(self.sheets)
+
+    def _flush_sheet(self, sink: Sink, *, final: bool) -> None:
+        """A contact-sheet page when it is full (or at the end), when there are several
+        images or several columns."""
+        if sink.out is None or not self.sheet_rows:
+            return
+        if not final and len(self.sheet_rows) < SHEET_ROWS:
+            return
+        several = len(self.columns) > 1 or len(self.sheet_rows) > 1 or self.sheets
+        if not several:
+            self.sheet_rows = []
+            return
+        from inspect_model.render.overlay import contact_sheet
+
+        while self.sheet_rows and (final or len(self.sheet_rows) >= SHEET_ROWS):
+            rows, self.sheet_rows = self.sheet_rows[:SHEET_ROWS], self.sheet_rows[SHEET_ROWS:]
+            cols = [f"{m} @ {lay}" for m, lay in self.columns]
+            page = len(self.sheets) + 1
+            fig = contact_sheet(rows, cols, title=f"class activation maps (page {page})")
+            name = sink.figure(f"contact_sheet_{page:03d}.png", fig)
+            if name is not None:
+                self.sheets.append(name)
+
+
+def cam(model: Any, images: Any = None, *, methods: list[str] | None = None, layers: list[str] | None = None,
+        target: str = "predicted", reshape: str | None = None, fuse: bool = False, output_key: str | None = None,
+        scorecam_batch: int = 32, colormap: str = "jet", alpha: float = 0.5, top: int = 5,
+        save_raw: bool = False, model_options: ModelOptions | None = None, inputs: InputOptions | None = None,
+        output_dir: Any = None, force: bool = False, tensorboard: Any = None, keep: bool | None = None,
+        on_item: Any = None, notes: Any = None, progress: Any = None) -> Result:
+    """Class activation maps of ``images`` (paths, or a tensor (N, C, H, W)) under ``model``
+    (a spec, an ``nn.Module`` or a ``LoadedModel``). The result's ``to_dict()`` is the CLI's
+    ``--json``; ``save(dir)`` (or ``output_dir=``) writes the CLI's files."""
+    mopts = model_options or ModelOptions(model)
+    inputs = inputs or InputOptions(images)
+    check_cam_request(methods=methods or ["gradcam"], layers=layers, reshape=reshape, fuse=fuse,
+                      scorecam_batch=scorecam_batch, colormap=colormap, alpha=alpha, top=top)
+    prep = prepare("cam", mopts, inputs, notes=notes)
+    session = CamSession(prep, mopts, methods=methods, layers=layers, reshape=reshape, fuse=fuse, target=target,
+                         output_key=output_key, scorecam_batch=scorecam_batch, colormap=colormap, alpha=alpha,
+                         top=top, save_raw=save_raw, notes=notes)
+    total = len(prep.plan.paths) if prep.plan.paths else 0
+    return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
+                   keep=keep, tensorboard=tensorboard, on_item=on_item)

@@ -1,0 +1,200 @@
+"""What a request says, before anything is loaded: the model and input options every
+command shares, parsed and checked without importing torch where possible.
+
+``ModelOptions`` and ``InputOptions`` are the request half of every API function; the CLI
+fills them from its options and the Python user from keyword arguments. ``check_inputs``
+validates what needs no model (sizes, numbers, paths), so that a wrong argument fails in
+well under a second; ``load`` turns ``ModelOptions`` into a loaded model.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from inspect_model.errors import InputError, UsageError
+
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
+@dataclass
+class ModelOptions:
+    """What every command needs to load a model. ``model`` is a spec (``resnet18``,
+    ``file.py:build``, a TorchScript or ``.pt2`` file), an ``nn.Module`` or a ``LoadedModel``."""
+
+    model: Any
+    weights: str | None = "DEFAULT"
+    checkpoint: Path | str | None = None
+    model_args: list[str] | dict[str, Any] | None = None
+    non_strict: bool = False
+    trust_checkpoint: bool = False
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    def spec(self) -> str:
+        """The model as the report names it."""
+        return self.model if isinstance(self.model, str) else type(self.model).__name__
+
+
+@dataclass
+class InputOptions:
+    """The inputs of an image command: image paths (or ``-`` for stdin), or a tensor (the
+    API), or nothing (a seeded random input of ``input_size``)."""
+
+    images: Any = None  # list of paths, a tensor (N, C, H, W), or None
+    input_size: list[str] | None = None
+    batch_size: int | None = None  # None: 8 images per batch, or 1 random input
+    seed: int = 0
+    preset: str | None = None
+    resize: int | None = None
+    crop: int | None = None
+    mean: str | list[float] | None = None
+    std: str | list[float] | None = None
+    labels: Path | str | None = None
+    skip_bad: bool = False
+    names: list[str] | None = field(default=None)  # names of tensor inputs (API)
+
+
+def parse_model_args(items: list[str] | dict[str, Any] | None) -> dict[str, Any]:
+    """``['depth=3', 'name="x"']`` to a dict; values are Python literals, else strings."""
+    if isinstance(items, dict):
+        return dict(items)
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise UsageError(f"--model-arg '{item}' is not key=value")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        if not key.isidentifier():
+            raise UsageError(f"--model-arg key '{key}' is not a valid Python identifier")
+        try:
+            out[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            out[key] = raw
+    return out
+
+
+def parse_floats(value: str | list[float] | None, option: str) -> list[float] | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        return [float(v) for v in value]
+    try:
+        out = [float(v) for v in value.replace(" ", "").split(",") if v]
+    except ValueError as exc:
+        raise UsageError(f"{option} '{value}' is not a comma-separated list of numbers") from exc
+    if not out:
+        raise UsageError(f"{option} '{value}' is not a comma-separated list of numbers")
+    return out
+
+
+def check_dtype(name: str) -> str:
+    key = (name or "float32").strip().lower().replace("torch.", "")
+    key = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16",
+           "fp64": "float64", "double": "float64"}.get(key, key)
+    if key not in DTYPES:
+        raise UsageError(f"--dtype '{name}' is not one of {', '.join(DTYPES)}")
+    return key
+
+
+def check_request(inputs: InputOptions | None, *, batch_size: int | None = None) -> None:
+    """Checks that need no model and no torch: they fail at once (issue 13, item 11)."""
+    from inspect_model.loading.shapes import parse_size
+
+    bs = batch_size if batch_size is not None else (inputs.batch_size if inputs else None)
+    if bs is not None and bs < 1:
+        raise UsageError(f"--batch-size must be 1 or more, got {bs}")
+    if inputs is None:
+        return
+    for s in inputs.input_size or []:
+        parse_size(s)
+    for opt, v in (("--resize", inputs.resize), ("--crop", inputs.crop)):
+        if v is not None and v < 1:
+            raise UsageError(f"{opt} must be 1 or more, got {v}")
+    for opt, v in (("--mean", inputs.mean), ("--std", inputs.std)):
+        vals = parse_floats(v, opt)
+        if opt == "--std" and vals and any(x <= 0 for x in vals):
+            raise UsageError(f"--std '{v}' must be positive")
+    if inputs.labels is not None and not Path(inputs.labels).is_file():
+        raise InputError(f"labels file '{inputs.labels}' does not exist")
+    if isinstance(inputs.images, (list, tuple)):
+        for item in inputs.images:
+            if not isinstance(item, (str, Path)) or str(item) == "-":
+                continue
+            text = str(item)
+            if any(ch in text for ch in "*?[") or Path(text).exists() or inputs.skip_bad:
+                continue
+            raise InputError(f"image '{text}' does not exist")
+
+
+def resolve_device(name: str) -> str:
+    """``auto`` picks cuda, then mps, then cpu; an unavailable device is a usage error."""
+    key = (name or "cpu").strip().lower()
+    if key == "cpu":
+        return key
+    if key not in ("auto", "mps", "meta") and not key.startswith("cuda"):
+        raise UsageError(f"--device '{name}' is not one of cpu, cuda, cuda:N, mps, auto")
+    import torch
+
+    if key == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    if key.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {name}: CUDA is not available on this machine; use --device cpu or auto")
+        if ":" in key:
+            idx = int(key.split(":", 1)[1]) if key.split(":", 1)[1].isdigit() else -1
+            if not 0 <= idx < torch.cuda.device_count():
+                raise UsageError(f"--device {name}: no such CUDA device (found {torch.cuda.device_count()})")
+        return key
+    if key == "mps":
+        if getattr(torch.backends, "mps", None) is None or not torch.backends.mps.is_available():
+            raise UsageError("--device mps: MPS is not available on this machine; use --device cpu or auto")
+        return key
+    raise UsageError(f"--device '{name}' is not one of cpu, cuda, cuda:N, mps, auto")
+
+
+def load(opts: ModelOptions, *, device: str | None = None) -> Any:
+    """The :class:`~inspect_model.loading.models.LoadedModel` that ``opts`` names. A user's
+    own module instance is wrapped as is (commands that change it get a private copy)."""
+    import warnings
+
+    from torch import nn
+
+    from inspect_model.loading.models import LoadedModel, load_model
+    from inspect_model.loading.shapes import parse_dtype
+
+    dev = device or resolve_device(opts.device)
+    if isinstance(opts.model, LoadedModel):
+        loaded = opts.model
+    elif isinstance(opts.model, nn.Module):
+        loaded = LoadedModel(model=opts.model, name=type(opts.model).__name__, source="python", borrowed=True)
+        if opts.checkpoint:
+            raise UsageError("checkpoint= applies to a model spec, not to a module object; load it yourself")
+    elif isinstance(opts.model, str):
+        with warnings.catch_warnings():
+            # torchvision builders warn about init defaults the user did not ask about.
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", UserWarning)
+            loaded = load_model(
+                opts.model,
+                weights=opts.weights,
+                device=dev,
+                model_args=parse_model_args(opts.model_args),
+                checkpoint=str(opts.checkpoint) if opts.checkpoint else None,
+                strict=not opts.non_strict,
+                trust_checkpoint=opts.trust_checkpoint,
+            )
+    else:
+        raise InputError(f"expected an nn.Module or a model name, got {type(opts.model).__name__}")
+    if loaded.borrowed and str(parse_dtype(opts.dtype)) != "torch.float32":
+        # Commands cast the model to --dtype in place: give them a copy of the user's instance.
+        from inspect_model.loading.user_models import private_copy
+
+        loaded.model, loaded.borrowed = private_copy(loaded.model, opts.spec()), False
+    return loaded
