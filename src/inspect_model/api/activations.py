@@ -118,14 +118,17 @@ class ActivationsSession(Session):
         if missing:
             self.warnings.add(f"{len(missing)} selected layer(s) never ran in the forward pass: "
                               + ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else ""))
-        payload = {**render.to_payload(report, images=self.entries, grids=self.grids), "skipped": skipped}
+        # The layers named with --layer: drawn into the output directory when there is one.
+        drawn = list(self.selected) if self.layer_specs else []
+        payload = {**render.to_payload(report, images=self.entries, grids=self.grids, drawn=drawn),
+                   "skipped": skipped}
         options = self.prep.options(
             self.mopts, layers=self.layer_specs, depth=self.depth, selected=len(self.selected), scale=self.scale,
             max_channels=self.spec.max_channels, channels=self.spec.describe(), colormap=self.colormap,
             save_raw=self.save_raw, raw_format=self.raw_format)
         return Result("activations", options, payload, self.warnings.to_list(), record=report,
-                      render_text=lambda r: render.render_text(report, r.files, r.warnings),
-                      render_rich=lambda r: render.render_rich(report, r.files, r.warnings))
+                      render_text=lambda r: render.render_text(report, r.files, r.warnings, drawn),
+                      render_rich=lambda r: render.render_rich(report, r.files, r.warnings, drawn))
 
     def line(self, item: ImageItem) -> dict[str, Any]:
         """``--jsonl``: the image's statistics per layer (richer than its report entry)."""

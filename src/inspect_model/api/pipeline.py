@@ -101,12 +101,9 @@ class Prepared:
 
     def options(self, mopts: ModelOptions, **own: Any) -> dict[str, Any]:
         """The one resolved-options record of a report: what was asked, as resolved."""
-        loaded = self.loaded
-        weights = loaded.weights if loaded.source == "torchvision" else (
-            mopts.weights if isinstance(mopts.model, str) else None)
         base = {
             "model": mopts.spec(),
-            "weights": weights,
+            "weights": resolved_weights(self.loaded, mopts),
             "checkpoint": str(mopts.checkpoint) if mopts.checkpoint else None,
             "device": self.device,
             "dtype": str(self.dtype).replace("torch.", ""),
@@ -116,6 +113,15 @@ class Prepared:
         }
         base.update(own)
         return base
+
+
+def resolved_weights(loaded: Any, mopts: ModelOptions) -> str | None:
+    """The weights a report records, the same in every command: torchvision's resolved
+    enum name; otherwise the name given (a user model ignores it); null for none."""
+    if loaded.source == "torchvision":
+        return loaded.weights
+    given = mopts.weights if isinstance(mopts.model, str) else None
+    return None if given is None or str(given).lower() == "none" else given
 
 
 def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: bool = True,

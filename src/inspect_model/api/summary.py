@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.api.options import ModelOptions, check_dtype, load, resolve_device
-from inspect_model.api.pipeline import Result
+from inspect_model.api.pipeline import Result, resolved_weights
 from inspect_model.engine.hints import first_layer_hint
 from inspect_model.errors import InputError, UsageError
 from inspect_model.loading.models import require_hookable
@@ -177,8 +177,7 @@ def summary(
         for note in res.notes[len(loaded.notes):]:
             notes(note)
     options = {
-        "model": mopts.spec(), "weights": loaded.weights if loaded.source == "torchvision" else (
-            mopts.weights if isinstance(mopts.model, str) else None),
+        "model": mopts.spec(), "weights": resolved_weights(loaded, mopts),
         "checkpoint": str(mopts.checkpoint) if mopts.checkpoint else None, "input_size": res.input_shapes,
         "batch_size": batch_size, "dtype": check_dtype(mopts.dtype), "depth": depth, "device": res.device,
         "seed": seed,

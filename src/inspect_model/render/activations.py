@@ -59,7 +59,7 @@ def row_cells(r: LayerActivation) -> list[str]:
             _pct(s.zero_fraction), _pct(s.negative_fraction), dead, bad]
 
 
-def footer_lines(rep: ActivationReport, files: list[str] | None = None) -> list[str]:
+def footer_lines(rep: ActivationReport, files: list[str] | None = None, drawn: list[str] | None = None) -> list[str]:
     n_layers = len({r.name for r in rep.layers})
     lines = [
         f"Images: {rep.images} in {rep.batches} batch(es); statistics merged over all images",
@@ -72,27 +72,27 @@ def footer_lines(rep: ActivationReport, files: list[str] | None = None) -> list[
     nonfinite = [r.key for r in rep.layers if r.stats.nan_count or r.stats.inf_count]
     if nonfinite:
         lines.append(f"Non-finite values first appear in: {nonfinite[0]}")
-    if rep.kept_layers:
-        lines.append(f"Drawn/saved layers: {', '.join(rep.kept_layers[:8])}"
-                     + (" ..." if len(rep.kept_layers) > 8 else ""))
+    drawn = rep.kept_layers if drawn is None else drawn
+    if drawn:
+        lines.append(f"Drawn layers: {', '.join(clean(d) for d in drawn[:8])}" + (" ..." if len(drawn) > 8 else ""))
     if files:
         lines.append(f"Files written: {len(files)}")
     return lines
 
 
 def render_text(rep: ActivationReport, files: list[str] | None = None,
-                warnings: list[dict[str, Any]] | None = None) -> str:
+                warnings: list[dict[str, Any]] | None = None, drawn: list[str] | None = None) -> str:
     body = plain_table(COLUMNS, [row_cells(r) for r in rep.layers])
-    tail = footer_lines(rep, files) + warning_text({"warnings": warnings or []})
+    tail = footer_lines(rep, files, drawn) + warning_text({"warnings": warnings or []})
     return f"Model: {clean(rep.model)}\n{body}\n\n" + "\n".join(tail) + "\n"
 
 
 def render_rich(rep: ActivationReport, files: list[str] | None = None,
-                warnings: list[dict[str, Any]] | None = None) -> list[Any]:
+                warnings: list[dict[str, Any]] | None = None, drawn: list[str] | None = None) -> list[Any]:
     from inspect_model.render.table import rich_table
 
     t = rich_table(COLUMNS, [row_cells(r) for r in rep.layers], title=f"Model: {rep.model}")
-    return [t, "\n".join(footer_lines(rep, files)), *warning_text({"warnings": warnings or []})]
+    return [t, "\n".join(footer_lines(rep, files, drawn)), *warning_text({"warnings": warnings or []})]
 
 
 def stats_dict(s: ActivationStats) -> dict[str, Any]:
@@ -103,19 +103,21 @@ def stats_dict(s: ActivationStats) -> dict[str, Any]:
     }
 
 
-def layer_dict(r: LayerActivation) -> dict[str, Any]:
+def layer_dict(r: LayerActivation, drawn: list[str] | None = None) -> dict[str, Any]:
     return {
         "key": r.key, "name": r.name, "type": r.type, "call_index": r.call_index, "calls": r.calls,
         "depth": r.depth, "order": r.order, "output_key": r.output_key, "shape": list(r.shape),
         "dtype": r.dtype, "per_image": r.per_sample, "stats": stats_dict(r.stats),
         "channel_dim": r.channel_dim, "channels": r.channels, "dead_channels": r.dead_channels,
         "dead_channel_fraction": r.dead_channel_fraction, "channel_means": list(r.channel_means),
-        "kept": r.kept,
+        "drawn": r.kept if drawn is None else r.name in drawn,
     }
 
 
 def to_payload(rep: ActivationReport, *, images: list[dict[str, Any]] | None = None,
-               grids: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+               grids: list[dict[str, Any]] | None = None, drawn: list[str] | None = None) -> dict[str, Any]:
+    """The report's body. ``drawn``: the layers named for drawing (default: those kept)."""
+    drawn = list(rep.kept_layers) if drawn is None else drawn
     return {
         "model": rep.model,
         "image_count": rep.images,
@@ -123,8 +125,8 @@ def to_payload(rep: ActivationReport, *, images: list[dict[str, Any]] | None = N
         "batches": rep.batches,
         "aggregation": "merged over all images (exact: per-image moments combined)",
         "selected_layers": list(rep.selected),
-        "drawn_layers": list(rep.kept_layers),
-        "layers": [layer_dict(r) for r in rep.layers],
+        "drawn_layers": drawn,
+        "layers": [layer_dict(r, drawn) for r in rep.layers],
         "grids": list(grids or []),
     }
 
