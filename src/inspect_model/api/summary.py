@@ -25,17 +25,20 @@ if TYPE_CHECKING:
 def _meta_call(model: nn.Module, inputs: Sequence[Any], dtype: Any = None) -> Any:
     """Run ``model(*inputs)`` with meta copies of its parameters and buffers (floating ones
     in ``dtype`` when given, to match --dtype inputs): shapes flow, nothing is allocated,
-    and the user's weights are not touched."""
+    and the user's weights are put back whatever happens (shared tensors stay shared)."""
     import torch
-    from torch.func import functional_call
+
+    from inspect_model.engine.swap import swapped_tensors
 
     def meta(v: torch.Tensor) -> torch.Tensor:
         cast = dtype if dtype is not None and v.is_floating_point() else None
         return torch.empty_like(v, device="meta", dtype=cast)
 
-    state = {k: meta(v) for k, v in model.named_parameters()}
-    state.update({k: meta(v) for k, v in model.named_buffers()})
-    return lambda: functional_call(model, state, tuple(inputs), tie_weights=True, strict=False)
+    def call() -> Any:
+        with swapped_tensors(model, meta):
+            return model(*inputs)
+
+    return call
 
 
 def _on_meta(model: nn.Module) -> bool:
