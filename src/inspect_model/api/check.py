@@ -61,7 +61,7 @@ def check(model: Any, images: Any = None, *, expect_output_shape: str | None = N
     options = prep.options(mopts, output_key=output_key, expect_output_shape=expect_output_shape,
                            expect_params=expect_params, finite=finite, max_dead_fraction=max_dead_fraction,
                            deterministic=deterministic, max_seconds=max_seconds, max_memory=max_memory)
-    failures = ["check failed: " + "; ".join(f"{r.name} {r.value} (expected {r.expected})" for r in failed)
+    failures = ["check failed: " + "; ".join(f"{r.name} {r.value_text} (expected {r.expected})" for r in failed)
                 ] if failed else []
     result = Result("check", options, payload, [], failures=failures, record=_Checks(results),
                     render_text=lambda r: _text(results))
@@ -83,6 +83,6 @@ def _text(results: list[Any]) -> str:
     for r in results:
         failed += not r.passed
         extra = f" ({r.detail})" if r.detail else ""
-        lines.append(clean(f"{r.status.upper()}  {r.name}: {r.value} (expected {r.expected}){extra}"))
+        lines.append(clean(f"{r.status.upper()}  {r.name}: {r.value_text} (expected {r.expected}){extra}"))
     lines.append(f"{len(results) - failed} passed, {failed} failed")
     return "\n".join(lines) + "\n"
