@@ -47,10 +47,13 @@ def check(model: Any, images: Any = None, *, expect_output_shape: str | None = N
     prep = prepare("check", mopts, inputs, notes=notes, default_batch=1)
     batch = next(iter(prep.plan.batches()))
     net = prep.loaded.model
-    results = checks.run_checks(
-        net, (batch.tensor,), layers=select_layers(net), select=lambda out: select_output(out, output_key),
-        expect_output_shape=shape, expect_params=params, finite=finite, max_dead_fraction=max_dead_fraction,
-        deterministic=deterministic, max_seconds=max_seconds, max_memory_mb=max_memory)
+    import contextlib
+
+    with prep.binding.bound(net) if prep.binding is not None else contextlib.nullcontext():
+        results = checks.run_checks(
+            net, (batch.tensor,), layers=select_layers(net), select=lambda out: select_output(out, output_key),
+            expect_output_shape=shape, expect_params=params, finite=finite, max_dead_fraction=max_dead_fraction,
+            deterministic=deterministic, max_seconds=max_seconds, max_memory_mb=max_memory)
     failed = [r for r in results if not r.passed]
     payload = {
         "model": prep.loaded.name,
