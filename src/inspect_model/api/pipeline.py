@@ -177,6 +177,21 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
     return Prepared(loaded, plan, categories, dev, torch_dtype, binding)
 
 
+def _with_graph(batches: Iterable[InputBatch], writer: Any, model: Any,
+                notes: Callable[[str], None] | None) -> Iterator[InputBatch]:
+    """``batches``, writing the model's graph to TensorBoard on the first (issue 14)."""
+    from inspect_model.render.tensorboard import write_graph
+
+    first = True
+    for b in batches:
+        if first:
+            first = False
+            note = write_graph(writer, model, b.tensor)
+            if note is not None and notes is not None:
+                notes(note)
+        yield b
+
+
 def _spec_text(spec: Any) -> str:
     text = "x".join(str(d) for d in spec.shape)
     if spec.dtype:
@@ -394,6 +409,8 @@ def execute(
         prep = getattr(session, "prep", None)
         binding = getattr(prep, "binding", None)
         with binding.bound(prep.loaded.model) if binding is not None else contextlib.nullcontext():
+            if writer is not None and prep is not None:
+                batches = _with_graph(batches, writer, prep.loaded.model, getattr(session, "notes", None))
             session.run(batches, handle)
             result = session.finish()
             result.session = session
