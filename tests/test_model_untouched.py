@@ -258,8 +258,8 @@ def test_a_failing_swap_gives_every_tensor_back() -> None:
     lin = nn.Linear(4, 4)
     model = nn.Sequential(lin, nn.BatchNorm1d(4), lin)
     before = snapshot(model)
-    with pytest.raises(RuntimeError, match="mid-swap"):
-        with swapped_tensors(model, lambda t: torch.empty_like(t, device="meta")):
-            assert model[0].weight.device.type == "meta" and model[2].weight is model[0].weight
-            raise RuntimeError("mid-swap")
+    with pytest.raises(RuntimeError, match="mid-swap"), \
+            swapped_tensors(model, lambda t: torch.empty_like(t, device="meta")):
+        assert model[0].weight.device.type == "meta" and model[2].weight is model[0].weight
+        raise RuntimeError("mid-swap")
     assert_same(model, before)

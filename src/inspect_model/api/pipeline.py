@@ -17,7 +17,6 @@ The output layout is the same for every command (README "Output layout"):
 from __future__ import annotations
 
 import contextlib
-
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from inspect_model.api.options import (
     load,
     resolve_device,
 )
-from inspect_model.errors import InputError, OutputError
+from inspect_model.errors import OutputError
 from inspect_model.render.files import OutputDir, safe_name
 from inspect_model.render.jsonout import envelope
 

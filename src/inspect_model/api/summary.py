@@ -65,7 +65,12 @@ def summarize_model(
     """
     import torch
 
-    from inspect_model.loading.shapes import make_example_inputs, parse_dtype, parse_input_spec, parse_size
+    from inspect_model.loading.shapes import (
+        make_example_inputs,
+        parse_dtype,
+        parse_input_spec,
+        parse_size,
+    )
     from inspect_model.methods.summary import summarize
 
     loaded = model

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 def swapped_tensors(model: nn.Module, make: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
     """Within the block, every parameter and buffer ``t`` of ``model`` reads as ``make(t)``
     (one stand-in per tensor object, so shared tensors stay shared); restored on exit."""
-    import torch
     from torch import nn
 
     stand_in: dict[int, torch.Tensor] = {}
