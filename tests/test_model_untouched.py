@@ -190,3 +190,76 @@ def test_checkpoint_goes_into_a_copy(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert res.exit_code == 0, res.stderr
     assert_same(model, before)
     assert not torch.equal(model.fc.weight, other.fc.weight)
+
+
+class Aliased(nn.Module):
+    """One conv block registered under several names (four places in a Sequential and an
+    attribute), the case where ``functional_call(tie_weights=True)`` raises
+    (pytorch/pytorch#164759) and used to leave meta tensors in the user's model."""
+
+    def __init__(self, fail: str | None = None) -> None:
+        super().__init__()
+        self.fail = fail
+        self.stem = nn.Conv2d(3, 6, 3, padding=1)
+        shared = nn.Sequential(nn.Conv2d(6, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU())
+        self.blocks = nn.Sequential(shared, shared, shared, shared)
+        self.again = shared
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(6, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.blocks(self.stem(x))
+        if self.fail == "forward":
+            raise RuntimeError("forward boom")
+        return self.fc(torch.flatten(self.pool(h), 1))
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("fail", [None, "forward"])
+def test_a_module_under_several_names_is_left_alone(command: str, fail: str | None, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch, cli) -> None:
+    model = _dirty(Aliased(fail=fail))
+    spec = register_model(monkeypatch, model)
+    before, relus = snapshot(model), relu_functions()
+    res = cli(_argv(command, spec, [], tmp_path / "out"))
+    assert "Traceback" not in res.stderr and "unexpected" not in res.stderr, res.stderr
+    assert res.exit_code == (0 if fail is None else 6), res.stderr
+    _check(model, before, relus)
+    model.fail = None
+    model.eval()(torch.randn(1, 3, 8, 8))  # still runs: no meta tensor left behind
+
+
+def test_a_module_under_several_names_summarises_counting_shared_params_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli) -> None:
+    import inspect_model as im
+
+    lin = nn.Linear(8, 8)
+    model = nn.Sequential(lin, lin, lin, lin)
+    before = snapshot(model)
+    res = im.summary(model, input_size=["8"])
+    assert res.error is None
+    assert res.total_params == 72  # 8*8 + 8, once
+    assert sum(r.params for r in res.rows) == 72
+    assert res.total_macs == 4 * 64  # called four times
+    assert_same(model, before)
+    model(torch.randn(2, 8))
+    # The CLI with --checkpoint (a real model, meta copies swapped in) did fail "unexpected".
+    torch.save(model.state_dict(), tmp_path / "w.pt")
+    before = snapshot(model)  # torch.save caches Tensor.__slotnames__
+    spec = register_model(monkeypatch, model)
+    out = cli(["summary", spec, "--input-size", "8", "--checkpoint", str(tmp_path / "w.pt"), "--json"])
+    assert out.exit_code == 0, out.stderr
+    assert_same(model, before)
+
+
+def test_a_failing_swap_gives_every_tensor_back() -> None:
+    from inspect_model.engine.swap import swapped_tensors
+
+    lin = nn.Linear(4, 4)
+    model = nn.Sequential(lin, nn.BatchNorm1d(4), lin)
+    before = snapshot(model)
+    with pytest.raises(RuntimeError, match="mid-swap"), \
+            swapped_tensors(model, lambda t: torch.empty_like(t, device="meta")):
+        assert model[0].weight.device.type == "meta" and model[2].weight is model[0].weight
+        raise RuntimeError("mid-swap")
+    assert_same(model, before)

@@ -47,10 +47,13 @@ def check(model: Any, images: Any = None, *, expect_output_shape: str | None = N
     prep = prepare("check", mopts, inputs, notes=notes, default_batch=1)
     batch = next(iter(prep.plan.batches()))
     net = prep.loaded.model
-    results = checks.run_checks(
-        net, (batch.tensor,), layers=select_layers(net), select=lambda out: select_output(out, output_key),
-        expect_output_shape=shape, expect_params=params, finite=finite, max_dead_fraction=max_dead_fraction,
-        deterministic=deterministic, max_seconds=max_seconds, max_memory_mb=max_memory)
+    import contextlib
+
+    with prep.binding.bound(net) if prep.binding is not None else contextlib.nullcontext():
+        results = checks.run_checks(
+            net, (batch.tensor,), layers=select_layers(net), select=lambda out: select_output(out, output_key),
+            expect_output_shape=shape, expect_params=params, finite=finite, max_dead_fraction=max_dead_fraction,
+            deterministic=deterministic, max_seconds=max_seconds, max_memory_mb=max_memory)
     failed = [r for r in results if not r.passed]
     payload = {
         "model": prep.loaded.name,
@@ -61,7 +64,7 @@ def check(model: Any, images: Any = None, *, expect_output_shape: str | None = N
     options = prep.options(mopts, output_key=output_key, expect_output_shape=expect_output_shape,
                            expect_params=expect_params, finite=finite, max_dead_fraction=max_dead_fraction,
                            deterministic=deterministic, max_seconds=max_seconds, max_memory=max_memory)
-    failures = ["check failed: " + "; ".join(f"{r.name} {r.value} (expected {r.expected})" for r in failed)
+    failures = ["check failed: " + "; ".join(f"{r.name} {r.value_text} (expected {r.expected})" for r in failed)
                 ] if failed else []
     result = Result("check", options, payload, [], failures=failures, record=_Checks(results),
                     render_text=lambda r: _text(results))
@@ -83,6 +86,6 @@ def _text(results: list[Any]) -> str:
     for r in results:
         failed += not r.passed
         extra = f" ({r.detail})" if r.detail else ""
-        lines.append(clean(f"{r.status.upper()}  {r.name}: {r.value} (expected {r.expected}){extra}"))
+        lines.append(clean(f"{r.status.upper()}  {r.name}: {r.value_text} (expected {r.expected}){extra}"))
     lines.append(f"{len(results) - failed} passed, {failed} failed")
     return "\n".join(lines) + "\n"

@@ -55,6 +55,8 @@ class InputOptions:
     labels: Path | str | None = None
     skip_bad: bool = False
     names: list[str] | None = field(default=None)  # names of tensor inputs (API)
+    image_input: str | None = None  # which model input the images feed (a name or position)
+    inputs_file: Path | str | None = None  # the other inputs: a tensor, tuple or dict (torch.save)
 
 
 def parse_model_args(items: list[str] | dict[str, Any] | None) -> dict[str, Any]:

@@ -16,6 +16,7 @@ The output layout is the same for every command (README "Output layout"):
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from inspect_model.api.options import (
     load,
     resolve_device,
 )
-from inspect_model.errors import InputError, OutputError
+from inspect_model.errors import OutputError
 from inspect_model.render.files import OutputDir, safe_name
 from inspect_model.render.jsonout import envelope
 
@@ -98,6 +99,7 @@ class Prepared:
     categories: list[str] | None
     device: str
     dtype: torch.dtype
+    binding: Any = None  # loading.multi_inputs.InputBinding for a model with several inputs
 
     def options(self, mopts: ModelOptions, **own: Any) -> dict[str, Any]:
         """The one resolved-options record of a report: what was asked, as resolved."""
@@ -136,8 +138,6 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
 
     check_request(inputs)
     torch_dtype = parse_dtype(mopts.dtype)
-    if len(inputs.input_size or []) > 1:
-        raise InputError(f"{command} takes one input; give --input-size once")
     torch.manual_seed(inputs.seed)
     loaded = load(mopts)
     if hooks:
@@ -149,6 +149,19 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
     if torch_dtype != torch.float32 and not loaded.borrowed:
         loaded.model.to(torch_dtype)  # our own freshly loaded copy, never the caller's
     categories = load_labels(inputs.labels) if inputs.labels else loaded.categories
+    from inspect_model.loading.multi_inputs import plan_binding
+
+    binding = plan_binding(loaded.model, inputs.input_size, image_input=inputs.image_input,
+                           inputs_file=inputs.inputs_file, dtype=torch_dtype, device=dev, seed=inputs.seed)
+    image_size = (inputs.input_size or [None])[0]
+    if binding is not None:
+        image_size = _spec_text(binding.image_spec) if binding.image_spec is not None else None
+        if notes is not None:
+            others = ", ".join(str(k) for k in binding.others) or "none"
+            wrt = ("; gradients are taken with respect to it, the others held fixed"
+                   if command in ("grads", "cam", "guided-backprop", "check") else "")
+            notes(f"several inputs: images feed input {binding.image_label} (--image-input); "
+                  f"other inputs: {others}{wrt}")
     images = inputs.images
     if isinstance(images, torch.Tensor):
         bs = inputs.batch_size or int(images.shape[0]) or 1
@@ -161,12 +174,34 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
 
         plan = plan_inputs(
             loaded, [str(i) for i in images] if images else None,
-            input_size=(inputs.input_size or [None])[0], batch_size=batch_size,
+            input_size=image_size, batch_size=batch_size,
             seed=inputs.seed, preset=inputs.preset, resize=inputs.resize, crop=inputs.crop,
             mean=parse_floats(inputs.mean, "--mean"), std=parse_floats(inputs.std, "--std"),
             skip_bad=inputs.skip_bad, device=dev, dtype=torch_dtype,
         )
-    return Prepared(loaded, plan, categories, dev, torch_dtype)
+    return Prepared(loaded, plan, categories, dev, torch_dtype, binding)
+
+
+def _with_graph(batches: Iterable[InputBatch], writer: Any, model: Any,
+                notes: Callable[[str], None] | None) -> Iterator[InputBatch]:
+    """``batches``, writing the model's graph to TensorBoard on the first (issue 14)."""
+    from inspect_model.render.tensorboard import write_graph
+
+    first = True
+    for b in batches:
+        if first:
+            first = False
+            note = write_graph(writer, model, b.tensor)
+            if note is not None and notes is not None:
+                notes(note)
+        yield b
+
+
+def _spec_text(spec: Any) -> str:
+    text = "x".join(str(d) for d in spec.shape)
+    if spec.dtype:
+        text += f":{spec.dtype}" + (f":{spec.low}-{spec.high}" if spec.high is not None else "")
+    return text
 
 
 def _model_device(model: Any) -> str:
@@ -376,12 +411,17 @@ def execute(
             else:
                 item.data = None
 
-        session.run(batches, handle)
-        result = session.finish()
-        result.session = session
-        result.items = items if keep else None
-        if sink.active:
-            session.draw_summary(sink, result)
+        prep = getattr(session, "prep", None)
+        binding = getattr(prep, "binding", None)
+        with binding.bound(prep.loaded.model) if binding is not None else contextlib.nullcontext():
+            if writer is not None and prep is not None:
+                batches = _with_graph(batches, writer, prep.loaded.model, getattr(session, "notes", None))
+            session.run(batches, handle)
+            result = session.finish()
+            result.session = session
+            result.items = items if keep else None
+            if sink.active:
+                session.draw_summary(sink, result)
         if out is not None:
             write_reports(result, sink)
             out.commit()

@@ -22,20 +22,24 @@ if TYPE_CHECKING:
     from inspect_model.methods.summary import SummaryResult
 
 
-def _meta_call(model: nn.Module, inputs: Sequence[Any], dtype: Any = None) -> Any:
+def _meta_call(model: nn.Module, inputs: Sequence[Any], dtype: Any = None,
+               kwargs: dict[str, Any] | None = None) -> Any:
     """Run ``model(*inputs)`` with meta copies of its parameters and buffers (floating ones
     in ``dtype`` when given, to match --dtype inputs): shapes flow, nothing is allocated,
-    and the user's weights are not touched."""
+    and the user's weights are put back whatever happens (shared tensors stay shared)."""
     import torch
-    from torch.func import functional_call
+
+    from inspect_model.engine.swap import swapped_tensors
 
     def meta(v: torch.Tensor) -> torch.Tensor:
         cast = dtype if dtype is not None and v.is_floating_point() else None
         return torch.empty_like(v, device="meta", dtype=cast)
 
-    state = {k: meta(v) for k, v in model.named_parameters()}
-    state.update({k: meta(v) for k, v in model.named_buffers()})
-    return lambda: functional_call(model, state, tuple(inputs), tie_weights=True, strict=False)
+    def call() -> Any:
+        with swapped_tensors(model, meta):
+            return model(*inputs, **(kwargs or {}))
+
+    return call
 
 
 def _on_meta(model: nn.Module) -> bool:
@@ -61,11 +65,21 @@ def summarize_model(
     """
     import torch
 
-    from inspect_model.loading.shapes import make_example_inputs, parse_dtype, parse_size
+    from inspect_model.loading.shapes import (
+        make_example_inputs,
+        parse_dtype,
+        parse_input_spec,
+        parse_size,
+    )
     from inspect_model.methods.summary import summarize
 
     loaded = model
     sizes: list[tuple[int, ...]]
+    specs = [parse_input_spec(s) for s in input_size or [] if isinstance(s, str) and (":" in s or "=" in s)]
+    if specs:  # keyword or integer inputs: [NAME=]SHAPE[:DTYPE[:LOW-HIGH]] (issue 14)
+        return _summarize_specs(loaded, [parse_input_spec(s) if isinstance(s, str) else
+                                         parse_input_spec("x".join(map(str, s))) for s in input_size or []],
+                                batch_size=batch_size, dtype=dtype, device=device, depth=depth, seed=seed)
     if input_size:
         sizes = [parse_size(s) if isinstance(s, str) else tuple(int(d) for d in s) for s in input_size]
     elif loaded.input_sizes:
@@ -120,6 +134,37 @@ def summarize_model(
             # Only when the pass died at (or before) the first layer: an input-shape problem.
             if status != "ok" and hint not in res.error:
                 res.error = f"{res.error} ({hint})"
+    return res
+
+
+def _summarize_specs(loaded: Any, specs: list[Any], *, batch_size: int, dtype: str, device: str,
+                     depth: int | None, seed: int) -> SummaryResult:
+    """The table for inputs given as specs (keyword inputs, integer token ids), on the CPU
+    pass when the model is real, else on meta."""
+    import torch
+
+    from inspect_model.loading.shapes import make_input, parse_dtype
+    from inspect_model.methods.summary import summarize
+
+    m = loaded.model
+    dev = "meta" if device == "meta" and _on_meta(m) else ("cpu" if device == "meta" else device)
+    torch_dtype = parse_dtype(dtype)
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for i, spec in enumerate(specs):
+        t = make_input(spec, batch_size, dtype=torch_dtype, device=dev, seed=seed + i)
+        if spec.name:
+            kwargs[spec.name] = t
+        else:
+            args.append(t)
+    flat = [*args, *kwargs.values()]
+    fwd = _meta_call(m, args, torch_dtype, kwargs) if dev == "meta" and not _on_meta(m) else (
+        lambda: m(*args, **kwargs))
+    res = summarize(m, flat, name=loaded.name, depth=depth, forward=fwd)
+    res.notes[:0] = list(loaded.notes)
+    if device == "meta" and dev != "meta":
+        res.notes.append("integer or keyword inputs: computed with a real forward pass on cpu")
+    del torch
     return res
 
 

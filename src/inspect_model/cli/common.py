@@ -54,7 +54,18 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N, mps
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32, float16, bfloat16 or float64.")]
 InputSizeOpt = Annotated[
     list[str] | None,
-    typer.Option("--input-size", help="Per-sample input shape such as 3x224x224 (repeat for several inputs)."),
+    typer.Option("--input-size", help="Per-sample input shape such as 3x224x224 (repeat for several inputs); "
+                 "[NAME=]SHAPE[:DTYPE[:LOW-HIGH]] for keyword or integer inputs, e.g. ids=16:int64:0-1000."),
+]
+ImageInputOpt = Annotated[
+    str | None,
+    typer.Option("--image-input", help="For a model with several inputs: the input the images feed (a name "
+                 "or position; default: the first)."),
+]
+InputsFileOpt = Annotated[
+    Path | None,
+    typer.Option("--inputs-file", help="The model's other inputs as real tensors: a file holding a tensor, "
+                 "tuple or dict (torch.save; loaded with weights_only=True)."),
 ]
 BatchSizeOpt = Annotated[int, typer.Option("--batch-size", help="Batch size.")]
 ImageBatchSizeOpt = Annotated[

@@ -50,6 +50,8 @@ INPUT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("std", c.StdOpt, None),
     ("labels", c.LabelsOpt, None),
     ("skip_bad_inputs", c.SkipBadOpt, False),
+    ("image_input", c.ImageInputOpt, None),
+    ("inputs_file", c.InputsFileOpt, None),
 )
 RUN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("output_dir", c.OutputDirOpt, None),

@@ -2,10 +2,13 @@
 
 A spec is one of
   * a qualified name, ``layer4.1.conv2`` (selects exactly that module, container or leaf);
-  * a glob, ``layer4.*`` (leaves among the matches, unless ``leaves_only=False``);
+  * a glob, ``layer4.*`` (the innermost matches: a match none of whose submodules also match;
+    so ``layer4.*`` gives leaves and ``layer4.?`` the blocks ``layer4.0``, ``layer4.1``...);
   * a type, ``type:Conv2d`` or ``type:Conv2d|Linear`` (every module of that class name);
   * ``all`` / ``*`` (every leaf);
-each optionally followed by a position among what it selected: ``[0]``, ``[-1]``, ``[1:3]``.
+each optionally followed by a position: after a qualified name, among its children as in
+PyTorch indexing (``layer4[-1]`` is layer4's last block, ``layer4[0:2]`` its first two);
+otherwise among what the spec selected (``type:Conv2d[-1]`` is the last conv).
 A ``depth`` limit keeps modules at most that deep (the root's children have depth 1) and
 treats modules at exactly that depth as leaves, as torchinfo's ``depth`` does.
 Several specs are united and returned in the model's module order.
@@ -126,7 +129,17 @@ def select_layers(
                     + ("" if hint else f"; types in this model: {', '.join(types[:12])}")
                 )
         elif any(c in body for c in _GLOB_CHARS):
-            names = frontier(n for n in all_names if fnmatch.fnmatchcase(n, body))
+            matched = [n for n in all_names if fnmatch.fnmatchcase(n, body)
+                       and (depth is None or module_depth(n) <= depth)]
+            if leaves_only:
+                # What it matched: the innermost matches (issue 14: `layer4.?` matches blocks,
+                # which used to be dropped for not being leaves).
+                inner = set(matched)
+                names = [n for n in matched
+                         if not any(o.startswith(n + ".") for o in inner)
+                         or (depth is not None and module_depth(n) == depth)]
+            else:
+                names = matched
             if not names:
                 raise LayerSelectionError(
                     f"layer spec '{spec}' selects no layer"
@@ -139,6 +152,13 @@ def select_layers(
                     + (suggest(body, all_names) or "; see `inspect-model summary MODEL` for names")
                 )
             names = [body]
+            if index is not None:
+                # `layer4[-1]`: a position among the module's children, as PyTorch indexing.
+                children = [f"{body}.{c}" for c, _ in by_name[body].named_children()]
+                if not children:
+                    raise LayerSelectionError(f"layer spec '{spec}': '{body}' has no children to take "
+                                              f"position [{index}] of")
+                names = children
         if index is not None:
             names = _apply_index(spec, names, index)
         if not names:

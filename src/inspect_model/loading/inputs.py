@@ -230,6 +230,7 @@ class InputPlan:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     processed: int = 0  # images fed to the model so far
+    spec: Any = None  # loading.shapes.InputSpec of --input-size (its dtype and value range)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -251,8 +252,13 @@ class InputPlan:
             from inspect_model.loading.shapes import make_example_inputs
 
             assert self.input_size is not None
-            (x,) = make_example_inputs([self.input_size], batch_size=self.batch_size, dtype=dtype,
-                                       device=self.device, seed=self.seed, fill=self.fill)
+            if self.spec is not None and self.spec.is_integer:  # token ids: integers in their range
+                from inspect_model.loading.shapes import make_input
+
+                x = make_input(self.spec, self.batch_size, device=self.device, seed=self.seed)
+            else:
+                (x,) = make_example_inputs([self.input_size], batch_size=self.batch_size, dtype=dtype,
+                                           device=self.device, seed=self.seed, fill=self.fill)
             self.processed = self.batch_size
             yield InputBatch(x, [f"{self.fill}-{i}" for i in range(self.batch_size)], None)
             return
@@ -317,8 +323,13 @@ def plan_inputs(
     paths = collect_paths(list(images), stdin=stdin) if images else []
     channels = model_channels(loaded.model)
     size: tuple[int, ...] | None = None
+    spec = None
     if input_size:
         size = parse_size(input_size)
+        if ":" in input_size or "=" in input_size:
+            from inspect_model.loading.shapes import parse_input_spec
+
+            spec = parse_input_spec(input_size)
     elif loaded.input_sizes:
         size = tuple(loaded.input_sizes[0])
     pre = None
@@ -350,7 +361,8 @@ def plan_inputs(
                 "or export it with a dynamic batch dimension"
             )
     return InputPlan(paths=paths, preprocess=pre, input_size=size, batch_size=batch_size,
-                     channels=channels, seed=seed, fill=fill, skip_bad=skip_bad, device=device, dtype=dtype)
+                     channels=channels, seed=seed, fill=fill, skip_bad=skip_bad, device=device, dtype=dtype,
+                     spec=spec)
 
 
 @dataclass

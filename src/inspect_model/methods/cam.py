@@ -169,7 +169,7 @@ def compute_cams(
         cam_layers: list[CamLayer] | None = list(layers)  # type: ignore[arg-type]
         names = [layer.name for layer in cam_layers]  # type: ignore[union-attr]
     elif not layers or any(isinstance(s, str) and s.strip().lower() == "auto" for s in layers):
-        cam_layers = resolve_layers(model, x, [str(s) for s in layers or []], reshape)
+        cam_layers = resolve_layers(model, x, [str(s) for s in layers or []], reshape, output_key)
         names = [layer.name for layer in cam_layers]
     else:
         from inspect_model.engine.selection import select_layers

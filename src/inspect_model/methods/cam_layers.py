@@ -56,22 +56,73 @@ def _probe(model: nn.Module, x: torch.Tensor, names: Sequence[str]) -> list[Any]
     return eng.finalize()
 
 
-def auto_layer(model: nn.Module, x: torch.Tensor) -> str:
+def _probe_paths(model: nn.Module, x: torch.Tensor, names: Sequence[str],
+                 output_key: str | None) -> tuple[list[Any], set[str] | None]:
+    """Like :func:`_probe`, with the graph on: also the names among ``names`` whose output
+    the scored output (``output_key``) depends on, or None when that cannot be told (an
+    integer input and frozen weights build no graph)."""
+    import torch
+
+    from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
+    from inspect_model.methods.targets import select_output
+
+    x1 = x[:1].detach()
+    if x1.is_floating_point():
+        x1 = x1.clone().requires_grad_(True)
+    nodes: dict[str, Any] = {}
+    modules = dict(model.named_modules())
+
+    def keep(name: str) -> Any:
+        def hook(mod: nn.Module, args: tuple, out: Any) -> None:
+            if isinstance(out, torch.Tensor) and out.grad_fn is not None:
+                nodes[name] = out  # read after the pass: in-place ops later move its grad_fn
+        return hook
+
+    handles = []
+    try:
+        with HookEngine(model, list(names), CaptureOptions(outputs=True, grad_enabled=True)) as eng:
+            handles = [modules[n].register_forward_hook(keep(n)) for n in names if n in modules]
+            out = run_forward(eng, lambda: model(x1))
+    finally:
+        for h in handles:
+            h.remove()
+    records = eng.finalize()
+    try:
+        scored = select_output(out, output_key)
+    except Exception:
+        return records, None
+    if scored.grad_fn is None:
+        return records, None
+    reach: set[Any] = set()
+    todo = [scored.grad_fn]
+    while todo:  # every autograd node the scored output is computed from
+        node = todo.pop()
+        if node is None or node in reach:
+            continue
+        reach.add(node)
+        todo.extend(nxt for nxt, _ in node.next_functions)
+    return records, {n for n, t in nodes.items() if t.grad_fn in reach}
+
+
+def auto_layer(model: nn.Module, x: torch.Tensor, output_key: str | None = None) -> str:
     """The layer ``--layer auto`` picks: for torchvision's ViT the last block's first norm
     (its patch tokens feed the class token through attention), for Swin the last stage, and
-    otherwise the outermost module producing the last (N, C, h, w) output with h*w > 1 --
-    for a CNN, its last conv block."""
+    otherwise the outermost module producing the last (N, C, h, w) output with h*w > 1 that
+    the scored output (``output_key``) depends on -- for a CNN, its last conv block; for a
+    model with several heads, not a branch that only feeds another head."""
     if _is_vit(model):
         last = list(model.encoder.layers.named_children())[-1][0]  # type: ignore[union-attr]
         return f"encoder.layers.{last}.ln_1"
     if _is_swin(model):
         return f"features.{len(model.features) - 1}"  # type: ignore[arg-type]
     names = [n for n, _ in model.named_modules() if n]
-    records = _probe(model, x, names)
+    records, on_path = _probe_paths(model, x, names, output_key)
     last = None
     for r in records:
         if not r.finished or len(r.outputs) != 1 or r.outputs[0].key != "":
             continue
+        if on_path is not None and r.name not in on_path:
+            continue  # a branch the scored output does not depend on (issue 14)
         shape = r.outputs[0].shape
         if len(shape) == 4 and shape[2] * shape[3] > 1 and r.outputs[0].dtype.startswith(("float", "bfloat")):
             last = r
@@ -88,7 +139,7 @@ def auto_layer(model: nn.Module, x: torch.Tensor) -> str:
     parts = last.name.split(".")
     for i in range(1, len(parts)):
         anc = by_name.get(".".join(parts[:i]))
-        if anc is not None and anc.outputs[0].shape == shape:
+        if anc is not None and anc.outputs[0].shape == shape and (on_path is None or anc.name in on_path):
             return anc.name
     return last.name
 
@@ -137,7 +188,7 @@ def infer_layout(model: nn.Module, name: str, shape: tuple[int, ...], input_hw: 
 
 
 def resolve_layers(model: nn.Module, x: torch.Tensor, specs: Sequence[str] | None = None,
-                   reshape: tuple[int, int] | None = None) -> list[CamLayer]:
+                   reshape: tuple[int, int] | None = None, output_key: str | None = None) -> list[CamLayer]:
     """``auto`` (or no spec) or layer specs -> :class:`CamLayer` records, probing the output
     shapes with one no-grad forward pass of ``x[:1]``."""
     from inspect_model.engine.selection import select_layers
@@ -146,7 +197,7 @@ def resolve_layers(model: nn.Module, x: torch.Tensor, specs: Sequence[str] | Non
     names: list[str] = []
     for spec in specs or ["auto"]:
         if spec.strip().lower() == "auto":
-            names.append(auto_layer(model, x))
+            names.append(auto_layer(model, x, output_key))
         else:
             plain = not any(ch in spec for ch in "*?[") and not spec.startswith("type:")
             names.extend(select_layers(model, [spec], leaves_only=not plain))
@@ -171,7 +222,8 @@ def single_output(rec: Any, name: str) -> Any:
     return rec.outputs[0]
 
 
-def resolve_layer(model: nn.Module, spec: str = "auto", x: torch.Tensor | None = None) -> str:
+def resolve_layer(model: nn.Module, spec: str = "auto", x: torch.Tensor | None = None,
+                  output_key: str | None = None) -> str:
     """One layer name for ``spec`` (``auto`` or a spec selecting exactly one layer). ``x``
     (a batch the model accepts) is used for the probe pass of ``auto``; without it a zero
     (1, C, 224, 224) input is used."""
@@ -184,7 +236,7 @@ def resolve_layer(model: nn.Module, spec: str = "auto", x: torch.Tensor | None =
         x = torch.zeros(1, model_channels(model), 224, 224,
                         dtype=p.dtype if p is not None else torch.float32,
                         device=p.device if p is not None else "cpu")
-    names = [layer.name for layer in resolve_layers(model, x, [spec])]
+    names = [layer.name for layer in resolve_layers(model, x, [spec], output_key=output_key)]
     if len(names) != 1:
         raise LayerSelectionError(f"--layer '{spec}' selects {len(names)} layers; give exactly one")
     return names[0]

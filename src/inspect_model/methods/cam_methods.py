@@ -247,11 +247,16 @@ def _cam(inp: MapInputs) -> Any:
 def _eigen(inp: MapInputs) -> Any:
     import torch
 
-    if not bool(torch.isfinite(inp.A).all()):
-        # No SVD of NaN/Inf (LinAlgError): a NaN map, reported like any other (issue 14).
-        n, _, h, w = inp.A.shape
-        return torch.full((inp.k, n, h, w), float("nan"), dtype=inp.A.dtype, device=inp.A.device)
-    return eigen_map(inp.A)[None].expand(inp.k, -1, -1, -1)
+    n, _, h, w = inp.A.shape
+    ok = torch.isfinite(inp.A.reshape(n, -1)).all(1)  # (N,)
+    if bool(ok.all()):
+        return eigen_map(inp.A)[None].expand(inp.k, -1, -1, -1)
+    # No SVD of NaN/Inf (LinAlgError): those images get a NaN map, reported like any other
+    # NaN map; the images with finite activations keep theirs (issue 14).
+    out = torch.full((n, h, w), float("nan"), dtype=inp.A.dtype, device=inp.A.device)
+    if bool(ok.any()):
+        out[ok] = eigen_map(inp.A[ok]).to(out.dtype)
+    return out[None].expand(inp.k, -1, -1, -1)
 
 
 def _score(inp: MapInputs) -> Any:

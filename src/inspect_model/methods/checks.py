@@ -29,10 +29,17 @@ class CheckResult:
     value: Any
     expected: Any
     detail: str = ""
+    unit: str = ""  # what value counts, for the text: "10 non-finite values"
 
     @property
     def status(self) -> str:
         return "pass" if self.passed else "fail"
+
+    @property
+    def value_text(self) -> str:
+        if not self.unit:
+            return str(self.value)
+        return f"{self.value} {self.unit}" + ("" if self.value == 1 else "s")
 
 
 @dataclass(frozen=True)
@@ -138,7 +145,7 @@ def run_checks(
                 raise ModelRuntimeError(f"backward pass failed: {type(exc).__name__}: {msg}") from exc
             gs = [p.grad for p in model.parameters() if p.grad is not None]
             grads_finite = all(bool(torch.isfinite(g).all()) for g in gs)
-        records = engine.finalize()
+        records = list(engine.finalize())  # the first pass only: --deterministic runs another
         first = y.detach().clone()
         second = None
         if deterministic:
@@ -155,16 +162,16 @@ def run_checks(
         n_bad = int((~torch.isfinite(first.float())).sum()) if first.is_floating_point() else 0
         bad_layers = [r.key for r in records for c in r.outputs if c.stats is not None and not c.stats.finite]
         detail = f"first non-finite layer: {bad_layers[0]}" if bad_layers else ""
-        results.append(CheckResult("finite outputs", n_bad == 0, n_bad, 0, detail))
+        results.append(CheckResult("finite outputs", n_bad == 0, n_bad, 0, detail, unit="non-finite value"))
         if grads_finite is not None:
             results.append(CheckResult("finite gradients", grads_finite, grads_finite, True))
     if max_dead_fraction is not None:
-        dead = [
-            (r.key, c.stats.zero_fraction)
-            for r in records
-            for c in r.outputs
-            if c.stats is not None and c.stats.zero_fraction >= max_dead_fraction
-        ]
+        dead_by_layer: dict[str, float] = {}  # each layer once, however often it ran (issue 14)
+        for r in records:
+            for c in r.outputs:
+                if c.stats is not None and c.stats.zero_fraction >= max_dead_fraction:
+                    dead_by_layer.setdefault(r.name or "(model)", c.stats.zero_fraction)
+        dead = list(dead_by_layer.items())
         names = ", ".join(k for k, _ in dead[:5]) + (f" (+{len(dead) - 5} more)" if len(dead) > 5 else "")
         results.append(CheckResult("dead layers", not dead, len(dead), f"none with zero fraction >= {max_dead_fraction:g}",
                                    names))

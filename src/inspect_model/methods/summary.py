@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from inspect_model.engine.hooks import CaptureOptions, HookEngine, flatten_tensors
 from inspect_model.engine.selection import module_depth
+from inspect_model.methods.rnn_macs import costly_op, is_recurrent, recurrent_macs
 
 if TYPE_CHECKING:
     import torch
@@ -42,6 +43,7 @@ class SummaryRow:
     folded: bool  # depth limit folds its children into it
     status: str = "ok"  # "ok", "not called", "failed"
     tied_to: str | None = None  # for a module whose parameters belong to another row
+    unknown_cost_ops: tuple[str, ...] = ()  # ops it ran that the MAC counter has no formula for
 
 
 @dataclass
@@ -75,7 +77,8 @@ def _sdpa_cpu_macs(args: tuple, out: Any) -> int:
     return b_h * L * S * E + b_h * L * S * Ev
 
 
-def _mac_counter(stack: list[str], macs: dict[str, int]) -> Any:
+def _mac_counter(stack: list[str], macs: dict[str, int], analytic: set[str] | None = None,
+                 unknown: dict[str, set[str]] | None = None) -> Any:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.flop_counter import flop_registry
@@ -92,12 +95,17 @@ def _mac_counter(stack: list[str], macs: dict[str, int]) -> Any:
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
             packet = func._overloadpacket
+            where = stack[-1] if stack else ""
+            if analytic and where in analytic:
+                return out  # a recurrent layer: counted from its sizes (methods/rnn_macs.py)
             n = 0
             if packet in flop_registry:
                 # flop_registry counts 2 flops per multiply-add.
                 n = int(flop_registry[packet](*args, **kwargs, out_val=out)) // 2
             elif packet in extra:
                 n = extra[packet](args, out)
+            elif unknown is not None and costly_op(str(packet)):
+                unknown[where].add(str(packet).removeprefix("aten."))
             if n:
                 macs[stack[-1] if stack else ""] += n
             return out
@@ -141,17 +149,29 @@ def summarize(
     error: str | None = None
     failed: str | None = None
     fwd = forward or (lambda: model(*inputs))
+    unknown: dict[str, set[str]] = defaultdict(set)
+    recurrent = {n: m for n, m in modules if is_recurrent(m)}
+
+    def count_recurrent(name: str) -> Callable[..., None]:
+        def hook(mod: nn.Module, args: tuple, out: Any) -> None:
+            macs[name] += recurrent_macs(mod, args)
+        return hook
+
     with engine:
+        handles = [m.register_forward_hook(count_recurrent(n)) for n, m in recurrent.items()]
         try:
             # Grad mode stays on: MultiheadAttention's no-grad fast path runs a fused op
             # that hides its matrix products from the MAC counter.
-            with _mac_counter(engine.stack, macs):
+            with _mac_counter(engine.stack, macs, set(recurrent), unknown):
                 fwd()
         except Exception as exc:
             stack = [s for s in engine.stack]
             failed = stack[-1] if stack else ""
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             error = f"{type(exc).__name__}: {msg}"
+        finally:
+            for h in handles:
+                h.remove()
     records = engine.finalize()
     first_call: dict[str, Any] = {}
     calls: dict[str, int] = defaultdict(int)
@@ -235,6 +255,7 @@ def summarize(
                 folded=folded,
                 status=status,
                 tied_to=tied.get(n),
+                unknown_cost_ops=tuple(sorted(unknown.get(n, ()))) if not macs.get(n, 0) else (),
             )
         )
     uniq_params = {id(p): p for p in model.parameters()}
@@ -267,6 +288,8 @@ def summarize(
         device=device,
         failed_layer=failed,
         error=error,
+        notes=[f"MACs unknown for {', '.join(sorted(ops))} in '{n or '(model)'}' (no formula for that op; "
+               "counted as 0)" for n, ops in sorted(unknown.items()) if ops and not macs.get(n, 0)],
     )
 
 

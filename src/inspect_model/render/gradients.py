@@ -213,32 +213,42 @@ def flow_figure(rep: GradReport) -> Any:
     return fig
 
 
-def histogram_figure(rep: GradReport, max_layers: int = 48) -> Any:
-    """One small histogram of log10|grad wrt output| per layer (forward order)."""
-    reached = [r for r in rep.layers if r.grad_output is not None][:max_layers]
-    cols = 6
-    rows = max(1, math.ceil(len(reached) / cols))
-    fig = _figure(cols * 2.4, rows * 1.9 + 0.5)
-    axes = fig.subplots(rows, cols, squeeze=False)
+def histogram_figure(rep: GradReport, max_layers: int = 48) -> list[Any]:
+    """Histograms of log10|grad wrt output| per layer (forward order), ``max_layers`` per
+    figure: one figure per page, every layer shown (never a silent cut, issue 14)."""
+    reached = [r for r in rep.layers if r.grad_output is not None]
     edges = rep.layers[0].hist.edges() if rep.layers else [0.0, 1.0]
     lows = [r.hist.min for r in reached if sum(r.hist.counts)]
     highs = [r.hist.max for r in reached if sum(r.hist.counts)]
-    # One x range for every panel (so they compare), just wide enough for the data.
+    # One x range for every panel of every page (so they compare), just wide enough for the data.
     lo = max(edges[0], math.floor(min(lows)) - 0.5) if lows else edges[0]
     hi = min(edges[-1], math.ceil(max(highs)) + 0.5) if highs else edges[-1]
-    for i, ax in enumerate(axes.flat):
-        if i >= len(reached):
-            ax.axis("off")
-            continue
-        r = reached[i]
-        ax.stairs(r.hist.counts, edges, fill=True, color="tab:blue")
-        ax.set_xlim(lo, hi)
-        ax.set_title(f"{r.key} (zeros {r.hist.zeros})", fontsize=6)
-        ax.set_xlabel("log10 |g|", fontsize=5)
-        ax.tick_params(labelsize=5)
-    fig.suptitle("log10 |gradient wrt layer output| per layer", fontsize=9)
-    fig.tight_layout()
-    return fig
+    n_pages = max(1, math.ceil(len(reached) / max_layers))
+    pages = []
+    for page in range(n_pages):
+        chunk = reached[page * max_layers:(page + 1) * max_layers]
+        cols = 6
+        rows = max(1, math.ceil(len(chunk) / cols))
+        fig = _figure(cols * 2.4, rows * 1.9 + 0.5)
+        axes = fig.subplots(rows, cols, squeeze=False)
+        for i, ax in enumerate(axes.flat):
+            if i >= len(chunk):
+                ax.axis("off")
+                continue
+            r = chunk[i]
+            ax.stairs(r.hist.counts, edges, fill=True, color="tab:blue")
+            ax.set_xlim(lo, hi)
+            ax.set_title(f"{r.key} (zeros {r.hist.zeros})", fontsize=6)
+            ax.set_xlabel("log10 |g|", fontsize=5)
+            ax.tick_params(labelsize=5)
+        title = "log10 |gradient wrt layer output| per layer"
+        if n_pages > 1:
+            first = page * max_layers + 1
+            title += f" (page {page + 1} of {n_pages}: layers {first}-{first + len(chunk) - 1} of {len(reached)})"
+        fig.suptitle(title, fontsize=9)
+        fig.tight_layout()
+        pages.append(fig)
+    return pages
 
 
 # ----------------------------------------------------------------- jacobian

@@ -44,6 +44,8 @@ def row_cells(row: SummaryRow) -> list[str]:
     if row.tied_to:
         params += f" (tied: {row.tied_to})"
     macs = "--" if row.macs == 0 else thousands(row.macs)
+    if row.unknown_cost_ops:
+        macs = "?"  # ran an op of unknown cost: not a counted zero
     return [name, row.type, _shape_text(row), params, row.trainable or "--", macs]
 
 
@@ -113,6 +115,7 @@ def to_payload(res: SummaryResult) -> dict[str, Any]:
                 "folded": r.folded,
                 "status": r.status,
                 "tied_to": r.tied_to,
+                "unknown_cost_ops": list(r.unknown_cost_ops),
             }
             for r in res.rows
         ],

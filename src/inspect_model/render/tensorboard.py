@@ -47,3 +47,31 @@ def read_tags(logdir: str | Path) -> dict[str, list[str]]:
     acc.Reload()
     tags = acc.Tags()
     return {k: sorted(tags.get(k, [])) for k in ("scalars", "histograms", "images")}
+
+
+def write_graph(writer: Any, model: Any, example: Any) -> str | None:
+    """The model's graph (``add_graph``, a TorchScript trace on ``example``); None when
+    written, else a one-line note saying why tracing failed. The trace runs in eval mode
+    without grad, and every module's ``training`` flag is put back."""
+    import torch
+
+    flags = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        with torch.no_grad():
+            writer.add_graph(model, example, use_strict_trace=False)
+        return None
+    except Exception as exc:
+        msg = (str(exc).strip().splitlines() or [""])[0]
+        return f"TensorBoard: the model's graph was not written (tracing failed: {type(exc).__name__}: {msg[:120]})"
+    finally:
+        for m, t in flags:
+            m.training = t
+
+
+def graph_written(logdir: str | Path) -> bool:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(logdir))
+    acc.Reload()
+    return bool(acc.Tags().get("graph"))

@@ -1,0 +1,47 @@
+"""The model's graph in TensorBoard (issue 14): written where the model traces, a note where not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from fixtures.invariants import assert_same, register_model, snapshot
+from fixtures.models import TinyCNN
+
+pytest.importorskip("tensorboard")
+
+
+def test_grads_tensorboard_writes_the_graph(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli) -> None:
+    from inspect_model.render.tensorboard import graph_written
+
+    model = TinyCNN().train()
+    spec = register_model(monkeypatch, model)
+    before = snapshot(model)
+    res = cli(["grads", spec, "--weights", "none", "--input-size", "3x8x8", "--tensorboard", str(tmp_path / "tb"),
+               "--json"])
+    assert res.exit_code == 0, res.stderr
+    assert graph_written(tmp_path / "tb")
+    assert_same(model, before)
+
+
+class Untraceable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) if float(x.sum()) > -1e9 else self.fc(-x)  # data-dependent: no trace? see below
+
+
+def test_a_failed_trace_is_a_note() -> None:
+    from inspect_model.render.tensorboard import write_graph
+
+    class Writer:
+        def add_graph(self, *a, **k):  # type: ignore[no-untyped-def]
+            raise RuntimeError("cannot trace")
+
+    note = write_graph(Writer(), Untraceable(), torch.randn(1, 4))
+    assert note is not None and "graph was not written (tracing failed: RuntimeError: cannot trace)" in note
