@@ -45,3 +45,17 @@ def test_a_failed_trace_is_a_note() -> None:
 
     note = write_graph(Writer(), Untraceable(), torch.randn(1, 4))
     assert note is not None and "graph was not written (tracing failed: RuntimeError: cannot trace)" in note
+
+
+def test_the_graph_trace_is_not_counted_as_a_batch(tmp_path: Path) -> None:
+    """The trace runs the model once more: no hook may record it (activations' statistics
+    and image counts with --tensorboard equal those without)."""
+    import inspect_model as im
+
+    model = TinyCNN().eval()
+    x = torch.randn(3, 3, 8, 8)
+    plain = im.activations(model, x).to_dict()
+    with_tb = im.activations(model, x, tensorboard=tmp_path / "tb").to_dict()
+    assert with_tb["image_count"] == plain["image_count"] == 3
+    assert [r["stats"] for r in with_tb["layers"]] == [r["stats"] for r in plain["layers"]]
+    assert [r["calls"] for r in with_tb["layers"]] == [r["calls"] for r in plain["layers"]]

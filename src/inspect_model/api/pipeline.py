@@ -185,13 +185,15 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
 def _with_graph(batches: Iterable[InputBatch], writer: Any, model: Any,
                 notes: Callable[[str], None] | None) -> Iterator[InputBatch]:
     """``batches``, writing the model's graph to TensorBoard on the first (issue 14)."""
+    from inspect_model.engine.hooks import paused_hooks
     from inspect_model.render.tensorboard import write_graph
 
     first = True
     for b in batches:
         if first:
             first = False
-            note = write_graph(writer, model, b.tensor)
+            with paused_hooks():  # the trace is no batch: nothing recorded
+                note = write_graph(writer, model, b.tensor)
             if note is not None and notes is not None:
                 notes(note)
         yield b

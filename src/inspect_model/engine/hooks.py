@@ -16,6 +16,7 @@ hooks; full module backward hooks break on in-place ops (pytorch/pytorch#61519).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -54,6 +55,20 @@ class CaptureOptions:
     eval_mode: bool | None = True  # True: model.eval() for the run; False: train(); None: as is
     grad_enabled: bool | None = None  # set grad mode for the run (None: leave it)
     track_stack: bool = False  # keep `stack` of running module names (for MAC attribution)
+
+
+_PAUSED: list[bool] = []  # non-empty: every engine hook lets the call pass unrecorded
+
+
+@contextlib.contextmanager
+def paused_hooks() -> Iterator[None]:
+    """Run the model without any engine recording (a TensorBoard trace on the first batch
+    must not count as a batch); hooks stay registered and resume afterwards."""
+    _PAUSED.append(True)
+    try:
+        yield
+    finally:
+        _PAUSED.pop()
 
 
 class HookEngine:
@@ -192,10 +207,10 @@ class HookEngine:
     # ----------------------------------------------------------------- hooks
     def _register(self, name: str, module: nn.Module) -> None:
         def pre_hook(mod: nn.Module, args: tuple, kwargs: dict) -> Any:
-            return self._on_pre(name, mod, args, kwargs)
+            return None if _PAUSED else self._on_pre(name, mod, args, kwargs)
 
         def post_hook(mod: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-            return self._on_post(name, mod, output)
+            return None if _PAUSED else self._on_post(name, mod, output)
 
         self._handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True))
         self._handles.append(module.register_forward_hook(post_hook, with_kwargs=True))
