@@ -136,7 +136,9 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
     loaded = load(mopts)
     if hooks:
         require_hookable(loaded, command)
-    dev = _model_device(loaded.model) if loaded.borrowed else resolve_device(mopts.device)
+    from inspect_model.api.distributed import rank_device
+
+    dev = _model_device(loaded.model) if loaded.borrowed else resolve_device(rank_device(mopts.device))
     for note in loaded.notes:
         if notes is not None:
             notes(note)
@@ -309,6 +311,7 @@ class Session:
 
     command = ""
     streams_files = False  # per-image files, drawn from data that is dropped once drawn
+    index_base = 0  # run index of the first image fed (a shard or a resumed run starts later)
 
     def feed(self, batch: InputBatch) -> list[ImageItem]:
         raise NotImplementedError
@@ -349,7 +352,13 @@ def execute(
     """Feed every batch to ``session``; with ``output_dir``, draw each item's files as it
     comes (bounded memory) and commit the directory when the run succeeds, or leave nothing.
     ``keep`` (default: no output_dir) keeps each item's data so that ``Result.save`` works."""
+    from inspect_model.api import distributed
+
     keep = output_dir is None if keep is None else keep
+    if distributed.takes_over(session):  # under torchrun, or --resume
+        return distributed.execute(session, batches, output_dir=output_dir, force=force, keep=keep,
+                                   tensorboard=tensorboard, on_item=on_item)
+    clock = distributed.Throughput(session)
     writer = None
     out = OutputDir(output_dir, force=force).prepare() if output_dir is not None else None
     try:
@@ -361,6 +370,7 @@ def execute(
         items: list[ImageItem] = []
 
         def handle(item: ImageItem) -> None:
+            clock.images += 1
             if sink.active:
                 item.entry["files"] = session.draw(item, sink)
             if on_item is not None:
@@ -376,6 +386,7 @@ def execute(
         result.items = items if keep else None
         if sink.active:
             session.draw_summary(sink, result)
+        clock.stamp(result)
         if out is not None:
             write_reports(result, sink)
             out.commit()
