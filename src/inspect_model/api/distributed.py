@@ -277,7 +277,6 @@ class Group:
         self.rank = w.rank if w else 0
         self.size = w.size if w else 1
         self.dist: Any = None
-        self.owned = False
         if w is None:
             return
         import torch
@@ -299,7 +298,11 @@ class Group:
             raise DistributedError(f"rank {w.rank}: rendezvous failed ({backend} at "
                                    f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}): "
                                    f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
-        self.owned = True
+        # Kept for later runs in this process (a second rendezvous on the same store hangs);
+        # destroyed at exit.
+        import atexit
+
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
 
     def all_gather(self, obj: Any) -> list[Any]:
         if self.dist is None:
@@ -327,8 +330,8 @@ class Group:
         return bool(flag.item())
 
     def close(self) -> None:
-        if self.owned and self.dist is not None and self.dist.is_initialized():
-            self.dist.destroy_process_group()
+        if self.dist is not None and self.dist.is_initialized():
+            self.dist.barrier()  # no rank leaves while another still reads the shared staging folder
 
 
 def _one_line(exc: BaseException) -> tuple[int, str]:
