@@ -88,7 +88,7 @@ def main() -> int:
             print(f"{workers:>7} {base:>12.1f} {act:>12.1f} {act / base:>6.2f} {cm:>11.1f} {cm / base:>6.2f}")
             if workers == 2 and min(act, cm) / base < args.limit:
                 ok = False
-    print("target: >= %.1fx the floor at --workers 2: %s" % (args.limit, "met" if ok else "NOT met"))
+    print("target: >= {:.1f}x the floor at --workers 2: {}".format(args.limit, "met" if ok else "NOT met"))
     return 0 if ok else 1
 
 

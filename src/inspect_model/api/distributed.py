@@ -51,7 +51,7 @@ class Scale:
     workers: int = 0
 
 
-_SCALE: ContextVar[Scale] = ContextVar("inspect_model_scale", default=Scale())
+_SCALE: ContextVar[Scale] = ContextVar("inspect_model_scale", default=Scale())  # noqa: B039 - frozen
 
 
 @contextlib.contextmanager
