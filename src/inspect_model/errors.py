@@ -16,6 +16,7 @@ EXIT_INPUT = 4
 EXIT_LAYER = 5
 EXIT_RUNTIME = 6
 EXIT_OUTPUT = 7
+EXIT_DISTRIBUTED = 8
 EXIT_INTERRUPTED = 130
 
 EXIT_CODES: dict[int, str] = {
@@ -27,6 +28,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_LAYER: "the layer selection is invalid or selects nothing",
     EXIT_RUNTIME: "the model failed while running (forward/backward pass)",
     EXIT_OUTPUT: "an output file or directory could not be written",
+    EXIT_DISTRIBUTED: "a run under torchrun failed: rendezvous, or another rank failed",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }
 
@@ -87,6 +89,12 @@ class OutputError(InspectModelError):
     """An output directory or file cannot be written."""
 
     exit_code = EXIT_OUTPUT
+
+
+class DistributedError(InspectModelError):
+    """A run under torchrun failed as a whole: rendezvous, mismatched ranks, or another rank's error."""
+
+    exit_code = EXIT_DISTRIBUTED
 
 
 class CheckFailed(InspectModelError):

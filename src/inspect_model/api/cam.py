@@ -56,6 +56,7 @@ class CamSession(Session):
 
     command = "cam"
     streams_files = True
+    page_base = 0  # first contact-sheet page number - 1 (another rank's pages come first)
 
     def __init__(self, prep: Any, mopts: ModelOptions, *, methods: list[str] | None = None,
                  layers: list[str] | None = None, reshape: str | None = None, fuse: bool = False,
@@ -115,7 +116,7 @@ class CamSession(Session):
         self.warnings.extend(res.notes)
         items = []
         for i in range(batch.tensor.shape[0]):
-            index = len(self.entries)
+            index = self.index_base + len(self.entries)
             name = batch.names[i]
             img = batch.images[i] if batch.images is not None else None
             entry = self._entry(res, i, index, name, img)
@@ -238,7 +239,7 @@ class CamSession(Session):
         while self.sheet_rows and (final or len(self.sheet_rows) >= SHEET_ROWS):
             rows, self.sheet_rows = self.sheet_rows[:SHEET_ROWS], self.sheet_rows[SHEET_ROWS:]
             cols = [f"{m} @ {lay}" for m, lay in self.columns]
-            page = len(self.sheets) + 1
+            page = self.page_base + len(self.sheets) + 1
             fig = contact_sheet(rows, cols, title=f"class activation maps (page {page})")
             name = sink.figure(f"contact_sheet_{page:03d}.png", fig)
             if name is not None:

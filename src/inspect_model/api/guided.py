@@ -84,7 +84,7 @@ class GuidedSession(Session):
             self.gradients.append(res.gradients)
         items = []
         for i in range(x.shape[0]):
-            entry = self._entry(len(self.entries), batch.names[i], res, i)
+            entry = self._entry(self.index_base + len(self.entries), batch.names[i], res, i)
             self.entries.append(entry)
             items.append(ImageItem(entry, (x[i].detach().float().cpu(), res.gradients[i],
                                            None if ggc is None else ggc[i])))

@@ -142,7 +142,9 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
     loaded = load(mopts)
     if hooks:
         require_hookable(loaded, command)
-    dev = _model_device(loaded.model) if loaded.borrowed else resolve_device(mopts.device)
+    from inspect_model.api.distributed import rank_device
+
+    dev = _model_device(loaded.model) if loaded.borrowed else resolve_device(rank_device(mopts.device))
     for note in loaded.notes:
         if notes is not None:
             notes(note)
@@ -352,6 +354,7 @@ class Session:
 
     command = ""
     streams_files = False  # per-image files, drawn from data that is dropped once drawn
+    index_base = 0  # run index of the first image fed (a shard or a resumed run starts later)
 
     def feed(self, batch: InputBatch) -> list[ImageItem]:
         raise NotImplementedError
@@ -392,7 +395,26 @@ def execute(
     """Feed every batch to ``session``; with ``output_dir``, draw each item's files as it
     comes (bounded memory) and commit the directory when the run succeeds, or leave nothing.
     ``keep`` (default: no output_dir) keeps each item's data so that ``Result.save`` works."""
+    from inspect_model.api import distributed
+
     keep = output_dir is None if keep is None else keep
+    prep = getattr(session, "prep", None)
+    binding = getattr(prep, "binding", None)
+    # A model of several inputs gets its other inputs for the whole run (issue 14).
+    with binding.bound(prep.loaded.model) if binding is not None else contextlib.nullcontext():
+        if distributed.takes_over(session):  # under torchrun, or --resume
+            return distributed.execute(session, batches, output_dir=output_dir, force=force, keep=keep,
+                                       tensorboard=tensorboard, on_item=on_item)
+        return _execute_here(session, batches, output_dir=output_dir, force=force, keep=keep,
+                             tensorboard=tensorboard, on_item=on_item)
+
+
+def _execute_here(session: Session, batches: Iterable[InputBatch], *, output_dir: Any, force: bool, keep: bool,
+                  tensorboard: Any, on_item: Callable[[dict[str, Any]], None] | None) -> Result:
+    """:func:`execute` in this one process."""
+    from inspect_model.api import distributed
+
+    clock = distributed.Throughput(session)
     writer = None
     out = OutputDir(output_dir, force=force).prepare() if output_dir is not None else None
     try:
@@ -404,6 +426,7 @@ def execute(
         items: list[ImageItem] = []
 
         def handle(item: ImageItem) -> None:
+            clock.images += 1
             if sink.active:
                 item.entry["files"] = session.draw(item, sink)
             if on_item is not None:
@@ -414,16 +437,15 @@ def execute(
                 item.data = None
 
         prep = getattr(session, "prep", None)
-        binding = getattr(prep, "binding", None)
-        with binding.bound(prep.loaded.model) if binding is not None else contextlib.nullcontext():
-            if writer is not None and prep is not None:
-                batches = _with_graph(batches, writer, prep.loaded.model, getattr(session, "notes", None))
-            session.run(batches, handle)
-            result = session.finish()
-            result.session = session
-            result.items = items if keep else None
-            if sink.active:
-                session.draw_summary(sink, result)
+        if writer is not None and prep is not None:
+            batches = _with_graph(batches, writer, prep.loaded.model, getattr(session, "notes", None))
+        session.run(batches, handle)
+        result = session.finish()
+        result.session = session
+        result.items = items if keep else None
+        if sink.active:
+            session.draw_summary(sink, result)
+        clock.stamp(result)
         if out is not None:
             write_reports(result, sink)
             out.commit()

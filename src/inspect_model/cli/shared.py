@@ -30,6 +30,14 @@ from inspect_model.errors import UsageError
 JsonlOpt = Annotated[
     bool, typer.Option("--jsonl", help="Write one compact JSON object per image to stdout as each batch finishes.")
 ]
+ResumeOpt = Annotated[
+    bool, typer.Option("--resume", help="Keep the run's state in --output-dir after every batch; the same "
+                       "command continues an unfinished run there, skipping the images already done.")
+]
+WorkersOpt = Annotated[
+    int, typer.Option("--workers", help="Processes decoding and preprocessing images (torch DataLoader); 0: "
+                      "in the main process.")
+]
 MODEL_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("weights", c.WeightsOpt, "DEFAULT"),
     ("checkpoint", c.CheckpointOpt, None),
@@ -60,6 +68,8 @@ RUN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("json_", c.JsonOpt, False),
     ("jsonl", JsonlOpt, False),
     ("quiet", c.QuietOpt, False),
+    ("resume", ResumeOpt, False),
+    ("workers", WorkersOpt, 0),
     ("config", c.ConfigOpt, None),  # read by cli/app.py before the command runs
     ("debug", c.DebugOpt, False),  # read by cli/app.py's error edge
 )
@@ -76,11 +86,15 @@ class RunOptions:
     json_: bool = False
     jsonl: bool = False
     quiet: bool = False
+    resume: bool = False
+    workers: int = 0
 
     def check(self, *, save_raw: bool = False) -> None:
         if self.json_ and self.jsonl:
             raise UsageError("--json and --jsonl cannot be combined; choose one")
-        for flag, on in (("--save-raw", save_raw), ("--force", self.force)):
+        if self.workers < 0:
+            raise UsageError(f"--workers must be 0 or more, got {self.workers}")
+        for flag, on in (("--save-raw", save_raw), ("--force", self.force), ("--resume", self.resume)):
             if on and self.output_dir is None:
                 raise UsageError(f"{flag} needs --output-dir DIR")
         if self.tensorboard is not None:
@@ -145,10 +159,17 @@ def run_api(command: str, api_fn: Callable[..., Any], opts: ModelOptions, inputs
     if streams:
         extra.update(tensorboard=run_opts.tensorboard, keep=False,
                      on_item=_jsonl_writer(command) if run_opts.jsonl else None)
-    with Progress(command, msgs) as progress:
+    from inspect_model.api.distributed import is_secondary, scaled
+
+    with Progress(command, msgs) as progress, scaled(resume=run_opts.resume, workers=run_opts.workers):
         if streams:
             extra["progress"] = progress
         result = api_fn(None, **extra, **kwargs)
+    if is_secondary():
+        return result  # under torchrun rank 0 reports for every rank
+    speed = result.payload.get("throughput") if isinstance(result.payload, dict) else None
+    if speed and speed.get("images_per_second") is not None:
+        msgs.info(f"{speed['images']} image(s) in {speed['seconds']:.2f} s: {speed['images_per_second']:.1f} images/s")
     deliver(result, run_opts, msgs)
     if result.failures:
         raise CheckFailed("; ".join(result.failures))

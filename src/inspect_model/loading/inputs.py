@@ -164,27 +164,28 @@ def iter_batches(
     skip_bad: bool = False,
     skipped: list[tuple[str, str]] | None = None,
     notes: list[str] | None = None,
+    workers: int = 0,
 ) -> Iterator[ImageBatch]:
     """Decode and preprocess ``paths`` in groups of ``batch_size`` (streamed, not all at once).
     With ``skip_bad`` a bad file is recorded in ``skipped`` instead of raising; per-image
     warnings (first frame of an animation) go to ``notes``. Without a crop, images of
-    different sizes cannot share a batch: a batch then ends early where the size changes."""
+    different sizes cannot share a batch: a batch then ends early where the size changes.
+    With ``workers`` > 0, decoding and preprocessing run in that many DataLoader worker
+    processes (in order); the batches are the same."""
     import torch
 
     if batch_size < 1:
         raise InputError(f"--batch-size must be 1 or more, got {batch_size}")
     pending: list[LoadedImage] = []
     tensors: list[torch.Tensor] = []
-    for p in paths:
-        try:
-            li = load_image(p, channels=channels)
-            t = preprocess(li.image)
-        except InputError as exc:
+    for p, decoded in _decoded(paths, preprocess, channels, batch_size, workers):
+        if isinstance(decoded, InputError):
             if not skip_bad:
-                raise
+                raise decoded
             if skipped is not None:
-                skipped.append((str(p), str(exc)))
+                skipped.append((str(p), str(decoded)))
             continue
+        li, t = decoded
         if notes is not None:
             notes.extend(li.warnings)
         if tensors and t.shape != tensors[0].shape:
@@ -197,6 +198,47 @@ def iter_batches(
             pending, tensors = [], []
     if pending:
         yield ImageBatch(torch.stack(tensors), pending)
+
+
+def _decode_one(p: Path, preprocess: Preprocess, channels: int) -> tuple[LoadedImage, torch.Tensor] | InputError:
+    try:
+        li = load_image(p, channels=channels)
+        return li, preprocess(li.image)
+    except InputError as exc:
+        return exc  # returned, not raised: a worker's error reaches the main process as a value
+
+
+class _DecodeSet:
+    """A map-style dataset over image paths for torch's DataLoader: decode and preprocess."""
+
+    def __init__(self, paths: Sequence[Path], preprocess: Preprocess, channels: int) -> None:
+        self.paths, self.preprocess, self.channels = list(paths), preprocess, channels
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> tuple[Path, Any]:
+        p = self.paths[i]
+        return p, _decode_one(p, self.preprocess, self.channels)
+
+
+def _as_list(items: list[Any]) -> list[Any]:
+    return items  # collate: keep (path, decoded) pairs as they are
+
+
+def _decoded(paths: Sequence[Path], preprocess: Preprocess, channels: int, batch_size: int,
+             workers: int) -> Iterator[tuple[Path, Any]]:
+    """(path, (image, tensor) or InputError) for each path, in order."""
+    if workers <= 0:
+        for p in paths:
+            yield p, _decode_one(p, preprocess, channels)
+        return
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(_DecodeSet(paths, preprocess, channels), batch_size=batch_size, shuffle=False,
+                        num_workers=workers, collate_fn=_as_list, prefetch_factor=2)
+    for chunk in loader:
+        yield from chunk
 
 
 @dataclass
@@ -231,6 +273,7 @@ class InputPlan:
     warnings: list[str] = field(default_factory=list)
     processed: int = 0  # images fed to the model so far
     spec: Any = None  # loading.shapes.InputSpec of --input-size (its dtype and value range)
+    workers: int = 0  # DataLoader worker processes for decoding (0: in this process)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -266,7 +309,7 @@ class InputPlan:
         self.processed = 0
         for b in iter_batches(self.paths, self.preprocess, batch_size=self.batch_size,
                               channels=self.channels, skip_bad=self.skip_bad, skipped=self.skipped,
-                              notes=self.warnings):
+                              notes=self.warnings, workers=self.workers):
             self.processed += len(b.images)
             yield InputBatch(b.tensor.to(device=self.device, dtype=dtype), b.names, b.images)
         if self.processed == 0 and self.skipped:

@@ -1,0 +1,96 @@
+"""Dataset throughput: images per second of `activations` (statistics only) and `cam --json`
+over 256 images, against the forward-pass floor measured in this same run.
+
+Issue 16: with images decoded in DataLoader workers, the commands should reach at least
+0.8x the images per second of the floor: the same images, decoded and preprocessed the
+same way (same --workers), through a plain ``model(x)`` under ``torch.no_grad()`` with no
+hooks. Each measure is run with ``--workers 2`` and ``--workers 0``; the figure is the
+command's own ``throughput`` (report JSON), which covers decoding, the passes and merging.
+
+Run: python benchmarks/bench_dataset.py [--model resnet18] [--images 256] [--size 224] [--device cpu]
+Exit status 1 if a ratio at --workers 2 is below --limit (0.8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def make_images(folder: Path, n: int, size: int) -> None:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for i in range(n):  # JPEGs a bit larger than the crop, as in a validation set
+        arr = rng.integers(0, 255, (size * 9 // 8, size * 5 // 4, 3), dtype=np.uint8)
+        Image.fromarray(arr).save(folder / f"img{i:04d}.jpg", quality=90)
+
+
+def floor(model_spec: str, folder: Path, workers: int, batch: int, size: int, device: str) -> float:
+    """Images per second of decode + preprocess + plain forward (no hooks)."""
+    import torch
+
+    from inspect_model.api.options import InputOptions, ModelOptions
+    from inspect_model.api.pipeline import prepare
+
+    prep = prepare("activations", ModelOptions(model_spec, weights="none", device=device),
+                   InputOptions([str(folder)], batch_size=batch, crop=size, resize=size), hooks=False)
+    prep.plan.workers = workers
+    model = prep.loaded.model
+    n = 0
+    start = time.perf_counter()
+    with torch.no_grad():
+        for b in prep.plan.batches():
+            model(b.tensor)
+            n += b.tensor.shape[0]
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return n / (time.perf_counter() - start)
+
+
+def command(name: str, model_spec: str, folder: Path, workers: int, batch: int, size: int, device: str) -> float:
+    from inspect_model.api.activations import activations
+    from inspect_model.api.cam import cam
+    from inspect_model.api.distributed import scaled
+    from inspect_model.api.options import InputOptions, ModelOptions
+
+    fn = activations if name == "activations" else cam
+    with scaled(workers=workers):
+        res = fn(None, model_options=ModelOptions(model_spec, weights="none", device=device),
+                 inputs=InputOptions([str(folder)], batch_size=batch, crop=size, resize=size), keep=False)
+    return float(res.payload["throughput"]["images_per_second"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--images", type=int, default=256)
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--limit", type=float, default=0.8)
+    args = ap.parse_args()
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        make_images(folder, args.images, args.size)
+        print(f"{args.images} images, {args.model} at {args.size}px, batch {args.batch}, {args.device}")
+        print(f"{'workers':>7} {'floor img/s':>12} {'activations':>12} {'ratio':>6} {'cam --json':>11} {'ratio':>6}")
+        for workers in (2, 0):
+            floor(args.model, folder, workers, args.batch, args.size, args.device)  # warm-up
+            base = floor(args.model, folder, workers, args.batch, args.size, args.device)
+            act = command("activations", args.model, folder, workers, args.batch, args.size, args.device)
+            cm = command("cam", args.model, folder, workers, args.batch, args.size, args.device)
+            print(f"{workers:>7} {base:>12.1f} {act:>12.1f} {act / base:>6.2f} {cm:>11.1f} {cm / base:>6.2f}")
+            if workers == 2 and min(act, cm) / base < args.limit:
+                ok = False
+    print("target: >= {:.1f}x the floor at --workers 2: {}".format(args.limit, "met" if ok else "NOT met"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

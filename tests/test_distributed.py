@@ -1,0 +1,175 @@
+"""Past one process: torchrun (gloo, 2 ranks) against a single process, --resume after a
+kill against an uninterrupted run, --workers against none, and the refusals."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMON = ["--crop", "16", "--resize", "16", "--batch-size", "3", "--weights", "none"]
+
+DRIVER = '''
+import json, sys
+from inspect_model.api.activations import activations
+from inspect_model.api.cam import cam
+from inspect_model.api.options import InputOptions, ModelOptions
+from inspect_model.api.distributed import is_secondary
+model, images, out = sys.argv[1], sys.argv[2], sys.argv[3]
+def inputs():
+    return InputOptions([images], batch_size=3, crop=16, resize=16)
+a = activations(None, model_options=ModelOptions(model), inputs=inputs(), keep=False)
+c = cam(None, model_options=ModelOptions(model), inputs=inputs(), output_dir=out + "/cam")
+if not is_secondary():
+    open(out + "/activations.json", "w").write(json.dumps(a.to_dict()))
+'''
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    import numpy as np
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("dist")
+    imgs = root / "imgs"
+    imgs.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(10):  # 4 batches of 3: rank 0 gets 6 images, rank 1 gets 4
+        Image.fromarray(rng.integers(0, 255, (20 + i % 3, 24, 3), dtype=np.uint8)).save(imgs / f"im{i:02d}.png")
+    model = root / "models.py"
+    model.write_text((ROOT / "tests" / "fixtures" / "models.py").read_text())
+    return {"root": root, "imgs": imgs, "model": model}
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    env.update(OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+    return env
+
+
+def _close(a: Any, b: Any, path: str = "$") -> None:
+    """Equal, floats to 1e-9 relative (moments merged in another order)."""
+    if isinstance(a, dict):
+        assert set(a) == set(b), path
+        for k in a:
+            _close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and isinstance(b, float):
+        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), (path, a, b)
+    else:
+        assert a == b, (path, a, b)
+
+
+def _comparable(doc: dict[str, Any]) -> dict[str, Any]:
+    doc = {k: v for k, v in doc.items() if k not in ("throughput", "contact_sheets")}
+    doc["files"] = [f for f in doc["files"] if not f.startswith("contact_sheet_")]
+    return doc
+
+
+def test_torchrun_two_ranks_match_one_process(data: dict[str, Path]) -> None:
+    from inspect_model.api.activations import activations
+    from inspect_model.api.cam import cam
+    from inspect_model.api.options import InputOptions, ModelOptions
+
+    out = data["root"] / "torchrun"
+    out.mkdir()
+    spec = f"{data['model']}:TinyCNN"
+    driver = data["root"] / "driver.py"
+    driver.write_text(DRIVER)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                        "--standalone", str(driver), spec, str(data["imgs"]), str(out)],
+                       capture_output=True, text=True, env=_env(), timeout=240, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    def inputs() -> InputOptions:
+        return InputOptions([str(data["imgs"])], batch_size=3, crop=16, resize=16)
+
+    single = activations(None, model_options=ModelOptions(spec), inputs=inputs(), keep=False).to_dict()
+    merged = json.loads((out / "activations.json").read_text())
+    assert merged["image_count"] == 10 and merged["batches"] == 4
+    _close(_comparable(single), _comparable(merged))
+
+    one = cam(None, model_options=ModelOptions(spec), inputs=inputs(), output_dir=data["root"] / "cam1").to_dict()
+    two = json.loads((out / "cam" / "report.json").read_text())
+    _close(_comparable(one), _comparable(two))
+    assert sorted(p.name for p in (out / "cam").iterdir()) == ["contact_sheet_001.png", "contact_sheet_002.png",
+                                                               "images", "report.json", "report.txt"]
+    assert two["contact_sheets"] == ["contact_sheet_001.png", "contact_sheet_002.png"]
+    assert two["throughput"]["images"] == 10
+
+
+def test_resume_after_kill_equals_uninterrupted_run(data: dict[str, Path], cli) -> None:
+    spec = f"{data['model']}:TinyCNN"
+    out = data["root"] / "resumed"
+    args = ["cam", spec, str(data["imgs"]), *COMMON, "-o", str(out), "--json", "-q", "--resume"]
+    env = {**_env(), "INSPECT_MODEL_FAIL_AFTER": "6"}  # SIGKILL once 6 images are checkpointed
+    r = subprocess.run([sys.executable, "-m", "inspect_model", *args], capture_output=True, text=True, env=env, check=False,
+                       timeout=120)
+    assert r.returncode == -9, r.stderr
+    staging = out / ".inspect-model-staging-resume"
+    manifest = json.loads((staging / "manifest-0.json").read_text())
+    assert manifest["done"] == 6 and manifest["total"] == 10 and manifest["world_size"] == 1
+    assert [p.name for p in out.iterdir()] == [staging.name]  # nothing committed
+
+    # Other options, or another world size: refused, the state kept.
+    bad = cli([*args, "--top", "2"])
+    assert bad.exit_code == 2 and "other options" in bad.stderr and staging.is_dir()
+    (staging / "manifest-0.json").write_text(json.dumps({**manifest, "world_size": 2}))
+    bad = cli(args)
+    assert bad.exit_code == 2 and "started with 2 process(es)" in bad.stderr
+    (staging / "manifest-0.json").write_text(json.dumps(manifest))
+
+    resumed = cli(args)
+    assert resumed.exit_code == 0, resumed.stderr
+    doc = json.loads(resumed.stdout)
+    assert doc["throughput"]["images"] == 4  # only the rest was computed
+    whole = cli(["cam", spec, str(data["imgs"]), *COMMON, "-o", str(data["root"] / "whole"), "--json", "-q"])
+    _close(_comparable(json.loads(whole.stdout)), _comparable(doc))
+    assert doc["contact_sheets"] == json.loads(whole.stdout)["contact_sheets"]
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    assert files == sorted(str(p.relative_to(data["root"] / "whole")) for p in (data["root"] / "whole").rglob("*"))
+
+
+def test_workers_give_the_same_batches(data: dict[str, Path]) -> None:
+    from inspect_model.api.activations import activations
+    from inspect_model.api.distributed import scaled
+    from inspect_model.api.options import InputOptions, ModelOptions
+
+    spec = f"{data['model']}:TinyCNN"
+    docs = []
+    for workers in (0, 2):
+        with scaled(workers=workers):
+            res = activations(None, model_options=ModelOptions(spec),
+                              inputs=InputOptions([str(data["imgs"])], batch_size=4, crop=16, resize=16), keep=False)
+        docs.append(res.to_dict())
+    assert docs[1]["throughput"]["images"] == 10 and docs[1]["throughput"]["images_per_second"] > 0
+    assert _comparable(docs[0]) == _comparable(docs[1])
+
+
+def test_bad_options(data: dict[str, Path], cli) -> None:
+    spec = f"{data['model']}:TinyCNN"
+    r = cli(["cam", spec, str(data["imgs"]), "--resume"])
+    assert r.exit_code == 2 and r.stderr.strip() == "error: --resume needs --output-dir DIR"
+    r = cli(["cam", spec, str(data["imgs"]), "--workers", "-1"])
+    assert r.exit_code == 2 and "--workers must be 0 or more" in r.stderr
+
+
+def test_shards_are_whole_batches() -> None:
+    from inspect_model.api.distributed import shard
+
+    assert [shard(10, 3, 2, r) for r in range(2)] == [(0, 6, 0), (6, 10, 2)]
+    assert [shard(2, 8, 3, r) for r in range(3)] == [(0, 2, 0), (2, 2, 1), (2, 2, 1)]
+    blocks = [shard(257, 8, 4, r) for r in range(4)]
+    assert blocks[0][0] == 0 and blocks[-1][1] == 257 and all(a[1] == b[0] for a, b in itertools.pairwise(blocks))
