@@ -23,6 +23,7 @@ from inspect_model.cli.grads import grads
 from inspect_model.cli.guided_backprop import guided_backprop
 from inspect_model.cli.models import models
 from inspect_model.cli.summary import summary
+from inspect_model.render.table import clean
 
 EXIT_HELP = "\n".join(f"  {code:>3}  {text}" for code, text in errors.EXIT_CODES.items())
 
@@ -136,17 +137,17 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(0)
         where = f" (see 'inspect-model {exc.ctx.info_name} --help')" if exc.ctx and exc.ctx.parent else \
             " (see 'inspect-model --help')"
-        print(f"error: {exc.format_message()}{where}", file=sys.stderr)
+        print(f"error: {clean(exc.format_message())}{where}", file=sys.stderr)
         code = errors.EXIT_USAGE
     except click.exceptions.ClickException as exc:
-        print(f"error: {exc.format_message()}", file=sys.stderr)
+        print(f"error: {clean(exc.format_message())}", file=sys.stderr)
         code = errors.EXIT_USAGE
     except errors.InspectModelError as exc:
         if debug:
             import traceback
 
             traceback.print_exc()
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {clean(exc)}", file=sys.stderr)
         code = exc.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
 
             traceback.print_exc()
         text = " ".join(str(exc).split())[:300]
-        print(f"error: unexpected {type(exc).__name__}: {text} (run with --debug for a traceback)",
+        print(f"error: unexpected {type(exc).__name__}: {clean(text)} (run with --debug for a traceback)",
               file=sys.stderr)
         code = errors.EXIT_RUNTIME
     sys.exit(code)

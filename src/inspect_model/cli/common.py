@@ -126,9 +126,12 @@ def emit(
 
         console = Console()
         for part in rich():
-            console.print(part)
+            if isinstance(part, str):  # plain text: no markup, control characters escaped
+                console.print(clean(part), markup=False, highlight=False)
+            else:
+                console.print(part)
     else:
-        sys.stdout.write(text())
+        sys.stdout.write(clean(text()))
     sys.stdout.flush()
 
 
