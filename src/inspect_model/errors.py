@@ -17,6 +17,7 @@ EXIT_LAYER = 5
 EXIT_RUNTIME = 6
 EXIT_OUTPUT = 7
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "success",
@@ -28,6 +29,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_RUNTIME: "the model failed while running (forward/backward pass)",
     EXIT_OUTPUT: "an output file or directory could not be written",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+    EXIT_TERMINATED: "terminated (SIGTERM)",
 }
 
 
@@ -93,6 +95,11 @@ class CheckFailed(InspectModelError):
     """A requested check (``--fail-on``, ``check``) failed."""
 
     exit_code = EXIT_CHECK_FAILED
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: unwinds the run like Ctrl-C does (outputs cleaned up), then exit 143.
+    A BaseException, so that no ``except Exception`` in the way swallows it."""
 
 
 def suggest(name: str, candidates: list[str] | tuple[str, ...], n: int = 3) -> str:

@@ -122,14 +122,32 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     code = 0
+    restore = _on_sigterm()
     try:
         default_map = _config_default_map(args)
         rv = app(args=args, prog_name="inspect-model", standalone_mode=False, default_map=default_map)
         code = rv if isinstance(rv, int) else 0
+    except SystemExit as exc:
+        # Click and Typer leave by their own exceptions (caught below); a SystemExit here was
+        # raised by the model's code (a factory, forward): never a silent pass for CI (issue 13).
+        shown = "" if exc.code is None else repr(exc.code)
+        print(f"error: model code called sys.exit({clean(shown)}); the model did not finish running",
+              file=sys.stderr)
+        code = errors.EXIT_RUNTIME
+    except errors.Terminated:
+        print("error: terminated (SIGTERM); partial outputs removed", file=sys.stderr)
+        code = errors.EXIT_TERMINATED
+    except MemoryError:
+        print("error: out of memory; use a smaller --batch-size or --input-size, or fewer/smaller images",
+              file=sys.stderr)
+        code = errors.EXIT_RUNTIME
     except EXIT_TYPES as exc:
         code = exc.exit_code  # type: ignore[attr-defined]
+        if isinstance(exc.__cause__, KeyboardInterrupt):  # Typer turns Ctrl-C into a silent Exit(130)
+            print("error: interrupted (Ctrl-C); partial outputs removed", file=sys.stderr)
+            code = errors.EXIT_INTERRUPTED
     except ABORT_TYPES:
-        print("error: aborted", file=sys.stderr)
+        print("error: interrupted (Ctrl-C); partial outputs removed", file=sys.stderr)
         code = errors.EXIT_INTERRUPTED
     except click.exceptions.UsageError as exc:
         if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None:
@@ -150,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: {clean(exc)}", file=sys.stderr)
         code = exc.exit_code
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+        print("error: interrupted (Ctrl-C); partial outputs removed", file=sys.stderr)
         code = errors.EXIT_INTERRUPTED
     except BrokenPipeError:
         # `inspect-model ... | head`: the reader left; not an error of ours.
@@ -167,4 +185,22 @@ def main(argv: list[str] | None = None) -> None:
         print(f"error: unexpected {type(exc).__name__}: {clean(text)} (run with --debug for a traceback)",
               file=sys.stderr)
         code = errors.EXIT_RUNTIME
+    finally:
+        restore()
     sys.exit(code)
+
+
+def _on_sigterm() -> Any:
+    """Turn SIGTERM into :class:`errors.Terminated` for the run (so that outputs are cleaned
+    up as on Ctrl-C); return what puts the old handler back. Only in the main thread."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum: int, frame: Any) -> None:
+        raise errors.Terminated()
+
+    old = signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, old)

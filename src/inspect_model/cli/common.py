@@ -67,6 +67,9 @@ OutputDirOpt = Annotated[
     Path | None, typer.Option("--output-dir", "-o", help="Write the report's files into this directory.")
 ]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Write into a non-empty --output-dir.")]
+WaitOpt = Annotated[
+    bool, typer.Option("--wait", help="If another run is using --output-dir, wait for it instead of failing.")
+]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on stderr but errors.")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show a traceback on errors.")]
 ConfigOpt = Annotated[

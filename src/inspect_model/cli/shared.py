@@ -54,6 +54,7 @@ INPUT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
 RUN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("output_dir", c.OutputDirOpt, None),
     ("force", c.ForceOpt, False),
+    ("wait", c.WaitOpt, False),
     ("tensorboard", c.TensorboardOpt, None),
     ("json_", c.JsonOpt, False),
     ("jsonl", JsonlOpt, False),
@@ -70,6 +71,7 @@ class RunOptions:
 
     output_dir: Path | None = None
     force: bool = False
+    wait: bool = False
     tensorboard: Path | None = None
     json_: bool = False
     jsonl: bool = False
@@ -78,7 +80,7 @@ class RunOptions:
     def check(self, *, save_raw: bool = False) -> None:
         if self.json_ and self.jsonl:
             raise UsageError("--json and --jsonl cannot be combined; choose one")
-        for flag, on in (("--save-raw", save_raw), ("--force", self.force)):
+        for flag, on in (("--save-raw", save_raw), ("--force", self.force), ("--wait", self.wait)):
             if on and self.output_dir is None:
                 raise UsageError(f"{flag} needs --output-dir DIR")
         if self.tensorboard is not None:
@@ -94,7 +96,8 @@ def shared_options(*, labels: bool = True, images: bool = True,
     that name no classes); ``run`` names the run options the command has (default: all)."""
     input_options = tuple(o for o in INPUT_OPTIONS if (labels or o[0] != "labels")
                           and (images or o[0] not in ("preset", "resize", "crop", "mean", "std", "skip_bad_inputs")))
-    run_options = tuple(o for o in RUN_OPTIONS if run is None or o[0] in run or o[0] in ("config", "debug"))
+    run_options = tuple(o for o in RUN_OPTIONS if run is None or o[0] in run or o[0] in ("config", "debug")
+                        or (o[0] == "wait" and "output_dir" in run))
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         hints = typing.get_type_hints(fn, include_extras=True)
@@ -143,7 +146,11 @@ def run_api(command: str, api_fn: Callable[..., Any], opts: ModelOptions, inputs
     if streams:
         extra.update(tensorboard=run_opts.tensorboard, keep=False,
                      on_item=_jsonl_writer(command) if run_opts.jsonl else None)
-    with Progress(command, msgs) as progress:
+    from inspect_model.render.files import hold_output_dir
+
+    # The output directory is locked for the whole run, model loading included (issue 13).
+    with hold_output_dir(run_opts.output_dir, wait=run_opts.wait, force=run_opts.force), \
+            Progress(command, msgs) as progress:
         if streams:
             extra["progress"] = progress
         result = api_fn(None, **extra, **kwargs)
