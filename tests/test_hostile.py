@@ -292,7 +292,8 @@ def test_signal_cleans_up_and_says_so(sig: int, code: int, word: str, tmp_path: 
     proc = subprocess.Popen(
         [sys.executable, "-m", "inspect_model", "cam", f"{model}:Slow", "--input-size", "3x8x8", "--quiet",
          "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**_env(), "READY_FILE": str(ready)})
+        env={**_env(), "READY_FILE": str(ready)},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # not ignored, as in a terminal
     deadline = time.monotonic() + 120
     while not ready.exists():
         assert proc.poll() is None, proc.communicate()

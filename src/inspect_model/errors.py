@@ -102,6 +102,11 @@ class Terminated(BaseException):
     A BaseException, so that no ``except Exception`` in the way swallows it."""
 
 
+class Interrupted(BaseException):
+    """SIGINT (Ctrl-C) in the CLI: like KeyboardInterrupt, but not turned into a silent exit
+    130 by Typer, so that the edge can say what happened."""
+
+
 def suggest(name: str, candidates: list[str] | tuple[str, ...], n: int = 3) -> str:
     """Return ``"; did you mean 'a', 'b'?"`` for the closest candidates, or ``""``."""
     import difflib

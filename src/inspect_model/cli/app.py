@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     code = 0
-    restore = _on_sigterm()
+    restore = _on_signals()
     try:
         default_map = _config_default_map(args)
         rv = app(args=args, prog_name="inspect-model", standalone_mode=False, default_map=default_map)
@@ -137,6 +137,9 @@ def main(argv: list[str] | None = None) -> None:
     except errors.Terminated:
         print("error: terminated (SIGTERM); partial outputs removed", file=sys.stderr)
         code = errors.EXIT_TERMINATED
+    except errors.Interrupted:
+        print("error: interrupted (Ctrl-C); partial outputs removed", file=sys.stderr)
+        code = errors.EXIT_INTERRUPTED
     except MemoryError:
         print("error: out of memory; use a smaller --batch-size or --input-size, or fewer/smaller images",
               file=sys.stderr)
@@ -190,17 +193,31 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(code)
 
 
-def _on_sigterm() -> Any:
-    """Turn SIGTERM into :class:`errors.Terminated` for the run (so that outputs are cleaned
-    up as on Ctrl-C); return what puts the old handler back. Only in the main thread."""
+def _on_signals() -> Any:
+    """Turn SIGTERM and SIGINT into :class:`errors.Terminated` / :class:`errors.Interrupted`
+    for the run, so that outputs are cleaned up and the edge prints one line; return what
+    puts the old handlers back. Only in the main thread; an ignored SIGINT (a background
+    job) stays ignored."""
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
-    def handler(signum: int, frame: Any) -> None:
+    def on_term(signum: int, frame: Any) -> None:
         raise errors.Terminated()
 
-    old = signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, old)
+    def on_int(signum: int, frame: Any) -> None:
+        raise errors.Interrupted()
+
+    old_term = signal.signal(signal.SIGTERM, on_term)
+    old_int = signal.getsignal(signal.SIGINT)
+    if old_int is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, on_int)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, old_term)
+        if old_int is not signal.SIG_IGN and old_int is not None:
+            signal.signal(signal.SIGINT, old_int)
+
+    return restore
