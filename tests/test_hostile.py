@@ -306,3 +306,60 @@ def test_signal_cleans_up_and_says_so(sig: int, code: int, word: str, tmp_path: 
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and word in lines[0], err
     assert not (tmp_path / "out").exists(), "the run's directory was left behind"
+
+
+# ------------------------------------------------------------------ fail fast, skip, notes
+_IMPORTED = """
+import sys
+from inspect_model.cli.app import main
+try:
+    main(sys.argv[1:])
+except SystemExit as exc:
+    print(exc.code, "torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("argv", [
+    ["cam", "resnet18", "--input-size", "banana"],
+    ["grads", "resnet18", "--target", "top:0"],
+    ["cam", "resnet18", "--target", "-1"],
+    ["activations", "resnet18", "/no/such/image.jpg"],
+    ["check", "resnet18", "--max-seconds", "-5"],
+    ["cam", "resnet18", "--batch-size", "0"],
+    ["summary", "resnet18", "--depth", "-1"],
+    ["cam", "resnet18", "--input-size", "3x100000x100000"],
+    ["cam", "resnet18", "--config", "/no/such.toml"],
+], ids=["input-size", "target-top0", "target-negative", "missing-image", "max-seconds", "batch-zero", "depth",
+        "memory", "config-missing"])
+def test_argument_errors_do_not_import_torch(argv: list[str]) -> None:
+    """Argument errors that need no model fail before torch is imported (the slow part)."""
+    res = subprocess.run([sys.executable, "-c", _IMPORTED, *argv], capture_output=True, text=True, env=_env(),
+                         timeout=60)
+    code, imported = res.stdout.split()
+    assert code in ("2", "4") and res.stderr.startswith("error: "), res.stderr
+    assert imported == "False", f"torch was imported before the argument error: {res.stderr}"
+
+
+def test_skip_bad_inputs_skips_missing_stdin_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli) -> None:
+    from PIL import Image
+
+    spec = register_model(monkeypatch, TinyCNN())
+    good = tmp_path / "good.png"
+    Image.new("RGB", (16, 16), (10, 200, 30)).save(good)
+    res = cli(["activations", spec, "--weights", "none", "--skip-bad-inputs", "--json", "-"],
+              stdin=f"{good}\n{tmp_path / 'ghost.jpg'}\n")
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert [s["path"] for s in doc["skipped"]] == [str(tmp_path / "ghost.jpg")]
+    assert "ghost.jpg" in res.stderr
+
+
+def test_int64_checkpoint_cast_is_noted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli) -> None:
+    model = TinyCNN()
+    spec = register_model(monkeypatch, model)
+    sd = {k: (v * 100).round().long() if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    torch.save(sd, tmp_path / "ints.pt")
+    res = cli(["activations", spec, "--weights", "none", "--input-size", "3x8x8", "--checkpoint",
+               str(tmp_path / "ints.pt")])
+    assert res.exit_code == 0, res.stderr
+    assert "cast to the model's dtype" in res.stderr and "int64 -> float32" in res.stderr
