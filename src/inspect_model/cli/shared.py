@@ -23,7 +23,13 @@ from typing import Annotated, Any
 
 import typer
 
-from inspect_model.api.options import InputOptions, ModelOptions, check_dtype, check_request, check_target
+from inspect_model.api.options import (
+    InputOptions,
+    ModelOptions,
+    check_dtype,
+    check_request,
+    check_target,
+)
 from inspect_model.cli import common as c
 from inspect_model.errors import UsageError
 

@@ -16,8 +16,8 @@ import os
 import re
 import shutil
 import tempfile
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
