@@ -109,8 +109,8 @@ def check_request(inputs: InputOptions | None, *, batch_size: int | None = None)
     if inputs is None:
         return
     sizes = [parse_size(s) for s in inputs.input_size or []]
-    if not inputs.images:
-        check_memory(sizes, bs or 1)
+    if inputs.images is None or (isinstance(inputs.images, (list, tuple)) and not inputs.images):
+        check_memory(sizes, bs or 1)  # a random input: its size is known now
     for opt, v in (("--resize", inputs.resize), ("--crop", inputs.crop)):
         if v is not None and v < 1:
             raise UsageError(f"{opt} must be 1 or more, got {v}")
