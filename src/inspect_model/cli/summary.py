@@ -57,10 +57,10 @@ def summary(
                         trust_checkpoint=trust_checkpoint, device=device, dtype=dtype)
     from inspect_model.render.files import hold_output_dir
 
-    with hold_output_dir(output_dir, wait=wait, force=force):
+    with hold_output_dir(output_dir, wait=wait, force=force):  # a failure inside removes what it made
         res = api.summary(None, model_options=opts, input_size=input_size, batch_size=batch_size, depth=depth,
                           seed=seed, output_dir=output_dir, force=force, notes=msgs.note)
-    deliver(res, run_opts, msgs)
-    if res.record.error:
-        where = f" in layer '{res.record.failed_layer}'" if res.record.failed_layer else ""
-        raise ModelRuntimeError(f"forward pass failed{where}: {res.record.error}")
+        deliver(res, run_opts, msgs)
+        if res.record.error:
+            where = f" in layer '{res.record.failed_layer}'" if res.record.failed_layer else ""
+            raise ModelRuntimeError(f"forward pass failed{where}: {res.record.error}")
