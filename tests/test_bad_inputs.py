@@ -61,6 +61,17 @@ class NoReLU(nn.Module):
         return self.fc(torch.flatten(self.pool(self.act(self.conv(x))), 1))
 
 
+class ExitsInForward(nn.Module):
+    """Calls sys.exit(0) in forward: a CI job must not pass on it (issue 13)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise SystemExit(0)
+
+
 # ------------------------------------------------------------------ bad files
 USER_FILE = """
 import torch
@@ -287,6 +298,28 @@ CASES = [
          E.EXIT_USAGE, ("colourmap", "colormap")),
     Case("config-wrong-type", lambda e: ["grads", e.spec, *IN, "--config", _config(e, "batch_size = 'eight'\n")],
          E.EXIT_USAGE, ("batch_size", "eight")),
+    # ---- issue 13: hostile config files, bad values that were accepted silently, resources
+    Case("config-sets-trust-checkpoint", lambda e: ["cam", e.spec, *IN, "--config",
+                                                    _config(e, "trust-checkpoint = true\n")],
+         E.EXIT_USAGE, ("trust-checkpoint", "command line")),
+    Case("config-sets-force", lambda e: ["grads", e.spec, *IN, "--config", _config(e, "[grads]\nforce = true\n")],
+         E.EXIT_USAGE, ("'force'", "command line")),
+    Case("target-negative", lambda e: ["cam", e.spec, *IN, "--target", "-1"], E.EXIT_USAGE, ("-1", "start at 0")),
+    Case("target-top-zero", lambda e: ["grads", e.spec, *IN, "--target", "top:0"], E.EXIT_USAGE, ("top:0",)),
+    Case("mean-wrong-length", lambda e: ["cam", e.spec, "--weights", "none", e.image(), "--mean", "0.5,0.5"],
+         E.EXIT_INPUT, ("--mean", "2 values", "3 channels")),
+    Case("input-size-needs-too-much-memory", lambda e: ["activations", e.spec, "--weights", "none",
+                                                        "--input-size", "3x100000x100000"],
+         E.EXIT_INPUT, ("3x100000x100000", "GiB", "--input-size")),
+    Case("batch-size-needs-too-much-memory", lambda e: ["grads", e.spec, *IN, "--batch-size", "100000000"],
+         E.EXIT_INPUT, ("100000000x3x8x8", "GiB", "--batch-size")),
+    Case("image-strip-grows-on-resize", lambda e: ["cam", e.spec, "--weights", "none",
+                                                   e.write("strip.png", _png(16, 400000))],
+         E.EXIT_INPUT, ("strip.png", "16x400000", "resize")),
+    Case("checkpoint-empty-dict", lambda e: ["cam", e.spec, "--checkpoint", _ckpt(e, {}, "empty.pt"), *IN],
+         E.EXIT_MODEL_LOAD, ("empty.pt", "empty dict")),
+    Case("forward-calls-sys-exit", lambda e: ["check", e.spec, "--weights", "none", "--input-size", "4"],
+         E.EXIT_RUNTIME, ("sys.exit(0)",), model=lambda: ExitsInForward(), output_dir=False),
     Case("config-not-toml", lambda e: ["activations", e.spec, *IN, "--config", _config(e, "this is = = not toml\n")],
          E.EXIT_USAGE, ("cfg.toml",)),
 ]

@@ -37,6 +37,15 @@ def read_toml(path: str) -> dict[str, Any]:
         raise UsageError(f"config file '{path}' cannot be read: {exc.strerror or exc}") from exc
 
 
+# Options that run code or overwrite data: a config file (which may come from anywhere)
+# must never turn them on silently (issue 13); even setting them false is refused, so that
+# a file cannot appear to decide them.
+COMMAND_LINE_ONLY = {
+    "trust_checkpoint": "lets a checkpoint run code",
+    "force": "lets a run overwrite files",
+}
+
+
 def _pname(key: str) -> str:
     pname = key.replace("-", "_")
     return "json_" if pname == "json" else pname
@@ -94,6 +103,11 @@ def load_config(
     out: dict[str, Any] = {}
     for key, value in merged.items():
         pname = _pname(key)
+        if pname in COMMAND_LINE_ONLY:
+            raise UsageError(
+                f"config file '{path}' sets '{key}', which {COMMAND_LINE_ONLY[pname]}; "
+                f"it is honoured only on the command line (--{_display(pname)}): remove it from the file"
+            )
         if pname not in params:
             if key in top_level and pname in known_elsewhere:
                 continue  # a top-level option for other commands

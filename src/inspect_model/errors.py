@@ -18,6 +18,7 @@ EXIT_RUNTIME = 6
 EXIT_OUTPUT = 7
 EXIT_DISTRIBUTED = 8
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "success",
@@ -30,6 +31,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_OUTPUT: "an output file or directory could not be written",
     EXIT_DISTRIBUTED: "a run under torchrun failed: rendezvous, or another rank failed",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
+    EXIT_TERMINATED: "terminated (SIGTERM)",
 }
 
 
@@ -101,6 +103,16 @@ class CheckFailed(InspectModelError):
     """A requested check (``--fail-on``, ``check``) failed."""
 
     exit_code = EXIT_CHECK_FAILED
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: unwinds the run like Ctrl-C does (outputs cleaned up), then exit 143.
+    A BaseException, so that no ``except Exception`` in the way swallows it."""
+
+
+class Interrupted(BaseException):
+    """SIGINT (Ctrl-C) in the CLI: like KeyboardInterrupt, but not turned into a silent exit
+    130 by Typer, so that the edge can say what happened."""
 
 
 def suggest(name: str, candidates: list[str] | tuple[str, ...], n: int = 3) -> str:

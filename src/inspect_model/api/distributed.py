@@ -25,6 +25,8 @@ import hashlib
 import json
 import os
 import pickle
+
+from inspect_model.render.files import RESUME_STAGING
 import signal
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -38,7 +40,7 @@ from inspect_model.errors import DistributedError, InspectModelError, OutputErro
 if TYPE_CHECKING:
     from inspect_model.api.pipeline import ImageItem, Result, Session
 
-RESUME_DIR = ".inspect-model-staging-resume"  # OutputDir.MARKER prefix: ignored by the emptiness check
+RESUME_DIR = RESUME_STAGING  # OutputDir.MARKER prefix: ignored by the emptiness check, kept by the stale clean-up
 MANIFEST_VERSION = 1
 
 

@@ -110,8 +110,9 @@ def check_request(inputs: InputOptions | None, *, batch_size: int | None = None)
         raise UsageError(f"--batch-size must be 1 or more, got {bs}")
     if inputs is None:
         return
-    for s in inputs.input_size or []:
-        parse_size(s)
+    sizes = [parse_size(s) for s in inputs.input_size or []]
+    if inputs.images is None or (isinstance(inputs.images, (list, tuple)) and not inputs.images):
+        check_memory(sizes, bs or 1)  # a random input: its size is known now
     for opt, v in (("--resize", inputs.resize), ("--crop", inputs.crop)):
         if v is not None and v < 1:
             raise UsageError(f"{opt} must be 1 or more, got {v}")
@@ -129,6 +130,44 @@ def check_request(inputs: InputOptions | None, *, batch_size: int | None = None)
             if any(ch in text for ch in "*?[") or Path(text).exists() or inputs.skip_bad:
                 continue
             raise InputError(f"image '{text}' does not exist")
+
+
+def check_target(text: str | None) -> None:
+    """The syntax of ``--target`` (``top:K``, an index), checked before torch is imported;
+    class names need the model's labels and are checked later."""
+    from inspect_model.methods.targets import parse_target
+
+    raw = (text or "predicted").strip()
+    if raw.lower().startswith("top:") or raw.lstrip("+-").isdigit():
+        parse_target(raw)
+
+
+def physical_memory() -> int | None:
+    """Bytes of RAM on this machine, or None where the OS does not say."""
+    import os
+
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(sizes: list[tuple[int, ...]], batch_size: int, *, bytes_per_value: int = 4) -> None:
+    """Refuse a random input whose batch tensor alone would take over half this machine's
+    RAM (issue 13): one line with the size and the memory needed, not an allocator crash.
+    The model's activations need several times more; this is the floor."""
+    import math
+
+    ram = physical_memory()
+    if not ram or not sizes:
+        return
+    need = sum(batch_size * math.prod(s) * bytes_per_value for s in sizes)
+    if need > ram // 2:
+        shape = "x".join(str(d) for d in (batch_size, *sizes[0]))
+        raise InputError(
+            f"an input of {shape} float32 values needs {need / 2**30:,.1f} GiB of memory before the model "
+            f"even runs (this machine has {ram / 2**30:,.1f} GiB); use a smaller --input-size or --batch-size"
+        )
 
 
 def resolve_device(name: str) -> str:

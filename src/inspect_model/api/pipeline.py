@@ -33,6 +33,7 @@ from inspect_model.api.options import (
 from inspect_model.errors import OutputError
 from inspect_model.render.files import OutputDir, safe_name
 from inspect_model.render.jsonout import envelope
+from inspect_model.render.table import clean
 
 if TYPE_CHECKING:
     import torch
@@ -343,7 +344,7 @@ def write_reports(result: Result, sink: Sink) -> None:
     from inspect_model.render.jsonout import dumps
 
     result.files = sorted({*sink.written(), "report.txt", "report.json"})
-    sink.text("report.txt", result.text())
+    sink.text("report.txt", clean(result.text()))  # JSON keeps exact strings; text is for terminals
     sink.text("report.json", dumps(result.to_dict()) + "\n")
 
 

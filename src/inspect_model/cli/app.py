@@ -23,6 +23,7 @@ from inspect_model.cli.grads import grads
 from inspect_model.cli.guided_backprop import guided_backprop
 from inspect_model.cli.models import models
 from inspect_model.cli.summary import summary
+from inspect_model.render.table import clean
 
 EXIT_HELP = "\n".join(f"  {code:>3}  {text}" for code, text in errors.EXIT_CODES.items())
 
@@ -121,14 +122,35 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     code = 0
+    restore = _on_signals()
     try:
         default_map = _config_default_map(args)
         rv = app(args=args, prog_name="inspect-model", standalone_mode=False, default_map=default_map)
         code = rv if isinstance(rv, int) else 0
+    except SystemExit as exc:
+        # Click and Typer leave by their own exceptions (caught below); a SystemExit here was
+        # raised by the model's code (a factory, forward): never a silent pass for CI (issue 13).
+        shown = "" if exc.code is None else repr(exc.code)
+        print(f"error: model code called sys.exit({clean(shown)}); the model did not finish running",
+              file=sys.stderr)
+        code = errors.EXIT_RUNTIME
+    except errors.Terminated:
+        print("error: terminated (SIGTERM); partial outputs removed", file=sys.stderr)
+        code = errors.EXIT_TERMINATED
+    except errors.Interrupted:
+        print("error: interrupted (Ctrl-C); partial outputs removed", file=sys.stderr)
+        code = errors.EXIT_INTERRUPTED
+    except MemoryError:
+        print("error: out of memory; use a smaller --batch-size or --input-size, or fewer/smaller images",
+              file=sys.stderr)
+        code = errors.EXIT_RUNTIME
     except EXIT_TYPES as exc:
         code = exc.exit_code  # type: ignore[attr-defined]
+        if isinstance(exc.__cause__, KeyboardInterrupt):  # Typer turns Ctrl-C into a silent Exit(130)
+            print("error: interrupted (Ctrl-C); partial outputs removed", file=sys.stderr)
+            code = errors.EXIT_INTERRUPTED
     except ABORT_TYPES:
-        print("error: aborted", file=sys.stderr)
+        print("error: interrupted (Ctrl-C); partial outputs removed", file=sys.stderr)
         code = errors.EXIT_INTERRUPTED
     except click.exceptions.UsageError as exc:
         if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None:
@@ -136,20 +158,20 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(0)
         where = f" (see 'inspect-model {exc.ctx.info_name} --help')" if exc.ctx and exc.ctx.parent else \
             " (see 'inspect-model --help')"
-        print(f"error: {exc.format_message()}{where}", file=sys.stderr)
+        print(f"error: {clean(exc.format_message())}{where}", file=sys.stderr)
         code = errors.EXIT_USAGE
     except click.exceptions.ClickException as exc:
-        print(f"error: {exc.format_message()}", file=sys.stderr)
+        print(f"error: {clean(exc.format_message())}", file=sys.stderr)
         code = errors.EXIT_USAGE
     except errors.InspectModelError as exc:
         if debug:
             import traceback
 
             traceback.print_exc()
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {clean(exc)}", file=sys.stderr)
         code = exc.exit_code
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
+        print("error: interrupted (Ctrl-C); partial outputs removed", file=sys.stderr)
         code = errors.EXIT_INTERRUPTED
     except BrokenPipeError:
         # `inspect-model ... | head`: the reader left; not an error of ours.
@@ -163,7 +185,39 @@ def main(argv: list[str] | None = None) -> None:
 
             traceback.print_exc()
         text = " ".join(str(exc).split())[:300]
-        print(f"error: unexpected {type(exc).__name__}: {text} (run with --debug for a traceback)",
+        print(f"error: unexpected {type(exc).__name__}: {clean(text)} (run with --debug for a traceback)",
               file=sys.stderr)
         code = errors.EXIT_RUNTIME
+    finally:
+        restore()
     sys.exit(code)
+
+
+def _on_signals() -> Any:
+    """Turn SIGTERM and SIGINT into :class:`errors.Terminated` / :class:`errors.Interrupted`
+    for the run, so that outputs are cleaned up and the edge prints one line; return what
+    puts the old handlers back. Only in the main thread; an ignored SIGINT (a background
+    job) stays ignored."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise errors.Terminated()
+
+    def on_int(signum: int, frame: Any) -> None:
+        raise errors.Interrupted()
+
+    old_term = signal.signal(signal.SIGTERM, on_term)
+    old_int = signal.getsignal(signal.SIGINT)
+    if old_int is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, on_int)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, old_term)
+        if old_int is not signal.SIG_IGN and old_int is not None:
+            signal.signal(signal.SIGINT, old_int)
+
+    return restore

@@ -78,6 +78,9 @@ OutputDirOpt = Annotated[
     Path | None, typer.Option("--output-dir", "-o", help="Write the report's files into this directory.")
 ]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Write into a non-empty --output-dir.")]
+WaitOpt = Annotated[
+    bool, typer.Option("--wait", help="If another run is using --output-dir, wait for it instead of failing.")
+]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing on stderr but errors.")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show a traceback on errors.")]
 ConfigOpt = Annotated[
@@ -137,9 +140,12 @@ def emit(
 
         console = Console()
         for part in rich():
-            console.print(part)
+            if isinstance(part, str):  # plain text: no markup, control characters escaped
+                console.print(clean(part), markup=False, highlight=False)
+            else:
+                console.print(part)
     else:
-        sys.stdout.write(text())
+        sys.stdout.write(clean(text()))
     sys.stdout.flush()
 
 

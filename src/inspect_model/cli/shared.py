@@ -23,7 +23,13 @@ from typing import Annotated, Any
 
 import typer
 
-from inspect_model.api.options import InputOptions, ModelOptions, check_dtype, check_request
+from inspect_model.api.options import (
+    InputOptions,
+    ModelOptions,
+    check_dtype,
+    check_request,
+    check_target,
+)
 from inspect_model.cli import common as c
 from inspect_model.errors import UsageError
 
@@ -64,6 +70,7 @@ INPUT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
 RUN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("output_dir", c.OutputDirOpt, None),
     ("force", c.ForceOpt, False),
+    ("wait", c.WaitOpt, False),
     ("tensorboard", c.TensorboardOpt, None),
     ("json_", c.JsonOpt, False),
     ("jsonl", JsonlOpt, False),
@@ -82,6 +89,7 @@ class RunOptions:
 
     output_dir: Path | None = None
     force: bool = False
+    wait: bool = False
     tensorboard: Path | None = None
     json_: bool = False
     jsonl: bool = False
@@ -94,7 +102,8 @@ class RunOptions:
             raise UsageError("--json and --jsonl cannot be combined; choose one")
         if self.workers < 0:
             raise UsageError(f"--workers must be 0 or more, got {self.workers}")
-        for flag, on in (("--save-raw", save_raw), ("--force", self.force), ("--resume", self.resume)):
+        for flag, on in (("--save-raw", save_raw), ("--force", self.force), ("--resume", self.resume),
+                         ("--wait", self.wait)):
             if on and self.output_dir is None:
                 raise UsageError(f"{flag} needs --output-dir DIR")
         if self.tensorboard is not None:
@@ -110,7 +119,8 @@ def shared_options(*, labels: bool = True, images: bool = True,
     that name no classes); ``run`` names the run options the command has (default: all)."""
     input_options = tuple(o for o in INPUT_OPTIONS if (labels or o[0] != "labels")
                           and (images or o[0] not in ("preset", "resize", "crop", "mean", "std", "skip_bad_inputs")))
-    run_options = tuple(o for o in RUN_OPTIONS if run is None or o[0] in run or o[0] in ("config", "debug"))
+    run_options = tuple(o for o in RUN_OPTIONS if run is None or o[0] in run or o[0] in ("config", "debug")
+                        or (o[0] == "wait" and "output_dir" in run))
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         hints = typing.get_type_hints(fn, include_extras=True)
@@ -134,6 +144,8 @@ def shared_options(*, labels: bool = True, images: bool = True,
             given["skip_bad"] = given.pop("skip_bad_inputs", False)
             inputs = InputOptions(kw.get("images"), **given)
             check_request(inputs)
+            if "target" in kw:
+                check_target(kw["target"])
             ro = {n: kw.pop(n) for n, _, _ in run_options if n not in ("config", "debug")}
             kw.pop("config"), kw.pop("debug")
             return fn(**kw, opts=opts, inputs=inputs, run_opts=RunOptions(**ro))
@@ -160,8 +172,13 @@ def run_api(command: str, api_fn: Callable[..., Any], opts: ModelOptions, inputs
         extra.update(tensorboard=run_opts.tensorboard, keep=False,
                      on_item=_jsonl_writer(command) if run_opts.jsonl else None)
     from inspect_model.api.distributed import is_secondary, scaled
+    from inspect_model.render.files import hold_output_dir
 
-    with Progress(command, msgs) as progress, scaled(resume=run_opts.resume, workers=run_opts.workers):
+    # The output directory is locked for the whole run, model loading included (issue 13);
+    # under torchrun rank 0 holds it for every rank.
+    lock_dir = None if is_secondary() else run_opts.output_dir
+    with hold_output_dir(lock_dir, wait=run_opts.wait, force=run_opts.force), \
+            Progress(command, msgs) as progress, scaled(resume=run_opts.resume, workers=run_opts.workers):
         if streams:
             extra["progress"] = progress
         result = api_fn(None, **extra, **kwargs)

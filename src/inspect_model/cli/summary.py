@@ -31,6 +31,7 @@ def summary(
     json_: c.JsonOpt = False,
     output_dir: c.OutputDirOpt = None,
     force: c.ForceOpt = False,
+    wait: c.WaitOpt = False,
     quiet: c.QuietOpt = False,
     config: c.ConfigOpt = None,
     debug: c.DebugOpt = False,
@@ -43,7 +44,7 @@ def summary(
     from inspect_model.api.options import InputOptions, check_dtype, check_request
     from inspect_model.errors import ModelRuntimeError, UsageError
 
-    run_opts = RunOptions(output_dir=output_dir, force=force, json_=json_, quiet=quiet)
+    run_opts = RunOptions(output_dir=output_dir, force=force, wait=wait, json_=json_, quiet=quiet)
     run_opts.check()
     if depth is not None and depth < 0:
         raise UsageError(f"--depth must be 0 or more, got {depth}")
@@ -54,9 +55,12 @@ def summary(
     msgs = c.Messages(quiet)
     opts = ModelOptions(model, weights=weights, checkpoint=checkpoint, model_args=model_arg, non_strict=non_strict,
                         trust_checkpoint=trust_checkpoint, device=device, dtype=dtype)
-    res = api.summary(None, model_options=opts, input_size=input_size, batch_size=batch_size, depth=depth,
-                      seed=seed, output_dir=output_dir, force=force, notes=msgs.note)
-    deliver(res, run_opts, msgs)
-    if res.record.error:
-        where = f" in layer '{res.record.failed_layer}'" if res.record.failed_layer else ""
-        raise ModelRuntimeError(f"forward pass failed{where}: {res.record.error}")
+    from inspect_model.render.files import hold_output_dir
+
+    with hold_output_dir(output_dir, wait=wait, force=force):  # a failure inside removes what it made
+        res = api.summary(None, model_options=opts, input_size=input_size, batch_size=batch_size, depth=depth,
+                          seed=seed, output_dir=output_dir, force=force, notes=msgs.note)
+        deliver(res, run_opts, msgs)
+        if res.record.error:
+            where = f" in layer '{res.record.failed_layer}'" if res.record.failed_layer else ""
+            raise ModelRuntimeError(f"forward pass failed{where}: {res.record.error}")

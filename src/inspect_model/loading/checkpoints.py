@@ -43,6 +43,7 @@ class CheckpointReport:
     missing: list[str] = field(default_factory=list)  # ignored with --non-strict
     unexpected: list[str] = field(default_factory=list)  # ignored with --non-strict
     trusted: bool = False  # loaded with full unpickling (--trust-checkpoint)
+    cast: list[str] = field(default_factory=list)  # "key (int64 -> float32)": copied with a dtype change
 
     def note(self) -> str:
         parts = [f"weights from checkpoint {self.path}"]
@@ -54,6 +55,8 @@ class CheckpointReport:
         if self.missing or self.unexpected:
             text += (f"; --non-strict ignored {len(self.missing)} missing and "
                      f"{len(self.unexpected)} unexpected keys")
+        if self.cast:
+            text += f"; {len(self.cast)} tensors cast to the model's dtype: {_listing(self.cast)}"
         return text
 
 
@@ -223,6 +226,8 @@ def extract_state_dict(obj: Any, path: str = "checkpoint") -> tuple[dict[str, An
                 except ModelLoadError:
                     continue
                 return sd, f"{key}/{sub}" if sub else key
+        if not obj:
+            raise ModelLoadError(f"checkpoint '{path}' is an empty dict: it holds no weights")
         keys = ", ".join(repr(k) for k in list(obj)[:8])
         raise ModelLoadError(
             f"checkpoint '{path}' holds no state_dict: a dict with keys {keys}, none of which is "
@@ -296,6 +301,11 @@ def load_checkpoint(
             f"checkpoint '{path}' does not match the model: {'; '.join(parts)}; "
             "pass --non-strict to load the keys that match"
         )
+    cast = [
+        f"{k} ({str(sd[k].dtype).replace('torch.', '')} -> {str(own[k].dtype).replace('torch.', '')})"
+        for k in own
+        if k in sd and sd[k].dtype != own[k].dtype and (sd[k].dtype.is_floating_point != own[k].dtype.is_floating_point)
+    ]
     try:
         model.load_state_dict(sd, strict=False)
     except Exception as exc:  # dtype that cannot be copied, a TorchScript quirk...
@@ -308,4 +318,5 @@ def load_checkpoint(
         missing=missing,
         unexpected=unexpected,
         trusted=trust,
+        cast=cast,
     )

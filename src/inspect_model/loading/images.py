@@ -36,11 +36,13 @@ MAX_PIXELS = 89_478_485
 MIN_SIDE = 8
 
 
-def collect_paths(items: Sequence[str], *, stdin: Any = None) -> list[Path]:
+def collect_paths(items: Sequence[str], *, stdin: Any = None,
+                  missing: list[tuple[str, str]] | None = None) -> list[Path]:
     """Expand files, directories (recursively, sorted), globs and ``-`` (paths on stdin, one
     per line or NUL-separated as ``find -print0`` writes them). Hidden files and folders
     inside a directory are left out (macOS ``._name.jpg`` files are not images); a file
-    named twice is kept once, where it first appears."""
+    named twice is kept once, where it first appears. With ``missing`` (``--skip-bad-inputs``)
+    a path that does not exist is recorded there instead of raising."""
     out: list[Path] = []
     for item in items:
         if item == "-":
@@ -52,11 +54,13 @@ def collect_paths(items: Sequence[str], *, stdin: Any = None) -> list[Path]:
             lines = [ln.strip() for ln in parts if ln.strip()]
             if not lines:
                 raise InputError("'-' was given but stdin holds no image paths (one per line)")
-            out.extend(collect_paths(lines))
+            out.extend(collect_paths(lines, missing=missing))
             continue
         p = Path(item)
         if p.is_dir():
             found = _walk_images(p)
+            if not found and not os.access(p, os.R_OK | os.X_OK):
+                raise InputError(f"directory '{item}' cannot be read (permission denied)")
             if not found:
                 raise InputError(
                     f"directory '{item}' holds no images ({', '.join(sorted(IMAGE_EXTENSIONS)[:6])}, ...)"
@@ -69,6 +73,8 @@ def collect_paths(items: Sequence[str], *, stdin: Any = None) -> list[Path]:
             if not found:
                 raise InputError(f"pattern '{item}' matches no file")
             out.extend(found)
+        elif missing is not None:
+            missing.append((item, "does not exist"))
         else:
             raise InputError(f"image '{item}' does not exist")
     seen: set[str] = set()
@@ -83,7 +89,11 @@ def collect_paths(items: Sequence[str], *, stdin: Any = None) -> list[Path]:
 
 def _walk_images(root: Path) -> list[Path]:
     found: list[Path] = []
-    for folder, dirs, files in os.walk(root):  # symlinked folders are not followed: no loops
+
+    def unreadable(exc: OSError) -> None:
+        raise InputError(f"directory '{exc.filename}' cannot be read ({exc.strerror or exc})")
+
+    for folder, dirs, files in os.walk(root, onerror=unreadable):  # symlinks to folders not followed
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for f in sorted(files):
             if not f.startswith(".") and os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS:
@@ -99,9 +109,11 @@ class LoadedImage:
     warnings: list[str] = field(default_factory=list)
 
 
-def load_image(path: Path, *, channels: int = 3) -> LoadedImage:
+def load_image(path: Path, *, channels: int = 3, resize: int | None = None) -> LoadedImage:
     """Decode ``path`` to an RGB (or L for 1-channel models) image; one-line errors that
-    name the file. The size is checked from the header before any pixel is decoded."""
+    name the file. The size is checked from the header before any pixel is decoded, and so
+    is the size after the planned resize of the shorter side to ``resize`` pixels (a 16x400000
+    strip grows 16 times: issue 13)."""
     from PIL import Image, ImageOps
 
     notes: list[str] = []
@@ -126,6 +138,15 @@ def load_image(path: Path, *, channels: int = 3) -> LoadedImage:
                         f"image '{path}' is {w}x{h} pixels, over the {MAX_PIXELS:,}-pixel safety "
                         "limit (decompression-bomb guard); resize it first"
                     )
+                if resize and min(w, h) >= MIN_SIDE:
+                    scale = resize / min(w, h)
+                    rw, rh = max(resize, round(w * scale)), max(resize, round(h * scale))
+                    if rw * rh > MAX_PIXELS:
+                        raise InputError(
+                            f"image '{path}' is {w}x{h} pixels; resized to {resize} pixels on its shorter "
+                            f"side it would be {rw}x{rh}, over the {MAX_PIXELS:,}-pixel safety limit "
+                            f"(about {rw * rh * 4 / 2**30:.1f} GiB as floats); crop it first or pass a smaller --resize"
+                        )
                 if min(w, h) < MIN_SIDE:
                     raise InputError(
                         f"image '{path}' is {w}x{h} pixels, smaller than {MIN_SIDE}x{MIN_SIDE}; "

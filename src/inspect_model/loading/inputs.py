@@ -40,6 +40,7 @@ class Preprocess:
     std: tuple[float, ...] = (0.229, 0.224, 0.225)
     interpolation: str = "bilinear"
     source: str = "imagenet preset"
+    given: tuple[str, ...] = ()  # "--mean", "--std": values the user gave, which must fit
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -78,6 +79,10 @@ class Preprocess:
             img = F.center_crop(img, [self.crop, self.crop])
         t = F.pil_to_tensor(img).to(torch.float32).div_(255.0)  # (C, H, W)
         c = t.shape[0]
+        for opt, vals in (("--mean", self.mean), ("--std", self.std)):
+            if opt in self.given and len(vals) not in (1, c):  # a preset's values are averaged
+                raise InputError(f"{opt} has {len(vals)} values but the images have {c} channels; "
+                                 f"give {c} values (or one for all)")
         mean = list(self.mean) if len(self.mean) == c else [sum(self.mean) / len(self.mean)] * c
         std = list(self.std) if len(self.std) == c else [sum(self.std) / len(self.std)] * c
         return F.normalize(t, mean, std)
@@ -136,10 +141,12 @@ def build_preprocess(
         base.crop, base.source = crop, "options"
     if mean is not None:
         base.mean, base.source = tuple(mean), "options"
+        base.given += ("--mean",)
     if std is not None:
         if any(s == 0 for s in std):
             raise UsageError("--std values must not be 0")
         base.std, base.source = tuple(std), "options"
+        base.given += ("--std",)
     return base
 
 
@@ -202,7 +209,7 @@ def iter_batches(
 
 def _decode_one(p: Path, preprocess: Preprocess, channels: int) -> tuple[LoadedImage, torch.Tensor] | InputError:
     try:
-        li = load_image(p, channels=channels)
+        li = load_image(p, channels=channels, resize=preprocess.resize)  # size guard after the resize
         return li, preprocess(li.image)
     except InputError as exc:
         return exc  # returned, not raised: a worker's error reaches the main process as a value
@@ -363,7 +370,10 @@ def plan_inputs(
 
     if batch_size < 1:
         raise InputError(f"--batch-size must be 1 or more, got {batch_size}")
-    paths = collect_paths(list(images), stdin=stdin) if images else []
+    missing: list[tuple[str, str]] = []  # with --skip-bad-inputs: missing paths, skipped like bad files
+    paths = collect_paths(list(images), stdin=stdin, missing=missing if skip_bad else None) if images else []
+    if skip_bad and images and not paths and missing:
+        raise InputError(f"none of the {len(missing)} image paths exists (first: '{missing[0][0]}')")
     channels = model_channels(loaded.model)
     size: tuple[int, ...] | None = None
     spec = None
@@ -405,7 +415,7 @@ def plan_inputs(
             )
     return InputPlan(paths=paths, preprocess=pre, input_size=size, batch_size=batch_size,
                      channels=channels, seed=seed, fill=fill, skip_bad=skip_bad, device=device, dtype=dtype,
-                     spec=spec)
+                     spec=spec, skipped=missing)
 
 
 @dataclass

@@ -273,9 +273,13 @@ def load_torchvision(
     try:
         if w is not None:
             path = ensure_weights_file(w, name)
+            from inspect_model.loading.hub_weights import verified_weights
+
             try:
-                with torch.device(device):
+                with torch.device(device), verified_weights(path):
                     model = models.get_model(name, weights=w, **kwargs)
+            except ModelLoadError:
+                raise
             except (RuntimeError, EOFError, OSError, ValueError) as exc:
                 raise ModelLoadError(
                     f"weights file {path} for {name} is unreadable or does not match the model "

@@ -44,7 +44,7 @@ def load_archive(path: str, *, device: str = "cpu", trust: bool = False) -> Load
     if kind == "torchscript":
         return load_torchscript(path, device=device)
     if kind == "export":
-        return load_exported(path, device=device)
+        return load_exported(path, device=device, trust=trust)
     if kind in ("torch", "legacy"):
         return _load_pickled_model(path, device=device, trust=trust)
     if kind == "empty":
@@ -94,18 +94,25 @@ def load_torchscript(path: str, *, device: str = "cpu") -> LoadedModel:
     return loaded
 
 
-def load_exported(path: str, *, device: str = "cpu") -> LoadedModel:
-    """``torch.export.load`` + ``unflatten``: a hookable module tree with the original names."""
+def load_exported(path: str, *, device: str = "cpu", trust: bool = False) -> LoadedModel:
+    """``torch.export.load`` + ``unflatten``: a hookable module tree with the original names.
+    Unless ``trust``, the archive is inspected first and refused if loading it would unpickle
+    anything (torch's loader does, with ``weights_only=False``; issue 13)."""
+    import contextlib
     import warnings
 
     import torch
 
+    from inspect_model.loading.archive_guard import check_archive, forbid_full_unpickling
     from inspect_model.loading.user_models import _brief, _finish
 
+    check_archive(path, trust=trust)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), (contextlib.nullcontext() if trust else forbid_full_unpickling(path)):
             warnings.simplefilter("ignore")
             ep = torch.export.load(path)
+    except ModelLoadError:
+        raise
     except Exception as exc:
         raise ModelLoadError(f"exported program '{path}' cannot be loaded: {_brief(exc)}") from exc
     try:

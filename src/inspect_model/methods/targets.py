@@ -43,9 +43,13 @@ def parse_target(text: str | None, categories: Sequence[str] | None = None) -> T
             raise UsageError(f"--target '{raw}': K must be 1 or more")
         return TargetSpec("top", k=k, text=raw)
     try:
-        return TargetSpec("class", index=int(raw), text=raw)
+        index = int(raw)
     except ValueError:
         pass
+    else:
+        if index < 0:  # Python's -1 would silently mean the last class (issue 13)
+            raise UsageError(f"--target {raw}: class indices start at 0; give 0..N-1, a class name or top:K")
+        return TargetSpec("class", index=index, text=raw)
     if categories:
         exact = [i for i, c in enumerate(categories) if c == raw]
         if not exact:
