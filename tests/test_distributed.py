@@ -173,3 +173,31 @@ def test_shards_are_whole_batches() -> None:
     assert [shard(2, 8, 3, r) for r in range(3)] == [(0, 2, 0), (2, 2, 1), (2, 2, 1)]
     blocks = [shard(257, 8, 4, r) for r in range(4)]
     assert blocks[0][0] == 0 and blocks[-1][1] == 257 and all(a[1] == b[0] for a, b in itertools.pairwise(blocks))
+
+
+class _Payload:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # unpickling this runs code: writes the marker file
+        return (open, (self.marker, "w"))
+
+
+def test_a_planted_resume_state_never_runs_code(tmp_path: Path) -> None:
+    """The resume state lives in the output directory, which nobody marked as trusted: it is
+    read with weights_only=True and our own record classes only (issue 13's rule)."""
+    import io
+
+    import torch
+
+    from inspect_model.api.distributed import _load_state
+    from inspect_model.errors import OutputError
+
+    marker = tmp_path / "pwned"
+    buf = io.BytesIO()
+    torch.save({"rows": _Payload(str(marker))}, buf)
+    state = tmp_path / "state-0.pt"
+    state.write_bytes(buf.getvalue())
+    with pytest.raises(OutputError, match="cannot read the resume state"):
+        _load_state(state)
+    assert not marker.exists()

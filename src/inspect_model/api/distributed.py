@@ -13,7 +13,7 @@ that every rank exits non-zero and nothing is committed.
 
 With ``--resume`` the staging folder has a fixed name (:data:`RESUME_DIR`) and survives a
 failed or killed run. After every batch each rank writes, atomically, its state
-(``state-R.pkl``) and its manifest (``manifest-R.json``: command, options hash, world size,
+(``state-R.pt, read with weights_only=True``) and its manifest (``manifest-R.json``: command, options hash, world size,
 finished images). A later run of the same command and options continues after the last
 finished batch; other options, or another world size, are refused with a message.
 """
@@ -24,8 +24,6 @@ import contextlib
 import hashlib
 import json
 import os
-import pickle
-
 from inspect_model.render.files import RESUME_STAGING
 import signal
 import time
@@ -385,14 +383,51 @@ def _read_resume(staging: Path, rank: int, fp: str, command: str, size: int, out
         raise UsageError(f"the unfinished run in '{out_path}' was started with {first.get('world_size')} "
                          f"process(es), this one has {size}; resume it with the same number "
                          "(torchrun --nproc-per-node/--nnodes)")
-    state = staging / f"state-{rank}.pkl"
+    state = staging / f"state-{rank}.pt"
     if not state.exists():
         return None
+    return _load_state(state)
+
+
+def _state_classes() -> list[type]:
+    """The package's own record classes (dataclasses and the pipeline's Warnings): the only
+    globals a resume state's loader accepts (the output directory is no trusted file:
+    nothing in it may run code, and building one of our records runs none)."""
+    import dataclasses
+    import sys
+
+    from PIL import Image
+
+    from inspect_model.api.pipeline import Warnings
+
+    out: list[type] = [Warnings, Image.Image]  # contact-sheet cells: PIL rebuilds pixels, runs nothing
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not name.startswith("inspect_model."):
+            continue
+        out += [v for v in vars(mod).values() if isinstance(v, type) and v.__module__ == name
+                and dataclasses.is_dataclass(v)]
+    return out
+
+
+def _save_state(path: Path, state: dict[str, Any]) -> None:
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    _atomic_write(path, buf.getvalue())
+
+
+def _load_state(path: Path) -> dict[str, Any]:
+    import torch
+
     try:
-        with open(state, "rb") as fh:
-            return pickle.load(fh)  # our own file, written by an earlier run of this command
-    except (OSError, pickle.UnpicklingError, EOFError) as exc:
-        raise OutputError(f"cannot read the resume state '{state}': {exc}") from exc
+        with torch.serialization.safe_globals(_state_classes()):
+            return torch.load(path, map_location="cpu", weights_only=True)  # never full unpickling
+    except Exception as exc:  # a damaged or foreign file: say which, never run it
+        raise OutputError(f"cannot read the resume state '{path}' ({type(exc).__name__}); "
+                          "remove that folder to start over") from exc
 
 
 class Checkpoint:
@@ -409,7 +444,7 @@ class Checkpoint:
         if not final and self.every and now - self.last < self.every:
             return
         self.last = now
-        _atomic_write(self.staging / f"state-{self.rank}.pkl", pickle.dumps({**state, "done": done}))
+        _save_state(self.staging / f"state-{self.rank}.pt", {**state, "done": done})
         manifest = {"manifest_version": MANIFEST_VERSION, "command": self.command, "options_hash": self.fp,
                     "world_size": self.size, "rank": self.rank, "done": done, "total": len(self.paths),
                     "images": self.paths[:done]}
