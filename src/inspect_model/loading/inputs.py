@@ -40,12 +40,16 @@ class Preprocess:
     std: tuple[float, ...] = (0.229, 0.224, 0.225)
     interpolation: str = "bilinear"
     source: str = "imagenet preset"
+    squash: bool = False  # resize both sides to `resize` (aspect not kept), as timm/HF processors may
 
     def describe(self) -> dict[str, Any]:
-        return {
+        d = {
             "resize": self.resize, "crop": self.crop, "mean": list(self.mean), "std": list(self.std),
             "interpolation": self.interpolation, "source": self.source,
         }
+        if self.squash:
+            d["squash"] = True
+        return d
 
     def geometry(self, width: int, height: int) -> tuple[float, float, float, float, float]:
         """(scale, left, top, crop_w, crop_h) in resized pixels: where the crop came from."""
@@ -63,6 +67,11 @@ class Preprocess:
     def uncrop_box(self, width: int, height: int) -> tuple[float, float, float, float]:
         """The crop's box (left, top, right, bottom) in original-image pixels. A map over the
         model input covers exactly this box of the original (it may reach outside it)."""
+        if self.squash and self.resize:
+            sx, sy = self.resize / width, self.resize / height
+            c = float(self.crop or self.resize)
+            left = top = (self.resize - c) / 2.0
+            return (left / sx, top / sy, (left + c) / sx, (top + c) / sy)
         scale, left, top, cw, ch = self.geometry(width, height)
         return (left / scale, top / scale, (left + cw) / scale, (top + ch) / scale)
 
@@ -73,7 +82,8 @@ class Preprocess:
 
         interp = getattr(InterpolationMode, self.interpolation.upper(), InterpolationMode.BILINEAR)
         if self.resize:
-            img = F.resize(img, self.resize, interpolation=interp)
+            size = [self.resize, self.resize] if self.squash else self.resize
+            img = F.resize(img, size, interpolation=interp)
         if self.crop:
             img = F.center_crop(img, [self.crop, self.crop])
         t = F.pil_to_tensor(img).to(torch.float32).div_(255.0)  # (C, H, W)
@@ -87,6 +97,10 @@ def preprocess_from_weights(transforms: Any) -> Preprocess | None:
     """The :class:`Preprocess` equal to a torchvision weights' ImageClassification transform."""
     if transforms is None:
         return None
+    if isinstance(transforms, Preprocess):  # timm's and HF's preprocessing, already mapped
+        import dataclasses
+
+        return dataclasses.replace(transforms)
     crop = getattr(transforms, "crop_size", None)
     resize = getattr(transforms, "resize_size", None)
     mean = getattr(transforms, "mean", None)
