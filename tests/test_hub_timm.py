@@ -14,9 +14,9 @@ import torch
 timm = pytest.importorskip("timm")
 pytest.importorskip("safetensors")
 
-from conftest import run_cli  # noqa: E402
-from inspect_model.errors import ModelLoadError, UsageError  # noqa: E402
-from inspect_model.loading.models import load_model  # noqa: E402
+from conftest import run_cli
+from inspect_model.errors import ModelLoadError, UsageError
+from inspect_model.loading.models import load_model
 
 ARCH, TAG = "test_convnext", "r160_in1k"  # timm's own tiny test model (~40k parameters)
 

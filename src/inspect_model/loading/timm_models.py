@@ -19,7 +19,13 @@ import os
 from typing import Any
 
 from inspect_model.errors import ModelLoadError, UsageError, suggest
-from inspect_model.loading.hub_models import hub_file, missing_message, read_state_dict, require, short_reason
+from inspect_model.loading.hub_models import (
+    hub_file,
+    missing_message,
+    read_state_dict,
+    require,
+    short_reason,
+)
 from inspect_model.loading.inputs import Preprocess
 from inspect_model.loading.models import LoadedModel
 
@@ -140,7 +146,7 @@ def class_names(model: Any) -> list[str] | None:
         return [str(x).split(",")[0].strip() for x in names]
     try:
         subset = timm.data.infer_imagenet_subset(model)
-    except Exception:
+    except Exception:  # noqa: BLE001 - an unusual head: no names, never an error
         subset = None
     if not subset:
         return None
