@@ -244,6 +244,7 @@ class InputPlan:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     processed: int = 0  # images fed to the model so far
+    vocab: int | None = None  # text models: synthetic inputs are token ids below this
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -266,7 +267,7 @@ class InputPlan:
 
             assert self.input_size is not None
             (x,) = make_example_inputs([self.input_size], batch_size=self.batch_size, dtype=dtype,
-                                       device=self.device, seed=self.seed, fill=self.fill)
+                                       device=self.device, seed=self.seed, fill=self.fill, vocab=self.vocab)
             self.processed = self.batch_size
             yield InputBatch(x, [f"{self.fill}-{i}" for i in range(self.batch_size)], None)
             return
@@ -364,7 +365,8 @@ def plan_inputs(
                 "or export it with a dynamic batch dimension"
             )
     return InputPlan(paths=paths, preprocess=pre, input_size=size, batch_size=batch_size,
-                     channels=channels, seed=seed, fill=fill, skip_bad=skip_bad, device=device, dtype=dtype)
+                     channels=channels, seed=seed, fill=fill, skip_bad=skip_bad, device=device, dtype=dtype,
+                     vocab=getattr(loaded, "token_vocab", None))
 
 
 @dataclass

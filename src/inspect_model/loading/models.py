@@ -39,6 +39,7 @@ class LoadedModel:
     hookable: bool = True  # False where torch rejects module hooks (TorchScript)
     static_batch: int | None = None  # batch size fixed at export (torch.export), if any
     checkpoint: Any = None  # checkpoints.CheckpointReport when --checkpoint was loaded
+    token_vocab: int | None = None  # text models: inputs are token ids below this (HF vocab_size)
     borrowed: bool = False  # the model is the user's own instance (package.module:ATTR): copy before changing it
 
 
