@@ -30,7 +30,7 @@ TEXT_SEQ_LEN = 128  # token ids per sample for text models without --input-size
 
 def _local_dir(spec: str, weights: bool) -> tuple[str, str]:
     """``(display name, local directory holding config.json and the weights)``."""
-    ref = spec[3:] if spec.startswith("hf:") else spec
+    ref = spec.removeprefix("hf:")
     if os.path.isdir(ref):
         if not os.path.isfile(os.path.join(ref, "config.json")):
             raise ModelLoadError(f"{ref} has no config.json; give a directory written by save_pretrained")
