@@ -35,7 +35,8 @@ def _local_dir(spec: str, weights: bool) -> tuple[str, str]:
         if not os.path.isfile(os.path.join(ref, "config.json")):
             raise ModelLoadError(f"{ref} has no config.json; give a directory written by save_pretrained")
         return ref, ref
-    if ref.count("/") != 1 or not all(ref.split("@")[0].split("/")):
+    repo = ref.split("@")[0]
+    if repo.count("/") > 1 or not all(repo.split("/")):
         raise UsageError(f"'{spec}' is not hf:ORG/NAME (a Hugging Face model id) nor a directory")
     name = f"hf:{ref}"
     cfg = hub_file(ref, ["config.json"], what=f"the config of {name}")
