@@ -96,7 +96,7 @@ def summarize_model(
 
     def run(dev: str) -> SummaryResult:
         x = make_example_inputs(sizes, batch_size=batch_size, family=loaded.family, dtype=torch_dtype,
-                                device=dev, seed=seed)
+                                device=dev, seed=seed, vocab=getattr(loaded, "token_vocab", None))
         fwd = None
         if dev == "meta" and (not _on_meta(m) or torch_dtype != torch.float32):
             fwd = _meta_call(m, x, torch_dtype)

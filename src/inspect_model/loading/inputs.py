@@ -41,12 +41,16 @@ class Preprocess:
     interpolation: str = "bilinear"
     source: str = "imagenet preset"
     given: tuple[str, ...] = ()  # "--mean", "--std": values the user gave, which must fit
+    squash: bool = False  # resize both sides to `resize` (aspect not kept), as timm/HF processors may
 
     def describe(self) -> dict[str, Any]:
-        return {
+        d = {
             "resize": self.resize, "crop": self.crop, "mean": list(self.mean), "std": list(self.std),
             "interpolation": self.interpolation, "source": self.source,
         }
+        if self.squash:
+            d["squash"] = True
+        return d
 
     def geometry(self, width: int, height: int) -> tuple[float, float, float, float, float]:
         """(scale, left, top, crop_w, crop_h) in resized pixels: where the crop came from."""
@@ -64,6 +68,11 @@ class Preprocess:
     def uncrop_box(self, width: int, height: int) -> tuple[float, float, float, float]:
         """The crop's box (left, top, right, bottom) in original-image pixels. A map over the
         model input covers exactly this box of the original (it may reach outside it)."""
+        if self.squash and self.resize:
+            sx, sy = self.resize / width, self.resize / height
+            c = float(self.crop or self.resize)
+            left = top = (self.resize - c) / 2.0
+            return (left / sx, top / sy, (left + c) / sx, (top + c) / sy)
         scale, left, top, cw, ch = self.geometry(width, height)
         return (left / scale, top / scale, (left + cw) / scale, (top + ch) / scale)
 
@@ -74,7 +83,8 @@ class Preprocess:
 
         interp = getattr(InterpolationMode, self.interpolation.upper(), InterpolationMode.BILINEAR)
         if self.resize:
-            img = F.resize(img, self.resize, interpolation=interp)
+            size = [self.resize, self.resize] if self.squash else self.resize
+            img = F.resize(img, size, interpolation=interp)
         if self.crop:
             img = F.center_crop(img, [self.crop, self.crop])
         t = F.pil_to_tensor(img).to(torch.float32).div_(255.0)  # (C, H, W)
@@ -92,6 +102,10 @@ def preprocess_from_weights(transforms: Any) -> Preprocess | None:
     """The :class:`Preprocess` equal to a torchvision weights' ImageClassification transform."""
     if transforms is None:
         return None
+    if isinstance(transforms, Preprocess):  # timm's and HF's preprocessing, already mapped
+        import dataclasses
+
+        return dataclasses.replace(transforms)
     crop = getattr(transforms, "crop_size", None)
     resize = getattr(transforms, "resize_size", None)
     mean = getattr(transforms, "mean", None)
@@ -281,6 +295,7 @@ class InputPlan:
     processed: int = 0  # images fed to the model so far
     spec: Any = None  # loading.shapes.InputSpec of --input-size (its dtype and value range)
     workers: int = 0  # DataLoader worker processes for decoding (0: in this process)
+    vocab: int | None = None  # text models: synthetic inputs are token ids below this
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -308,7 +323,8 @@ class InputPlan:
                 x = make_input(self.spec, self.batch_size, device=self.device, seed=self.seed)
             else:
                 (x,) = make_example_inputs([self.input_size], batch_size=self.batch_size, dtype=dtype,
-                                           device=self.device, seed=self.seed, fill=self.fill)
+                                           device=self.device, seed=self.seed, fill=self.fill,
+                                           vocab=self.vocab)
             self.processed = self.batch_size
             yield InputBatch(x, [f"{self.fill}-{i}" for i in range(self.batch_size)], None)
             return
@@ -415,7 +431,7 @@ def plan_inputs(
             )
     return InputPlan(paths=paths, preprocess=pre, input_size=size, batch_size=batch_size,
                      channels=channels, seed=seed, fill=fill, skip_bad=skip_bad, device=device, dtype=dtype,
-                     spec=spec, skipped=missing)
+                     spec=spec, skipped=missing, vocab=getattr(loaded, "token_vocab", None))
 
 
 @dataclass

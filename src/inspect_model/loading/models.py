@@ -28,7 +28,7 @@ class LoadedModel:
 
     model: nn.Module
     name: str
-    source: str  # "torchvision", "python", "torchscript", "export"
+    source: str  # "torchvision", "timm", "hf", "python", "torchscript", "export"
     family: str = "custom"  # one of FAMILIES, or "custom"
     weights: str | None = None  # weights enum member name, or None
     categories: list[str] | None = None
@@ -39,6 +39,7 @@ class LoadedModel:
     hookable: bool = True  # False where torch rejects module hooks (TorchScript)
     static_batch: int | None = None  # batch size fixed at export (torch.export), if any
     checkpoint: Any = None  # checkpoints.CheckpointReport when --checkpoint was loaded
+    token_vocab: int | None = None  # text models: inputs are token ids below this (HF vocab_size)
     borrowed: bool = False  # the model is the user's own instance (package.module:ATTR): copy before changing it
 
 
@@ -97,6 +98,18 @@ def list_models(pattern: str | None = None) -> list[tuple[str, str]]:
     if any(c in pattern for c in "*?["):
         return [(n, f) for n, f in items if fnmatch.fnmatchcase(n, pattern)]
     return [(n, f) for n, f in items if pattern.lower() in n.lower()]
+
+
+def hub_source(spec: str) -> str | None:
+    """``"timm"`` for ``timm:NAME``, ``"hf"`` for ``hf:ORG/NAME`` or a directory written by
+    ``save_pretrained`` (it holds a config.json), else None."""
+    if spec.startswith("timm:"):
+        return "timm"
+    if spec.startswith("hf:"):
+        return "hf"
+    if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, "config.json")):
+        return "hf"
+    return None
 
 
 def is_user_model_spec(spec: str) -> bool:
@@ -338,7 +351,18 @@ def load_model(
     if not spec or not spec.strip():
         raise UsageError("empty model name; e.g. `inspect-model summary resnet34`")
     spec = spec.strip()
-    if is_user_model_spec(spec):
+    hub = hub_source(spec)
+    if hub == "timm":
+        from inspect_model.loading.timm_models import load_timm
+
+        loaded = load_timm(spec.split(":", 1)[1], weights=weights, device=device, model_args=model_args)
+    elif hub == "hf":
+        from inspect_model.loading.hf_models import load_hf
+
+        if model_args:
+            raise UsageError("--model-arg applies to timm:NAME and user models, not to Hugging Face models")
+        loaded = load_hf(spec, weights=weights, device=device)
+    elif is_user_model_spec(spec):
         from inspect_model.loading import user_models
 
         loaded = user_models.load_user_model(

@@ -119,8 +119,10 @@ def make_example_inputs(
     device: Any = "cpu",
     seed: int = 0,
     fill: str = "random",
+    vocab: int | None = None,
 ) -> tuple[Any, ...]:
-    """Positional arguments for ``model(*args)``: one tensor per size (batch added)."""
+    """Positional arguments for ``model(*args)``: one tensor per size (batch added); with
+    ``vocab``, seeded integer token ids below it (a text model's ``input_ids``)."""
     import torch
 
     if batch_size < 1:
@@ -133,6 +135,12 @@ def make_example_inputs(
         gen = torch.Generator(device="cpu").manual_seed(seed)
 
     def make(shape: tuple[int, ...]) -> torch.Tensor:
+        if vocab is not None:
+            if str(device) == "meta":
+                return torch.empty(shape, dtype=torch.long, device="meta")
+            if fill == "zeros":
+                return torch.zeros(shape, dtype=torch.long, device=device)
+            return torch.randint(0, vocab, shape, generator=gen, dtype=torch.long).to(device)
         if str(device) == "meta":
             return torch.empty(shape, dtype=dtype, device="meta")
         if fill == "zeros":

@@ -44,7 +44,53 @@ def _is_vit(model: nn.Module) -> bool:
 
 
 def _is_swin(model: nn.Module) -> bool:
-    return type(model).__name__.startswith("SwinTransformer") and hasattr(model, "features")
+    """torchvision's Swin (``features``) and timm's (``layers``): stages output (N, H, W, C)."""
+    return type(model).__name__.startswith("SwinTransformer") and (
+        hasattr(model, "features") or hasattr(model, "layers"))
+
+
+def _hub_auto_layer(model: nn.Module) -> str | None:
+    """``--layer auto`` for timm's and Hugging Face's ViT, DeiT, Swin and ConvNeXt, or None.
+
+    - ViT/DeiT: the last block's first norm, whose patch tokens reach the class (and
+      distillation/register) tokens through attention; a later norm's patch tokens do not
+      reach the logits at all (zero gradient). timm: ``blocks.N.norm1``; HF:
+      ``...layers.N.layernorm_before`` (``encoder.layer.N`` before transformers 5).
+    - Swin: timm's last stage ``layers.N`` (N, H, W, C); HF's final ``layernorm`` (N, h*w, C)
+      (its stages return tuples).
+    - ConvNeXt: the last stage, timm ``stages.N``, HF ``...encoder.stages.N``.
+    """
+    kind = type(model).__name__
+    names = [n for n, _ in model.named_modules() if n]
+    if hasattr(model, "blocks") and hasattr(model, "num_prefix_tokens") and hasattr(model, "patch_embed"):
+        return f"blocks.{len(model.blocks) - 1}.norm1"  # type: ignore[arg-type]
+    if kind.startswith("SwinTransformer") and hasattr(model, "layers") and not hasattr(model, "features"):
+        return f"layers.{len(model.layers) - 1}"  # type: ignore[arg-type]
+    if kind.startswith("ConvNeXt") and hasattr(model, "stages"):
+        return f"stages.{len(model.stages) - 1}"  # type: ignore[arg-type]
+    model_type = str(getattr(getattr(model, "config", None), "model_type", "") or "")
+    if model_type in ("vit", "deit", "vit_msn", "vit_mae", "dinov2", "dinov2_with_registers"):
+        last = [n for n in names if n.endswith((".layernorm_before", ".norm1")) and ".attention" not in n]
+        return last[-1] if last else None
+    if model_type in ("swin", "swinv2", "donut-swin"):
+        top = [n for n in names if n.split(".")[-1] == "layernorm" and n.count(".") <= 1]
+        return top[-1] if top else None
+    if model_type in ("convnext", "convnextv2"):
+        stages = [n for n in names if n.rsplit(".", 1)[0].endswith("encoder.stages")]
+        return stages[-1] if stages else None
+    return None
+
+
+def _patch_size(model: nn.Module) -> int | None:
+    """The patch size of torchvision's (``patch_size``), timm's (``patch_embed.patch_size``)
+    or Hugging Face's (``config.patch_size``) vision transformers."""
+    for p in (getattr(model, "patch_size", None), getattr(getattr(model, "patch_embed", None), "patch_size", None),
+              getattr(getattr(model, "config", None), "patch_size", None)):
+        if isinstance(p, (list, tuple)) and p:
+            p = p[0]
+        if isinstance(p, int) and p > 0:
+            return p
+    return None
 
 
 def _probe(model: nn.Module, x: torch.Tensor, names: Sequence[str]) -> list[Any]:
@@ -113,8 +159,11 @@ def auto_layer(model: nn.Module, x: torch.Tensor, output_key: str | None = None)
     if _is_vit(model):
         last = list(model.encoder.layers.named_children())[-1][0]  # type: ignore[union-attr]
         return f"encoder.layers.{last}.ln_1"
-    if _is_swin(model):
+    if _is_swin(model) and hasattr(model, "features"):
         return f"features.{len(model.features) - 1}"  # type: ignore[arg-type]
+    hub = _hub_auto_layer(model)
+    if hub is not None:
+        return hub
     names = [n for n, _ in model.named_modules() if n]
     records, on_path = _probe_paths(model, x, names, output_key)
     last = None
@@ -171,8 +220,8 @@ def infer_layout(model: nn.Module, name: str, shape: tuple[int, ...], input_hw: 
                 raise UsageError(f"--reshape {reshape[0]}x{reshape[1]} needs {reshape[0] * reshape[1]} "
                                  f"tokens but layer '{name}' outputs {tokens}")
             return Layout("tokens", reshape, prefix=prefix, channels=dim)
-        patch = getattr(model, "patch_size", None)
-        if isinstance(patch, int) and patch > 0:
+        patch = _patch_size(model)
+        if patch is not None:
             gh, gw = input_hw[0] // patch, input_hw[1] // patch
             if 0 <= tokens - gh * gw <= 16:
                 return Layout("tokens", (gh, gw), prefix=tokens - gh * gw, channels=dim)

@@ -135,11 +135,12 @@ def select_output(output: Any, key: str | None) -> torch.Tensor:
     flat = flatten_tensors(output)
     if not flat:
         raise ModelRuntimeError(f"the model returned no tensor ({type(output).__name__})")
+    names = [k for k, _ in flat]
     if key is None:
+        # Hugging Face's ModelOutput: `logits`, wherever it sits (a loss may come first).
         # torchvision's segmentation models return {"out": ..., "aux": ...}; InceptionOutputs
         # (logits, aux_logits); the first is the one people mean.
-        return flat[0][1]
-    names = [k for k, _ in flat]
+        return flat[names.index("logits")][1] if "logits" in names else flat[0][1]
     if key in names:
         return flat[names.index(key)][1]
     if key.lstrip("-").isdigit():
