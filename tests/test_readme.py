@@ -44,6 +44,49 @@ def build():
 '''
 
 
+TWO_IN = '''
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    """forward(self, a, b): an image and a vector of 10."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.relu = nn.ReLU()
+        self.side = nn.Linear(10, 4)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, a, b):
+        return self.fc(self.relu(self.conv(a)).mean((2, 3)) + self.side(b))
+'''
+
+BERT = '''
+import torch
+from torch import nn
+
+
+class TinyText(nn.Module):
+    """forward(input_ids=..., attention_mask=...), BERT's vocabulary size."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(30522, 8)
+        self.mix = nn.Linear(8, 8)
+        self.fc = nn.Linear(8, 2)
+
+    def forward(self, input_ids, attention_mask):
+        h = torch.relu(self.mix(self.embed(input_ids))) * attention_mask[..., None]
+        return self.fc(h.mean(1))
+
+
+def build():
+    return TinyText()
+'''
+
+
 def _blocks(lang: str) -> list[str]:
     return re.findall(rf"^```{lang}\n(.*?)^```", README, flags=re.S | re.M)
 
@@ -51,7 +94,9 @@ def _blocks(lang: str) -> list[str]:
 def _command_lines() -> list[str]:
     lines = []
     for block in _blocks("bash"):
-        lines += [ln for ln in block.splitlines() if "inspect-model " in ln and "pip install" not in ln]
+        # Lines that start with the tool (or feed it from `find`); install lines (pip, pipx,
+        # uvx) need the network, and torchrun lines are run by tests/test_distributed.py.
+        lines += [ln for ln in block.splitlines() if ln.startswith(("inspect-model ", "find "))]
     for block in _blocks("yaml"):
         lines += [ln.split("run:", 1)[1] for ln in block.splitlines() if "run: inspect-model" in ln]
     return [ln.split("  #")[0].strip() for ln in lines]
@@ -79,6 +124,13 @@ def _workdir(tmp: Path) -> None:
     from torchvision.models import ResNet18_Weights
 
     (tmp / "imagenet.txt").write_text("\n".join(ResNet18_Weights.DEFAULT.meta["categories"]) + "\n")
+    (tmp / "two_in.py").write_text(TWO_IN)
+    (tmp / "bert.py").write_text(BERT)
+    shutil.copy(tmp / "photos" / "p0.jpg", tmp / "photo.jpg")
+    torch.save((torch.zeros(1, 3, 224, 224), torch.ones(1, 10)), tmp / "side.pt")
+    (tmp / "data" / "val").mkdir()
+    for p in (tmp / "photos").iterdir():
+        shutil.copy(p, tmp / "data" / "val" / p.name)
     (tmp / "weights").mkdir()
     torch.save(state, tmp / "weights" / "best.pt")
 
@@ -93,7 +145,7 @@ def _argv(line: str) -> tuple[list[str], str | None, str | None]:
     for sep in ("|", ">"):
         if sep in line:
             line, pipe = line.split(sep, 1)[0].strip(), sep + line.split(sep, 1)[1]
-    argv = shlex.split(line)
+    argv = [a.replace("/data/val", "data/val") for a in shlex.split(line)]
     assert argv[0] == "inspect-model", line
     argv = argv[1:]
     if argv[0] not in ("summary", "models") and "--weights" not in argv:
