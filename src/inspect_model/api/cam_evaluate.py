@@ -9,7 +9,6 @@ layer. Boxes (``--boxes``) are checked against the inputs before any pass runs.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from inspect_model.errors import UsageError
@@ -109,8 +108,7 @@ class Evaluator:
             inside = self._inside(batch.names[i], img, hw) if self.boxes else None
             maps = [m for m in res.maps if m.sample == i]
             for m, rec in zip(maps, entry["maps"]):
-                box_metrics = inside is not None
-                jobs.append(MapJob(i, m.target, m.map, inside if box_metrics else None,
+                jobs.append(MapJob(i, m.target, m.map, inside,
                                    seed=int(self.prep.plan.seed) * 1_000_003 + int(entry["index"])))
                 recs.append(rec)
         original = [float(res.probabilities[j.sample][j.target]) for j in jobs]
@@ -119,8 +117,12 @@ class Evaluator:
         label = f"cam: evaluating image {first + 1}" + (f"-{first + len(entries)}" if len(entries) > 1 else "")
 
         def progress(done: int) -> None:
-            if self.progress is not None:
-                self.progress(done, total, label)
+            if self.progress is None:
+                return
+            if _takes_label(self.progress):
+                self.progress(done, total, label)  # the CLI's bar: "cam: evaluating image 3-4"
+            else:
+                self.progress(done, total)
 
         scored, passes = evaluate_maps(self.prep.loaded.model, x, jobs, metrics=self.metrics, steps=self.steps,
                                        batch=self.batch, output_key=self.output_key, original=original,
@@ -176,10 +178,20 @@ class Evaluator:
         }
 
 
+def _takes_label(fn: Any) -> bool:
+    """Whether a progress callback takes a third (label) argument; an API user's may not."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind == p.VAR_POSITIONAL for p in params) or len(params) >= 3
+
+
 def curve_plot_name(entry: dict[str, Any]) -> str:
     from inspect_model.api.pipeline import image_dir
 
     return f"{image_dir(entry['index'], entry['image'])}/evaluation_curves.png"
 
 
-__all__ = ["DEFAULT_BATCH", "DEFAULT_STEPS", "Evaluator", "Path", "check_evaluate_request", "curve_plot_name"]

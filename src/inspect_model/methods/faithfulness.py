@@ -115,7 +115,7 @@ def causal_inputs(start: torch.Tensor, finish: torch.Tensor, order: torch.Tensor
     finish = 0; insertion: start = blur(x), finish = x."""
     import torch
 
-    c, h, w = start.shape
+    h, w = start.shape[-2:]
     rank = torch.empty(h * w, dtype=torch.long)
     rank[order] = torch.arange(h * w)  # position of each pixel in the order
     rank = rank.to(start.device).reshape(1, 1, h, w)
@@ -273,7 +273,7 @@ def pointing_hit(saliency: torch.Tensor, inside: torch.Tensor) -> float:
 
     s = saliency.detach().float().cpu()
     where = torch.nonzero(s == s.max()).float().mean(dim=0)  # (row, col)
-    i, j = (min(max(int(round(float(v))), 0), n - 1) for v, n in zip(where, s.shape))
+    i, j = (min(max(round(float(v)), 0), n - 1) for v, n in zip(where, s.shape))
     return 1.0 if bool(inside[i, j]) else 0.0
 
 

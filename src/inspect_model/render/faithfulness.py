@@ -84,6 +84,7 @@ def curves_figure(series: list[dict[str, Any]], title: str) -> Any:
     fig = Figure(figsize=(10, 4.2), dpi=100)
     axes = fig.subplots(1, 2, sharey=True)
     cmap = matplotlib.colormaps["tab10"]
+    styles = ("-", "--", ":", "-.")  # methods that agree draw over each other: keep them apart
     for ax, name, better in ((axes[0], "deletion", "lower is better"), (axes[1], "insertion", "higher is better")):
         for i, s in enumerate(series):
             ys = s["curves"].get(name)
@@ -91,7 +92,7 @@ def curves_figure(series: list[dict[str, Any]], title: str) -> Any:
                 continue
             xs = [k / (len(ys) - 1) for k in range(len(ys))]
             auc = s["scores"].get(name)
-            ax.plot(xs, ys, color=cmap(i % 10), lw=1.6, label=f"{s['label']} (AUC {_num(auc)})")
+            ax.plot(xs, ys, color=cmap(i % 10), ls=styles[i % len(styles)], lw=1.6, label=f"{s['label']} (AUC {_num(auc)})")
         ax.set_title(f"{name}: pixels {'removed' if name == 'deletion' else 'inserted'}, most relevant first "
                      f"\n(AUC {better})", fontsize=9)
         ax.set_xlabel(f"fraction of pixels {'removed' if name == 'deletion' else 'inserted'}")
