@@ -232,7 +232,9 @@ def test_gradcam_beats_a_constant_map_on_a_trained_model(trained: nn.Module, tmp
     bfile = tmp_path / "boxes.csv"
     bfile.write_text("image,x0,y0,x1,y1\n" + "".join(f"input-{i},{b[0]},{b[1]},{b[2]},{b[3]}\n"
                                                      for i, b in enumerate(boxes)))
-    r = cam(trained, x, methods=["gradcam"], evaluate=True, boxes=str(bfile), eval_steps=16, eval_batch=40)
+    calls: list[tuple[int, int]] = []
+    r = cam(trained, x, methods=["gradcam"], evaluate=True, boxes=str(bfile), eval_steps=16, eval_batch=40,
+            progress=lambda done, total: calls.append((done, total)))
     ev = r.to_dict()["evaluation"]
     [row] = ev["average"]
     s = row["scores"]
@@ -248,6 +250,8 @@ def test_gradcam_beats_a_constant_map_on_a_trained_model(trained: nn.Module, tmp
     # One forward pass per --eval-batch inputs, and the count reported.
     per = 2 * 17 + 18 + 1
     assert ev["inputs"] == 6 * per and ev["passes"] == math.ceil(6 * per / 40)
+    evals = [c for c in calls if c[1] == 6 * per]  # the images' own progress has total 0 (a tensor)
+    assert evals[-1] == (6 * per, 6 * per) and len(evals) == ev["passes"]
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -292,8 +296,8 @@ def test_cli_json_schema_plots_and_api_equality(cli, models_py: Path, images: li
               inputs=InputOptions(images, crop=16), methods=["gradcam,eigencam"], evaluate=True, boxes=boxes,
               eval_steps=4, eval_batch=16, output_dir=tmp_path / "api")
     assert json.loads(dumps(api.to_dict())) == doc
-    r = cli(["cam", f"{models_py}:TinyCNN", *images, "--weights", "none", "--crop", "16", *args])
-    assert r.exit_code == 0 and "faithfulness, target" in r.stdout and "average over 2 image(s)" in r.stdout
+    text = api.text()
+    assert "faithfulness, target" in text and "average over 2 image(s)" in text and "Energy ^" in text
 
 
 @pytest.mark.parametrize(("extra", "code", "message"), [

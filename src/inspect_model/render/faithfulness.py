@@ -99,7 +99,7 @@ def curves_figure(series: list[dict[str, Any]], title: str) -> Any:
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper right" if name == "deletion" else "lower right")
+        ax.legend(fontsize=7, loc="best")
     axes[0].set_ylabel("target class probability")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
