@@ -160,8 +160,8 @@ def impute(x: torch.Tensor, remove: torch.Tensor, *, noise: float = 0.0, generat
     (D - W_uu) u = W_uk x_k is symmetric positive (semi-)definite: conjugate gradients solve
     it matrix-free, all B x C systems at once, started from the solution of the same problem
     on a half-resolution grid (cascadic CG); at most ``max_iter`` iterations per level
-    (default H + W of that level: an error well under the 0.01 noise, see
-    benchmarks/bench_evaluate.py)."""
+    (default H + W of that level: measured against scipy's exact solve, an error below the
+    0.01 noise that follows; see benchmarks/bench_evaluate.py)."""
     import torch
 
     b_, h, w = remove.shape
