@@ -62,7 +62,8 @@ class CamSession(Session):
                  layers: list[str] | None = None, reshape: str | None = None, fuse: bool = False,
                  target: str = "predicted", output_key: str | None = None, scorecam_batch: int = 32,
                  colormap: str = "jet", alpha: float = 0.5, top: int = 5, save_raw: bool = False,
-                 notes: Any = None) -> None:
+                 notes: Any = None, evaluate: bool = False, metrics: list[str] | None = None, boxes: Any = None,
+                 eval_steps: int = 32, eval_batch: int = 64, progress: Any = None) -> None:
         from inspect_model.methods.targets import parse_target
 
         self.method_items = list(methods or ["gradcam"])  # as typed: `all` makes CAM optional
@@ -80,6 +81,17 @@ class CamSession(Session):
         self.entries: list[dict[str, Any]] = []
         self.passes = {"forward": 0, "backward": 0, "scorecam_forward": 0}
         self.columns: list[tuple[str, str]] = []
+        self.eval_options = {"evaluate": evaluate, "metrics": None, "boxes": str(boxes) if boxes else None,
+                             "eval_steps": eval_steps, "eval_batch": eval_batch}
+        self.evaluator: Any = None
+        if evaluate or metrics or boxes:
+            from inspect_model.api.cam_evaluate import Evaluator, check_evaluate_request
+
+            parsed = check_evaluate_request(evaluate=evaluate, metrics=metrics, boxes=boxes, steps=eval_steps,
+                                            batch=eval_batch)
+            self.eval_options["metrics"] = parsed
+            self.evaluator = Evaluator(prep, parsed, steps=eval_steps, batch=eval_batch, boxes=boxes,
+                                       output_key=output_key, notes=self.notes, progress=progress)
         self.reset_drawing()
 
     # ------------------------------------------------------------------ computing
@@ -115,6 +127,7 @@ class CamSession(Session):
             self.passes[key] += res.passes[key]
         self.warnings.extend(res.notes)
         items = []
+        first = len(self.entries)
         for i in range(batch.tensor.shape[0]):
             index = self.index_base + len(self.entries)
             name = batch.names[i]
@@ -123,6 +136,8 @@ class CamSession(Session):
             self.entries.append(entry)
             maps = [m for m in res.maps if m.sample == i]
             items.append(ImageItem(entry, (img, batch.tensor[i], maps, res.probabilities[i])))
+        if self.evaluator is not None:
+            self.evaluator.feed(res, batch, self.entries[first:])
         return items
 
     def _entry(self, res: Any, i: int, index: int, name: str, img: Any) -> dict[str, Any]:
@@ -155,12 +170,14 @@ class CamSession(Session):
             "passes": dict(self.passes),
             "skipped": skipped,
         }
+        if self.evaluator is not None:
+            payload["evaluation"] = self.evaluator.summary(self.entries, self.columns)
         options = self.prep.options(
             self.mopts, layers=[lay.name for lay in layers], layer_specs=self.layer_specs or ["auto"],
             reshape=list(self.reshape) if self.reshape else None, target=self.target_text,
             methods=list(self.methods), fuse=self.fuse, output_key=self.output_key,
             scorecam_batch=self.scorecam_batch, colormap=self.colormap, alpha=self.alpha, top=self.top,
-            save_raw=self.save_raw)
+            save_raw=self.save_raw, **self.eval_options)
         return Result("cam", options, payload, self.warnings.to_list(), record=None,
                       render_text=lambda r: render.render_text(r.to_dict()),
                       render_rich=lambda r: render.render_rich(r.to_dict()))
@@ -217,11 +234,28 @@ class CamSession(Session):
                 cells = [rows[rank].get(col) for col in self.columns]
                 self.sheet_rows.append((f"{Path(entry['image']).name} #{rank + 1}", cells))
             self._flush_sheet(sink, final=False)
+        if sink.out is not None and self.evaluator is not None:
+            from inspect_model.api.cam_evaluate import curve_plot_name
+            from inspect_model.render import faithfulness as rf
+
+            series = rf.image_series(entry)
+            if series:
+                title = f"[{entry['index']}] {Path(entry['image']).name}: deletion and insertion curves"
+                name = sink.figure(curve_plot_name(entry), rf.curves_figure(series, title))
+                return {"evaluation_curves": name} if name else {}
         return {}
 
     def draw_summary(self, sink: Sink, result: Result) -> None:
         self._flush_sheet(sink, final=True)
         result.payload["contact_sheets"] = list(self.sheets)
+        ev = result.payload.get("evaluation")
+        if ev is not None and sink.out is not None and ev["average"]:
+            from inspect_model.render import faithfulness as rf
+
+            n = result.payload["image_count"]
+            fig = rf.curves_figure(rf.average_series(ev), f"deletion and insertion curves, mean over {n} image(s)")
+            name = sink.figure("evaluation_curves.png", fig)
+            ev["plots"] = [name] if name else []
 
     def _flush_sheet(self, sink: Sink, *, final: bool) -> None:
         """A contact-sheet page when it is full (or at the end), when there are several
@@ -249,20 +283,28 @@ class CamSession(Session):
 def cam(model: Any, images: Any = None, *, methods: list[str] | None = None, layers: list[str] | None = None,
         target: str = "predicted", reshape: str | None = None, fuse: bool = False, output_key: str | None = None,
         scorecam_batch: int = 32, colormap: str = "jet", alpha: float = 0.5, top: int = 5,
-        save_raw: bool = False, model_options: ModelOptions | None = None, inputs: InputOptions | None = None,
+        save_raw: bool = False, evaluate: bool = False, metrics: list[str] | None = None, boxes: Any = None,
+        eval_steps: int = 32, eval_batch: int = 64,
+        model_options: ModelOptions | None = None, inputs: InputOptions | None = None,
         output_dir: Any = None, force: bool = False, tensorboard: Any = None, keep: bool | None = None,
         on_item: Any = None, notes: Any = None, progress: Any = None) -> Result:
     """Class activation maps of ``images`` (paths, or a tensor (N, C, H, W)) under ``model``
     (a spec, an ``nn.Module`` or a ``LoadedModel``). The result's ``to_dict()`` is the CLI's
-    ``--json``; ``save(dir)`` (or ``output_dir=``) writes the CLI's files."""
+    ``--json``; ``save(dir)`` (or ``output_dir=``) writes the CLI's files. ``evaluate=True``
+    adds faithfulness scores (``metrics``, default all; ``boxes``: a boxes file for the
+    pointing and energy games; see :mod:`inspect_model.api.cam_evaluate`)."""
     mopts = model_options or ModelOptions(model)
     inputs = inputs or InputOptions(images)
     check_cam_request(methods=methods or ["gradcam"], layers=layers, reshape=reshape, fuse=fuse,
                       scorecam_batch=scorecam_batch, colormap=colormap, alpha=alpha, top=top)
+    from inspect_model.api.cam_evaluate import check_evaluate_request
+
+    check_evaluate_request(evaluate=evaluate, metrics=metrics, boxes=boxes, steps=eval_steps, batch=eval_batch)
     prep = prepare("cam", mopts, inputs, notes=notes)
     session = CamSession(prep, mopts, methods=methods, layers=layers, reshape=reshape, fuse=fuse, target=target,
                          output_key=output_key, scorecam_batch=scorecam_batch, colormap=colormap, alpha=alpha,
-                         top=top, save_raw=save_raw, notes=notes)
+                         top=top, save_raw=save_raw, notes=notes, evaluate=evaluate, metrics=metrics, boxes=boxes,
+                         eval_steps=eval_steps, eval_batch=eval_batch, progress=progress)
     total = len(prep.plan.paths) if prep.plan.paths else 0
     return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
                    keep=keep, tensorboard=tensorboard, on_item=on_item)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -35,6 +36,22 @@ ScoreBatchOpt = Annotated[
 ]
 AlphaOpt = Annotated[float, typer.Option("--alpha", help="Heat-map opacity in overlays, 0..1.")]
 TopOpt = Annotated[int, typer.Option("--top", help="Predicted classes listed per image.")]
+EvaluateOpt = Annotated[
+    bool, typer.Option("--evaluate", help="Score every map's faithfulness: deletion/insertion AUC, ROAD, "
+                       "average drop/increase in confidence, and with --boxes the pointing and energy games; "
+                       "methods ranked per image and on average.")
+]
+MetricOpt = Annotated[
+    list[str] | None,
+    typer.Option("--metric", help="With --evaluate: deletion, insertion, road, confidence, pointing, energy "
+                 "or all (default: all; pointing and energy only with --boxes); repeatable."),
+]
+BoxesOpt = Annotated[
+    Path | None, typer.Option("--boxes", help="With --evaluate: JSON or CSV of boxes image,x0,y0,x1,y1 in "
+                              "original-image pixels, for the pointing and energy games.")
+]
+EvalStepsOpt = Annotated[int, typer.Option("--eval-steps", help="Steps of the deletion and insertion curves.")]
+EvalBatchOpt = Annotated[int, typer.Option("--eval-batch", help="Perturbed inputs per forward pass (--evaluate).")]
 
 
 @shared_options()
@@ -52,6 +69,11 @@ def cam(
     alpha: AlphaOpt = 0.5,
     top: TopOpt = 5,
     save_raw: c.SaveRawOpt = False,
+    evaluate: EvaluateOpt = False,
+    metric: MetricOpt = None,
+    boxes: BoxesOpt = None,
+    eval_steps: EvalStepsOpt = 32,
+    eval_batch: EvalBatchOpt = 64,
     *,
     opts: ModelOptions,
     inputs: InputOptions,
@@ -63,14 +85,18 @@ def cam(
     All gradient methods come from one forward pass and a backward pass that stops at the
     layer. With --output-dir: per image, target, method and layer a heat-map overlay on the
     original image, the bare map with a colour bar, --save-raw .npy maps, and contact sheets.
+    --evaluate scores and ranks the maps (faithfulness) and plots deletion/insertion curves.
     Example: inspect-model cam resnet50 cat.jpg --method gradcam --method scorecam --target top:2 -o cams
     """
     from inspect_model.api.cam import cam as api_cam
     from inspect_model.api.cam import check_cam_request
+    from inspect_model.api.cam_evaluate import check_evaluate_request
 
     run_opts.check(save_raw=save_raw)
     check_cam_request(methods=method or ["gradcam"], layers=layer, reshape=reshape, fuse=fuse,
                               scorecam_batch=scorecam_batch, colormap=colormap, alpha=alpha, top=top)
+    check_evaluate_request(evaluate=evaluate, metrics=metric, boxes=boxes, steps=eval_steps, batch=eval_batch)
     run_api("cam", api_cam, opts, inputs, run_opts, methods=method, layers=layer, reshape=reshape,
             fuse=fuse, target=target, output_key=output_key, scorecam_batch=scorecam_batch, colormap=colormap,
-            alpha=alpha, top=top, save_raw=save_raw)
+            alpha=alpha, top=top, save_raw=save_raw, evaluate=evaluate, metrics=metric, boxes=boxes,
+            eval_steps=eval_steps, eval_batch=eval_batch)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from inspect_model.render import faithfulness as rf
 from inspect_model.render.table import Column, plain_table, rich_table, warning_text
 
 if TYPE_CHECKING:
@@ -95,9 +96,17 @@ def render_text(payload: dict[str, Any]) -> str:
     for rec in payload["images"]:
         out += ["", f"[{rec['index']}] {rec['image']}", f"predicted: {_predictions(rec)}",
                 plain_table(MAP_COLUMNS, _map_rows(rec))]
+        for title, cols, rows in rf.image_tables(rec):
+            out += [title, plain_table(cols, rows)]
     files = [f for f in payload.get("contact_sheets", [])]
     if files:
         out += ["", "contact sheets: " + ", ".join(files)]
+    ev = payload.get("evaluation")
+    if ev is not None:
+        cols, rows = rf.average_table(ev)
+        out += ["", rf.header(ev), f"average over {payload['image_count']} image(s):", plain_table(cols, rows)]
+        if ev.get("plots"):
+            out += ["curves: " + ", ".join(ev["plots"])]
     out += warning_text(payload)
     return "\n".join(out) + "\n"
 
@@ -107,5 +116,12 @@ def render_rich(payload: dict[str, Any]) -> list[Any]:
     for rec in payload["images"]:
         parts.append(rich_table(MAP_COLUMNS, _map_rows(rec),
                                 title=f"[{rec['index']}] {rec['image']}  predicted: {_predictions(rec)}"))
+        for title, cols, rows in rf.image_tables(rec):
+            parts.append(rich_table(cols, rows, title=f"[{rec['index']}] {title}"))
+    ev = payload.get("evaluation")
+    if ev is not None:
+        cols, rows = rf.average_table(ev)
+        parts.append(rf.header(ev))
+        parts.append(rich_table(cols, rows, title=f"average over {payload['image_count']} image(s)"))
     parts += warning_text(payload)
     return parts

@@ -1,0 +1,163 @@
+"""Benchmark `cam --evaluate`: its cost relative to the CAM itself (per metric), and ROAD
+against pytorch-grad-cam's ROAD where the two definitions coincide.
+
+    python benchmarks/bench_evaluate.py [--model resnet18] [--images 2] [--size 224] [--device cpu]
+
+1. Cost: the same images and model, `cam` with Grad-CAM alone, then with `--evaluate` for
+   each metric and for all of them; printed as seconds and as a multiple of the CAM run.
+2. ROAD vs pytorch-grad-cam (optional: `pip install grad-cam`, the `bench` extra; skipped
+   with a message without it). The definitions coincide when (a) both impute the same
+   removed pixels: pytorch-grad-cam removes the pixels at or above the map's
+   ``percentile``-th percentile, so its percentile p is our fraction 1 - p/100, and ties and
+   its percentile interpolation move at most a pixel or two, so the map gets a 1e-6 jitter
+   to break ties; (b) both score the softmax probability (its
+   ``ClassifierOutputSoftmaxTarget``) without the difference to the unperturbed score
+   (``return_diff=False``); (c) the noise is off in both (its noise cannot share our random
+   stream; with noise on, the scores are compared with a tolerance instead).
+   Printed: the largest difference of the imputed images given identical masks, of the
+   probabilities per fraction, of ROADCombined, and both imputations' time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+
+def timed(fn: Any, repeats: int, warm: bool = True) -> tuple[float, Any]:
+    """Best of ``repeats`` runs (after a warm-up run unless ``warm`` is False), and a result."""
+    out = fn() if warm else None
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def cost(model: Any, x: Any, args: argparse.Namespace) -> None:
+    from inspect_model.api.cam import cam
+
+    def run(metrics: list[str] | None) -> Any:
+        return cam(model, x, methods=["gradcam"], layers=[args.layer], evaluate=metrics is not None,
+                   metrics=metrics, eval_steps=args.steps, eval_batch=args.eval_batch)
+
+    base, _ = timed(lambda: run(None), args.repeats)
+    print(f"\n1. cost of --evaluate ({x.shape[0]} image(s), Grad-CAM at {args.layer}, {args.steps} steps, "
+          f"--eval-batch {args.eval_batch}); best of {args.repeats}")
+    print(f"  {'cam (Grad-CAM only)':<34} {base:8.3f} s   1.0x")
+    for metrics in (["deletion"], ["insertion"], ["road"], ["confidence"], ["all"]):
+        # The CAM run above warmed everything up; one timed run each (ROAD is the slow one).
+        t, res = timed(lambda m=metrics: run(m), 1, warm=False)
+        r = res.to_dict()["evaluation"]
+        print(f"  {'+ --evaluate --metric ' + metrics[0]:<34} {t:8.3f} s {t / base:6.1f}x   "
+              f"({r['inputs']} perturbed inputs, {r['passes']} passes)")
+
+
+def road_vs_grad_cam(model: Any, x: Any, args: argparse.Namespace) -> None:
+    import numpy as np
+    import torch
+
+    from inspect_model.methods import faithfulness as fa
+    from inspect_model.methods.cam import gradcam
+    from inspect_model.methods.faithfulness_passes import MapJob, evaluate_maps
+
+    print("\n2. ROAD vs pytorch-grad-cam")
+    try:
+        from pytorch_grad_cam.metrics.road import (
+            NoisyLinearImputer,
+            ROADLeastRelevantFirst,
+            ROADMostRelevantFirst,
+        )
+        from pytorch_grad_cam.utils.model_targets import ClassifierOutputSoftmaxTarget
+    except ImportError as exc:
+        print(f"  skipped: pytorch-grad-cam is not installed ({exc}); pip install grad-cam (the bench extra)")
+        return
+    x = x[:1]
+    with torch.no_grad():
+        cls = int(model(x).argmax(1)[0])
+    sal = gradcam(model, x, args.layer, [cls])[0, 0].cpu()
+    sal = sal + 1e-6 * torch.rand(sal.shape, generator=torch.Generator().manual_seed(0))  # no ties
+    hw = tuple(sal.shape)
+    n = hw[0] * hw[1]
+    cam_np = sal.numpy()[None]
+
+    # (a) the imputation alone, identical masks, no noise
+    order = fa.pixel_order(sal)
+    masks = torch.cat([fa.road_masks(order, hw, fa.ROAD_FRACTIONS, True),
+                       fa.road_masks(order, hw, fa.ROAD_FRACTIONS, False)])
+    xi = x[0].cpu().float()
+    t0 = time.perf_counter()
+    ours = fa.impute(xi.to(args.device), masks.to(args.device)).cpu()
+    t_ours = time.perf_counter() - t0
+    imp = NoisyLinearImputer(noise=0.0)
+    t0 = time.perf_counter()
+    theirs = torch.stack([imp(xi, (~m).float()) for m in masks])
+    t_theirs = time.perf_counter() - t0
+    rng = float(xi.max() - xi.min())
+    print(f"  imputation, {len(masks)} masks of {hw[0]}x{hw[1]}: largest difference {float((ours - theirs).abs().max()):.2e} "
+          f"(input range {rng:.2f}); ours {t_ours:.2f} s ({args.device}, conjugate gradients), "
+          f"pytorch-grad-cam {t_theirs:.2f} s (scipy spsolve, CPU): {t_theirs / t_ours:.1f}x")
+
+    # (b) the scores, pixel sets chosen by each implementation's own rule
+    target = [ClassifierOutputSoftmaxTarget(cls)]
+
+    def grad_cam_curve(cls_: Any, noise: float) -> list[float]:
+        out = []
+        for f in fa.ROAD_FRACTIONS:
+            metric = cls_(percentile=round(100 * (1 - f)))
+            metric.perturbation.imputer.noise = noise
+            with torch.no_grad():
+                out.append(float(metric(x, cam_np, target, model, return_diff=False)[0]))
+        return out
+
+    for noise in (0.0, fa.ROAD_NOISE):
+        saved = fa.ROAD_NOISE
+        fa.ROAD_NOISE = noise
+        try:
+            [res], _ = evaluate_maps(model, x, [MapJob(0, cls, sal)], metrics=["road"], batch=args.eval_batch)
+        finally:
+            fa.ROAD_NOISE = saved
+        morf = grad_cam_curve(ROADMostRelevantFirst, noise)
+        lerf = grad_cam_curve(ROADLeastRelevantFirst, noise)
+        d_morf = np.abs(np.array(res.curves["road_morf"]) - morf).max()
+        d_lerf = np.abs(np.array(res.curves["road_lerf"]) - lerf).max()
+        combined = (np.mean(lerf) - np.mean(morf)) / 2  # ROADCombined: mean(LeRF - MoRF) / 2
+        print(f"  noise {noise:<5}: largest probability difference MoRF {d_morf:.2e}, LeRF {d_lerf:.2e}; "
+              f"ROAD combined ours {res.scores['road']:.5f} vs pytorch-grad-cam {combined:.5f} "
+              f"(difference {abs(res.scores['road'] - combined):.2e})")
+    print(f"  (removed-pixel counts: ours round(f * {n}); pytorch-grad-cam: pixels >= np.percentile(map, p))")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--layer", default="layer4")
+    ap.add_argument("--images", type=int, default=2)
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--eval-batch", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: leave torch's default)")
+    ap.add_argument("--skip-cost", action="store_true")
+    args = ap.parse_args()
+
+    import torch
+    from torchvision import models
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = models.get_model(args.model, weights=None).eval().to(args.device)
+    x = torch.randn(args.images, 3, args.size, args.size, device=args.device)
+    print(f"{args.model}, weights none, {args.images} image(s) {args.size}x{args.size}, {args.device}, "
+          f"{torch.get_num_threads()} threads")
+    if not args.skip_cost:
+        cost(model, x, args)
+    road_vs_grad_cam(model, x, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""``cam --evaluate``: faithfulness scores of every map the cam session computes.
+
+:class:`Evaluator` rides along the :class:`~inspect_model.api.cam.CamSession`: each batch's
+maps are scored by :func:`~inspect_model.methods.faithfulness_passes.evaluate_maps` (all
+perturbed inputs in one queue, one forward pass per ``batch``), each map record gets an
+``evaluation`` object and each image's maps are ranked; ``summary`` averages per method and
+layer. Boxes (``--boxes``) are checked against the inputs before any pass runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inspect_model.errors import UsageError
+
+DEFAULT_STEPS = 32
+DEFAULT_BATCH = 64
+
+
+def check_evaluate_request(*, evaluate: bool, metrics: list[str] | None, boxes: Any, steps: int,
+                           batch: int) -> list[str]:
+    """The --evaluate options that need no model; the metrics asked for ([] without --evaluate)."""
+    from inspect_model.methods.faithfulness import parse_metrics
+
+    if not evaluate:
+        for flag, given in (("--metric", metrics), ("--boxes", boxes)):
+            if given:
+                raise UsageError(f"{flag} needs --evaluate")
+        return []
+    if steps < 2:
+        raise UsageError(f"--eval-steps must be 2 or more, got {steps}")
+    if batch < 1:
+        raise UsageError(f"--eval-batch must be 1 or more, got {batch}")
+    parsed = parse_metrics(metrics, boxes=boxes is not None)
+    if boxes is not None:
+        from inspect_model.loading.boxes import load_boxes
+
+        load_boxes(boxes)
+    return parsed
+
+
+class Evaluator:
+    """Scores maps batch by batch (see the module docstring)."""
+
+    def __init__(self, prep: Any, metrics: list[str], *, steps: int, batch: int, boxes: Any = None,
+                 output_key: str | None = None, notes: Any = None, progress: Any = None) -> None:
+        self.prep, self.metrics, self.steps, self.batch = prep, metrics, steps, batch
+        self.output_key, self.progress = output_key, progress
+        self.source = str(boxes) if boxes is not None else None
+        self.boxes: dict[str, list[Any]] = {}
+        self.passes = 0
+        self.inputs = 0
+        if boxes is not None:
+            self._check_boxes(boxes)
+        notes = notes or (lambda text: None)
+        from inspect_model.methods.faithfulness_passes import inputs_per_map
+
+        per = inputs_per_map(metrics, steps)
+        notes(f"evaluate: {', '.join(metrics)}; {per} perturbed inputs per map, run in forward passes of up to "
+              f"{batch} (--eval-batch)")
+
+    def _check_boxes(self, path: Any) -> None:
+        from inspect_model.loading.boxes import check_inside, load_boxes, match_boxes
+
+        plan = self.prep.plan
+        if plan.paths:
+            names = [str(p) for p in plan.paths]
+        else:
+            names = list(getattr(plan, "names", None) or [])
+        self.boxes = match_boxes(load_boxes(path), names, str(path))
+        for name, bs in self.boxes.items():
+            if plan.paths:
+                from PIL import Image
+
+                try:
+                    with Image.open(name) as im:
+                        width, height = im.size
+                except OSError:
+                    continue  # an unreadable image fails (or is skipped) where it is read
+            else:
+                height, width = (int(v) for v in plan.tensor.shape[-2:])
+            check_inside(bs, width, height, name, str(path))
+
+    def _inside(self, name: str, img: Any, hw: tuple[int, int]) -> Any:
+        """The boxes of image ``name`` as an (H, W) mask over the model input, or None."""
+        from inspect_model.methods.faithfulness import box_mask
+
+        bs = self.boxes.get(name)
+        if bs is None:
+            return None
+        pre = self.prep.plan.preprocess
+        if img is not None and pre is not None:
+            left, top, right, bottom = pre.uncrop_box(*img.image.size)
+            sx, sy = hw[1] / (right - left), hw[0] / (bottom - top)
+            bs = [((x0 - left) * sx, (y0 - top) * sy, (x1 - left) * sx, (y1 - top) * sy) for x0, y0, x1, y1 in bs]
+        return box_mask(hw, bs)
+
+    def feed(self, res: Any, batch: Any, entries: list[dict[str, Any]]) -> None:
+        """Score the maps of ``res`` (one cam batch); ``entries`` are the batch's image records."""
+        from inspect_model.methods.faithfulness import mean_ranks
+        from inspect_model.methods.faithfulness_passes import MapJob, evaluate_maps, inputs_per_map
+
+        x = batch.tensor
+        hw = (int(x.shape[-2]), int(x.shape[-1]))
+        jobs, recs = [], []
+        for i, entry in enumerate(entries):
+            img = batch.images[i] if batch.images is not None else None
+            inside = self._inside(batch.names[i], img, hw) if self.boxes else None
+            maps = [m for m in res.maps if m.sample == i]
+            for m, rec in zip(maps, entry["maps"]):
+                jobs.append(MapJob(i, m.target, m.map, inside,
+                                   seed=int(self.prep.plan.seed) * 1_000_003 + int(entry["index"])))
+                recs.append(rec)
+        original = [float(res.probabilities[j.sample][j.target]) for j in jobs]
+        total = len(jobs) * inputs_per_map(self.metrics, self.steps)
+        first = entries[0]["index"] if entries else 0
+        label = f"cam: evaluating image {first + 1}" + (f"-{first + len(entries)}" if len(entries) > 1 else "")
+
+        def progress(done: int) -> None:
+            if self.progress is None:
+                return
+            if _takes_label(self.progress):
+                self.progress(done, total, label)  # the CLI's bar: "cam: evaluating image 3-4"
+            else:
+                self.progress(done, total)
+
+        scored, passes = evaluate_maps(self.prep.loaded.model, x, jobs, metrics=self.metrics, steps=self.steps,
+                                       batch=self.batch, output_key=self.output_key, original=original,
+                                       progress=progress)
+        self.passes += passes
+        self.inputs += total
+        for rec, s in zip(recs, scored):
+            rec["evaluation"] = {"scores": dict(s.scores), "curves": dict(s.curves), "confidence": dict(s.confidence),
+                                 "rank": None}
+        # Rank the maps of one image and one target rank against each other.
+        for entry in entries:
+            by_rank: dict[int, list[dict[str, Any]]] = {}
+            for rec in entry["maps"]:
+                by_rank.setdefault(rec["rank"], []).append(rec)
+            for group in by_rank.values():
+                for rec, r in zip(group, mean_ranks([g["evaluation"]["scores"] for g in group])):
+                    rec["evaluation"]["rank"] = r
+
+    def summary(self, entries: list[dict[str, Any]], columns: list[tuple[str, str]]) -> dict[str, Any]:
+        """The ``evaluation`` object of the report: settings, passes and the per-method averages."""
+        from inspect_model.methods import faithfulness as fa
+
+        rows = []
+        for method, layer in columns:
+            recs = [m["evaluation"] for e in entries for m in e["maps"]
+                    if m["method"] == method and m["layer"] == layer and "evaluation" in m]
+            if not recs:
+                continue
+            curves: dict[str, list[float]] = {}
+            for name in ("deletion", "insertion", "road_morf", "road_lerf"):
+                have = [r["curves"][name] for r in recs if name in r["curves"]]
+                if have:
+                    curves[name] = [sum(v) / len(have) for v in zip(*have)]
+            ranks = [r["rank"] for r in recs if r["rank"] is not None]
+            rows.append({"method": method, "layer": layer, "maps": len(recs),
+                         "scores": fa.summarise([r["scores"] for r in recs]), "curves": curves,
+                         "mean_image_rank": sum(ranks) / len(ranks) if ranks else None})
+        for row, r in zip(rows, fa.mean_ranks([row["scores"] for row in rows])):
+            row["rank"] = r
+        rows.sort(key=lambda row: (row["rank"] is None, row["rank"] or 0.0))
+        return {
+            "metrics": list(self.metrics),
+            "steps": self.steps,
+            "batch": self.batch,
+            "road_fractions": list(fa.ROAD_FRACTIONS),
+            "road_noise": fa.ROAD_NOISE,
+            "insertion_blur": {"kernel": fa.BLUR_KERNEL, "sigma": fa.BLUR_SIGMA},
+            "boxes": self.source,
+            "passes": self.passes,
+            "inputs": self.inputs,
+            "average": rows,
+            "plots": [],
+        }
+
+
+def _takes_label(fn: Any) -> bool:
+    """Whether a progress callback takes a third (label) argument; an API user's may not."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind == p.VAR_POSITIONAL for p in params) or len(params) >= 3
+
+
+def curve_plot_name(entry: dict[str, Any]) -> str:
+    from inspect_model.api.pipeline import image_dir
+
+    return f"{image_dir(entry['index'], entry['image'])}/evaluation_curves.png"
+
+
