@@ -3,6 +3,7 @@ kill against an uninterrupted run, --workers against none, and the refusals."""
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import math
@@ -19,6 +20,7 @@ COMMON = ["--crop", "16", "--resize", "16", "--batch-size", "3", "--weights", "n
 
 DRIVER = '''
 import json, os, sys
+from typing import Any
 from inspect_model.api.activations import activations
 from inspect_model.api.cam import cam
 from inspect_model.api.grads import grads
@@ -39,13 +41,16 @@ if not is_secondary():
 '''
 # grads under torchrun: labels of a shard start at its first image; the vanishing check
 # fails on purpose (--fail-on must fail every rank).
-GRADS_OPTIONS = '''
-GRADS = dict(loss="cross-entropy", labels_file=labels, fail_on="vanishing", vanishing_below=2.0, clip_norm=0.01)
-def hists(rep):
+GRADS = {"loss": "cross-entropy", "fail_on": "vanishing", "vanishing_below": 2.0, "clip_norm": 0.01}
+
+
+def hists(rep: Any) -> dict[str, Any]:
     return {"layers": {r.key: [r.hist.counts, r.hist.zeros] for r in rep.layers},
             "params": {p.name: [p.hist.counts, p.hist.zeros] for p in rep.params}}
-'''
-DRIVER = DRIVER.replace("def inputs():", GRADS_OPTIONS.strip() + "\ndef inputs():")
+
+
+DRIVER = DRIVER.replace("def inputs():", f"GRADS = dict(labels_file=labels, **{GRADS!r})\n"
+                        f"{inspect.getsource(hists)}def inputs():")
 
 
 @pytest.fixture(scope="module")
@@ -152,24 +157,21 @@ def test_torchrun_two_ranks_match_one_process(data: dict[str, Path], torchrun_ou
 
 
 @pytest.fixture(scope="module")
-def grads_single(data: dict[str, Path]) -> tuple[Any, Any]:
+def grads_single(data: dict[str, Path]) -> Any:
     """grads in one process over every image with the torchrun driver's options (into
-    ``grads1``; weights=None as ``--weights none`` gives), and the driver's ``hists``."""
+    ``grads1``; weights=None as ``--weights none`` gives)."""
     from inspect_model.api.grads import grads
     from inspect_model.api.options import ModelOptions
 
-    scope: dict[str, Any] = {"labels": str(data["labels"])}
-    exec(GRADS_OPTIONS, scope)
-    res = grads(None, model_options=ModelOptions(f"{data['model']}:TinyCNN", weights=None), inputs=_inputs(data),
-                output_dir=data["root"] / "grads1", **scope["GRADS"])
-    return res, scope["hists"]
+    return grads(None, model_options=ModelOptions(f"{data['model']}:TinyCNN", weights=None), inputs=_inputs(data),
+                 output_dir=data["root"] / "grads1", labels_file=str(data["labels"]), **GRADS)
 
 
 def test_torchrun_grads_match_one_process(data: dict[str, Path], torchrun_out: Path,
-                                          grads_single: tuple[Any, Any]) -> None:
+                                          grads_single: Any) -> None:
     """Layer statistics merged, parameter gradients summed on rank 0 (global norm, clipping,
     parameter statistics, histograms), checks run on the merged result, failing every rank."""
-    single, hists = grads_single
+    single = grads_single
     one = json.loads((data["root"] / "grads1" / "report.json").read_text())
     two = json.loads((torchrun_out / "grads" / "report.json").read_text())
     assert two["image_count"] == 10 and [i["image"] for i in two["images"]] == [i["image"] for i in one["images"]]
@@ -227,8 +229,7 @@ def test_resume_after_kill_equals_uninterrupted_run(data: dict[str, Path], cli) 
     assert files == sorted(str(p.relative_to(data["root"] / "whole")) for p in (data["root"] / "whole").rglob("*"))
 
 
-def test_grads_resume_after_kill_equals_uninterrupted_run(data: dict[str, Path], grads_single: tuple[Any, Any],
-                                                         cli) -> None:
+def test_grads_resume_after_kill_equals_uninterrupted_run(data: dict[str, Path], grads_single: Any, cli) -> None:
     """The summed parameter gradients, layer statistics and per-image records of the killed
     run are picked up: the report is that of one uninterrupted run (checks and exit 1 included)."""
     out = data["root"] / "grads-resumed"
@@ -274,6 +275,9 @@ def test_bad_options(data: dict[str, Path], cli) -> None:
     assert r.exit_code == 2 and r.stderr.strip() == "error: --resume needs --output-dir DIR"
     r = cli(["cam", spec, str(data["imgs"]), "--workers", "-1"])
     assert r.exit_code == 2 and "--workers must be 0 or more" in r.stderr
+    out = data["root"] / "jacobian"
+    r = cli(["grads", spec, str(data["imgs"]), *COMMON, "--of", "fc", "--wrt", "pool", "-o", str(out), "--resume"])
+    assert r.exit_code == 2 and "grads --of/--wrt does not support --resume" in r.stderr and not out.exists()
 
 
 def test_shards_are_whole_batches() -> None:
@@ -311,3 +315,55 @@ def test_a_planted_resume_state_never_runs_code(tmp_path: Path) -> None:
     with pytest.raises(OutputError, match="cannot read the resume state"):
         _load_state(state)
     assert not marker.exists()
+
+
+def test_grads_parts_merge_into_one_run(tmp_path: Path) -> None:
+    """GradRun over blocks of batches (one empty, as a rank with no image), each saved and read
+    back as --resume does, merged: the report of one run over every batch (labels of a block
+    start at its first image; first non-finite gradient in backward order over the whole run)."""
+    import torch
+    from torch import nn
+
+    from inspect_model.api.distributed import _load_state, _save_state
+    from inspect_model.methods.gradients import GradRun, gradients, merge_partials
+
+    class Sqrt(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.sqrt(x.abs())  # NaN gradient at an exact zero
+
+    torch.manual_seed(0)
+    mlp = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))
+    bad = nn.Sequential(nn.Linear(4, 4), Sqrt(), nn.Linear(4, 2))
+    xs = [torch.randn(3, 4) for _ in range(4)]
+    labels = [i % 3 for i in range(12)]
+    bad_xs = [x.clone() for x in xs]
+    bad_xs[2][1, 0] = 0.0
+    with torch.no_grad():
+        bad[0].weight[:] = torch.eye(4)
+        bad[0].bias.zero_()
+
+    for model, batches, kw in ((mlp, xs, {"loss": "cross-entropy", "labels": labels, "clip_norm": 0.1}),
+                               (bad, bad_xs, {"target": "0"})):
+        one = gradients(model, batches, histograms=True, **kw)
+        parts = []
+        for k, block in enumerate((batches[:2], batches[2:], [])):
+            run = GradRun(model, histograms=True, label_base=6 * k, **kw)
+            run.run(block)
+            _save_state(tmp_path / "state.pt", {"partial": run.snapshot()})
+            parts.append(_load_state(tmp_path / "state.pt")["partial"])
+        merged = run.report(merge_partials(parts))
+        assert merged.images == one.images == 12 and merged.first_nonfinite == one.first_nonfinite
+        assert [(r.key, r.first_nonfinite_seq, r.hist) for r in merged.layers] == \
+            [(r.key, r.first_nonfinite_seq, r.hist) for r in one.layers]
+        assert [s.name for s in merged.samples] == [s.name for s in one.samples]
+        assert [c.status for c in merged.checks] == [c.status for c in one.checks]
+        if model is mlp:
+            assert merged.global_norm == pytest.approx(one.global_norm, rel=1e-6)
+            assert merged.clip.scale == pytest.approx(one.clip.scale, rel=1e-6)
+            for a, b in zip(merged.params, one.params, strict=True):
+                assert a.norm == pytest.approx(b.norm, rel=1e-6) and a.hist.counts == b.hist.counts
+            for a, b in zip(merged.layers, one.layers, strict=True):
+                assert a.grad_output.norm == pytest.approx(b.grad_output.norm, rel=1e-9)
+                assert a.grad_input.std == pytest.approx(b.grad_input.std, rel=1e-9)
+        else:
+            assert one.first_nonfinite == "1 (gradient wrt its input)"

@@ -498,6 +498,10 @@ class Checkpoint:
         self.every = float(os.environ.get("INSPECT_MODEL_CHECKPOINT_SECONDS", "0"))
         self.last = 0.0
 
+    def due(self) -> bool:
+        """Whether the next :meth:`save` writes (its state is only built then: grads copies gradients)."""
+        return not self.every or time.monotonic() - self.last >= self.every
+
     def save(self, done: int, state: dict[str, Any], *, final: bool = False) -> None:
         now = time.monotonic()
         if not final and self.every and now - self.last < self.every:
@@ -728,7 +732,7 @@ def _run_local(session: Any, batches: Iterable[Any], out: Any, tensorboard: Any,
                 yield b  # the session feeds it and handles every item before asking for the next
                 last = max((index.get(n, -1) for n in b.names), default=-1)
                 progress["done"] = max(progress["done"], last + 1)
-                if ck is not None:
+                if ck is not None and ck.due():
                     ck.save(progress["done"], _snapshot(session, ad, out))
                 if os.environ.get("INSPECT_MODEL_FAIL_AFTER") and \
                         progress["done"] >= int(os.environ["INSPECT_MODEL_FAIL_AFTER"]):

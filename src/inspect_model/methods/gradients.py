@@ -273,7 +273,7 @@ class GradRun:
                     p.grad = g.detach().to(device=p.device, dtype=p.dtype, copy=True)
             self._live = True
             try:
-                for item in _iter_batches(inputs):
+                for item in _iter_batches(inputs, start=self.label_base + part.images):
                     self._batch(item, eng, batch_n, run_forward, select_output)
             finally:
                 part.grads = self.current_grads()
@@ -330,7 +330,7 @@ class GradRun:
                 if vals:
                     per_layer[key] = math.sqrt(sum(v * v for v in vals))
             batch_samples.append(SampleGrad(
-                name=batch_names[i] if i < len(batch_names) else f"input-{part.images + i}",
+                name=batch_names[i] if i < len(batch_names) else f"input-{self.label_base + part.images + i}",
                 targets=used[i], objective=per_obj[i], input_grad_norm=in_norms[i],
                 layer_grad_norms=per_layer))
         part.images += n
@@ -339,13 +339,14 @@ class GradRun:
             self.on_batch(batch_samples)
 
     def report(self, partial: GradPartial | None = None) -> GradReport:
-        """The report and the checks of ``partial`` (default: this run's)."""
+        """The report and the checks of ``partial`` (default: this run's), a whole run's
+        (the merge of every part: its images are all the labels')."""
         part = self.partial if partial is None else partial
         if part.images == 0:
             raise InputError("no input to differentiate (every image was skipped?)")
-        if self.label_list is not None and self.label_base + part.images != len(self.label_list):
+        if self.label_list is not None and part.images != len(self.label_list):
             raise InputError(f"--labels-file has {len(self.label_list)} labels for "
-                             f"{self.label_base + part.images} inputs; give one label per image")
+                             f"{part.images} inputs; give one label per image")
         grads = part.grads
         params = [_param_grad(n, p, grads.get(n), self.histograms) for n, p in self.listed]
         shares = [(n, float(grads[n].detach().double().pow(2).sum())) for n, _ in self.trainable if n in grads]
@@ -408,12 +409,12 @@ def gradients(
     return run.report()
 
 
-def _iter_batches(inputs: Any) -> Iterable[tuple[torch.Tensor, list[str]]]:
+def _iter_batches(inputs: Any, start: int = 0) -> Iterable[tuple[torch.Tensor, list[str]]]:
     import torch
 
     if isinstance(inputs, torch.Tensor):
         inputs = [inputs]
-    k = 0
+    k = start  # the run index of the first input (unnamed tensors are "input-K")
     for item in inputs:
         if isinstance(item, torch.Tensor):
             x, nm = item, [f"input-{k + i}" for i in range(item.shape[0])]
