@@ -6,8 +6,9 @@ every image keeps the run index (``images/NNNN-stem``) and batch number it has i
 single-process run. Each rank runs on its own device (``LOCAL_RANK`` picks ``cuda:N``; on
 CPU the gloo backend is used) and writes its files into rank 0's staging folder inside the
 output directory. At the end each rank's mergeable state (:data:`ADAPTERS`: activation
-moments, per-image entries, pass counts, warnings) goes to rank 0 through
-``torch.distributed.gather_object``; rank 0 merges it, draws the run's pictures, writes the
+moments, grads' layer statistics, per-image entries, pass counts, warnings) goes to rank 0 through
+``torch.distributed.gather_object`` (grads' summed parameter gradients go by
+``torch.distributed.reduce``); rank 0 merges it, draws the run's pictures, writes the
 reports and commits the directory. A failure anywhere is spread with ``all_reduce`` so
 that every rank exits non-zero and nothing is committed.
 
@@ -226,16 +227,74 @@ class Activations:
         _merge_warnings(s.warnings, [st["warnings"] for st in states[1:]])
 
 
+class Grads:
+    """The grads session: layer statistics merged exactly, parameter gradients summed.
+
+    A single process sums every batch's parameter gradients into ``.grad``; each rank sums
+    its own batches the same way, and :meth:`reduce` adds the ranks' sums on rank 0 with
+    ``torch.distributed.reduce`` (the global norm, clipping and parameter statistics are
+    then those of one process over every image). Layer statistics, histograms and
+    per-image records travel with the gather and are merged by
+    :func:`inspect_model.methods.gradients.merge_partials`."""
+
+    def state(self, s: Any) -> dict[str, Any]:
+        return {"partial": s.snapshot(), "count": s.count, "warnings": s.warnings}
+
+    def restore(self, s: Any, st: dict[str, Any]) -> None:
+        s.partial, s.count, s.warnings = st["partial"], st["count"], st["warnings"]
+
+    def start(self, s: Any, index: int, batch: int, rank: int) -> None:
+        s.index_base = index  # the labels of --labels-file of this shard start there
+        s.count = index
+
+    def before_gather(self, s: Any, sink: Any) -> None:
+        pass
+
+    def reduce(self, s: Any, group: Group) -> None:
+        """Every rank's summed parameter gradients, added on rank 0 (dropped elsewhere)."""
+        if group.dist is None or s.grad_run is None:
+            return
+        import torch
+
+        dist = group.dist
+        part = s.grad_run.partial
+        nccl = dist.get_backend() == "nccl"
+        device = torch.device(f"cuda:{group.w.local_rank}" if nccl else "cpu")
+        trainable = [(n, p) for n, p in s.prep.loaded.model.named_parameters() if p.requires_grad]
+        has = torch.tensor([1 if n in part.grads else 0 for n, _ in trainable], dtype=torch.int32, device=device)
+        dist.all_reduce(has, op=dist.ReduceOp.MAX)  # a rank with no image has no gradient at all
+        summed: dict[str, Any] = {}
+        for (n, p), flag in zip(trainable, has.tolist()):
+            if not flag:
+                continue
+            g = part.grads.get(n)
+            t = (torch.zeros_like(p, device=device) if g is None else g.detach().to(device, copy=True)).contiguous()
+            dist.reduce(t, dst=0, op=dist.ReduceOp.SUM)
+            if group.rank == 0:
+                summed[n] = t
+        part.grads = summed
+
+    def merge(self, s: Any, states: list[dict[str, Any]]) -> None:
+        from inspect_model.methods.gradients import merge_partials
+
+        s.partial = merge_partials([st["partial"] for st in states])
+        _merge_warnings(s.warnings, [st["warnings"] for st in states[1:]])
+
+
 ADAPTERS: dict[str, Any] = {"ActivationsSession": Activations(), "CamSession": PerImage(),
-                            "GuidedSession": PerImage()}
+                            "GuidedSession": PerImage(), "GradsSession": Grads()}
 
 
 def adapter(session: Session) -> Any:
     found = ADAPTERS.get(type(session).__name__)
     if found is None:
         what = "--resume" if world() is None else "torchrun"
+        if type(session).__name__ == "JacobianSession":
+            raise UsageError(f"grads --of/--wrt does not support {what}: its per-batch Jacobian estimates "
+                             "(random probes, one figure per batch) are not merged across processes or runs; "
+                             "run it in one process, or drop --of/--wrt")
         raise UsageError(f"{session.command} does not support {what} yet; "
-                         "activations, cam and guided-backprop do")
+                         "activations, grads, cam and guided-backprop do")
     return found
 
 
@@ -439,6 +498,10 @@ class Checkpoint:
         self.every = float(os.environ.get("INSPECT_MODEL_CHECKPOINT_SECONDS", "0"))
         self.last = 0.0
 
+    def due(self) -> bool:
+        """Whether the next :meth:`save` writes (its state is only built then: grads copies gradients)."""
+        return not self.every or time.monotonic() - self.last >= self.every
+
     def save(self, done: int, state: dict[str, Any], *, final: bool = False) -> None:
         now = time.monotonic()
         if not final and self.every and now - self.last < self.every:
@@ -555,6 +618,8 @@ def _run(session: Session, batches: Iterable[Any], ad: Any, group: Group, scale:
         except BaseException as e:  # noqa: BLE001 - spread to every rank below
             exc = e
         _Phase(group).check(exc)
+        if hasattr(ad, "reduce"):
+            ad.reduce(session, group)  # collectives on every rank (grads: summed parameter gradients)
         sink = Sink(out)
         ad.before_gather(session, sink)
         mine_state = {"session": ad.state(session), "skipped": list(plan.skipped), "notes": list(plan.warnings),
@@ -566,13 +631,16 @@ def _run(session: Session, batches: Iterable[Any], ad: Any, group: Group, scale:
         if group.rank == 0:
             try:
                 assert states is not None
-                result = _finish_on_rank0(session, ad, states, out, sink, all_paths, clock, keep, write_reports)
+                result = _finish_on_rank0(session, ad, states, out, sink, all_paths, clock, keep, write_reports,
+                                          tensorboard)
                 committed = out is not None
             except BaseException as e:  # noqa: BLE001
                 exc = e
         _Phase(group).check(exc)
+        # Failed checks (grads --fail-on) make every rank exit 1, not only rank 0.
+        failures = group.all_gather(list(result.failures) if group.rank == 0 else None)[0]
         if group.rank != 0:
-            return Result(session.command, {}, {})
+            return Result(session.command, {}, {}, failures=failures)
         return result
     except BaseException:
         if out is not None and group.rank == 0 and not committed and not scale.resume:
@@ -581,7 +649,8 @@ def _run(session: Session, batches: Iterable[Any], ad: Any, group: Group, scale:
 
 
 def _finish_on_rank0(session: Any, ad: Any, states: list[dict[str, Any]], out: Any, sink: Any,
-                     all_paths: list[Path], clock: Throughput, keep: bool, write_reports: Any) -> Result:
+                     all_paths: list[Path], clock: Throughput, keep: bool, write_reports: Any,
+                     tensorboard: Any = None) -> Result:
     plan = session.prep.plan
     if len(states) > 1:
         ad.merge(session, [st["session"] for st in states])
@@ -596,8 +665,17 @@ def _finish_on_rank0(session: Any, ad: Any, states: list[dict[str, Any]], out: A
     result = session.finish()
     result.session = session
     result.items = None
-    if sink.active:
-        session.draw_summary(sink, result)
+    if tensorboard is not None:  # the run's summary (grads' norms, activation histograms), from rank 0
+        from inspect_model.render.tensorboard import open_writer
+
+        sink.writer = open_writer(Path(tensorboard))
+    try:
+        if sink.active:
+            session.draw_summary(sink, result)
+    finally:
+        if sink.writer is not None:
+            sink.writer.close()
+            sink.writer = None
     clock.stamp(result, sum(st["images"] for st in states))
     if out is not None:
         write_reports(result, sink)
@@ -654,7 +732,7 @@ def _run_local(session: Any, batches: Iterable[Any], out: Any, tensorboard: Any,
                 yield b  # the session feeds it and handles every item before asking for the next
                 last = max((index.get(n, -1) for n in b.names), default=-1)
                 progress["done"] = max(progress["done"], last + 1)
-                if ck is not None:
+                if ck is not None and ck.due():
                     ck.save(progress["done"], _snapshot(session, ad, out))
                 if os.environ.get("INSPECT_MODEL_FAIL_AFTER") and \
                         progress["done"] >= int(os.environ["INSPECT_MODEL_FAIL_AFTER"]):

@@ -66,14 +66,21 @@ class GradsSession(Session):
                        clip_norm=clip_norm, vanishing_below=vanishing_below, exploding_above=exploding_above,
                        fail_on=fail_on, histograms=histograms)
         self.label, self.labels_file = label, labels_file
+        self.labels_source = None if labels_file is None else str(labels_file)  # in --resume's options hash
         self.notes = notes or (lambda text: None)
         self.report: Any = None
+        self.grad_run: Any = None
+        self.partial: Any = None  # a GradPartial to go on from (a resumed run, or the merge of every shard)
         self.count = 0
         self.warnings = Warnings()
 
     def run(self, batches: Iterable[Any], handle: Callable[[ImageItem], None]) -> None:
+        self.grad_run = self._grad_run(handle)
+        self.grad_run.run(batches)
+
+    def _grad_run(self, handle: Callable[[ImageItem], None] | None = None) -> Any:
         from inspect_model.methods.grad_objective import read_labels_file
-        from inspect_model.methods.gradients import gradients
+        from inspect_model.methods.gradients import GradRun
         from inspect_model.render.gradients import sample_payload
 
         cats = self.prep.categories
@@ -83,19 +90,34 @@ class GradsSession(Session):
 
         def on_batch(samples: list[Any]) -> None:
             for s in samples:
-                handle(ImageItem(sample_payload(s, self.count)))
+                if handle is not None:
+                    handle(ImageItem(sample_payload(s, self.count)))
                 self.count += 1
 
-        self.report = gradients(self.prep.loaded.model, batches, labels=lab, categories=cats, on_batch=on_batch,
-                                **self.kw)
-        for note in self.report.notes:
-            self.notes(note)
+        # Under torchrun or --resume (api/distributed.py), ``partial`` holds what this shard
+        # or the killed run had summed, and ``index_base`` is the run index of its first image.
+        return GradRun(self.prep.loaded.model, labels=lab, categories=cats, on_batch=on_batch,
+                       partial=self.partial, label_base=self.index_base, **self.kw)
+
+    def snapshot(self) -> Any:
+        """What has been summed so far (gradients on the CPU): a checkpoint or a shard's part."""
+        if self.grad_run is not None:
+            return self.grad_run.snapshot()
+        from inspect_model.methods.gradients import GradPartial
+
+        return self.partial if self.partial is not None else GradPartial()
 
     def finish(self) -> Result:
         from inspect_model.render import gradients as render
         from inspect_model.render.table import warning_text
 
-        rep, plan = self.report, self.prep.plan
+        self.grad_run = self.grad_run or self._grad_run()
+        if self.partial is not None:  # resumed, or every shard's merged on rank 0 (api/distributed.py)
+            self.grad_run.partial = self.partial
+        self.report = rep = self.grad_run.report()
+        for note in rep.notes:
+            self.notes(note)
+        plan = self.prep.plan
         skipped = input_outcome(plan, self.warnings)
         kw = self.kw
         options = self.prep.options(

@@ -182,8 +182,10 @@ def run_api(command: str, api_fn: Callable[..., Any], opts: ModelOptions, inputs
         if streams:
             extra["progress"] = progress
         result = api_fn(None, **extra, **kwargs)
-    if is_secondary():
-        return result  # under torchrun rank 0 reports for every rank
+    if is_secondary():  # under torchrun rank 0 reports for every rank; failed checks fail every rank
+        if result.failures:
+            raise CheckFailed("; ".join(result.failures))
+        return result
     speed = result.payload.get("throughput") if isinstance(result.payload, dict) else None
     if speed and speed.get("images_per_second") is not None:
         msgs.info(f"{speed['images']} image(s) in {speed['seconds']:.2f} s: {speed['images_per_second']:.1f} images/s")

@@ -20,7 +20,6 @@ Definitions used by the checks (relative, so that the loss scale does not matter
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -146,6 +145,237 @@ def validate_request(*, target: str | None, loss: str | None, has_labels: bool, 
     return parse_fail_on(fail_on)
 
 
+@dataclass
+class GradPartial:
+    """What a run has accumulated over some batches: mergeable across processes
+    (:func:`merge_partials`) and saved by ``--resume`` (records, floats and tensors only)."""
+
+    layers: dict[str, LayerGrad] = field(default_factory=dict)
+    samples: list[SampleGrad] = field(default_factory=list)
+    input_stats: TensorStats | None = None
+    out_sq: float = 0.0  # squared norm of the output seeds
+    images: int = 0
+    seq: int = 0  # gradient observations so far (backward order)
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)  # summed parameter gradients (.grad)
+
+
+def merge_partials(parts: Sequence[GradPartial]) -> GradPartial:
+    """The partial of the concatenated runs, in order: what one process running every batch
+    of ``parts`` one after the other would hold (parameter gradients summed, statistics
+    merged exactly, backward-order positions of later parts shifted past earlier ones)."""
+    import dataclasses
+
+    out = GradPartial()
+    for part in parts:
+        offset = out.seq
+        for key, r in part.layers.items():
+            have = out.layers.get(key)
+            seq = None if r.first_nonfinite_seq is None else r.first_nonfinite_seq + offset
+            if have is None:
+                out.layers[key] = dataclasses.replace(r, hist=dataclasses.replace(r.hist, counts=list(r.hist.counts)),
+                                                      first_nonfinite_seq=seq)
+                continue
+            have.grad_output = merge_stats(have.grad_output, r.grad_output)
+            have.grad_input = merge_stats(have.grad_input, r.grad_input)
+            have.hist.add(r.hist)
+            if seq is not None and (have.first_nonfinite_seq is None or seq < have.first_nonfinite_seq):
+                have.first_nonfinite_seq, have.first_nonfinite_where = seq, r.first_nonfinite_where
+        out.samples.extend(part.samples)
+        out.input_stats = merge_stats(out.input_stats, part.input_stats)
+        out.out_sq += part.out_sq
+        out.images += part.images
+        out.seq += part.seq
+        for name, g in part.grads.items():
+            have_g = out.grads.get(name)
+            out.grads[name] = g.clone() if have_g is None else have_g + g.to(have_g.device)
+    return out
+
+
+class GradRun:
+    """:func:`gradients` in steps: :meth:`run` accumulates batches into :attr:`partial`
+    (again and again, or after a restored or merged partial), :meth:`report` turns a
+    partial into the report and the checks."""
+
+    def __init__(self, model: nn.Module, *, layers: Sequence[str] | None = None, depth: int | None = None,
+                 target: str | None = None, loss: str | None = None,
+                 labels: int | str | Sequence[int | str] | None = None, output_key: str | None = None,
+                 categories: Sequence[str] | None = None, clip_norm: float | None = None,
+                 vanishing_below: float = DEFAULT_VANISHING, exploding_above: float = DEFAULT_EXPLODING,
+                 fail_on: str | Sequence[str] | None = None, keep_input_grad: bool = False,
+                 histograms: bool = False, on_batch: Callable[[list[SampleGrad]], None] | None = None,
+                 partial: GradPartial | None = None, label_base: int = 0) -> None:
+        from inspect_model.engine.selection import select_layers
+        from inspect_model.methods.targets import parse_target
+
+        self.fail = validate_request(target=target, loss=loss, has_labels=labels is not None, clip_norm=clip_norm,
+                                     vanishing_below=vanishing_below, exploding_above=exploding_above,
+                                     fail_on=fail_on)
+        self.model, self.target, self.loss, self.output_key = model, target, loss, output_key
+        self.clip_norm, self.vanishing_below, self.exploding_above = clip_norm, vanishing_below, exploding_above
+        self.keep_input_grad, self.histograms, self.on_batch = keep_input_grad, histograms, on_batch
+        self.spec = parse_target(target, categories) if loss is None else None
+        self.label_list: list[int] | None = None
+        self.label_one: int | None = None
+        if isinstance(labels, (list, tuple)):
+            self.label_list = [resolve_label(v, categories) for v in labels]
+        elif labels is not None:
+            self.label_one = resolve_label(labels, categories)  # type: ignore[arg-type]
+        self.label_base = label_base  # the run index of this part's first image (labels of a shard)
+        self.names = select_layers(model, layers, depth=depth)
+        self.by_name = dict(model.named_modules())
+        self.params_all = [(n, p) for n, p in model.named_parameters()]
+        self.trainable = [(n, p) for n, p in self.params_all if p.requires_grad]
+        if layers:
+            prefixes = tuple(f"{n}." for n in self.names if n)
+            self.listed = [(n, p) for n, p in self.trainable if n.startswith(prefixes) or "" in self.names]
+        else:
+            self.listed = self.trainable
+        self.partial = partial if partial is not None else GradPartial()
+        self.input_grads: list[torch.Tensor] = []
+        self._live = False
+
+    def _observe(self, g: torch.Tensor, n: int) -> GradObs:
+        import torch
+
+        per = None
+        if g.dim() >= 1 and g.shape[0] == n:
+            per = torch.linalg.vector_norm(g.detach().reshape(n, -1), dim=1, dtype=torch.float64).tolist()
+        seq = self.partial.seq
+        self.partial.seq += 1
+        return GradObs(seq, tensor_stats(g), log_hist(g) if self.histograms else None, per)
+
+    def current_grads(self) -> dict[str, torch.Tensor]:
+        """The summed parameter gradients so far (copies; live while :meth:`run` runs)."""
+        if not self._live:
+            return dict(self.partial.grads)
+        return {n: p.grad.detach().clone() for n, p in self.trainable if p.grad is not None}
+
+    def snapshot(self) -> GradPartial:
+        """A copy of the partial, gradients on the CPU (a checkpoint, mid-run or after)."""
+        import dataclasses
+
+        grads = {n: g.detach().to("cpu", copy=True) for n, g in self.current_grads().items()}
+        return dataclasses.replace(self.partial, grads=grads)  # read at once (saved or sent)
+
+    def run(self, inputs: torch.Tensor | Iterable[Any]) -> GradPartial:
+        """Differentiate the objective over ``inputs``, adding to :attr:`partial`."""
+        from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
+        from inspect_model.methods.targets import select_output
+
+        part = self.partial
+        batch_n = [0]
+        opts = CaptureOptions(outputs=True, output_grads=True, input_grads=True,
+                              grad_stats_fn=lambda g: self._observe(g, batch_n[0]), grad_enabled=True)
+        with HookEngine(self.model, self.names, opts) as eng:
+            for n, p in self.trainable:  # a resumed run goes on from the gradients it had summed
+                g = part.grads.get(n)
+                if g is not None:
+                    p.grad = g.detach().to(device=p.device, dtype=p.dtype, copy=True)
+            self._live = True
+            try:
+                for item in _iter_batches(inputs, start=self.label_base + part.images):
+                    self._batch(item, eng, batch_n, run_forward, select_output)
+            finally:
+                part.grads = self.current_grads()
+                self._live = False
+        return part
+
+    def _batch(self, item: tuple[Any, list[str]], eng: Any, batch_n: list[int], run_forward: Any,
+               select_output: Any) -> None:
+        import torch
+
+        part, model = self.partial, self.model
+        x0, batch_names = item
+        n = x0.shape[0]
+        batch_n[0] = n
+        eng.reset()
+        x = x0.detach().clone().requires_grad_(x0.is_floating_point())
+        out = run_forward(eng, lambda x=x: model(x))
+        y = select_output(out, self.output_key)
+        if not y.is_floating_point():
+            raise ModelRuntimeError(f"the output to differentiate has dtype {y.dtype}; pick a float output with --output-key")
+        if not y.requires_grad:
+            raise ModelRuntimeError("the model output does not depend on anything that requires grad "
+                                    "(does the model detach or run under torch.no_grad?)")
+        label_pos = self.label_base + part.images
+        if self.label_list is not None:
+            batch_labels: list[int] | None = self.label_list[label_pos:label_pos + n]
+            if len(batch_labels) != n:  # type: ignore[arg-type]
+                raise InputError(f"--labels-file has {len(self.label_list)} labels but there are more inputs; "
+                                 "give one label per image")
+        else:
+            batch_labels = None if self.label_one is None else [self.label_one] * n
+        seed, per_obj, used = output_seed(y, target=self.spec, loss=self.loss, labels=batch_labels)
+        part.out_sq += float(seed.double().pow(2).sum())
+        try:
+            y.backward(seed)
+        except RuntimeError as exc:
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelRuntimeError(f"backward pass failed: {msg}") from exc
+        _merge_batch(part.layers, eng.finalize(), self.by_name)
+        layer_norms = {r.key: r for r in eng.records}
+        if x.grad is not None:
+            part.input_stats = merge_stats(part.input_stats, tensor_stats(x.grad))
+            in_norms = torch.linalg.vector_norm(x.grad.detach().reshape(n, -1), dim=1, dtype=torch.float64).tolist()
+            if self.keep_input_grad:
+                self.input_grads.append(x.grad.detach().clone())
+        else:
+            in_norms = [0.0] * n
+        batch_samples = []
+        for i in range(n):
+            per_layer: dict[str, float] = {}
+            for key, rec in layer_norms.items():
+                obs = [c.grad_stats for c in rec.outputs if c.grad_stats is not None]
+                vals = [o.sample_norms[i] for o in obs if o.sample_norms is not None]
+                if vals:
+                    per_layer[key] = math.sqrt(sum(v * v for v in vals))
+            batch_samples.append(SampleGrad(
+                name=batch_names[i] if i < len(batch_names) else f"input-{self.label_base + part.images + i}",
+                targets=used[i], objective=per_obj[i], input_grad_norm=in_norms[i],
+                layer_grad_norms=per_layer))
+        part.images += n
+        part.samples.extend(batch_samples)
+        if self.on_batch is not None:
+            self.on_batch(batch_samples)
+
+    def report(self, partial: GradPartial | None = None) -> GradReport:
+        """The report and the checks of ``partial`` (default: this run's), a whole run's
+        (the merge of every part: its images are all the labels')."""
+        part = self.partial if partial is None else partial
+        if part.images == 0:
+            raise InputError("no input to differentiate (every image was skipped?)")
+        if self.label_list is not None and part.images != len(self.label_list):
+            raise InputError(f"--labels-file has {len(self.label_list)} labels for "
+                             f"{part.images} inputs; give one label per image")
+        grads = part.grads
+        params = [_param_grad(n, p, grads.get(n), self.histograms) for n, p in self.listed]
+        shares = [(n, float(grads[n].detach().double().pow(2).sum())) for n, _ in self.trainable if n in grads]
+        total = math.sqrt(sum(s for _, s in shares))
+        clip = None
+        if self.clip_norm is not None:
+            clip = clip_report(self.clip_norm, total, shares)
+        layer_list = sorted(part.layers.values(), key=lambda r: r.order)
+        out_norm = math.sqrt(part.out_sq)
+        first = first_nonfinite(layer_list, params)
+        checks = health_checks(layer_list, params, out_norm, self.vanishing_below, self.exploding_above, first)
+        for c in checks:
+            c.fail_on = c.name in self.fail
+        notes = []
+        unreached = [r.key for r in layer_list if r.grad_output is None]
+        if unreached:
+            notes.append(f"{len(unreached)} layer call(s) not reached by the gradient: {', '.join(unreached[:5])}")
+        unused = [p.name for p in params if not p.has_grad]
+        if unused:
+            notes.append(f"{len(unused)} parameter(s) got no gradient (unused by this objective): "
+                         f"{', '.join(unused[:5])}")
+        return GradReport(
+            objective=describe_objective(self.target, self.loss), images=part.images, layers=layer_list,
+            params=params, frozen_params=len(self.params_all) - len(self.trainable), global_norm=total,
+            output_grad_norm=out_norm, input_grad=part.input_stats, checks=checks, clip=clip,
+            first_nonfinite=first, samples=part.samples, input_grads=self.input_grads, notes=notes,
+        )
+
+
 def gradients(
     model: nn.Module,
     inputs: torch.Tensor | Iterable[Any],
@@ -169,145 +399,22 @@ def gradients(
     of objects with ``.tensor`` and ``.names``, such as ``InputPlan.batches()``) and report
     layer and parameter gradients and the health checks (see the module docstring).
     Nothing is printed; ``on_batch`` gets each batch's per-input records as it finishes.
-    ``histograms`` adds log10|g| histograms per layer and parameter (for plots/TensorBoard)."""
-    import torch
-
-    from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
-    from inspect_model.engine.selection import select_layers
-    from inspect_model.methods.targets import parse_target, select_output
-
-    fail = validate_request(target=target, loss=loss, has_labels=labels is not None, clip_norm=clip_norm,
-                            vanishing_below=vanishing_below, exploding_above=exploding_above, fail_on=fail_on)
-    spec = parse_target(target, categories) if loss is None else None
-    label_list: list[int] | None = None
-    label_one: int | None = None
-    if isinstance(labels, (list, tuple)):
-        label_list = [resolve_label(v, categories) for v in labels]
-    elif labels is not None:
-        label_one = resolve_label(labels, categories)  # type: ignore[arg-type]
-
-    names = select_layers(model, layers, depth=depth)
-    by_name = dict(model.named_modules())
-    params_all = [(n, p) for n, p in model.named_parameters()]
-    trainable = [(n, p) for n, p in params_all if p.requires_grad]
-    if layers:
-        prefixes = tuple(f"{n}." for n in names if n)
-        listed = [(n, p) for n, p in trainable if n.startswith(prefixes) or "" in names]
-    else:
-        listed = trainable
-
-    counter = itertools.count()
-    batch_n = [0]
-
-    def observe(g: torch.Tensor) -> GradObs:
-        n = batch_n[0]
-        per = None
-        if g.dim() >= 1 and g.shape[0] == n:
-            per = torch.linalg.vector_norm(g.detach().reshape(n, -1), dim=1, dtype=torch.float64).tolist()
-        return GradObs(next(counter), tensor_stats(g), log_hist(g) if histograms else None, per)
-
-    acc: dict[str, LayerGrad] = {}
-    samples: list[SampleGrad] = []
-    input_stats: TensorStats | None = None
-    input_grads: list[torch.Tensor] = []
-    out_sq = 0.0
-    images = 0
-    label_pos = 0
-    opts = CaptureOptions(outputs=True, output_grads=True, input_grads=True, grad_stats_fn=observe,
-                          grad_enabled=True)
-    with HookEngine(model, names, opts) as eng:
-        for item in _iter_batches(inputs):
-            x0, batch_names = item
-            n = x0.shape[0]
-            batch_n[0] = n
-            eng.reset()
-            x = x0.detach().clone().requires_grad_(x0.is_floating_point())
-            out = run_forward(eng, lambda x=x: model(x))
-            y = select_output(out, output_key)
-            if not y.is_floating_point():
-                raise ModelRuntimeError(f"the output to differentiate has dtype {y.dtype}; pick a float output with --output-key")
-            if not y.requires_grad:
-                raise ModelRuntimeError("the model output does not depend on anything that requires grad "
-                                        "(does the model detach or run under torch.no_grad?)")
-            if label_list is not None:
-                batch_labels: list[int] | None = label_list[label_pos:label_pos + n]
-                if len(batch_labels) != n:  # type: ignore[arg-type]
-                    raise InputError(f"--labels-file has {len(label_list)} labels but there are more inputs; "
-                                     "give one label per image")
-            else:
-                batch_labels = None if label_one is None else [label_one] * n
-            label_pos += n
-            seed, per_obj, used = output_seed(y, target=spec, loss=loss, labels=batch_labels)
-            out_sq += float(seed.double().pow(2).sum())
-            try:
-                y.backward(seed)
-            except RuntimeError as exc:
-                msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise ModelRuntimeError(f"backward pass failed: {msg}") from exc
-            _merge_batch(acc, eng.finalize(), by_name)
-            layer_norms = {r.key: r for r in eng.records}
-            if x.grad is not None:
-                input_stats = merge_stats(input_stats, tensor_stats(x.grad))
-                in_norms = torch.linalg.vector_norm(x.grad.detach().reshape(n, -1), dim=1, dtype=torch.float64).tolist()
-                if keep_input_grad:
-                    input_grads.append(x.grad.detach().clone())
-            else:
-                in_norms = [0.0] * n
-            batch_samples = []
-            for i in range(n):
-                per_layer: dict[str, float] = {}
-                for key, rec in layer_norms.items():
-                    obs = [c.grad_stats for c in rec.outputs if c.grad_stats is not None]
-                    vals = [o.sample_norms[i] for o in obs if o.sample_norms is not None]
-                    if vals:
-                        per_layer[key] = math.sqrt(sum(v * v for v in vals))
-                batch_samples.append(SampleGrad(
-                    name=batch_names[i] if i < len(batch_names) else f"input-{images + i}",
-                    targets=used[i], objective=per_obj[i], input_grad_norm=in_norms[i],
-                    layer_grad_norms=per_layer))
-            images += n
-            samples.extend(batch_samples)
-            if on_batch is not None:
-                on_batch(batch_samples)
-        if images == 0:
-            raise InputError("no input to differentiate (every image was skipped?)")
-        if label_list is not None and label_pos != len(label_list):
-            raise InputError(f"--labels-file has {len(label_list)} labels for {label_pos} inputs; "
-                             "give one label per image")
-        params = [_param_grad(n, p, histograms) for n, p in listed]
-        sq = [float(p.grad.detach().double().pow(2).sum()) for _, p in trainable if p.grad is not None]
-        total = math.sqrt(sum(sq))
-        shares = [(n, float(p.grad.detach().double().pow(2).sum())) for n, p in trainable if p.grad is not None]
-    clip = None
-    if clip_norm is not None:
-        clip = clip_report(clip_norm, total, shares)
-    layer_list = sorted(acc.values(), key=lambda r: r.order)
-    out_norm = math.sqrt(out_sq)
-    first = first_nonfinite(layer_list, params)
-    checks = health_checks(layer_list, params, out_norm, vanishing_below, exploding_above, first)
-    for c in checks:
-        c.fail_on = c.name in fail
-    notes = []
-    unreached = [r.key for r in layer_list if r.grad_output is None]
-    if unreached:
-        notes.append(f"{len(unreached)} layer call(s) not reached by the gradient: {', '.join(unreached[:5])}")
-    unused = [p.name for p in params if not p.has_grad]
-    if unused:
-        notes.append(f"{len(unused)} parameter(s) got no gradient (unused by this objective): {', '.join(unused[:5])}")
-    return GradReport(
-        objective=describe_objective(target, loss), images=images, layers=layer_list, params=params,
-        frozen_params=len(params_all) - len(trainable), global_norm=total, output_grad_norm=out_norm,
-        input_grad=input_stats, checks=checks, clip=clip, first_nonfinite=first, samples=samples,
-        input_grads=input_grads, notes=notes,
-    )
+    ``histograms`` adds log10|g| histograms per layer and parameter (for plots/TensorBoard).
+    :class:`GradRun` does the same in steps (resumable, mergeable across processes)."""
+    run = GradRun(model, layers=layers, depth=depth, target=target, loss=loss, labels=labels,
+                  output_key=output_key, categories=categories, clip_norm=clip_norm,
+                  vanishing_below=vanishing_below, exploding_above=exploding_above, fail_on=fail_on,
+                  keep_input_grad=keep_input_grad, histograms=histograms, on_batch=on_batch)
+    run.run(inputs)
+    return run.report()
 
 
-def _iter_batches(inputs: Any) -> Iterable[tuple[torch.Tensor, list[str]]]:
+def _iter_batches(inputs: Any, start: int = 0) -> Iterable[tuple[torch.Tensor, list[str]]]:
     import torch
 
     if isinstance(inputs, torch.Tensor):
         inputs = [inputs]
-    k = 0
+    k = start  # the run index of the first input (unnamed tensors are "input-K")
     for item in inputs:
         if isinstance(item, torch.Tensor):
             x, nm = item, [f"input-{k + i}" for i in range(item.shape[0])]
@@ -344,9 +451,8 @@ def _merge_batch(acc: dict[str, LayerGrad], records: list[Any], by_name: dict[st
                     rec.first_nonfinite_seq, rec.first_nonfinite_where = obs.seq, where
 
 
-def _param_grad(name: str, p: torch.Tensor, histograms: bool) -> ParamGrad:
+def _param_grad(name: str, p: torch.Tensor, g: torch.Tensor | None, histograms: bool) -> ParamGrad:
     wn = float(p.detach().double().norm())
-    g = p.grad
     if g is None:
         return ParamGrad(name, list(p.shape), False, None, None, None, None, None, None, wn, None)
     s = tensor_stats(g)
