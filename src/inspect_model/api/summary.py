@@ -90,6 +90,9 @@ def summarize_model(
         )
     if batch_size < 1:
         raise InputError(f"--batch-size must be 1 or more, got {batch_size}")
+    from inspect_model.loading.saved_models import check_static_batch
+
+    check_static_batch(loaded, batch_size)
     torch_dtype = parse_dtype(dtype)
     m = loaded.model
     notes: list[str] = []

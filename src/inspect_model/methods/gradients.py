@@ -174,7 +174,7 @@ def gradients(
 
     from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
     from inspect_model.engine.selection import select_layers
-    from inspect_model.methods.targets import parse_target, select_output
+    from inspect_model.methods.targets import check_label_count, parse_target, require_float, select_output
 
     fail = validate_request(target=target, loss=loss, has_labels=labels is not None, clip_norm=clip_norm,
                             vanishing_below=vanishing_below, exploding_above=exploding_above, fail_on=fail_on)
@@ -224,8 +224,9 @@ def gradients(
             x = x0.detach().clone().requires_grad_(x0.is_floating_point())
             out = run_forward(eng, lambda x=x: model(x))
             y = select_output(out, output_key)
-            if not y.is_floating_point():
-                raise ModelRuntimeError(f"the output to differentiate has dtype {y.dtype}; pick a float output with --output-key")
+            require_float(y)
+            if loss is not None and y.dim() == 2:
+                check_label_count(categories, int(y.shape[1]))
             if not y.requires_grad:
                 raise ModelRuntimeError("the model output does not depend on anything that requires grad "
                                         "(does the model detach or run under torch.no_grad?)")
