@@ -129,7 +129,7 @@ def summarize_model(
     else:
         res = run(device)
     res.notes[:0] = [*loaded.notes, *notes]
-    if res.error:
+    if res.error and not res.error.startswith("out of memory"):
         found = first_layer_hint(m)
         if found is not None:
             layer, hint = found

@@ -169,6 +169,8 @@ def summarize(
             failed = stack[-1] if stack else ""
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             error = f"{type(exc).__name__}: {msg}"
+            if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+                error = f"out of memory ({type(exc).__name__}); use a smaller --batch-size or --input-size"
         finally:
             for h in handles:
                 h.remove()
