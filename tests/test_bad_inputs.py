@@ -72,6 +72,30 @@ class ExitsInForward(nn.Module):
         raise SystemExit(0)
 
 
+class IntOut(nn.Module):
+    """A CNN that returns int64 scores (rounded logits): nothing to differentiate (issue 13)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.fc(torch.flatten(self.pool(torch.relu(self.conv(x))), 1)) * 100).long()
+
+
+class OutOfMemory(nn.Module):
+    """Raises MemoryError in forward, as an allocation the machine cannot hold would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise MemoryError()
+
+
 # ------------------------------------------------------------------ bad files
 USER_FILE = """
 import torch
@@ -320,6 +344,23 @@ CASES = [
          E.EXIT_MODEL_LOAD, ("empty.pt", "empty dict")),
     Case("forward-calls-sys-exit", lambda e: ["check", e.spec, "--weights", "none", "--input-size", "4"],
          E.EXIT_RUNTIME, ("sys.exit(0)",), model=lambda: ExitsInForward(), output_dir=False),
+    Case("labels-file-too-few-names", lambda e: ["cam", e.spec, *IN, "--labels", e.write("two.txt", "cat\ndog\n")],
+         E.EXIT_INPUT, ("two.txt", "2 names", "5 classes")),
+    Case("labels-file-too-many-names", lambda e: ["guided-backprop", e.spec, *IN, "--labels",
+                                                  e.write("seven.json", '["a","b","c","d","e","f","g"]')],
+         E.EXIT_INPUT, ("seven.json", "7 names", "5 classes")),
+    Case("labels-file-count-with-loss", lambda e: ["grads", e.spec, *IN, "--loss", "cross-entropy", "--label", "0",
+                                                   "--labels", e.write("two.txt", "cat\ndog\n")],
+         E.EXIT_INPUT, ("2 names", "5 classes")),
+    Case("int-output-cam", lambda e: ["cam", e.spec, *IN], E.EXIT_RUNTIME, ("int64", "not floating point"),
+         model=IntOut),
+    Case("int-output-guided-backprop", lambda e: ["guided-backprop", e.spec, *IN], E.EXIT_RUNTIME,
+         ("int64", "not floating point"), model=IntOut),
+    Case("int-output-grads", lambda e: ["grads", e.spec, *IN], E.EXIT_RUNTIME, ("int64", "not floating point"),
+         model=IntOut),
+    Case("forward-raises-memory-error", lambda e: ["activations", e.spec, "--weights", "none", "--input-size", "4",
+                                                   "--quiet"],
+         E.EXIT_RUNTIME, ("out of memory", "--batch-size"), model=OutOfMemory),
     Case("config-not-toml", lambda e: ["activations", e.spec, *IN, "--config", _config(e, "this is = = not toml\n")],
          E.EXIT_USAGE, ("cfg.toml",)),
 ]

@@ -363,3 +363,62 @@ def test_int64_checkpoint_cast_is_noted(tmp_path: Path, monkeypatch: pytest.Monk
                str(tmp_path / "ints.pt")])
     assert res.exit_code == 0, res.stderr
     assert "cast to the model's dtype" in res.stderr and "int64 -> float32" in res.stderr
+
+
+# ------------------------------------------------------------------ messages that mislead (issue 13, 10)
+def test_static_batch_pt2_has_one_clear_message(tmp_path: Path, cli) -> None:
+    """A program exported for a batch of 2: one error saying so and giving --batch-size 2,
+    no note claiming the inputs are fed in batches of 2; with --batch-size 2 it runs."""
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3)).eval()
+    path = tmp_path / "b2.pt2"
+    torch.export.save(torch.export.export(net, (torch.randn(2, 3, 8, 8),)), str(path))
+    for command in ("summary", "cam"):
+        res = cli([command, str(path)])
+        assert res.exit_code == errors.EXIT_INPUT, (command, res.stderr)
+        lines = res.stderr.strip().splitlines()
+        assert not [ln for ln in lines if "batch" in ln and not ln.startswith("error: ")], res.stderr
+        assert lines[-1].startswith("error: ") and "static batch size of 2" in lines[-1]
+        assert "pass --batch-size 2" in lines[-1]
+    res = cli(["cam", str(path), "--batch-size", "2", "--quiet"])  # the layer probe feeds a whole batch too
+    assert res.exit_code == 0, res.stderr
+
+
+class Warns(nn.Module):
+    """Warns twice per forward (the same message) and trips numpy's "Mean of empty slice"."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import warnings
+
+        import numpy as np
+
+        for _ in range(2):
+            warnings.warn("this model is only a test")
+        np.mean(np.array([]))
+        return self.fc(x)
+
+
+@pytest.mark.parametrize("command", ["activations", "grads", "summary"])
+def test_python_warnings_become_one_line_notes(command: str, monkeypatch: pytest.MonkeyPatch, cli) -> None:
+    spec = register_model(monkeypatch, Warns())
+    argv = [command, spec, "--input-size", "4"] + (["--device", "cpu"] if command == "summary" else ["--weights", "none"])
+    res = cli(argv)
+    assert res.exit_code == 0, res.stderr
+    warned = [ln for ln in res.stderr.splitlines() if "this model is only a test" in ln]
+    assert warned == ["warning: this model is only a test (x2)"], res.stderr
+    empty = [ln for ln in res.stderr.splitlines() if "Mean of empty slice" in ln]
+    assert len(empty) == 1 and empty[0].startswith("warning: Mean of empty slice"), res.stderr
+    assert "UserWarning" not in res.stderr and "warnings.warn(" not in res.stderr and "np.mean" not in res.stderr
+    quiet = cli([*argv, "--quiet"])
+    assert quiet.exit_code == 0 and quiet.stderr == "", quiet.stderr
+
+
+def test_warnings_come_before_the_error_line(monkeypatch: pytest.MonkeyPatch, cli) -> None:
+    spec = register_model(monkeypatch, Warns())
+    res = cli(["grads", spec, "--weights", "none", "--input-size", "5"])  # Linear(4, 3) on 5 features
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == errors.EXIT_INPUT and lines[-1].startswith("error: "), res.stderr
+    assert "warning: this model is only a test (x2)" in lines[:-1]  # warned, then fc failed

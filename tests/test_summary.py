@@ -284,3 +284,66 @@ def test_summary_runs_on_every_classification_model() -> None:
                 failures.append(f"{name}: {res.total_macs / 1e9:.3f} GMACs, torchvision says {published / 1e9:.3f}")
     assert not failures, failures
     assert compared >= 75
+
+
+# ------------------------------------------------------------------ train mode (issue 14)
+class _BNDrop(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.drop = nn.Dropout(0.5)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.drop(self.bn(self.conv(x)).mean((2, 3))))
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_train_mode_summary_runs_in_training_and_changes_nothing(device: str) -> None:
+    import inspect_model as im
+    from fixtures.invariants import assert_same, snapshot
+
+    model = _BNDrop().eval()
+    model.bn.running_mean.fill_(0.25)  # not the defaults: a reset would show
+    seen: list[tuple[bool, bool]] = []
+    hook = model.drop.register_forward_hook(lambda m, a, o: seen.append((m.training, model.bn.training)))
+    try:
+        before = snapshot(model)
+        res = im.summary(model, input_size=["3x8x8"], batch_size=2, train=True, device=device)
+        assert seen == [(True, True)]  # dropout and batch norm ran as in training
+        assert res.to_dict()["options"]["mode"] == "train"
+        assert_same(model, before)  # running stats, batch count and flags bit-identical
+        assert int(model.bn.num_batches_tracked) == 0 and not model.training
+        seen.clear()
+        assert im.summary(model, input_size=["3x8x8"], device=device).to_dict()["options"]["mode"] == "eval"
+        assert seen == [(False, False)]
+    finally:
+        hook.remove()
+
+
+def test_train_flag_on_the_cli(monkeypatch: pytest.MonkeyPatch, cli) -> None:
+    from fixtures.invariants import register_model
+
+    spec = register_model(monkeypatch, _BNDrop())
+    res = cli(["summary", spec, "--input-size", "3x8x8", "--batch-size", "2", "--train", "--json", "--device", "cpu"])
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["options"]["mode"] == "train"
+    assert "train mode" in res.stderr
+
+
+def test_memory_error_in_summary_is_a_clear_exit_6(monkeypatch: pytest.MonkeyPatch, cli) -> None:
+    from fixtures.invariants import register_model
+
+    class OutOfMemory(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise MemoryError()
+
+    res = cli(["summary", register_model(monkeypatch, OutOfMemory()), "--input-size", "4", "--device", "cpu", "-q"])
+    assert res.exit_code == 6
+    assert res.stderr.strip().splitlines() == [
+        "error: forward pass failed: out of memory (MemoryError); use a smaller --batch-size or --input-size"]

@@ -59,3 +59,31 @@ def test_the_graph_trace_is_not_counted_as_a_batch(tmp_path: Path) -> None:
     assert with_tb["image_count"] == plain["image_count"] == 3
     assert [r["stats"] for r in with_tb["layers"]] == [r["stats"] for r in plain["layers"]]
     assert [r["calls"] for r in with_tb["layers"]] == [r["calls"] for r in plain["layers"]]
+
+
+def test_summary_tensorboard_writes_the_graph(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli) -> None:
+    from inspect_model.render.tensorboard import graph_written
+
+    model = TinyCNN().train()
+    spec = register_model(monkeypatch, model)
+    before = snapshot(model)
+    res = cli(["summary", spec, "--input-size", "3x8x8", "--tensorboard", str(tmp_path / "tb"), "--json"])
+    assert res.exit_code == 0, res.stderr
+    assert graph_written(tmp_path / "tb")
+    assert "warning" not in res.stderr  # torch.jit.trace's deprecation is not the user's business
+    assert_same(model, before)
+
+
+def test_summary_tensorboard_notes_a_failed_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli) -> None:
+    class TupleIn(nn.Module):  # a trace cannot take a dict output with a non-tensor value
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> dict[str, object]:
+            return {"y": self.fc(x), "tag": "not a tensor"}
+
+    spec = register_model(monkeypatch, TupleIn())
+    res = cli(["summary", spec, "--input-size", "4", "--tensorboard", str(tmp_path / "tb"), "--json"])
+    assert res.exit_code == 0, res.stderr
+    assert "note: TensorBoard: the model's graph was not written (tracing failed" in res.stderr

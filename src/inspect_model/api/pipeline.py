@@ -135,7 +135,7 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
     from inspect_model.loading.inputs import TensorPlan, plan_inputs
     from inspect_model.loading.models import require_hookable
     from inspect_model.loading.shapes import parse_dtype
-    from inspect_model.methods.targets import load_labels
+    from inspect_model.methods.targets import check_label_count, load_labels
 
     check_request(inputs)
     torch_dtype = parse_dtype(mopts.dtype)
@@ -152,6 +152,8 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
     if torch_dtype != torch.float32 and not loaded.borrowed:
         loaded.model.to(torch_dtype)  # our own freshly loaded copy, never the caller's
     categories = load_labels(inputs.labels) if inputs.labels else loaded.categories
+    if inputs.labels and loaded.categories:  # the model names its classes: check at once
+        check_label_count(categories, len(loaded.categories))
     from inspect_model.loading.multi_inputs import plan_binding
 
     binding = plan_binding(loaded.model, inputs.input_size, image_input=inputs.image_input,

@@ -57,6 +57,7 @@ def summarize_model(
     device: str = "meta",
     depth: int | None = None,
     seed: int = 0,
+    train: bool = False,
 ) -> SummaryResult:
     """The layer table of ``model`` (see :func:`inspect_model.methods.summary.summarize`).
 
@@ -79,7 +80,8 @@ def summarize_model(
     if specs:  # keyword or integer inputs: [NAME=]SHAPE[:DTYPE[:LOW-HIGH]] (issue 14)
         return _summarize_specs(loaded, [parse_input_spec(s) if isinstance(s, str) else
                                          parse_input_spec("x".join(map(str, s))) for s in input_size or []],
-                                batch_size=batch_size, dtype=dtype, device=device, depth=depth, seed=seed)
+                                batch_size=batch_size, dtype=dtype, device=device, depth=depth, seed=seed,
+                                train=train)
     if input_size:
         sizes = [parse_size(s) if isinstance(s, str) else tuple(int(d) for d in s) for s in input_size]
     elif loaded.input_sizes:
@@ -90,6 +92,9 @@ def summarize_model(
         )
     if batch_size < 1:
         raise InputError(f"--batch-size must be 1 or more, got {batch_size}")
+    from inspect_model.loading.saved_models import check_static_batch
+
+    check_static_batch(loaded, batch_size)
     torch_dtype = parse_dtype(dtype)
     m = loaded.model
     notes: list[str] = []
@@ -102,7 +107,7 @@ def summarize_model(
             fwd = _meta_call(m, x, torch_dtype)
         elif dev != "meta" and _on_meta(m):
             raise _NeedsRealModel()
-        return summarize(m, x, name=loaded.name, depth=depth, forward=fwd)
+        return summarize(m, x, name=loaded.name, depth=depth, forward=fwd, train=train)
 
     if device == "meta":
         res = run("meta")
@@ -126,7 +131,7 @@ def summarize_model(
     else:
         res = run(device)
     res.notes[:0] = [*loaded.notes, *notes]
-    if res.error:
+    if res.error and not res.error.startswith("out of memory"):
         found = first_layer_hint(m)
         if found is not None:
             layer, hint = found
@@ -138,7 +143,7 @@ def summarize_model(
 
 
 def _summarize_specs(loaded: Any, specs: list[Any], *, batch_size: int, dtype: str, device: str,
-                     depth: int | None, seed: int) -> SummaryResult:
+                     depth: int | None, seed: int, train: bool = False) -> SummaryResult:
     """The table for inputs given as specs (keyword inputs, integer token ids), on the CPU
     pass when the model is real, else on meta."""
     import torch
@@ -160,12 +165,37 @@ def _summarize_specs(loaded: Any, specs: list[Any], *, batch_size: int, dtype: s
     flat = [*args, *kwargs.values()]
     fwd = _meta_call(m, args, torch_dtype, kwargs) if dev == "meta" and not _on_meta(m) else (
         lambda: m(*args, **kwargs))
-    res = summarize(m, flat, name=loaded.name, depth=depth, forward=fwd)
+    res = summarize(m, flat, name=loaded.name, depth=depth, forward=fwd, train=train)
     res.notes[:0] = list(loaded.notes)
     if device == "meta" and dev != "meta":
         res.notes.append("integer or keyword inputs: computed with a real forward pass on cpu")
     del torch
     return res
+
+
+def _write_graph(logdir: Any, loaded: Any, res: SummaryResult, *, dtype: str, seed: int) -> str | None:
+    """The model's graph in TensorBoard, traced on example inputs of the summarised shapes;
+    a note when it cannot be (a failed trace, a model on meta, integer or keyword inputs)."""
+    from pathlib import Path
+
+    from inspect_model.loading.shapes import make_example_inputs, parse_dtype
+    from inspect_model.render.tensorboard import open_writer, write_graph
+
+    m = loaded.model
+    if _on_meta(m):
+        return "TensorBoard: the model's graph was not written (the model is on the meta device; use --device cpu)"
+    if any(len(s) < 1 for s in res.input_shapes):
+        return "TensorBoard: the model's graph was not written (an input has no batch dimension)"
+    dev = next((str(t.device) for t in m.parameters()), "cpu")
+    sizes = [tuple(s[1:]) for s in res.input_shapes]
+    writer = open_writer(Path(logdir))
+    try:
+        x = make_example_inputs(sizes, batch_size=res.input_shapes[0][0], family=loaded.family,
+                                dtype=parse_dtype(dtype), device=dev, seed=seed,
+                                vocab=getattr(loaded, "token_vocab", None))
+        return write_graph(writer, m, tuple(x) if len(x) > 1 else x[0])
+    finally:
+        writer.close()
 
 
 def _meta_limitation(error: str) -> bool:
@@ -194,12 +224,16 @@ def summary(
     output_dir: Any = None,
     force: bool = False,
     notes: Any = None,
+    train: bool = False,
+    tensorboard: Any = None,
 ) -> Result:
     """The layer table of ``model`` (a spec, an ``nn.Module`` or a ``LoadedModel``).
 
     The result has the table's attributes (``rows``, ``total_params``, ``total_macs``...),
     ``to_dict()`` (the ``--json`` document) and ``save(dir)``. A forward pass that fails
-    keeps the rows up to the failing layer; ``result.error`` says why."""
+    keeps the rows up to the failing layer; ``result.error`` says why. ``train=True`` runs the
+    pass in training mode (dropout and batch norm as in training; every flag and running
+    statistic put back); ``tensorboard=DIR`` writes the model's graph there (issue 14)."""
     from inspect_model.render import summary as render
 
     if batch_size < 1:
@@ -211,13 +245,22 @@ def summary(
     dev = mopts.device.strip().lower() if mopts.device else "meta"
     if dev != "meta":
         dev = resolve_device(dev)
-    load_device = "meta" if dev == "meta" and not mopts.checkpoint else ("cpu" if dev == "meta" else dev)
+    # The graph is a trace of real tensors: with --tensorboard the weights are allocated.
+    real = mopts.checkpoint or tensorboard is not None
+    load_device = "meta" if dev == "meta" and not real else ("cpu" if dev == "meta" else dev)
     loaded = load(mopts, device=load_device)
     require_hookable(loaded, "summary")
     for note in loaded.notes if notes is not None else []:
         notes(note)
     res = summarize_model(loaded, input_size=input_size, batch_size=batch_size, dtype=mopts.dtype, device=dev,
-                          depth=depth, seed=seed)
+                          depth=depth, seed=seed, train=train)
+    if train:
+        res.notes.append("train mode: dropout and batch norm ran as in training (batch statistics); "
+                         "running statistics and training flags were put back")
+    if tensorboard is not None:
+        note = _write_graph(tensorboard, loaded, res, dtype=mopts.dtype, seed=seed)
+        if note is not None:
+            res.notes.append(note)
     if notes is not None:
         for note in res.notes[len(loaded.notes):]:
             notes(note)
@@ -225,7 +268,7 @@ def summary(
         "model": mopts.spec(), "weights": resolved_weights(loaded, mopts),
         "checkpoint": str(mopts.checkpoint) if mopts.checkpoint else None, "input_size": res.input_shapes,
         "batch_size": batch_size, "dtype": check_dtype(mopts.dtype), "depth": depth, "device": res.device,
-        "seed": seed,
+        "seed": seed, "mode": "train" if train else "eval",
     }
     result = Result("summary", options, render.to_payload(res), [], record=res,
                     render_text=lambda r: render.render_text(res), render_rich=lambda r: render.render_rich(res))

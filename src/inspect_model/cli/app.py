@@ -19,6 +19,7 @@ from inspect_model.cli import completion
 from inspect_model.cli.activations import activations
 from inspect_model.cli.cam import cam
 from inspect_model.cli.check import check
+from inspect_model.cli.common import routed_warnings
 from inspect_model.cli.grads import grads
 from inspect_model.cli.guided_backprop import guided_backprop
 from inspect_model.cli.models import models
@@ -125,7 +126,9 @@ def main(argv: list[str] | None = None) -> None:
     restore = _on_signals()
     try:
         default_map = _config_default_map(args)
-        rv = app(args=args, prog_name="inspect-model", standalone_mode=False, default_map=default_map)
+        # Python warnings become one-line notes, printed before any error line (issue 13).
+        with routed_warnings(quiet="--quiet" in args or "-q" in args):
+            rv = app(args=args, prog_name="inspect-model", standalone_mode=False, default_map=default_map)
         code = rv if isinstance(rv, int) else 0
     except SystemExit as exc:
         # Click and Typer leave by their own exceptions (caught below); a SystemExit here was

@@ -7,8 +7,9 @@ torch at module level, so ``--help`` stays fast.
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -114,6 +115,39 @@ class Messages:
     def warn(self, text: str) -> None:
         if not self.quiet:
             print(f"warning: {clean(text)}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def routed_warnings(quiet: bool = False) -> Iterator[None]:
+    """Route every Python warning raised inside (matplotlib's missing glyph, numpy's "Mean
+    of empty slice", torch's UserWarnings, the model's own) to the tool's one-line notes:
+    each distinct message once as ``warning: <message>``, with ``(xN)`` for repeats, never
+    with its source line (issue 13). Filters that ignore a warning or make it an error
+    still apply; those that show it once per place become "count every one"."""
+    import warnings
+
+    seen: list[str] = []  # in order; collapsed with counts by the pipeline's Warnings at the end
+
+    def collect(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
+                line: Any = None) -> None:
+        seen.append(str(message).strip() or getattr(category, "__name__", "warning"))
+
+    with warnings.catch_warnings():
+        warnings.filters[:] = [("always", *f[1:]) if f[0] in ("default", "module", "once") else f
+                               for f in warnings.filters]
+        warnings.simplefilter("always", append=True)  # was the default action: once per place
+        warnings.showwarning = collect
+        try:
+            yield
+        finally:
+            if seen:
+                from inspect_model.api.pipeline import Warnings, warning_lines
+
+                collapsed = Warnings()
+                collapsed.extend(seen)
+                msgs = Messages(quiet)
+                for text in warning_lines(collapsed.to_list()):
+                    msgs.warn(text)
 
 
 def stdout_is_terminal() -> bool:

@@ -28,6 +28,11 @@ def summary(
         str, typer.Option("--device", help="meta (no memory, no arithmetic), cpu, cuda, mps or auto.")
     ] = "meta",
     seed: c.SeedOpt = 0,
+    train: Annotated[
+        bool, typer.Option("--train", help="Run the pass in training mode (dropout and batch norm as in training); "
+                           "the model's flags and running statistics are put back.")
+    ] = False,
+    tensorboard: c.TensorboardOpt = None,
     json_: c.JsonOpt = False,
     output_dir: c.OutputDirOpt = None,
     force: c.ForceOpt = False,
@@ -44,7 +49,8 @@ def summary(
     from inspect_model.api.options import InputOptions, check_dtype, check_request
     from inspect_model.errors import ModelRuntimeError, UsageError
 
-    run_opts = RunOptions(output_dir=output_dir, force=force, wait=wait, json_=json_, quiet=quiet)
+    run_opts = RunOptions(output_dir=output_dir, force=force, wait=wait, json_=json_, quiet=quiet,
+                          tensorboard=tensorboard)
     run_opts.check()
     if depth is not None and depth < 0:
         raise UsageError(f"--depth must be 0 or more, got {depth}")
@@ -59,7 +65,8 @@ def summary(
 
     with hold_output_dir(output_dir, wait=wait, force=force):  # a failure inside removes what it made
         res = api.summary(None, model_options=opts, input_size=input_size, batch_size=batch_size, depth=depth,
-                          seed=seed, output_dir=output_dir, force=force, notes=msgs.note)
+                          seed=seed, output_dir=output_dir, force=force, notes=msgs.note, train=train,
+                          tensorboard=tensorboard)
         deliver(res, run_opts, msgs)
         if res.record.error:
             where = f" in layer '{res.record.failed_layer}'" if res.record.failed_layer else ""

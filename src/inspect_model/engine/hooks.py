@@ -385,6 +385,10 @@ def run_forward(engine: HookEngine, fn: Callable[[], Any]) -> Any:
         where = _raising_module(engine.model, exc) or (engine.failed_in[-1] if engine.failed_in else None)
         loc = f" in layer '{where}'" if where else ""
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+            raise ModelRuntimeError(  # never "unexpected" (issue 13)
+                f"out of memory in the forward pass{loc} ({type(exc).__name__}); use a smaller --batch-size "
+                "or --input-size, or fewer/smaller images") from exc
         text = f"forward pass failed{loc}: {type(exc).__name__}: {msg}"
         from inspect_model.engine.hints import first_layer_hint
 

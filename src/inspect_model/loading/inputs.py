@@ -414,21 +414,9 @@ def plan_inputs(
             f"no images given and the input size of {loaded.name} is unknown; "
             "pass images or --input-size, e.g. --input-size 3x224x224"
         )
-    static = getattr(loaded, "static_batch", None)
-    if static is not None:
-        # torch.export fixed the batch dimension: every batch must have exactly that size.
-        if batch_size != static:
-            raise InputError(
-                f"{loaded.name} was exported with a static batch size of {static}; pass "
-                f"--batch-size {static}, or export it again with a dynamic batch dimension "
-                "(dynamic_shapes={'x': {0: torch.export.Dim('batch')}})"
-            )
-        if paths and len(paths) % static:
-            raise InputError(
-                f"{loaded.name} was exported with a static batch size of {static}, and "
-                f"{len(paths)} images do not fill whole batches; give a multiple of {static} images "
-                "or export it with a dynamic batch dimension"
-            )
+    from inspect_model.loading.saved_models import check_static_batch
+
+    check_static_batch(loaded, batch_size, len(paths) if paths else None)
     return InputPlan(paths=paths, preprocess=pre, input_size=size, batch_size=batch_size,
                      channels=channels, seed=seed, fill=fill, skip_bad=skip_bad, device=device, dtype=dtype,
                      spec=spec, skipped=missing, vocab=getattr(loaded, "token_vocab", None))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.errors import ModelLoadError
+from inspect_model.errors import InputError, ModelLoadError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -132,9 +132,6 @@ def load_exported(path: str, *, device: str = "cpu", trust: bool = False) -> Loa
         "exported program: layers rebuilt with torch.export.unflatten; the graph is fixed "
         "(train/eval and inplace flags have no effect, layers are not nn.ReLU/nn.Conv2d instances)"
     )]
-    if static_batch is not None:
-        notes.append(f"exported with a static batch size of {static_batch}: inputs are fed in batches of "
-                     f"{static_batch}")
     loaded = _finish(model, name=os.path.basename(path), source="export",
                      device="cpu" if device == "meta" else device, notes=notes)
     if sizes:
@@ -200,3 +197,18 @@ def _export_input_sizes(ep: Any) -> tuple[list[tuple[int, ...]], int | None]:
         if isinstance(b, int) and static is None:
             static = int(b)
     return sizes, static
+
+
+def check_static_batch(loaded: Any, batch_size: int, images: int | None = None) -> None:
+    """torch.export fixed the batch dimension of ``loaded``: every batch must have exactly
+    that size. One message saying so and how to fix it (issue 13)."""
+    static = getattr(loaded, "static_batch", None)
+    if static is None:
+        return
+    fix = "or export it again with a dynamic batch dimension (dynamic_shapes={'x': {0: torch.export.Dim('batch')}})"
+    if batch_size != static:
+        raise InputError(f"{loaded.name} was exported with a static batch size of {static}; pass --batch-size "
+                         f"{static} (got {batch_size}), {fix}")
+    if images is not None and images % static:
+        raise InputError(f"{loaded.name} was exported with a static batch size of {static}, and {images} images "
+                         f"do not fill whole batches; give a multiple of {static} images, {fix}")

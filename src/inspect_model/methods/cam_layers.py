@@ -93,17 +93,17 @@ def _patch_size(model: nn.Module) -> int | None:
     return None
 
 
-def _probe(model: nn.Module, x: torch.Tensor, names: Sequence[str]) -> list[Any]:
+def _probe(model: nn.Module, x: torch.Tensor, names: Sequence[str], probe: int = 1) -> list[Any]:
     """One no-grad forward of the first sample; records of ``names`` (shapes only)."""
     from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
 
     with HookEngine(model, list(names), CaptureOptions(outputs=True, grad_enabled=False)) as eng:
-        run_forward(eng, lambda: model(x[:1].detach()))
+        run_forward(eng, lambda: model(x[:probe].detach()))
     return eng.finalize()
 
 
 def _probe_paths(model: nn.Module, x: torch.Tensor, names: Sequence[str],
-                 output_key: str | None) -> tuple[list[Any], set[str] | None]:
+                 output_key: str | None, probe: int = 1) -> tuple[list[Any], set[str] | None]:
     """Like :func:`_probe`, with the graph on: also the names among ``names`` whose output
     the scored output (``output_key``) depends on, or None when that cannot be told (an
     integer input and frozen weights build no graph)."""
@@ -112,7 +112,7 @@ def _probe_paths(model: nn.Module, x: torch.Tensor, names: Sequence[str],
     from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
     from inspect_model.methods.targets import select_output
 
-    x1 = x[:1].detach()
+    x1 = x[:probe].detach()
     if x1.is_floating_point():
         x1 = x1.clone().requires_grad_(True)
     nodes: dict[str, Any] = {}
@@ -150,7 +150,7 @@ def _probe_paths(model: nn.Module, x: torch.Tensor, names: Sequence[str],
     return records, {n for n, t in nodes.items() if t.grad_fn in reach}
 
 
-def auto_layer(model: nn.Module, x: torch.Tensor, output_key: str | None = None) -> str:
+def auto_layer(model: nn.Module, x: torch.Tensor, output_key: str | None = None, probe: int = 1) -> str:
     """The layer ``--layer auto`` picks: for torchvision's ViT the last block's first norm
     (its patch tokens feed the class token through attention), for Swin the last stage, and
     otherwise the outermost module producing the last (N, C, h, w) output with h*w > 1 that
@@ -165,7 +165,7 @@ def auto_layer(model: nn.Module, x: torch.Tensor, output_key: str | None = None)
     if hub is not None:
         return hub
     names = [n for n, _ in model.named_modules() if n]
-    records, on_path = _probe_paths(model, x, names, output_key)
+    records, on_path = _probe_paths(model, x, names, output_key, probe)
     last = None
     for r in records:
         if not r.finished or len(r.outputs) != 1 or r.outputs[0].key != "":
@@ -237,21 +237,23 @@ def infer_layout(model: nn.Module, name: str, shape: tuple[int, ...], input_hw: 
 
 
 def resolve_layers(model: nn.Module, x: torch.Tensor, specs: Sequence[str] | None = None,
-                   reshape: tuple[int, int] | None = None, output_key: str | None = None) -> list[CamLayer]:
+                   reshape: tuple[int, int] | None = None, output_key: str | None = None,
+                   probe: int = 1) -> list[CamLayer]:
     """``auto`` (or no spec) or layer specs -> :class:`CamLayer` records, probing the output
-    shapes with one no-grad forward pass of ``x[:1]``."""
+    shapes with one no-grad forward pass of ``x[:probe]`` (``probe``: the batch size a
+    torch.export program was fixed to, else 1)."""
     from inspect_model.engine.selection import select_layers
 
     specs = [s for s in (specs or []) if s.strip()]
     names: list[str] = []
     for spec in specs or ["auto"]:
         if spec.strip().lower() == "auto":
-            names.append(auto_layer(model, x, output_key))
+            names.append(auto_layer(model, x, output_key, probe))
         else:
             plain = not any(ch in spec for ch in "*?[") and not spec.startswith("type:")
             names.extend(select_layers(model, [spec], leaves_only=not plain))
     names = list(dict.fromkeys(names))
-    records = {r.name: r for r in _probe(model, x, names)}
+    records = {r.name: r for r in _probe(model, x, names, probe)}
     hw = (int(x.shape[-2]), int(x.shape[-1]))
     out = []
     for n in names:

@@ -76,6 +76,7 @@ def capture(model: nn.Module, x: torch.Tensor, layers: list[str], *, grads: bool
 
     from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
     from inspect_model.errors import ModelRuntimeError
+    from inspect_model.methods.targets import require_float
 
     hooked = list(layers) + ([fc] if fc and fc not in layers else [])
     opts = CaptureOptions(
@@ -99,6 +100,7 @@ def capture(model: nn.Module, x: torch.Tensor, layers: list[str], *, grads: bool
             caps[n] = single_output(recs[n], n)
         got: dict[str, list[Any]] = {n: [] for n in layers}
         if grads:
+            require_float(scores)
             if not scores.requires_grad:
                 raise LayerSelectionError(
                     f"the model output does not depend on layer '{layers[0]}'; pick a layer on the path "

@@ -214,6 +214,7 @@ class GradRun:
         self.clip_norm, self.vanishing_below, self.exploding_above = clip_norm, vanishing_below, exploding_above
         self.keep_input_grad, self.histograms, self.on_batch = keep_input_grad, histograms, on_batch
         self.spec = parse_target(target, categories) if loss is None else None
+        self.categories = categories
         self.label_list: list[int] | None = None
         self.label_one: int | None = None
         if isinstance(labels, (list, tuple)):
@@ -284,6 +285,8 @@ class GradRun:
                select_output: Any) -> None:
         import torch
 
+        from inspect_model.methods.targets import check_label_count, require_float
+
         part, model = self.partial, self.model
         x0, batch_names = item
         n = x0.shape[0]
@@ -292,8 +295,9 @@ class GradRun:
         x = x0.detach().clone().requires_grad_(x0.is_floating_point())
         out = run_forward(eng, lambda x=x: model(x))
         y = select_output(out, self.output_key)
-        if not y.is_floating_point():
-            raise ModelRuntimeError(f"the output to differentiate has dtype {y.dtype}; pick a float output with --output-key")
+        require_float(y)
+        if self.loss is not None and y.dim() == 2:
+            check_label_count(self.categories, int(y.shape[1]))
         if not y.requires_grad:
             raise ModelRuntimeError("the model output does not depend on anything that requires grad "
                                     "(does the model detach or run under torch.no_grad?)")

@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
 from inspect_model.errors import InputError, ModelRuntimeError, UsageError
-from inspect_model.methods.targets import TargetSpec, parse_target, resolve_targets, select_output
+from inspect_model.methods.targets import TargetSpec, parse_target, require_float, resolve_targets, select_output
 
 KINDS = ("relu", "relu6", "leaky_relu", "silu", "gelu", "prelu")
 
@@ -179,6 +179,7 @@ def guided_backprop(
                 f"the model output has shape {tuple(scores.shape)}; expected a batch of {leaf.shape[0]} "
                 "score rows; use --output-key to pick another output"
             )
+        require_float(scores)
         if not scores.requires_grad:
             raise ModelRuntimeError("the model output does not depend on the input; nothing to backpropagate")
         flat = scores.reshape(scores.shape[0], -1)  # (N, classes); (N,) becomes (N, 1)

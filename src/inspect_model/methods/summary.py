@@ -13,8 +13,9 @@ no arithmetic runs; models that cannot run on meta fall back to a real forward p
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -117,6 +118,26 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+@contextlib.contextmanager
+def _kept_buffers(model: nn.Module, on: bool) -> Iterator[None]:
+    """With ``on``, every buffer of ``model`` (batch norm's running mean, variance and
+    batch count) is exactly as before when the block ends: a train-mode pass updates them."""
+    import torch
+
+    if not on:
+        yield
+        return
+    saved = [(m, k, b, b.detach().clone()) for m in model.modules() for k, b in m._buffers.items()
+             if b is not None]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m, k, b, copy in saved:
+                m._buffers[k] = b  # a module may have replaced the tensor itself
+                b.copy_(copy)
+
+
 def summarize(
     model: nn.Module,
     inputs: Sequence[Any],
@@ -124,6 +145,7 @@ def summarize(
     name: str = "model",
     depth: int | None = None,
     forward: Callable[..., Any] | None = None,
+    train: bool = False,
 ) -> SummaryResult:
     """Run one hooked forward pass of ``model(*inputs)`` and build the layer table.
 
@@ -144,7 +166,9 @@ def summarize(
     engine = HookEngine(
         model,
         names,
-        CaptureOptions(outputs=True, eval_mode=True, grad_enabled=True, track_stack=True),
+        # train: dropout and batch norm as in training (issue 14); the engine puts every
+        # module's flag back, and _kept_buffers the running statistics training mode updates.
+        CaptureOptions(outputs=True, eval_mode=not train, grad_enabled=True, track_stack=True),
     )
     error: str | None = None
     failed: str | None = None
@@ -157,7 +181,7 @@ def summarize(
             macs[name] += recurrent_macs(mod, args)
         return hook
 
-    with engine:
+    with engine, _kept_buffers(model, train):
         handles = [m.register_forward_hook(count_recurrent(n)) for n, m in recurrent.items()]
         try:
             # Grad mode stays on: MultiheadAttention's no-grad fast path runs a fused op
@@ -169,6 +193,8 @@ def summarize(
             failed = stack[-1] if stack else ""
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             error = f"{type(exc).__name__}: {msg}"
+            if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+                error = f"out of memory ({type(exc).__name__}); use a smaller --batch-size or --input-size"
         finally:
             for h in handles:
                 h.remove()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,10 +26,18 @@ class TargetSpec:
     index: int | None = None  # for "class"
     k: int = 1  # for "top"
     text: str = "predicted"
+    # Class names from a labels file, checked against the model's class count once the
+    # output is seen (resolve_targets).
+    names: Sequence[str] | None = field(default=None, compare=False, repr=False)
 
 
 def parse_target(text: str | None, categories: Sequence[str] | None = None) -> TargetSpec:
     """Parse ``predicted``, ``top:K``, an index or a label name (needs ``categories``)."""
+    spec = _parse_target(text, categories)
+    return replace(spec, names=categories) if getattr(categories, "source", None) else spec
+
+
+def _parse_target(text: str | None, categories: Sequence[str] | None) -> TargetSpec:
     raw = (text or "predicted").strip()
     low = raw.lower()
     if low in ("predicted", "pred", "top", "top:1"):
@@ -71,6 +79,7 @@ def resolve_targets(spec: TargetSpec, scores: torch.Tensor) -> list[list[int]]:
         )
     flat = scores.reshape(scores.shape[0], -1)
     n_classes = flat.shape[1]
+    check_label_count(spec.names, n_classes)
     if spec.kind == "class":
         assert spec.index is not None
         if not -n_classes <= spec.index < n_classes:
@@ -83,6 +92,33 @@ def resolve_targets(spec: TargetSpec, scores: torch.Tensor) -> list[list[int]]:
     return [row.tolist() for row in top]
 
 
+def require_float(y: torch.Tensor) -> None:
+    """Refuse an output that autograd cannot differentiate (an int64 class index, a bool
+    mask), naming that cause rather than a missing dependency (issue 13)."""
+    if not y.is_floating_point() and not y.is_complex():
+        dtype = str(y.dtype).replace("torch.", "")
+        raise ModelRuntimeError(
+            f"the model output is {dtype}, not floating point, so it cannot be differentiated; "
+            "pick a float output with --output-key"
+        )
+
+
+def check_label_count(categories: Sequence[str] | None, n_classes: int) -> None:
+    """A labels file must name every class of the model, no more and no fewer (issue 13)."""
+    source = getattr(categories, "source", None)
+    if source is not None and categories is not None and len(categories) != n_classes:
+        raise InputError(
+            f"labels file '{source}' has {len(categories)} names but the model has {n_classes} classes; "
+            f"give one name per class ({n_classes} lines)"
+        )
+
+
+class LabelNames(list):  # type: ignore[type-arg]
+    """Class names read from a labels file; ``source`` names the file for messages."""
+
+    source: str | None = None
+
+
 def label(index: int, categories: Sequence[str] | None) -> str:
     """``281 tabby`` when names are known, else ``281``."""
     if categories and 0 <= index < len(categories):
@@ -90,7 +126,7 @@ def label(index: int, categories: Sequence[str] | None) -> str:
     return str(index)
 
 
-def load_labels(path: str | Path) -> list[str]:
+def load_labels(path: str | Path) -> LabelNames:
     """Class names from a file: one per line, or a JSON list, or a JSON {index: name} map."""
     p = Path(path)
     try:
@@ -106,7 +142,7 @@ def load_labels(path: str | Path) -> list[str]:
         except json.JSONDecodeError as exc:
             raise InputError(f"labels file '{p}' is not valid JSON: {exc.msg} (line {exc.lineno})") from exc
         if isinstance(data, list):
-            return [str(x) for x in data]
+            return _named([str(x) for x in data], p)
         if isinstance(data, dict):
             try:
                 items = sorted((int(k), str(v)) for k, v in data.items())
@@ -115,12 +151,18 @@ def load_labels(path: str | Path) -> list[str]:
             out = [""] * (items[-1][0] + 1 if items else 0)
             for i, name in items:
                 out[i] = name
-            return out
+            return _named(out, p)
         raise InputError(f"labels file '{p}' must hold a JSON list or object")
     names = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if not names:
         raise InputError(f"labels file '{p}' is empty")
-    return names
+    return _named(names, p)
+
+
+def _named(names: list[str], path: Path) -> LabelNames:
+    out = LabelNames(names)
+    out.source = str(path)
+    return out
 
 
 def select_output(output: Any, key: str | None) -> torch.Tensor:

@@ -53,12 +53,16 @@ def write_graph(writer: Any, model: Any, example: Any) -> str | None:
     """The model's graph (``add_graph``, a TorchScript trace on ``example``); None when
     written, else a one-line note saying why tracing failed. The trace runs in eval mode
     without grad, and every module's ``training`` flag is put back."""
+    import warnings
+
     import torch
 
     flags = [(m, m.training) for m in model.modules()]
     try:
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            # add_graph is built on torch.jit.trace, whose deprecation is torch's to solve.
+            warnings.filterwarnings("ignore", message=r".*torch\.jit\.trace.* is deprecated")
             writer.add_graph(model, example, use_strict_trace=False)
         return None
     except Exception as exc:
