@@ -295,7 +295,10 @@ def test_cli_json_schema_plots_and_api_equality(cli, models_py: Path, images: li
     api = cam(None, model_options=ModelOptions(f"{models_py}:TinyCNN", weights="none"),
               inputs=InputOptions(images, crop=16), methods=["gradcam,eigencam"], evaluate=True, boxes=boxes,
               eval_steps=4, eval_batch=16, output_dir=tmp_path / "api")
-    assert json.loads(dumps(api.to_dict())) == doc
+    api_doc = json.loads(dumps(api.to_dict()))
+    for d in (api_doc, doc):  # wall-clock speed differs between any two runs
+        d.pop("throughput", None)
+    assert api_doc == doc
     text = api.text()
     assert "faithfulness, target" in text and "average over 2 image(s)" in text and "Energy ^" in text
 
