@@ -122,9 +122,8 @@ class GradsSession(Session):
         if sink.out is None:
             return
         sink.figure("grad_flow.png", render.flow_figure(rep), dpi=render.FIG_DPI)
-        pages = render.histogram_figure(rep)
-        for i, fig in enumerate(pages if isinstance(pages, list) else [pages]):
-            sink.figure(f"grad_histograms_{i + 1:03d}.png", fig, dpi=render.FIG_DPI)
+        for i, page in enumerate(render.histogram_pages(rep)):
+            sink.image(f"grad_histograms_{i + 1:03d}.png", page)
 
 
 class JacobianSession(Session):
