@@ -392,12 +392,17 @@ class Result:
 
 
 def write_reports(result: Result, sink: Sink) -> None:
-    """report.txt and report.json, after every other file (they list them)."""
+    """report.txt, report.json and report.html, after every other file (they list them)."""
+    import json
+
+    from inspect_model.render.html import render_html
     from inspect_model.render.jsonout import dumps
 
-    result.files = sorted({*sink.written(), "report.txt", "report.json"})
+    result.files = sorted({*sink.written(), "report.txt", "report.json", "report.html"})
     sink.text("report.txt", result.text())
-    sink.text("report.json", dumps(result.to_dict()) + "\n")
+    doc = dumps(result.to_dict())
+    sink.text("report.json", doc + "\n")
+    sink.text("report.html", render_html(json.loads(doc)))
 
 
 # ----------------------------------------------------------------------------- sessions
