@@ -61,7 +61,7 @@ class CamSession(Session):
                  layers: list[str] | None = None, reshape: str | None = None, fuse: bool = False,
                  target: str = "predicted", output_key: str | None = None, scorecam_batch: int = 32,
                  colormap: str = "jet", alpha: float = 0.5, top: int = 5, save_raw: bool = False,
-                 notes: Any = None) -> None:
+                 notes: Any = None, progress: Any = None) -> None:
         from inspect_model.methods.targets import parse_target
 
         self.method_items = list(methods or ["gradcam"])  # as typed: `all` makes CAM optional
@@ -74,6 +74,7 @@ class CamSession(Session):
         self.target_text = target
         self.spec = parse_target(target, prep.categories)
         self.notes = notes or (lambda text: None)
+        self.progress = progress  # progress(done, total, label) for the long inner loops
         self.warnings = Warnings()
         self.cam_layers: list[Any] | None = None
         self.entries: list[dict[str, Any]] = []
@@ -109,7 +110,7 @@ class CamSession(Session):
             self._resolve(batch.tensor)
         res = compute_cams(self.prep.loaded.model, batch.tensor, layers=self.cam_layers, methods=self.method_items,
                            target=self.spec, output_key=self.output_key, scorecam_batch=self.scorecam_batch,
-                           fuse=self.fuse)
+                           fuse=self.fuse, progress=self.progress)
         for key in self.passes:
             self.passes[key] += res.passes[key]
         self.warnings.extend(res.notes)
@@ -284,7 +285,7 @@ def cam(model: Any, images: Any = None, *, methods: list[str] | None = None, lay
     prep = prepare("cam", mopts, inputs, notes=notes)
     session = CamSession(prep, mopts, methods=methods, layers=layers, reshape=reshape, fuse=fuse, target=target,
                          output_key=output_key, scorecam_batch=scorecam_batch, colormap=colormap, alpha=alpha,
-                         top=top, save_raw=save_raw, notes=notes)
+                         top=top, save_raw=save_raw, notes=notes, progress=progress)
     total = len(prep.plan.paths) if prep.plan.paths else 0
     return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
                    keep=keep, tensorboard=tensorboard, on_item=on_item)

@@ -58,7 +58,7 @@ class GradsSession(Session):
                  label: str | None = None, labels_file: Any = None, output_key: str | None = None,
                  layers: list[str] | None = None, depth: int | None = None, clip_norm: float | None = None,
                  vanishing_below: float = 1e-5, exploding_above: float = 1e4, fail_on: str | None = None,
-                 histograms: bool = False, notes: Any = None) -> None:
+                 histograms: bool = False, notes: Any = None, progress: Any = None) -> None:
         if depth is not None and depth < 0:
             raise UsageError(f"--depth must be 0 or more, got {depth}")
         self.prep, self.mopts = prep, mopts
@@ -66,6 +66,7 @@ class GradsSession(Session):
                        clip_norm=clip_norm, vanishing_below=vanishing_below, exploding_above=exploding_above,
                        fail_on=fail_on, histograms=histograms)
         self.label, self.labels_file = label, labels_file
+        self.progress = progress
         self.notes = notes or (lambda text: None)
         self.report: Any = None
         self.count = 0
@@ -87,7 +88,7 @@ class GradsSession(Session):
                 self.count += 1
 
         self.report = gradients(self.prep.loaded.model, batches, labels=lab, categories=cats, on_batch=on_batch,
-                                **self.kw)
+                                progress=self.progress, **self.kw)
         for note in self.report.notes:
             self.notes(note)
 
@@ -246,7 +247,7 @@ def grads(model: Any, images: Any = None, *, target: str | None = None, loss: st
                                output_key=output_key, layers=layers, depth=depth, clip_norm=clip_norm,
                                vanishing_below=vanishing_below, exploding_above=exploding_above, fail_on=fail_on,
                                histograms=output_dir is not None or tensorboard is not None or keep,
-                               notes=notes)
+                               notes=notes, progress=progress)
     total = len(prep.plan.paths) if prep.plan.paths else 0
     return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
                    keep=keep, tensorboard=tensorboard, on_item=on_item)

@@ -164,12 +164,15 @@ def gradients(
     keep_input_grad: bool = False,
     histograms: bool = False,
     on_batch: Callable[[list[SampleGrad]], None] | None = None,
+    progress: Callable[..., None] | None = None,
 ) -> GradReport:
     """Differentiate the objective over ``inputs`` (a tensor, or an iterable of tensors or
     of objects with ``.tensor`` and ``.names``, such as ``InputPlan.batches()``) and report
     layer and parameter gradients and the health checks (see the module docstring).
     Nothing is printed; ``on_batch`` gets each batch's per-input records as it finishes.
-    ``histograms`` adds log10|g| histograms per layer and parameter (for plots/TensorBoard)."""
+    ``histograms`` adds log10|g| histograms per layer and parameter (for plots/TensorBoard).
+    ``progress(done, total, label)`` follows the per-layer work of each backward pass and
+    the per-parameter statistics."""
     import torch
 
     from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
@@ -199,7 +202,12 @@ def gradients(
     counter = itertools.count()
     batch_n = [0]
 
+    seen = {"done": 0, "total": 0}
+
     def observe(g: torch.Tensor) -> GradObs:
+        if progress is not None and seen["total"] > 1:
+            seen["done"] += 1
+            progress(min(seen["done"], seen["total"]), seen["total"], "grads: layer gradients")
         n = batch_n[0]
         per = None
         if g.dim() >= 1 and g.shape[0] == n:
@@ -239,6 +247,8 @@ def gradients(
                 batch_labels = None if label_one is None else [label_one] * n
             label_pos += n
             seed, per_obj, used = output_seed(y, target=spec, loss=loss, labels=batch_labels)
+            # Gradients to come in this backward pass: one per captured output and input.
+            seen["done"], seen["total"] = 0, sum(len(r.outputs) + len(r.inputs) for r in eng.records)
             out_sq += float(seed.double().pow(2).sum())
             try:
                 y.backward(seed)
@@ -275,7 +285,11 @@ def gradients(
         if label_list is not None and label_pos != len(label_list):
             raise InputError(f"--labels-file has {len(label_list)} labels for {label_pos} inputs; "
                              "give one label per image")
-        params = [_param_grad(n, p, histograms) for n, p in listed]
+        params = []
+        for i, (pname, p) in enumerate(listed):
+            params.append(_param_grad(pname, p, histograms))
+            if progress is not None:
+                progress(i + 1, len(listed), "grads: parameter gradients")
         sq = [float(p.grad.detach().double().pow(2).sum()) for _, p in trainable if p.grad is not None]
         total = math.sqrt(sum(sq))
         shares = [(n, float(p.grad.detach().double().pow(2).sum())) for n, p in trainable if p.grad is not None]
