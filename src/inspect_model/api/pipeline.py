@@ -208,7 +208,7 @@ class Sink:
             fut: Future[Any] = Future()
             try:
                 fut.set_result(fn())
-            except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on it
+            except BaseException as exc:  # handed to whoever waits on the future, and raised
                 fut.set_exception(exc)
                 raise
             return fut

@@ -87,9 +87,8 @@ def _flatten(d: dict[str, Any], prefix: str = "", depth: int = 0) -> dict[str, A
         name = f"{prefix}{k}"
         if isinstance(v, dict) and depth < 1:
             out.update(_flatten(v, f"{name}.", depth + 1))
-        elif isinstance(v, (str, int, float, bool)) or v is None:
-            out[name] = v
-        elif isinstance(v, (list, tuple)) and len(v) <= 6 and all(isinstance(x, (int, str)) for x in v):
+        elif isinstance(v, (str, int, float, bool)) or v is None or (
+                isinstance(v, (list, tuple)) and len(v) <= 6 and all(isinstance(x, (int, str)) for x in v)):
             out[name] = v
     return out
 

@@ -65,8 +65,8 @@ def font(size: int, bold: bool = False) -> ImageFont.FreeTypeFont | ImageFont.Im
 
 def text_size(text: str, size: int, bold: bool = False) -> tuple[int, int]:
     """(width, height) of one line of ``text``."""
-    left, top, right, bottom = font(size, bold).getbbox(text or " ")
-    return int(math.ceil(right)), int(math.ceil(max(bottom, size)))
+    _, _, right, bottom = font(size, bold).getbbox(text or " ")
+    return math.ceil(right), math.ceil(max(bottom, size))
 
 
 def fit_text(text: str, size: int, width: int) -> str:
