@@ -294,7 +294,7 @@ def test_grid_shapes_and_channel_choice():
             parse_channels(bad)
 
 
-def test_vit_tokens_form_a_square_grid_and_vectors_are_bars():
+def test_vit_tokens_form_a_square_grid_and_vectors_are_heat_map_strips():
     tokens = np.random.default_rng(0).standard_normal((17, 6)).astype(np.float32)  # class + 4x4
     kind, maps, note = spatial_maps(tokens, 1)
     assert kind == "grid" and maps.shape == (6, 4, 4) and "class token" in note
@@ -304,7 +304,7 @@ def test_vit_tokens_form_a_square_grid_and_vectors_are_bars():
     _, layout = render_activation(tokens, 1, title="t")
     assert (layout.kind, layout.rows, layout.cols) == ("grid", 2, 3)  # 6 channels
     _, layout = render_activation(np.arange(5.0), None, title="fc")
-    assert layout.kind == "bars" and layout.channels == (0, 1, 2, 3, 4)
+    assert (layout.kind, layout.rows, layout.cols) == ("strip", 1, 5) and layout.channels == (0, 1, 2, 3, 4)
     _, layout = render_activation(np.arange(300.0), None, title="fc")
     assert (layout.kind, layout.rows, layout.cols) == ("strip", 5, 64)
     _, layout = render_activation(np.ones((4, 9)), 0, title="conv1d", scale="each")

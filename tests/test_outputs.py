@@ -192,7 +192,7 @@ def test_cli_output_dir_errors(tmp_path: Path, models_py: Path, cli) -> None:
     assert listing(d) == ["other.txt"]
     res = cli(["summary", f"{models_py}:TinyCNN", "--input-size", "3x8x8", "-o", str(tmp_path / "new")])
     assert res.exit_code == 0, res.stderr
-    assert listing(tmp_path / "new") == ["report.json", "report.txt"]
+    assert listing(tmp_path / "new") == ["report.html", "report.json", "report.txt"]
     # A failing run (a model that raises) leaves no directory behind.
     res = cli(["summary", f"{models_py}:Boom", "--input-size", "4", "--device", "cpu", "-o", str(tmp_path / "fail")])
     assert res.exit_code != 0

@@ -168,9 +168,9 @@ def test_cli_output_dir_writes_both_files(cli, tmp_path: Path) -> None:
     out = tmp_path / "out"
     r = cli(["summary", "resnet18", "--output-dir", str(out)])
     assert r.exit_code == 0, r.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["report.json", "report.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["report.html", "report.json", "report.txt"]
     doc = json.loads((out / "report.json").read_text())
-    assert doc["files"] == ["report.json", "report.txt"]
+    assert doc["files"] == ["report.html", "report.json", "report.txt"]
 
 
 def test_cli_forward_failure_prints_rows_then_error(cli, models_py: Path) -> None:

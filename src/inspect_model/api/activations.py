@@ -185,23 +185,40 @@ class ActivationsSession(Session):
 
         cdim = None if k.channel_dim is None else k.channel_dim - 1
         title = f"{k.key} ({k.type}) - {Path(entry['image']).name or entry['image']}"
-        fig, layout = render_activation(_numpy(sample), cdim, title=title, channels=self.spec, scale=self.scale,
-                                        cmap=self.colormap, layer=k.key)
+        values, spec, scale, cmap = _numpy(sample), self.spec, self.scale, self.colormap
+        picture: dict[str, Any] = {}
+
+        def draw() -> Any:  # on a worker: drawing and encoding overlap the next batch
+            img, picture["layout"] = render_activation(values, cdim, title=title, channels=spec, scale=scale,
+                                                       cmap=cmap, layer=k.key)
+            return img
+
         if sink.writer is not None:
-            sink.writer.add_image(f"grids/{k.key}", figure_to_array(fig), global_step=entry["index"],
+            img = draw()
+            sink.writer.add_image(f"grids/{k.key}", figure_to_array(img), global_step=entry["index"],
                                   dataformats="HWC")
-        path = sink.figure(f"{base}/{safe_name(k.key)}.png", fig)
-        self.grids.append({"image": entry["image"], "layer": k.key, "file": path, "kind": layout.kind,
-                           "rows": layout.rows, "cols": layout.cols, "channels": list(layout.channels),
-                           "total_channels": layout.total_channels, "note": layout.note})
+            path = sink.image(f"{base}/{safe_name(k.key)}.png", img)
+        else:
+            path = sink.image(f"{base}/{safe_name(k.key)}.png", draw)
+        self.grids.append({"image": entry["image"], "layer": k.key, "file": path, "_layout": picture})
         return path
 
     def draw_summary(self, sink: Sink, result: Result) -> None:
         from inspect_model.render.activations import render_overview
 
-        result.payload["grids"] = list(self.grids)
+        sink.drain()  # every grid drawn: its layout is known
+        result.payload["grids"] = [_grid_entry(g) for g in self.grids]
         if sink.out is not None:
             sink.figure("overview.png", render_overview(result.record))
+
+
+def _grid_entry(g: dict[str, Any]) -> dict[str, Any]:
+    if "_layout" not in g:
+        return g
+    layout = g["_layout"]["layout"]
+    return {"image": g["image"], "layer": g["layer"], "file": g["file"], "kind": layout.kind, "rows": layout.rows,
+            "cols": layout.cols, "channels": list(layout.channels), "total_channels": layout.total_channels,
+            "note": layout.note}
 
 
 def _numpy(t: Any) -> Any:

@@ -76,6 +76,7 @@ class CamSession(Session):
         self.target_text = target
         self.spec = parse_target(target, prep.categories)
         self.notes = notes or (lambda text: None)
+        self.progress = progress  # progress(done, total, label) for the long inner loops
         self.warnings = Warnings()
         self.cam_layers: list[Any] | None = None
         self.entries: list[dict[str, Any]] = []
@@ -123,7 +124,7 @@ class CamSession(Session):
             self._resolve(batch.tensor)
         res = compute_cams(self.prep.loaded.model, batch.tensor, layers=self.cam_layers, methods=self.method_items,
                            target=self.spec, output_key=self.output_key, scorecam_batch=self.scorecam_batch,
-                           fuse=self.fuse)
+                           fuse=self.fuse, progress=self.progress)
         for key in self.passes:
             self.passes[key] += res.passes[key]
         self.warnings.extend(res.notes)
@@ -209,27 +210,29 @@ class CamSession(Session):
             cls = m.target
             cname = cats[cls] if cats and 0 <= cls < len(cats) else None
             arr = m.map.numpy()
-            over = ov.overlay(picture, arr, box, alpha=self.alpha, cmap=self.colormap)
             title = f"{cls}{' ' + cname if cname else ''} p={float(probs[cls]):.3f}"
-            rows.setdefault(m.rank, {})[(m.method, m.layer)] = ov.SheetCell(ov.thumbnail(over), title)
+            names: dict[str, Any] = {}
+            if sink.out is not None:
+                from inspect_model.render.files import safe_name
+
+                stem = f"{base}/{safe_name(m.method)}.{safe_name(m.layer)}.{class_tag(cls, cats)}"
+                names = {"overlay": sink.out.reserve(f"{stem}.overlay.png"),
+                         "heatmap": sink.out.reserve(f"{stem}.heatmap.png")}
+                rec["files"] = {k: sink._rel(str(final)) for k, (_, final) in names.items()}
+                if self.save_raw:
+                    rec["files"]["raw_input"] = sink.npy(f"{stem}.input.npy", arr)
+                    if m.raw is not None:
+                        rec["files"]["raw_layer"] = sink.npy(f"{stem}.layer.npy", m.raw.numpy())
+            # Drawing and encoding run on the sink's workers while the model computes on.
+            job = _draw_map_job(sink, names, picture, arr, box, self.alpha, self.colormap,
+                                f"{m.method} @ {m.layer}\n{title}", keep=sink.writer is not None)
+            fut = sink.defer(job)
             if sink.writer is not None:
                 import numpy as np
 
-                sink.writer.add_image(f"cam/{m.method}/{m.layer}/rank{m.rank}", np.asarray(over), entry["index"],
-                                      dataformats="HWC")
-            if sink.out is None:
-                continue
-            from inspect_model.render.files import safe_name
-
-            stem = f"{base}/{safe_name(m.method)}.{safe_name(m.layer)}.{class_tag(cls, cats)}"
-            f = {"overlay": sink.image(f"{stem}.overlay.png", over)}
-            fig = ov.heatmap_figure(arr, f"{m.method} @ {m.layer}\n{title}", cmap=self.colormap)
-            f["heatmap"] = sink.figure(f"{stem}.heatmap.png", fig)
-            if self.save_raw:
-                f["raw_input"] = sink.npy(f"{stem}.input.npy", arr)
-                if m.raw is not None:
-                    f["raw_layer"] = sink.npy(f"{stem}.layer.npy", m.raw.numpy())
-            rec["files"] = f
+                sink.writer.add_image(f"cam/{m.method}/{m.layer}/rank{m.rank}", np.asarray(fut.result()[1]),
+                                      entry["index"], dataformats="HWC")
+            rows.setdefault(m.rank, {})[(m.method, m.layer)] = (fut, title)
         if sink.out is not None:
             for rank in sorted(rows):
                 cells = [rows[rank].get(col) for col in self.columns]
@@ -269,16 +272,37 @@ class CamSession(Session):
         if not several:
             self.sheet_rows = []
             return
-        from inspect_model.render.overlay import contact_sheet
+        from inspect_model.render.overlay import SheetCell, contact_sheet
 
         while self.sheet_rows and (final or len(self.sheet_rows) >= SHEET_ROWS):
             rows, self.sheet_rows = self.sheet_rows[:SHEET_ROWS], self.sheet_rows[SHEET_ROWS:]
             cols = [f"{m} @ {lay}" for m, lay in self.columns]
             page = self.page_base + len(self.sheets) + 1
-            fig = contact_sheet(rows, cols, title=f"class activation maps (page {page})")
-            name = sink.figure(f"contact_sheet_{page:03d}.png", fig)
+            # The cells are thumbnails the workers drew; waiting here keeps their order.
+            cells = [(label, [None if c is None else SheetCell(c[0].result()[0], c[1]) for c in row])
+                     for label, row in rows]
+            name = sink.image(f"contact_sheet_{page:03d}.png",
+                              lambda cells=cells, cols=cols, page=page: contact_sheet(
+                                  cells, cols, title=f"class activation maps (page {page})"))
             if name is not None:
                 self.sheets.append(name)
+
+
+def _draw_map_job(sink: Sink, names: dict[str, Any], picture: Any, arr: Any, box: Any, alpha: float, cmap: str,
+                  title: str, *, keep: bool) -> Any:
+    """The work of one map, for a worker: the overlay and the heat map, drawn and written;
+    gives (contact-sheet thumbnail, the overlay when ``keep``)."""
+    from inspect_model.render import overlay as ov
+    from inspect_model.render.files import png_bytes
+
+    def job() -> tuple[Any, Any]:
+        over = ov.overlay(picture, arr, box, alpha=alpha, cmap=cmap)
+        if names and sink.out is not None:
+            sink.out.write_staged(*names["overlay"], png_bytes(over))
+            sink.out.write_staged(*names["heatmap"], png_bytes(ov.heatmap_image(arr, title, cmap=cmap)))
+        return ov.thumbnail(over), over if keep else None
+
+    return job
 
 
 def cam(model: Any, images: Any = None, *, methods: list[str] | None = None, layers: list[str] | None = None,

@@ -25,7 +25,6 @@ import contextlib
 import hashlib
 import json
 import os
-from inspect_model.render.files import RESUME_STAGING
 import signal
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import DistributedError, InspectModelError, OutputError, UsageError
+from inspect_model.render.files import RESUME_STAGING
 
 if TYPE_CHECKING:
     from inspect_model.api.pipeline import ImageItem, Result, Session

@@ -58,7 +58,7 @@ class GradsSession(Session):
                  label: str | None = None, labels_file: Any = None, output_key: str | None = None,
                  layers: list[str] | None = None, depth: int | None = None, clip_norm: float | None = None,
                  vanishing_below: float = 1e-5, exploding_above: float = 1e4, fail_on: str | None = None,
-                 histograms: bool = False, notes: Any = None) -> None:
+                 histograms: bool = False, notes: Any = None, progress: Any = None) -> None:
         if depth is not None and depth < 0:
             raise UsageError(f"--depth must be 0 or more, got {depth}")
         self.prep, self.mopts = prep, mopts
@@ -67,6 +67,7 @@ class GradsSession(Session):
                        fail_on=fail_on, histograms=histograms)
         self.label, self.labels_file = label, labels_file
         self.labels_source = None if labels_file is None else str(labels_file)  # in --resume's options hash
+        self.progress = progress
         self.notes = notes or (lambda text: None)
         self.report: Any = None
         self.grad_run: Any = None
@@ -97,7 +98,7 @@ class GradsSession(Session):
         # Under torchrun or --resume (api/distributed.py), ``partial`` holds what this shard
         # or the killed run had summed, and ``index_base`` is the run index of its first image.
         return GradRun(self.prep.loaded.model, labels=lab, categories=cats, on_batch=on_batch,
-                       partial=self.partial, label_base=self.index_base, **self.kw)
+                       partial=self.partial, label_base=self.index_base, progress=self.progress, **self.kw)
 
     def snapshot(self) -> Any:
         """What has been summed so far (gradients on the CPU): a checkpoint or a shard's part."""
@@ -144,9 +145,8 @@ class GradsSession(Session):
         if sink.out is None:
             return
         sink.figure("grad_flow.png", render.flow_figure(rep), dpi=render.FIG_DPI)
-        pages = render.histogram_figure(rep)
-        for i, fig in enumerate(pages if isinstance(pages, list) else [pages]):
-            sink.figure(f"grad_histograms_{i + 1:03d}.png", fig, dpi=render.FIG_DPI)
+        for i, page in enumerate(render.histogram_pages(rep)):
+            sink.image(f"grad_histograms_{i + 1:03d}.png", page)
 
 
 class JacobianSession(Session):
@@ -269,7 +269,7 @@ def grads(model: Any, images: Any = None, *, target: str | None = None, loss: st
                                output_key=output_key, layers=layers, depth=depth, clip_norm=clip_norm,
                                vanishing_below=vanishing_below, exploding_above=exploding_above, fail_on=fail_on,
                                histograms=output_dir is not None or tensorboard is not None or keep,
-                               notes=notes)
+                               notes=notes, progress=progress)
     total = len(prep.plan.paths) if prep.plan.paths else 0
     return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
                    keep=keep, tensorboard=tensorboard, on_item=on_item)

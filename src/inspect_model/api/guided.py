@@ -41,7 +41,7 @@ class GuidedSession(Session):
     def __init__(self, prep: Any, mopts: ModelOptions, *, target: str = "predicted", activations: bool = False,
                  guided_gradcam: bool = False, layer: str = "auto", sanity: bool = False,
                  output_key: str | None = None, save_raw: bool = False, overview: bool = True,
-                 keep_gradients: bool = False) -> None:
+                 keep_gradients: bool = False, progress: Any = None) -> None:
         from inspect_model.methods import guided as gb
         from inspect_model.methods.targets import parse_target
 
@@ -52,6 +52,7 @@ class GuidedSession(Session):
         self.guided_gradcam, self.layer, self.sanity = guided_gradcam, layer, sanity
         self.output_key, self.save_raw, self.overview = output_key, save_raw, overview
         self.keep_gradients = keep_gradients
+        self.progress = progress
         self.gradients: list[Any] = []
         self.cam_layer: str | None = None
         self.sites: dict[str, int] | None = None
@@ -79,7 +80,7 @@ class GuidedSession(Session):
             ggc = gb.guided_gradcam(res.gradients, maps)
         if self.sanity:
             self.sanity_acc = _merge_sanity(self.sanity_acc, gb.sanity_check(
-                model, x, res, seed=self.prep.plan.seed, output_key=self.output_key))
+                model, x, res, seed=self.prep.plan.seed, output_key=self.output_key, progress=self.progress))
         if self.keep_gradients:
             self.gradients.append(res.gradients)
         items = []
@@ -239,7 +240,7 @@ def guided_backprop(model: Any, images: Any = None, target: str = "predicted", *
     keep = output_dir is None if keep is None else keep
     session = GuidedSession(prep, mopts, target=target, activations=activations, guided_gradcam=guided_gradcam,
                             layer=layer, sanity=sanity, output_key=output_key, save_raw=save_raw,
-                            overview=overview, keep_gradients=keep)
+                            overview=overview, keep_gradients=keep, progress=progress)
     total = len(prep.plan.paths) if prep.plan.paths else 0
     return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
                    keep=keep, tensorboard=tensorboard, on_item=on_item)

@@ -222,11 +222,21 @@ def _model_device(model: Any) -> str:
 # ----------------------------------------------------------------------------- files
 class Sink:
     """Where a session draws its files: an :class:`OutputDir` (names relative to it) and,
-    optionally, a TensorBoard writer. ``files`` is every file written, relative."""
+    optionally, a TensorBoard writer. ``files`` is every file written, relative.
 
-    def __init__(self, out: OutputDir | None, writer: Any = None) -> None:
+    Pictures are encoded and written by a small pool of threads while the model computes
+    the next batch (Pillow's and zlib's encoders and torch release the GIL). The queue is
+    bounded (:data:`MAX_PENDING` jobs): a producer that runs ahead waits, so memory stays
+    flat over any number of images. Names are claimed when a job is queued, so the
+    reports list the same files in the same order whatever the threads do."""
+
+    def __init__(self, out: OutputDir | None, writer: Any = None, *, workers: int | None = None) -> None:
         self.out = out
         self.writer = writer
+        self.workers = render_workers() if workers is None else workers
+        self._pool: Any = None
+        self._slots: Any = None
+        self._jobs: list[Any] = []
 
     @property
     def active(self) -> bool:
@@ -236,30 +246,114 @@ class Sink:
         assert self.out is not None
         return Path(os.path.relpath(final, self.out.path)).as_posix()
 
-    def image(self, rel: str, img: Any) -> str | None:
-        return None if self.out is None else self._rel(self.out.save_image(rel, img))
+    # ------------------------------------------------------------ the queue
+    def defer(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on a worker thread (inline with ``workers=0``); a ``Future``. Waits
+        while :data:`MAX_PENDING` jobs are queued; raises a finished job's error early."""
+        from concurrent.futures import Future, ThreadPoolExecutor
 
-    def figure(self, rel: str, fig: Any, *, dpi: int = 100) -> str | None:
+        if self.workers <= 0:
+            fut: Future[Any] = Future()
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # handed to whoever waits on the future, and raised
+                fut.set_exception(exc)
+                raise
+            return fut
+        if self._pool is None:
+            import threading
+
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="inspect-model-render")
+            self._slots = threading.BoundedSemaphore(MAX_PENDING)
+        self._check()
+        self._slots.acquire()
+        try:
+            fut = self._pool.submit(fn)
+        except BaseException:
+            self._slots.release()
+            raise
+        fut.add_done_callback(lambda _f: self._slots.release())
+        self._jobs.append(fut)
+        return fut
+
+    def _check(self) -> None:
+        """Forget finished jobs; raise the first error among them."""
+        keep = []
+        for f in self._jobs:
+            if not f.done():
+                keep.append(f)
+            elif f.exception() is not None:
+                raise f.exception()
+        self._jobs = keep
+
+    def drain(self) -> None:
+        """Wait for every queued job; raise the first error."""
+        for f in self._jobs:
+            f.result()
+        self._jobs = []
+
+    def close(self, *, cancel: bool = False) -> None:
+        """Stop the workers (after the queued jobs, or dropping those not started)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=cancel)
+            self._pool = None
+        if cancel:
+            self._jobs = []
+
+    # ------------------------------------------------------------ files
+    def image(self, rel: str, img: Any) -> str | None:
+        """A PNG of ``img`` (a PIL image, or a function that draws one on the worker)."""
         if self.out is None:
             return None
+        from inspect_model.render.files import png_bytes
+
+        staged, final = self.out.reserve(rel)
+        write = self.out.write_staged
+        self.defer(lambda: write(staged, final, png_bytes(img() if callable(img) else img)))
+        return self._rel(str(final))
+
+    def figure(self, rel: str, fig: Any, *, dpi: int = 100) -> str | None:
+        """A matplotlib figure, rasterised here (matplotlib is not thread-safe), written on a worker."""
+        if self.out is None:
+            return None
+        import io
+
         try:
-            return self._rel(self.out.save_figure(rel, fig, dpi=dpi))
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
         finally:
             import matplotlib.pyplot as plt
 
             plt.close(fig)
+        return self.data(rel, buf.getvalue())
 
     def npy(self, rel: str, array: Any) -> str | None:
         return None if self.out is None else self._rel(self.out.save_npy(rel, array))
 
     def data(self, rel: str, payload: bytes) -> str | None:
-        return None if self.out is None else self._rel(self.out.write_bytes(rel, payload))
+        if self.out is None:
+            return None
+        staged, final = self.out.reserve(rel)
+        write = self.out.write_staged
+        self.defer(lambda: write(staged, final, payload))
+        return self._rel(str(final))
 
     def text(self, rel: str, payload: str) -> str | None:
         return None if self.out is None else self._rel(self.out.write_text(rel, payload))
 
     def written(self) -> list[str]:
         return [] if self.out is None else [self._rel(f) for f in self.out.written]
+
+
+MAX_PENDING = 8  # queued drawing jobs; each holds at most one image's maps
+
+
+def render_workers() -> int:
+    """Threads that encode and write pictures: ``INSPECT_MODEL_RENDER_THREADS``, else 2."""
+    env = os.environ.get("INSPECT_MODEL_RENDER_THREADS")
+    if env is not None and env.strip().isdigit():
+        return int(env)
+    return 2
 
 
 def image_dir(index: int, name: str) -> str:
@@ -332,22 +426,31 @@ class Result:
                               "API call (or keep=True) to write its files")
         with OutputDir(directory, force=force) as out:
             sink = Sink(out)
-            if self.session is not None:
-                self.session.reset_drawing()
-                for item in self.items or []:
-                    item.entry["files"] = self.session.draw(item, sink)
-                self.session.draw_summary(sink, self)
-            write_reports(self, sink)
+            try:
+                if self.session is not None:
+                    self.session.reset_drawing()
+                    for item in self.items or []:
+                        item.entry["files"] = self.session.draw(item, sink)
+                    self.session.draw_summary(sink, self)
+                sink.drain()
+                write_reports(self, sink)
+            finally:
+                sink.close(cancel=True)
         return list(self.files)
 
 
 def write_reports(result: Result, sink: Sink) -> None:
-    """report.txt and report.json, after every other file (they list them)."""
+    """report.txt, report.json and report.html, after every other file (they list them)."""
+    import json
+
+    from inspect_model.render.html import render_html
     from inspect_model.render.jsonout import dumps
 
-    result.files = sorted({*sink.written(), "report.txt", "report.json"})
+    result.files = sorted({*sink.written(), "report.txt", "report.json", "report.html"})
     sink.text("report.txt", clean(result.text()))  # JSON keeps exact strings; text is for terminals
-    sink.text("report.json", dumps(result.to_dict()) + "\n")
+    doc = dumps(result.to_dict())
+    sink.text("report.json", doc + "\n")
+    sink.text("report.html", render_html(json.loads(doc)))
 
 
 # ----------------------------------------------------------------------------- sessions
@@ -419,6 +522,7 @@ def _execute_here(session: Session, batches: Iterable[InputBatch], *, output_dir
 
     clock = distributed.Throughput(session)
     writer = None
+    sink: Sink | None = None
     out = OutputDir(output_dir, force=force).prepare() if output_dir is not None else None
     try:
         if tensorboard is not None:
@@ -448,16 +552,21 @@ def _execute_here(session: Session, batches: Iterable[InputBatch], *, output_dir
         result.items = items if keep else None
         if sink.active:
             session.draw_summary(sink, result)
+        sink.drain()
         clock.stamp(result)
         if out is not None:
             write_reports(result, sink)
             out.commit()
         return result
     except BaseException:
+        if sink is not None:
+            sink.close(cancel=True)  # no worker writes into what abort() removes
         if out is not None:
             out.abort()
         raise
     finally:
+        if sink is not None:
+            sink.close()
         if writer is not None:
             writer.close()
 

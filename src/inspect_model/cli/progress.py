@@ -10,13 +10,15 @@ from inspect_model.cli.common import Messages
 
 class Progress:
     """``with Progress(label, msgs) as progress: progress(done, total)``: a rich bar with
-    counts and an ETA once there is more than one step to wait for; silent elsewhere."""
+    counts and an ETA once there is more than one step to wait for; silent elsewhere.
+    ``progress(done, total, label)`` drives one bar per label, so inner loops (Score-CAM's
+    masked passes, the sanity check's models, grads' per-layer work) show under the images."""
 
     def __init__(self, label: str, msgs: Messages) -> None:
         self.label = label
         self.enabled = not msgs.quiet and _stderr_is_terminal()
         self._bar: Any = None
-        self._task: Any = None
+        self._tasks: dict[str, Any] = {}
 
     def __enter__(self) -> Progress:
         return self
@@ -37,8 +39,12 @@ class Progress:
             self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeRemainingColumn(), console=Console(stderr=True), transient=True)
             self._bar.start()
-            self._task = self._bar.add_task(label or self.label, total=total)
-        self._bar.update(self._task, completed=done, total=total, description=label or self.label)
+        key = label or self.label
+        if key not in self._tasks:
+            self._tasks[key] = self._bar.add_task(key, total=total)
+        elif done < self._bar.tasks[self._tasks[key]].completed:
+            self._bar.reset(self._tasks[key], total=total)  # an inner loop starting again (next batch)
+        self._bar.update(self._tasks[key], completed=done, total=total)
 
     def __exit__(self, *exc: object) -> None:
         if self._bar is not None:

@@ -149,6 +149,7 @@ def compute_cams(
     reshape: tuple[int, int] | None = None,
     scorecam_batch: int = 32,
     fuse: bool = False,
+    progress: Any = None,
 ) -> CamResult:
     """Class activation maps of ``methods`` at ``layers`` for the batch ``x`` (N, C, H, W).
 
@@ -216,7 +217,7 @@ def compute_cams(
         A = A.float() if A.dtype != torch.float64 else A
 
         def masked_scores(A: torch.Tensor = A) -> torch.Tensor:
-            weights, n_pass = cp.scorecam(model, x, A, classes, output_key, scorecam_batch)
+            weights, n_pass = cp.scorecam(model, x, A, classes, output_key, scorecam_batch, progress)
             passes["scorecam_forward"] += n_pass
             return weights
 

@@ -169,9 +169,10 @@ def check_cam(model: nn.Module, fc: str | None, layer: str, A: torch.Tensor, cap
 
 
 def scorecam(model: nn.Module, x: torch.Tensor, A: torch.Tensor, classes: torch.Tensor,
-              output_key: str | None, batch: int) -> tuple[torch.Tensor, int]:
+              output_key: str | None, batch: int, progress: Any = None) -> tuple[torch.Tensor, int]:
     """Score-CAM's channel weights (N, K, C), the target's softmax probability on each
-    masked input, and the number of masked forward passes run."""
+    masked input, and the number of masked forward passes run. ``progress(done, total,
+    label)`` is called after each pass (a bar on the CLI: these passes are the long part)."""
     import torch
 
     from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
@@ -180,6 +181,7 @@ def scorecam(model: nn.Module, x: torch.Tensor, A: torch.Tensor, classes: torch.
     hw = (x.shape[-2], x.shape[-1])
     weights = torch.empty(n, classes.shape[1], c, dtype=torch.float32, device=A.device)
     passes = 0
+    total = n * -(-c // batch)
     # No hooks: the engine only puts the model in eval mode without grad, and restores it.
     with HookEngine(model, [], CaptureOptions(outputs=False, grad_enabled=False)) as eng:
         for i in range(n):
@@ -190,4 +192,6 @@ def scorecam(model: nn.Module, x: torch.Tensor, A: torch.Tensor, classes: torch.
                 probs = scores_of(out, output_key).float().softmax(dim=1)  # (B, classes)
                 weights[i, :, c0:c0 + batch] = probs[:, classes[i]].T
                 passes += 1
+                if progress is not None:
+                    progress(passes, total, "scorecam: masked forward passes")
     return weights, passes

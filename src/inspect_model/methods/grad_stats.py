@@ -45,19 +45,23 @@ class LogHist:
         self.max = max(self.max, other.max)
 
 
-def log_hist(g: torch.Tensor) -> LogHist:
+def log_hist(g: torch.Tensor, *, zeros: int | None = None, infs: int | None = None) -> LogHist:
     """Histogram of log10|g| (values beyond the range go to the end bins; zeros and
     non-finite values are left out, zeros counted apart). ``sum``/``min``/``max`` are taken
-    from the bin centres and edges: one cheap pass per statistic, in the hook."""
+    from the bin centres and edges: one cheap pass per statistic, in the hook. ``zeros`` and
+    ``infs``, when the caller has counted them already (``tensor_stats``), save two passes."""
     import torch
 
-    a = g.detach().reshape(-1).abs()
+    a = g.detach().reshape(-1).abs()  # a new tensor: the in-place ops below touch only it
     if a.dtype != torch.float32:
         a = a.float()
-    zeros = int((a == 0).sum())
-    infs = int(torch.isinf(a).sum())
-    lg = torch.log10(a).clamp_(HIST_LO, HIST_HI - 1e-6)  # zeros -> first bin, inf -> last; NaN stays NaN
-    counts = torch.histc(lg, HIST_BINS, HIST_LO, HIST_HI).long().tolist()  # histc ignores NaN
+    if zeros is None:
+        zeros = int((a == 0).sum())
+    if infs is None:
+        infs = int(torch.isinf(a).sum())
+    torch.log10(a, out=a)
+    a.clamp_(HIST_LO, HIST_HI - 1e-6)  # zeros -> first bin, inf -> last; NaN stays NaN
+    counts = torch.histc(a, HIST_BINS, HIST_LO, HIST_HI).long().tolist()  # histc ignores NaN
     counts[0] -= zeros
     counts[-1] -= infs
     h = LogHist(counts=counts, zeros=zeros)

@@ -203,7 +203,8 @@ class GradRun:
                  vanishing_below: float = DEFAULT_VANISHING, exploding_above: float = DEFAULT_EXPLODING,
                  fail_on: str | Sequence[str] | None = None, keep_input_grad: bool = False,
                  histograms: bool = False, on_batch: Callable[[list[SampleGrad]], None] | None = None,
-                 partial: GradPartial | None = None, label_base: int = 0) -> None:
+                 partial: GradPartial | None = None, label_base: int = 0,
+                 progress: Callable[..., None] | None = None) -> None:
         from inspect_model.engine.selection import select_layers
         from inspect_model.methods.targets import parse_target
 
@@ -213,6 +214,8 @@ class GradRun:
         self.model, self.target, self.loss, self.output_key = model, target, loss, output_key
         self.clip_norm, self.vanishing_below, self.exploding_above = clip_norm, vanishing_below, exploding_above
         self.keep_input_grad, self.histograms, self.on_batch = keep_input_grad, histograms, on_batch
+        self.progress = progress  # progress(done, total, label): the per-layer and per-parameter work
+        self._seen = {"done": 0, "total": 0}
         self.spec = parse_target(target, categories) if loss is None else None
         self.categories = categories
         self.label_list: list[int] | None = None
@@ -243,7 +246,12 @@ class GradRun:
             per = torch.linalg.vector_norm(g.detach().reshape(n, -1), dim=1, dtype=torch.float64).tolist()
         seq = self.partial.seq
         self.partial.seq += 1
-        return GradObs(seq, tensor_stats(g), log_hist(g) if self.histograms else None, per)
+        seen = self._seen
+        if self.progress is not None and seen["total"] > 1:
+            seen["done"] += 1
+            self.progress(min(seen["done"], seen["total"]), seen["total"], "grads: layer gradients")
+        stats = tensor_stats(g)
+        return GradObs(seq, stats, _hist(g, stats) if self.histograms else None, per)
 
     def current_grads(self) -> dict[str, torch.Tensor]:
         """The summed parameter gradients so far (copies; live while :meth:`run` runs)."""
@@ -311,6 +319,8 @@ class GradRun:
             batch_labels = None if self.label_one is None else [self.label_one] * n
         seed, per_obj, used = output_seed(y, target=self.spec, loss=self.loss, labels=batch_labels)
         part.out_sq += float(seed.double().pow(2).sum())
+        # Gradients to come in this backward pass: one per captured output and input.
+        self._seen["done"], self._seen["total"] = 0, sum(len(r.outputs) + len(r.inputs) for r in eng.records)
         try:
             y.backward(seed)
         except RuntimeError as exc:
@@ -352,7 +362,11 @@ class GradRun:
             raise InputError(f"--labels-file has {len(self.label_list)} labels for "
                              f"{part.images} inputs; give one label per image")
         grads = part.grads
-        params = [_param_grad(n, p, grads.get(n), self.histograms) for n, p in self.listed]
+        params = []
+        for i, (pname, p) in enumerate(self.listed):
+            params.append(_param_grad(pname, p, grads.get(pname), self.histograms))
+            if self.progress is not None:
+                self.progress(i + 1, len(self.listed), "grads: parameter gradients")
         shares = [(n, float(grads[n].detach().double().pow(2).sum())) for n, _ in self.trainable if n in grads]
         total = math.sqrt(sum(s for _, s in shares))
         clip = None
@@ -398,17 +412,19 @@ def gradients(
     keep_input_grad: bool = False,
     histograms: bool = False,
     on_batch: Callable[[list[SampleGrad]], None] | None = None,
+    progress: Callable[..., None] | None = None,
 ) -> GradReport:
     """Differentiate the objective over ``inputs`` (a tensor, or an iterable of tensors or
     of objects with ``.tensor`` and ``.names``, such as ``InputPlan.batches()``) and report
     layer and parameter gradients and the health checks (see the module docstring).
     Nothing is printed; ``on_batch`` gets each batch's per-input records as it finishes.
     ``histograms`` adds log10|g| histograms per layer and parameter (for plots/TensorBoard).
-    :class:`GradRun` does the same in steps (resumable, mergeable across processes)."""
+    ``progress(done, total, label)`` follows the per-layer work of each backward pass and
+    the per-parameter statistics. :class:`GradRun` does the same in steps (resumable, mergeable across processes)."""
     run = GradRun(model, layers=layers, depth=depth, target=target, loss=loss, labels=labels,
                   output_key=output_key, categories=categories, clip_norm=clip_norm,
                   vanishing_below=vanishing_below, exploding_above=exploding_above, fail_on=fail_on,
-                  keep_input_grad=keep_input_grad, histograms=histograms, on_batch=on_batch)
+                  keep_input_grad=keep_input_grad, histograms=histograms, on_batch=on_batch, progress=progress)
     run.run(inputs)
     return run.report()
 
@@ -455,6 +471,13 @@ def _merge_batch(acc: dict[str, LayerGrad], records: list[Any], by_name: dict[st
                     rec.first_nonfinite_seq, rec.first_nonfinite_where = obs.seq, where
 
 
+def _hist(g: torch.Tensor, s: TensorStats) -> LogHist:
+    """log10|g| histogram, reusing the zero and Inf counts ``tensor_stats`` took (two passes fewer)."""
+    if g.is_complex() or not g.is_floating_point():
+        return log_hist(g)
+    return log_hist(g, zeros=round(s.zero_fraction * s.numel), infs=s.inf_count)
+
+
 def _param_grad(name: str, p: torch.Tensor, g: torch.Tensor | None, histograms: bool) -> ParamGrad:
     wn = float(p.detach().double().norm())
     if g is None:
@@ -464,5 +487,5 @@ def _param_grad(name: str, p: torch.Tensor, g: torch.Tensor | None, histograms: 
         name=name, shape=list(p.shape), has_grad=True, norm=s.norm, mean=s.mean, std=s.std,
         max_abs=max_abs(s), zero_fraction=s.zero_fraction, negative_fraction=s.negative_fraction,
         weight_norm=wn, ratio=s.norm / wn if wn > 0 else None, nan_count=s.nan_count,
-        inf_count=s.inf_count, hist=log_hist(g) if histograms else LogHist(),
+        inf_count=s.inf_count, hist=_hist(g, s) if histograms else LogHist(),
     )

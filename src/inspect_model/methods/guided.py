@@ -309,6 +309,7 @@ def sanity_check(
     *,
     seed: int = 0,
     output_key: str | None = None,
+    progress: Any = None,
 ) -> SanityResult:
     """Cascading model-parameter randomisation (Adebayo et al. 2018) on a deep copy of
     ``model``: randomise the top 1, 2, 4, ... layers and compare each guided map with the
@@ -322,7 +323,8 @@ def sanity_check(
     steps: list[SanityStep] = []
     done = 0
     ref = reference.gradients  # (N, K, C, ...)
-    for count in cascade_counts(len(layers)):
+    counts = cascade_counts(len(layers))
+    for step, count in enumerate(counts):
         for i in range(done, count):
             _randomise(modules[layers[i]], seed + i)
         done = count
@@ -336,4 +338,6 @@ def sanity_check(
                 mag = (lambda t: t.abs().sum(0)) if a.dim() >= 2 else torch.abs
                 rho_abs.append(rank_correlation(mag(a), mag(b)))
         steps.append(SanityStep(count, layers[count - 1], rho, rho_abs))
+        if progress is not None:
+            progress(step + 1, len(counts), "sanity: randomised models")
     return SanityResult(layers=layers, steps=steps, seed=seed)

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
         LayerActivation,
     )
 
+FEW_POINTS = 12  # up to this many rows, the overview draws markers, not lines
+
 COLUMNS = (
     Column("Layer"),
     Column("Type"),
@@ -160,20 +162,30 @@ def render_overview(rep: ActivationReport) -> Figure:
     fig = Figure(figsize=(12.0, 8.0), dpi=100)
     FigureCanvasAgg(fig)
     ax1, ax2, ax3 = fig.subplots(3, 1, sharex=True)
-    ax1.plot(x, mean, color="tab:blue", linewidth=1.0, label="mean")
-    ax1.fill_between(x, mean - std, mean + std, color="tab:blue", alpha=0.2, linewidth=0, label="mean ± std")
+    # Few points: markers only (a line between two layers suggests a trend that is not there).
+    few = len(rows) <= FEW_POINTS
+    style: dict[str, Any] = {"linestyle": "none", "marker": "o", "markersize": 5} if few else {"linewidth": 1.0}
+    if few:
+        ax1.errorbar(x, mean, yerr=std, color="tab:blue", capsize=4, label="mean ± std", **style)
+    else:
+        ax1.plot(x, mean, color="tab:blue", label="mean", **style)
+        ax1.fill_between(x, mean - std, mean + std, color="tab:blue", alpha=0.2, linewidth=0, label="mean ± std")
     ax1.set_ylabel("activation")
     ax1.legend(loc="upper right", fontsize=8)
-    ax2.plot(x, std, color="tab:orange", linewidth=1.0, label="std")
-    ax2.plot(x, amax, color="tab:red", linewidth=0.8, linestyle="--", label="max |value|")
+    ax2.plot(x, std, color="tab:orange", label="std", **style)
+    ax2.plot(x, amax, color="tab:red", label="max |value|",
+             **({**style, "marker": "s"} if few else {"linewidth": 0.8, "linestyle": "--"}))
     positive = np.concatenate([std[np.isfinite(std) & (std > 0)], amax[np.isfinite(amax) & (amax > 0)]])
     if positive.size and positive.max() / max(positive.min(), 1e-300) > 100:
         ax2.set_yscale("log")  # explosions span decades
     ax2.set_ylabel("spread")
     ax2.legend(loc="upper right", fontsize=8)
-    ax3.plot(x, zero, color="tab:gray", linewidth=1.0, label="exact zeros")
-    ax3.plot(x, dead, color="tab:purple", linewidth=1.0, marker=".", markersize=3, label="dead channels")
+    ax3.plot(x, zero, color="tab:gray", label="exact zeros", **style)
+    ax3.plot(x, dead, color="tab:purple", label="dead channels",
+             **({**style, "marker": "s"} if few else {"linewidth": 1.0, "marker": ".", "markersize": 3}))
     ax3.set_ylim(-0.02, 1.02)
+    if few:
+        ax3.set_xlim(-0.5, len(rows) - 0.5)
     ax3.set_ylabel("fraction")
     ax3.legend(loc="upper right", fontsize=8)
     for i, r in enumerate(rows):
@@ -182,12 +194,12 @@ def render_overview(rep: ActivationReport) -> Figure:
                 ax.axvline(i, color="red", alpha=0.3, linewidth=0.8)
     if len(rows) <= 40:
         ax3.set_xticks(x)
-        ax3.set_xticklabels([r.key for r in rows], rotation=90, fontsize=6)
+        ax3.set_xticklabels([r.key for r in rows], rotation=0 if few else 90, fontsize=9 if few else 7)
     else:
         ax3.set_xlabel("layer (forward order; see the report for names)")
     for ax in (ax1, ax2, ax3):
         ax.grid(True, alpha=0.3)
         ax.tick_params(labelsize=7)
     fig.suptitle(f"{rep.model}: activation statistics along depth ({rep.images} image(s))", fontsize=10)
-    fig.subplots_adjust(left=0.07, right=0.98, top=0.94, bottom=0.22 if len(rows) <= 40 else 0.08, hspace=0.12)
+    fig.subplots_adjust(left=0.07, right=0.98, top=0.94, bottom=0.08 if few else 0.22 if len(rows) <= 40 else 0.08, hspace=0.12)
     return fig

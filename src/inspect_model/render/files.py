@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -179,6 +180,14 @@ def safe_name(text: str, *, default: str = "x", max_len: int = 120) -> str:
     return s
 
 
+def png_bytes(image: Any) -> bytes:
+    """A PIL image as PNG bytes: no timestamp or other metadata, so the bytes depend on the
+    pixels only. Pillow's encoder releases the GIL, so this runs in parallel in a thread."""
+    buf = io.BytesIO()
+    image.save(buf, format="PNG", compress_level=6)
+    return buf.getvalue()
+
+
 class OutputDir:
     """A transaction over the files one run writes into ``path``."""
 
@@ -192,6 +201,7 @@ class OutputDir:
         self.written: list[str] = []  # final paths, as given in reports
         self._pending: list[tuple[Path, Path]] = []
         self._lock: DirLock | None = None
+        self._write_lock = threading.Lock()  # files are written from the Sink's worker threads
 
     # ------------------------------------------------------------ checks
     def prepare(self) -> OutputDir:
@@ -228,11 +238,22 @@ class OutputDir:
         root = self.path.resolve()
         if root not in final.resolve().parents:
             raise OutputError(f"output name '{relname}' escapes the output directory")
-        staged.parent.mkdir(parents=True, exist_ok=True)
+        with self._write_lock:
+            staged.parent.mkdir(parents=True, exist_ok=True)
         return staged, final
 
-    def write_bytes(self, relname: str, data: bytes) -> str:
+    def reserve(self, relname: str) -> tuple[Path, Path]:
+        """Claim ``relname`` now (reports list it; commit moves it) and give the (staged,
+        final) paths; :meth:`write_staged` fills it later, from any thread."""
         staged, final = self._stage(relname)
+        with self._write_lock:
+            if (staged, final) not in self._pending:  # the same name written twice: last wins
+                self._pending.append((staged, final))
+                self.written.append(str(final))
+        return staged, final
+
+    @staticmethod
+    def write_staged(staged: Path, final: Path, data: bytes) -> str:
         try:
             with open(staged, "wb") as fh:
                 fh.write(data)
@@ -241,10 +262,11 @@ class OutputDir:
         except OSError as exc:
             staged.unlink(missing_ok=True)
             raise OutputError(f"cannot write '{final}': {exc.strerror or exc}") from exc
-        if (staged, final) not in self._pending:  # the same name written twice: last wins
-            self._pending.append((staged, final))
-            self.written.append(str(final))
         return str(final)
+
+    def write_bytes(self, relname: str, data: bytes) -> str:
+        staged, final = self.reserve(relname)
+        return self.write_staged(staged, final, data)
 
     def write_text(self, relname: str, text: str) -> str:
         return self.write_bytes(relname, text.encode("utf-8"))
@@ -257,9 +279,7 @@ class OutputDir:
 
     def save_image(self, relname: str, image: Any) -> str:
         """Save a PIL image as PNG."""
-        buf = io.BytesIO()
-        image.save(buf, format="PNG")
-        return self.write_bytes(relname, buf.getvalue())
+        return self.write_bytes(relname, png_bytes(image))
 
     def save_npy(self, relname: str, array: Any) -> str:
         import numpy as np

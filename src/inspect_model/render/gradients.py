@@ -183,72 +183,109 @@ def _pos(v: float | None) -> float:
 
 
 def flow_figure(rep: GradReport) -> Any:
-    """Mean and max |grad| per layer (wrt its output) and per weight, log scale, forward order."""
-    fig = _figure(12, 8)
-    ax1, ax2 = fig.subplots(2, 1)
+    """Mean and max |grad| per layer (wrt its output) and per weight, log scale, forward order.
+    Readable x labels (8 pt), the legend beside the bars (never over them), titles apart."""
     reached = [r for r in rep.layers if r.grad_output is not None]
+    weights = [p for p in rep.params if p.has_grad and len(p.shape) > 1]
+    longest = max([len(r.key) for r in reached] + [len(p.name) for p in weights] + [4])
+    label_in = min(0.065 * longest + 0.1, 3.0)  # room under each panel for the rotated names
+    plot_in, title_in = 2.6, 0.4
+    h = 2 * (title_in + plot_in + label_in + 0.1)
+    fig = _figure(13, h)
+    # Fixed axes rectangles instead of tight_layout: fast, and titles never meet labels.
+    ax1 = fig.add_axes((0.06, (h / 2 + label_in + 0.1) / h, 0.82, plot_in / h))
+    ax2 = fig.add_axes((0.06, (label_in + 0.1) / h, 0.82, plot_in / h))
     xs = list(range(len(reached)))
     ax1.bar(xs, [_pos(_max_abs(r.grad_output)) for r in reached], color="c", alpha=0.5, label="max |grad|")
     ax1.bar(xs, [_pos(r.grad_output.abs_mean) for r in reached], color="b", alpha=0.7,  # type: ignore[union-attr]
             label="mean |grad|")
-    ax1.set_title("Gradient wrt each layer's output (forward order)")
-    weights = [p for p in rep.params if p.has_grad and len(p.shape) > 1]
+    ax1.set_title("Gradient wrt each layer's output (forward order)", fontsize=10)
     xw = list(range(len(weights)))
     ax2.bar(xw, [_pos(p.max_abs) for p in weights], color="c", alpha=0.5, label="max |grad|")
     ax2.bar(xw, [_pos(abs(p.mean) if p.mean is not None else None) for p in weights], color="b", alpha=0.7,
             label="|mean grad|")
-    ax2.set_title("Gradient of each weight (biases and norms left out), as plot_grad_flow draws it")
+    ax2.set_title("Gradient of each weight (biases and norms left out), as plot_grad_flow draws it", fontsize=10)
     for ax, labels in ((ax1, [r.key for r in reached]), (ax2, [p.name for p in weights])):
         if labels:
             ax.set_yscale("log")
-            step = max(1, len(labels) // 40)
+            step = max(1, math.ceil(len(labels) / 70))
             ax.set_xticks(list(range(0, len(labels), step)))
-            ax.set_xticklabels(labels[::step], rotation=90, fontsize=6)
-            ax.legend(loc="upper right", fontsize=7)
+            ax.set_xticklabels(labels[::step], rotation=90, fontsize=8 if len(labels) <= 70 else 7)
+            ax.set_xlim(-0.6, len(labels) - 0.4)
+            ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, borderaxespad=0.0)
         else:
             ax.text(0.5, 0.5, "nothing to show", ha="center", va="center", transform=ax.transAxes)
-        ax.set_ylabel("|gradient| (log)")
+        ax.set_ylabel("|gradient| (log)", fontsize=9)
+        ax.tick_params(axis="y", labelsize=8)
         ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
     return fig
 
 
-def histogram_figure(rep: GradReport, max_layers: int = 48) -> list[Any]:
-    """Histograms of log10|grad wrt output| per layer (forward order), ``max_layers`` per
-    figure: one figure per page, every layer shown (never a silent cut, issue 14)."""
+HIST_PER_PAGE = 24  # panels per histogram page (6 x 4)
+HIST_COLS = 6
+
+
+def histogram_pages(rep: GradReport, per_page: int = HIST_PER_PAGE) -> list[Any]:
+    """Histograms of log10|grad wrt output| of EVERY reached layer (forward order), one
+    panel per layer, ``per_page`` panels a page; one shared x range so panels compare.
+    Drawn with Pillow (PIL images): no figure layout to wait for."""
     reached = [r for r in rep.layers if r.grad_output is not None]
     edges = rep.layers[0].hist.edges() if rep.layers else [0.0, 1.0]
     lows = [r.hist.min for r in reached if sum(r.hist.counts)]
     highs = [r.hist.max for r in reached if sum(r.hist.counts)]
-    # One x range for every panel of every page (so they compare), just wide enough for the data.
     lo = max(edges[0], math.floor(min(lows)) - 0.5) if lows else edges[0]
     hi = min(edges[-1], math.ceil(max(highs)) + 0.5) if highs else edges[-1]
-    n_pages = max(1, math.ceil(len(reached) / max_layers))
-    pages = []
-    for page in range(n_pages):
-        chunk = reached[page * max_layers:(page + 1) * max_layers]
-        cols = 6
-        rows = max(1, math.ceil(len(chunk) / cols))
-        fig = _figure(cols * 2.4, rows * 1.9 + 0.5)
-        axes = fig.subplots(rows, cols, squeeze=False)
-        for i, ax in enumerate(axes.flat):
-            if i >= len(chunk):
-                ax.axis("off")
-                continue
-            r = chunk[i]
-            ax.stairs(r.hist.counts, edges, fill=True, color="tab:blue")
-            ax.set_xlim(lo, hi)
-            ax.set_title(f"{r.key} (zeros {r.hist.zeros})", fontsize=6)
-            ax.set_xlabel("log10 |g|", fontsize=5)
-            ax.tick_params(labelsize=5)
-        title = "log10 |gradient wrt layer output| per layer"
-        if n_pages > 1:
-            first = page * max_layers + 1
-            title += f" (page {page + 1} of {n_pages}: layers {first}-{first + len(chunk) - 1} of {len(reached)})"
-        fig.suptitle(title, fontsize=9)
-        fig.tight_layout()
-        pages.append(fig)
-    return pages
+    chunks = [reached[i:i + per_page] for i in range(0, len(reached), per_page)] or [[]]
+    return [_histogram_page(chunk, edges, lo, hi, page + 1, len(chunks), len(reached))
+            for page, chunk in enumerate(chunks)]
+
+
+def _histogram_page(layers: Sequence[LayerGrad], edges: Sequence[float], lo: float, hi: float, page: int,
+                    pages: int, total: int) -> Any:
+    from PIL import Image, ImageDraw
+
+    from inspect_model.render import raster
+
+    pw, ph, fs = 230, 150, 11  # panel size, font size
+    cols = HIST_COLS
+    rows = max(1, math.ceil(len(layers) / cols))
+    head = 44
+    img = Image.new("RGB", (cols * pw + 16, head + rows * ph + 8), raster.BG)
+    d = ImageDraw.Draw(img)
+    d.text((img.size[0] // 2, 8), f"log10 |gradient wrt layer output| per layer (page {page} of {pages}, "
+           f"{total} layers)", font=raster.font(13, True), fill=raster.FG, anchor="ma")
+    d.text((img.size[0] // 2, 26), "x: log10 |g| (shared range); y: count, each panel scaled to its own peak; "
+           "zeros counted apart", font=raster.font(fs), fill=raster.MUTED, anchor="ma")
+    xt = [t for t in range(math.ceil(lo), math.floor(hi) + 1)]
+    if len(xt) > 6:
+        k = math.ceil(len(xt) / 6)
+        xt = [t for t in xt if t % k == 0]
+    for i, r in enumerate(layers):
+        row, col = divmod(i, cols)
+        x0, y0 = 8 + col * pw, head + row * ph
+        px0, px1 = x0 + 8, x0 + pw - 10  # plot area
+        py0, py1 = y0 + fs + 8, y0 + ph - fs - 14
+        d.text((x0 + pw // 2, y0 + 2), raster.fit_text(f"{r.key} (zeros {r.hist.zeros})", fs, pw - 12),
+               font=raster.font(fs), fill=raster.FG, anchor="ma")
+        d.rectangle((px0, py0, px1, py1), outline=(170, 170, 170))
+        peak = max(r.hist.counts) if r.hist.counts else 0
+
+        def sx(v: float, px0: int = px0, px1: int = px1) -> float:
+            return px0 + (v - lo) / (hi - lo) * (px1 - px0)
+
+        if peak > 0:
+            for c, a, b in zip(r.hist.counts, edges[:-1], edges[1:]):
+                if c and b > lo and a < hi:
+                    top = py1 - (py1 - py0 - 2) * c / peak
+                    d.rectangle((max(sx(a), px0), top, min(sx(b), px1), py1), fill=(31, 119, 180))
+        else:
+            d.text(((px0 + px1) // 2, (py0 + py1) // 2), "all zero", font=raster.font(fs), fill=raster.MUTED,
+                   anchor="mm")
+        for t in xt:
+            x = sx(t)
+            d.line((x, py1, x, py1 + 3), fill=raster.FG)
+            d.text((x, py1 + 4), str(t), font=raster.font(fs - 1), fill=raster.FG, anchor="ma")
+    return img
 
 
 # ----------------------------------------------------------------- jacobian

@@ -1,4 +1,4 @@
-"""Feature-map figures: one layer's output for one image, as a matplotlib figure.
+"""Feature-map pictures: one layer's output for one image, drawn with numpy and Pillow.
 
 A (C, H, W) output becomes a near-square grid of C tiles (64 channels: 8x8), each titled
 with its channel index, drawn with one colour map and one colour bar. ``scale="layer"``
@@ -6,11 +6,14 @@ shares one value range across the tiles (the colour bar is in activation units);
 ``scale="each"`` stretches every tile to its own min..max (the colour bar reads 0..1).
 Token outputs (T, D) of ViT-like models become a grid of D maps when the tokens (after
 dropping a class token) form a square; other 2-D outputs (Conv1d (C, L), tokens that do
-not form a square) are a heat map; 1-D outputs (Linear) are a bar chart or, when long, a
-heat-map strip wrapped in rows of 64. A 5-D (C, T, H, W) output is averaged over T.
+not form a square) are a heat map; 1-D outputs (Linear) are a heat-map strip, wrapped in
+rows of 64. A 5-D (C, T, H, W) output is averaged over T. A map whose values are all equal
+(a dead layer) says so instead of showing a meaningless colour bar.
 
-Renderers are pure: numpy arrays in, a ``Figure`` out (Agg, fixed size for a given layout,
-no timestamps: saved through ``OutputDir.save_figure`` the PNG bytes are reproducible).
+Renderers are pure: numpy arrays in, a PIL image out. The tiles are laid into one numpy
+canvas and coloured through one colormap lookup table (``render.raster``), so a 64-channel
+grid costs about what torchvision's ``make_grid`` + ``save_image`` does; the PNG bytes depend
+on the values only.
 """
 
 from __future__ import annotations
@@ -25,11 +28,10 @@ from inspect_model.errors import UsageError
 
 if TYPE_CHECKING:
     import numpy as np
-    from matplotlib.figure import Figure
+    from PIL import Image
 
 DPI = 100
 SCALES = ("each", "layer")
-BAR_LIMIT = 128  # 1-D outputs up to this length are bars, longer ones a wrapped strip
 STRIP_WIDTH = 64
 
 
@@ -115,15 +117,6 @@ def grid_shape(n: int) -> tuple[int, int]:
     return (math.ceil(n / cols), cols)
 
 
-def _new_figure(w: float, h: float) -> Figure:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(round(w, 2), round(h, 2)), dpi=DPI)
-    FigureCanvasAgg(fig)
-    return fig
-
-
 def _finite_range(a: np.ndarray) -> tuple[float, float]:
     import numpy as np
 
@@ -185,8 +178,8 @@ def render_activation(
     scale: str = "layer",
     cmap: str = "viridis",
     layer: str = "",
-) -> tuple[Figure, GridLayout]:
-    """The figure for one image's output of one layer (``sample`` has no batch dim;
+) -> tuple[Image.Image, GridLayout]:
+    """The picture for one image's output of one layer (``sample`` has no batch dim;
     ``channel_dim`` indexes ``sample``)."""
     import numpy as np
 
@@ -204,131 +197,190 @@ def render_activation(
     return _render_grid(a, idx, title=title, cmap=cmap, scale=scale, note=note)
 
 
-def _colorbar(fig: Figure, rect: Sequence[float], vmin: float, vmax: float, cmap: str, label: str) -> None:
-    from matplotlib import cm, colors
+# ----------------------------------------------------------------------------- drawing
+TILE_MIN, TILE_MAX = 40, 128  # a tile's long side on screen, pixels (integer scaling)
+LABEL = 11  # font size of channel labels
 
-    cax = fig.add_axes(list(rect))
-    sm = cm.ScalarMappable(norm=colors.Normalize(vmin=vmin, vmax=vmax), cmap=cmap)
-    cb = fig.colorbar(sm, cax=cax)
-    cb.set_label(label, fontsize=8)
-    cb.ax.tick_params(labelsize=7)
+
+def _scaled(tiles: np.ndarray) -> np.ndarray:
+    """(n, h, w) values: small tiles repeated up to ``TILE_MIN`` px, large ones averaged
+    down to ``TILE_MAX`` (integer factors only, so every source pixel stays a square)."""
+    import numpy as np
+
+    n, h, w = tiles.shape
+    side = max(h, w, 1)
+    if side < TILE_MIN:
+        k = math.ceil(TILE_MIN / side)
+        return np.repeat(np.repeat(tiles, k, axis=1), k, axis=2)
+    if side > TILE_MAX:
+        f = math.ceil(side / TILE_MAX)
+        hh, ww = max(h // f, 1), max(w // f, 1)
+        if h >= f and w >= f:
+            return tiles[:, : hh * f, : ww * f].reshape(n, hh, f, ww, f).mean(axis=(2, 4))
+    return tiles
+
+
+def _scale_values(sel: np.ndarray, scale: str) -> tuple[np.ndarray, float, float, str]:
+    """Values mapped to [0, 1] for the colormap, the colour bar range and its label."""
+    import numpy as np
+
+    if scale == "layer":
+        vmin, vmax = _finite_range(sel)
+        unit = (sel - vmin) / (vmax - vmin)
+        return unit, vmin, vmax, "activation (shared scale)"
+    unit = np.stack([_per_tile(t) for t in sel]) if len(sel) else sel
+    return unit, 0.0, 1.0, "per tile: min 0, max 1"
+
+
+def _side_panel(height: int, vmin: float, vmax: float, cmap: str, label: str, note: str) -> Image.Image:
+    from inspect_model.render import raster
+
+    if note:
+        return raster.message_panel(110, max(height, 60), "no colour scale: " + note.split(":")[0])
+    return raster.colorbar(max(height, 160), vmin, vmax, cmap, label)
 
 
 def _render_grid(a: np.ndarray, idx: list[int], *, title: str, cmap: str, scale: str,
-                 note: str) -> tuple[Figure, GridLayout]:
+                 note: str) -> tuple[Image.Image, GridLayout]:
+    """The tiles as one numpy canvas (one colormap lookup for all of them), the channel
+    labels, title and colour bar drawn with Pillow: no matplotlib figure."""
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    from inspect_model.render import raster
+
     n = len(idx)
     rows, cols = grid_shape(n)
     h, w = a.shape[1], a.shape[2]
-    aspect = min(max(h / max(w, 1), 0.25), 4.0)  # tile height in tile widths
-    band, gap = 0.3, 0.1  # label band above a tile, gap between tiles (tile widths)
-    unit = min(1.0, 12.0 / max(cols, 1), 12.0 / max(rows * (aspect + band + gap), 1e-9))
-    grid_w, grid_h = cols * (1 + gap), rows * (aspect + band + gap)
-    right_in, top_in, bottom_in = 1.3, 0.75, 0.2
-    gw_in, gh_in = grid_w * unit, grid_h * unit
-    plot_h = max(gh_in, 2.6)  # room for a readable colour bar under small grids
-    left_in = max(0.2, (5.0 - right_in - gw_in) / 2)  # centre small grids in a 5-inch figure
-    fig_w = gw_in + left_in + right_in
-    fig_h = plot_h + top_in + bottom_in
-    fig = _new_figure(fig_w, fig_h)
-    ax = fig.add_axes([left_in / fig_w, (bottom_in + plot_h - gh_in) / fig_h, gw_in / fig_w, gh_in / fig_h])
-    ax.set_xlim(0, grid_w)
-    ax.set_ylim(0, grid_h)
-    ax.set_axis_off()
     sel = a[idx] if n else a[:0]
-    if scale == "layer":
-        vmin, vmax = _finite_range(sel)
-        label = "activation (shared scale)"
-    else:
-        vmin, vmax = 0.0, 1.0
-        label = "per tile: min 0, max 1"
-    fontsize = max(4.0, min(8.0, 9.0 * unit))
-    for k, ch in enumerate(idx):
+    constant = raster.constant_note(sel)
+    unit, vmin, vmax, label = _scale_values(sel, scale)
+    rgb = raster.colorize(_scaled(unit), cmap) if n else np.zeros((0, 1, 1, 3), np.uint8)  # (n, th, tw, 3)
+    th, tw = rgb.shape[1], rgb.shape[2]
+    band, gap = LABEL + 3, 3
+    cw, ch = max(tw, raster.text_size(str(max(idx, default=0)), LABEL)[0]) + gap, th + band + gap
+    canvas = np.full((max(rows * ch, 1), max(cols * cw, 1), 3), 255, np.uint8)
+    for k in range(n):
         r, c = divmod(k, cols)
-        x0 = c * (1 + gap) + gap / 2
-        y_top = grid_h - r * (aspect + band + gap) - band - gap / 2
-        tile = sel[k] if scale == "layer" else _per_tile(sel[k])
-        ax.imshow(tile, extent=(x0, x0 + 1, y_top - aspect, y_top), origin="upper", cmap=cmap,
-                  vmin=vmin, vmax=vmax, interpolation="nearest", aspect="auto")
-        ax.text(x0 + 0.5, y_top + band * 0.15, str(ch), ha="center", va="bottom", fontsize=fontsize)
-    _colorbar(fig, [(fig_w - right_in + 0.25) / fig_w, bottom_in / fig_h, 0.18 / fig_w,
-                    plot_h / fig_h], vmin, vmax, cmap, label)
+        y, x = r * ch + band, c * cw + (cw - tw) // 2
+        canvas[y: y + th, x: x + tw] = rgb[k]
+    body = Image.fromarray(canvas, "RGB")
+    d = ImageDraw.Draw(body)
+    f = raster.font(LABEL)
+    for k, channel in enumerate(idx):
+        r, c = divmod(k, cols)
+        d.text((c * cw + cw // 2, r * ch + band - 2), str(channel), font=f, fill=raster.FG, anchor="mb")
+    side = _side_panel(body.size[1], vmin, vmax, cmap, label, constant)
     sub = f"{n} of {a.shape[0]} channels, {h}x{w}" + (f"; {note}" if note else "")
-    fig.suptitle(f"{title}\n{sub}", fontsize=9, y=1 - 0.08 / fig_h)
-    return fig, GridLayout("grid", rows, cols, tuple(idx), a.shape[0], note)
+    img = raster.titled(body, [title, sub], right=side, note=constant)
+    return img, GridLayout("grid", rows, cols, tuple(idx), a.shape[0], note)
+
+
+def _axis_ticks(n: int, most: int) -> list[int]:
+    step = max(1, math.ceil(n / most))
+    for nice in (1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100, 128, 200, 256, 500, 1000):
+        if nice >= step:
+            step = nice
+            break
+    return list(range(0, n, step))
+
+
+def _matrix_image(values: np.ndarray, cmap: str, cell_w: int, cell_h: int, row_labels: list[tuple[int, str]],
+                  col_labels: list[tuple[int, str]], x_title: str, y_title: str) -> Image.Image:
+    """A (rows, cols) matrix of values in [0, 1] (NaN: grey) as cells, with labelled axes."""
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    from inspect_model.render import raster
+
+    rgb = raster.colorize(values, cmap)
+    rgb[~np.isfinite(values)] = (225, 225, 225)
+    rgb = np.repeat(np.repeat(rgb, cell_h, axis=0), cell_w, axis=1)
+    mh, mw = rgb.shape[:2]
+    fs = LABEL
+    left = max((raster.text_size(t, fs)[0] for _, t in row_labels), default=0) + 6
+    ytitle = raster.vertical_text(y_title, fs) if y_title else None
+    yw = ytitle.size[0] + 4 if ytitle is not None else 0
+    bottom = fs + 8 + (fs + 6 if x_title else 0)
+    width, height = yw + left + mw + fs, mh + bottom + fs // 2
+    img = Image.new("RGB", (width, height), raster.BG)
+    x0, y0 = yw + left, fs // 2
+    img.paste(Image.fromarray(rgb, "RGB"), (x0, y0))
+    d = ImageDraw.Draw(img)
+    f = raster.font(fs)
+    for r, t in row_labels:
+        if not t:
+            continue
+        y = y0 + r * cell_h + cell_h / 2
+        d.line((x0 - 3, y, x0 - 1, y), fill=raster.FG)
+        d.text((x0 - 5, y), t, font=f, fill=raster.FG, anchor="rm")
+    for c, t in col_labels:
+        x = x0 + c * cell_w + cell_w / 2
+        d.line((x, y0 + mh, x, y0 + mh + 2), fill=raster.FG)
+        d.text((x, y0 + mh + 4), t, font=f, fill=raster.FG, anchor="ma")
+    if x_title:
+        d.text((x0 + mw // 2, y0 + mh + fs + 8), x_title, font=f, fill=raster.FG, anchor="ma")
+    if ytitle is not None:
+        img.paste(ytitle, (0, max(0, y0 + mh // 2 - ytitle.size[1] // 2)))
+    return img
 
 
 def _render_heatmap(a: np.ndarray, idx: list[int], *, title: str, cmap: str, scale: str,
-                    note: str) -> tuple[Figure, GridLayout]:
-    import numpy as np
+                    note: str) -> tuple[Image.Image, GridLayout]:
+    """(C, L) outputs: one row of cells per channel, positions along x."""
+    from inspect_model.render import raster
 
     sel = a[idx]  # (k, L): one row per channel
+    constant = raster.constant_note(sel)
+    unit, vmin, vmax, label = _scale_values(sel, scale)
     if scale == "each":
-        sel = np.stack([_per_tile(r) for r in sel]) if len(idx) else sel
-        vmin, vmax, label = 0.0, 1.0, "activation, per row (min 0, max 1)"
-    else:
-        vmin, vmax = _finite_range(sel)
-        label = "activation (shared scale)"
-    fig = _new_figure(10.0, 6.0)
-    ax = fig.add_axes([0.1, 0.1, 0.72, 0.76])
-    ax.imshow(sel, aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
-    ax.set_xlabel("position (token / step)", fontsize=8)
-    ax.set_ylabel("channel", fontsize=8)
-    step = max(1, math.ceil(len(idx) / 32))
-    ax.set_yticks(range(0, len(idx), step))
-    ax.set_yticklabels([str(idx[i]) for i in range(0, len(idx), step)], fontsize=6)
-    ax.tick_params(axis="x", labelsize=7)
-    _colorbar(fig, [0.86, 0.1, 0.025, 0.76], vmin, vmax, cmap, label)
-    fig.suptitle(f"{title}\n{len(idx)} of {a.shape[0]} channels x {a.shape[1]} positions", fontsize=9)
-    return fig, GridLayout("heatmap", len(idx), a.shape[1], tuple(idx), a.shape[0], note)
+        label = "activation, per row (min 0, max 1)"
+    k, length = unit.shape
+    cell_w = max(1, min(24, 720 // max(length, 1)))
+    cell_h = max(2, min(24, 420 // max(k, 1)))
+    rows = [(i, str(idx[i])) for i in _axis_ticks(k, max(2, 420 // (LABEL + 4)))]
+    cols = [(j, str(j)) for j in _axis_ticks(length, max(2, (length * cell_w) // 48))]
+    body = _matrix_image(unit, cmap, cell_w, cell_h, rows, cols, "position (token / step)", "channel")
+    side = _side_panel(body.size[1], vmin, vmax, cmap, label, constant)
+    sub = f"{k} of {a.shape[0]} channels x {length} positions" + (f"; {note}" if note else "")
+    img = raster.titled(body, [title, sub], right=side, note=constant)
+    return img, GridLayout("heatmap", k, length, tuple(idx), a.shape[0], note)
 
 
 def _render_vector(v: np.ndarray, idx: list[int], *, title: str, cmap: str,
-                   note: str) -> tuple[Figure, GridLayout]:
+                   note: str) -> tuple[Image.Image, GridLayout]:
+    """1-D outputs (Linear): a heat-map strip, wrapped in rows of ``STRIP_WIDTH`` features."""
     import numpy as np
-    from matplotlib import colormaps, colors
 
-    vals = v[idx]
+    from inspect_model.render import raster
+
+    vals = v[idx].astype(np.float32)
+    constant = raster.constant_note(vals)
     vmin, vmax = _finite_range(vals)
-    fig = _new_figure(10.0, 4.0 if len(idx) <= BAR_LIMIT else 6.0)
-    if len(idx) <= BAR_LIMIT:
-        ax = fig.add_axes([0.08, 0.15, 0.76, 0.68])
-        norm = colors.Normalize(vmin=vmin, vmax=vmax)
-        finite = np.where(np.isfinite(vals), vals, 0.0)
-        ax.bar(range(len(idx)), finite, color=colormaps[cmap](norm(finite)), width=0.85)
-        ax.axhline(0.0, color="black", linewidth=0.5)
-        step = max(1, math.ceil(len(idx) / 32))
-        ax.set_xticks(range(0, len(idx), step))
-        ax.set_xticklabels([str(idx[i]) for i in range(0, len(idx), step)], fontsize=6,
-                           rotation=90 if len(idx) > 16 else 0)
-        ax.set_xlabel("feature", fontsize=8)
-        ax.set_ylabel("activation", fontsize=8)
-        ax.tick_params(axis="y", labelsize=7)
-        kind, rows, cols = "bars", 1, len(idx)
-        cb_rect = [0.87, 0.15, 0.025, 0.68]
+    n = len(idx)
+    cols = max(1, min(n, STRIP_WIDTH))
+    rows = max(1, math.ceil(n / cols))
+    strip = np.full(rows * cols, np.nan, dtype=np.float32)
+    strip[:n] = (vals - vmin) / (vmax - vmin)
+    cell = max(8, min(40, 720 // cols))
+    if rows == 1:
+        row_labels = [(0, "")]
+        col_labels = [(j, str(idx[j])) for j in _axis_ticks(n, max(2, (n * cell) // 36))]
+        x_title, y_title = "feature", ""
     else:
-        cols = STRIP_WIDTH
-        rows = math.ceil(len(idx) / cols)
-        strip = np.full(rows * cols, np.nan, dtype=np.float32)
-        strip[: len(idx)] = vals
-        ax = fig.add_axes([0.1, 0.1, 0.72, 0.74])
-        ax.imshow(strip.reshape(rows, cols), aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax,
-                  interpolation="nearest")
-        ax.set_yticks(range(rows))
-        ax.set_yticklabels([str(idx[r * cols]) for r in range(rows)], fontsize=6)
-        ax.set_ylabel("first feature of row", fontsize=8)
-        ax.set_xlabel(f"+ offset (rows of {cols})", fontsize=8)
-        ax.tick_params(axis="x", labelsize=7)
-        kind = "strip"
-        cb_rect = [0.86, 0.1, 0.025, 0.74]
-    _colorbar(fig, cb_rect, vmin, vmax, cmap, "activation")
-    fig.suptitle(f"{title}\n{len(idx)} of {v.size} features", fontsize=9)
-    return fig, GridLayout(kind, rows, cols, tuple(idx), int(v.size), note)
+        row_labels = [(r, str(idx[r * cols])) for r in _axis_ticks(rows, 40)]
+        col_labels = [(j, f"+{j}") for j in _axis_ticks(cols, 16)]
+        x_title, y_title = f"offset in the row (rows of {cols})", "first feature"
+    body = _matrix_image(strip.reshape(rows, cols), cmap, cell, max(cell, 24) if rows == 1 else max(cell, 14),
+                         row_labels, col_labels, x_title, y_title)
+    side = _side_panel(body.size[1], vmin, vmax, cmap, "activation", constant)
+    sub = f"{n} of {v.size} features" + (f"; {note}" if note else "")
+    img = raster.titled(body, [title, sub], right=side, note=constant)
+    return img, GridLayout("strip", rows, cols, tuple(idx), int(v.size), note)
 
 
-def figure_to_array(fig: Figure) -> Any:
-    """The figure as an (H, W, 3) uint8 array (for TensorBoard images)."""
+def figure_to_array(img: Image.Image) -> Any:
+    """The picture as an (H, W, 3) uint8 array (for TensorBoard images)."""
     import numpy as np
 
-    canvas = fig.canvas
-    canvas.draw()
-    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
+    return np.asarray(img.convert("RGB")).copy()

@@ -1,6 +1,7 @@
 """Heat-map pictures: colour-mapped overlays on the original image, bare maps with a colour
-bar, and contact sheets. Pure functions: arrays and PIL images in, PIL images or matplotlib
-figures out (the CLI saves them through ``OutputDir``, which strips PNG timestamps).
+bar, and contact sheets. Pure functions: arrays and PIL images in, PIL images out, drawn
+with Pillow and a colormap lookup table (``render.raster``), no matplotlib
+figure per picture (Pillow PNGs carry no timestamp, so the bytes are reproducible).
 
 A map is computed on the model input (the resized, centre-cropped image); :func:`overlay`
 draws it back on the *original* image through the crop box that
@@ -10,6 +11,7 @@ model never saw.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,11 +20,11 @@ from inspect_model.errors import UsageError
 
 if TYPE_CHECKING:
     import numpy as np
-    from matplotlib.figure import Figure
     from PIL import Image
 
 FIG_DPI = 100
-THUMB = 192  # contact-sheet cell side, pixels
+THUMB = 160  # contact-sheet cell side, pixels
+HEAT_SIDE = 224  # a heat map is drawn at least this large
 
 
 def check_colormap(name: str) -> str:
@@ -38,12 +40,10 @@ def check_colormap(name: str) -> str:
 
 
 def colorize(m: np.ndarray, cmap: str = "jet") -> np.ndarray:
-    """(H, W) values in [0, 1] -> (H, W, 3) uint8 RGB."""
-    import matplotlib
-    import numpy as np
+    """(H, W) values in [0, 1] -> (H, W, 3) uint8 RGB (a lookup table, see ``render.raster``)."""
+    from inspect_model.render.raster import colorize as lut_colorize
 
-    rgba = matplotlib.colormaps[cmap](np.clip(np.nan_to_num(m, nan=0.0), 0.0, 1.0))
-    return (rgba[..., :3] * 255.0 + 0.5).astype(np.uint8)
+    return lut_colorize(m, cmap)
 
 
 def overlay(image: Image.Image, m: np.ndarray, box: Sequence[float] | None = None, *,
@@ -95,21 +95,26 @@ def input_picture(x: Any, mean: Sequence[float] | None = None, std: Sequence[flo
     return Image.fromarray((a.transpose(1, 2, 0) * 255.0 + 0.5).astype(np.uint8), mode="RGB")
 
 
-def heatmap_figure(m: np.ndarray, title: str, *, cmap: str = "jet") -> Figure:
-    """The bare map (input resolution) with a colour bar saying what the colours mean."""
-    from matplotlib.figure import Figure
+def heatmap_image(m: np.ndarray, title: str, *, cmap: str = "jet") -> Image.Image:
+    """The bare map (input resolution, at least 224 px on its long side) with a colour bar
+    saying what the colours mean; an all-zero (constant) map says so instead."""
+    import numpy as np
+    from PIL import Image
 
-    fig = Figure(figsize=(4.4, 3.8), dpi=FIG_DPI)
-    ax = fig.add_axes((0.06, 0.06, 0.72, 0.80))
-    im = ax.imshow(m, cmap=cmap, vmin=0.0, vmax=1.0, interpolation="nearest")
-    ax.set_xticks([])
-    ax.set_yticks([])
-    ax.set_title(title, fontsize=8)
-    cax = fig.add_axes((0.82, 0.06, 0.04, 0.80))
-    bar = fig.colorbar(im, cax=cax)
-    bar.set_label("relevance (normalised to [0, 1])", fontsize=7)
-    bar.ax.tick_params(labelsize=7)
-    return fig
+    from inspect_model.render import raster
+
+    a = np.asarray(m, dtype=np.float32)
+    h, w = a.shape[-2:]
+    scale = max(1, math.ceil(HEAT_SIDE / max(h, w, 1)))
+    body = Image.fromarray(raster.colorize(a, cmap), "RGB")
+    if scale > 1:
+        body = body.resize((w * scale, h * scale), Image.NEAREST)
+    note = raster.constant_note(a)
+    if note:
+        right = raster.message_panel(110, body.size[1], "no colour scale: the map is constant")
+    else:
+        right = raster.colorbar(body.size[1], 0.0, 1.0, cmap, "relevance (normalised to [0, 1])")
+    return raster.titled(body, title.split("\n"), right=right, note=note)
 
 
 def thumbnail(image: Image.Image, side: int = THUMB) -> Image.Image:
@@ -128,30 +133,53 @@ class SheetCell:
 
 
 def contact_sheet(rows: Sequence[tuple[str, Sequence[SheetCell | None]]], columns: Sequence[str],
-                  title: str = "") -> Figure:
-    """A grid: one row per (image, target), one column per (method, layer); each cell titled
-    with its class name and score. Fixed size per cell, so the bytes depend on content only."""
-    from matplotlib.figure import Figure
+                  title: str = "") -> Image.Image:
+    """A dense grid: one row per (image, target), one column per (method, layer). Every
+    column is named in a header row, every row in a label column on the left, and every
+    cell captioned with its class and probability. Fixed size per cell, so the bytes depend
+    on content only."""
+    from PIL import Image, ImageDraw
 
-    n_rows, n_cols = len(rows), max(len(columns), 1)
-    cell_w, cell_h = 2.2, 2.5
-    fig = Figure(figsize=(cell_w * n_cols + 0.4, cell_h * n_rows + 0.6), dpi=FIG_DPI)
+    from inspect_model.render import raster
+
+    fs, pad = 12, 4
+    n_cols = max(len(columns), 1)
+    cap_h = fs + 6
+    cell_w = THUMB + pad
+    # Each row is as tall as its tallest thumbnail: landscape images leave no blank band.
+    row_h = [max([c.image.size[1] for c in cells if c is not None] or [THUMB // 2]) for _, cells in rows]
+    label_w = 150
+    head_lines = [raster.wrap_text(c, fs, cell_w - 2 * pad, max_lines=2) for c in columns] or [[]]
+    head_h = (fs + 4) * max(len(h) for h in head_lines) + pad * 2
+    title_h = (fs + 10) if title else 0
+    width = label_w + n_cols * cell_w + pad
+    height = title_h + head_h + sum(h + cap_h + pad for h in row_h) + pad
+    img = Image.new("RGB", (width, height), raster.BG)
+    d = ImageDraw.Draw(img)
     if title:
-        fig.suptitle(title, fontsize=9)
-    gs = fig.add_gridspec(n_rows, n_cols, left=0.02, right=0.98, bottom=0.01,
-                          top=1.0 - 0.6 / (cell_h * n_rows + 0.6), hspace=0.35, wspace=0.05)
-    for r, (row_title, cells) in enumerate(rows):
+        d.text((width // 2, pad), raster.fit_text(title, fs + 1, width - 2 * pad), font=raster.font(fs + 1, True),
+               fill=raster.FG, anchor="ma")
+    y0 = title_h
+    for ci, lines in enumerate(head_lines):
+        cx = label_w + ci * cell_w + cell_w // 2
+        for li, t in enumerate(lines):
+            d.text((cx, y0 + pad + li * (fs + 4)), t, font=raster.font(fs, True), fill=raster.FG, anchor="ma")
+    d.line((pad, y0 + head_h - 2, width - pad, y0 + head_h - 2), fill=(200, 200, 200))
+    top = y0 + head_h
+    for (row_title, cells), rh in zip(rows, row_h):
+        lines = raster.wrap_text(row_title, fs, label_w - 2 * pad, max_lines=3)
+        ly = top + rh // 2 - len(lines) * (fs + 4) // 2
+        for li, t in enumerate(lines):
+            d.text((label_w - pad, ly + li * (fs + 4)), t, font=raster.font(fs), fill=raster.FG, anchor="ra")
         for ci in range(n_cols):
-            ax = fig.add_subplot(gs[r, ci])
-            ax.set_xticks([])
-            ax.set_yticks([])
             cell = cells[ci] if ci < len(cells) else None
-            if cell is not None:
-                ax.imshow(cell.image, interpolation="nearest")
-                head = f"{columns[ci]}\n" if r == 0 and ci < len(columns) else ""
-                ax.set_title(f"{head}{cell.title}", fontsize=6)
-            else:
-                ax.axis("off")
-            if ci == 0:
-                ax.set_ylabel(row_title, fontsize=6)
-    return fig
+            x = label_w + ci * cell_w
+            if cell is None:
+                d.rectangle((x + pad // 2, top, x + cell_w - pad // 2, top + rh), fill=(245, 245, 245))
+                continue
+            tw, th = cell.image.size
+            img.paste(cell.image, (x + (cell_w - tw) // 2, top + (rh - th) // 2))
+            d.text((x + cell_w // 2, top + rh + 2), raster.fit_text(cell.title, fs - 1, cell_w - pad),
+                   font=raster.font(fs - 1), fill=raster.FG, anchor="ma")
+        top += rh + cap_h + pad
+    return img

@@ -1,0 +1,224 @@
+"""``report.html``: one self-contained static page per output directory.
+
+Built from the ``--json`` document alone (a dict in, a str out): the report table (click a
+column header to sort), every picture the run wrote with a caption, and the warnings. No
+server, no network: styles and the sorting script are inline, pictures are relative links
+loaded lazily (``loading="lazy"``), so a page over 10,000 images opens at once. The page
+is deterministic (no dates), like every other file of a run.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import PurePosixPath
+from typing import Any
+
+MAX_COLUMNS = 14
+MAX_ROWS = 20000  # table rows shown; the JSON report has them all
+
+_CSS = """
+body{font:14px/1.4 system-ui,-apple-system,"DejaVu Sans",sans-serif;margin:0 24px 40px;color:#222}
+h1{font-size:20px;margin:18px 0 4px}h2{font-size:16px;margin:24px 0 8px;border-bottom:1px solid #ddd}
+h3{font-size:14px;margin:14px 0 6px}.meta{color:#666}
+table{border-collapse:collapse;font-size:12px}th,td{padding:3px 8px;border-bottom:1px solid #eee;
+text-align:left;white-space:nowrap}td.n{text-align:right;font-variant-numeric:tabular-nums}
+th{position:sticky;top:0;background:#f4f4f4;cursor:pointer;user-select:none}
+th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after{content:" \\25BC"}
+.scroll{max-height:70vh;overflow:auto;border:1px solid #ddd;display:inline-block;max-width:100%}
+.pics{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}figure{margin:0;max-width:380px}
+.wide figure{max-width:100%}figure img{max-width:100%;min-width:120px;height:auto;border:1px solid #ddd;
+display:block;image-rendering:pixelated}figcaption{font-size:12px;color:#444;word-break:break-all}
+ul.warn li{color:#8a4b00}.fail{color:#b00020;font-weight:bold}
+"""
+
+_SCRIPT = """
+document.querySelectorAll("table.sortable").forEach(function (t) {
+  var heads = t.tHead.rows[0].cells;
+  Array.prototype.forEach.call(heads, function (th, col) {
+    th.addEventListener("click", function () {
+      var asc = th.getAttribute("aria-sort") !== "ascending";
+      Array.prototype.forEach.call(heads, function (h) { h.removeAttribute("aria-sort"); });
+      th.setAttribute("aria-sort", asc ? "ascending" : "descending");
+      var body = t.tBodies[0], rows = Array.prototype.slice.call(body.rows);
+      function key(r) {
+        var c = r.cells[col], v = c ? (c.getAttribute("data-v") || c.textContent) : "";
+        var f = parseFloat(v);
+        return isNaN(f) || !/^\\s*[-+]?[0-9.]/.test(v) ? [1, v.toLowerCase()] : [0, f];
+      }
+      rows.sort(function (a, b) {
+        var x = key(a), y = key(b), d = x[0] - y[0];
+        if (!d) { d = x[1] < y[1] ? -1 : x[1] > y[1] ? 1 : 0; }
+        return asc ? d : -d;
+      });
+      rows.forEach(function (r) { body.appendChild(r); });
+    });
+  });
+});
+"""
+
+
+def _esc(v: Any) -> str:
+    return html.escape(str(v), quote=True)
+
+
+def _cell(v: Any) -> tuple[str, bool]:
+    """(text, numeric) of one table value."""
+    if v is None:
+        return "", False
+    if isinstance(v, bool):
+        return ("yes" if v else "no"), False
+    if isinstance(v, int):
+        return str(v), True
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return str(v), False
+        return (f"{v:.4g}" if v == 0 or 1e-3 <= abs(v) < 1e5 else f"{v:.3e}"), True
+    if isinstance(v, (list, tuple)):
+        return "x".join(str(x) for x in v) if all(isinstance(x, int) for x in v) else ", ".join(map(str, v)), False
+    return str(v), False
+
+
+def _flatten(d: dict[str, Any], prefix: str = "", depth: int = 0) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if k in ("files", "warnings", "channel_means", "sample_norms", "layer_grad_norms", "predictions"):
+            continue
+        name = f"{prefix}{k}"
+        if isinstance(v, dict) and depth < 1:
+            out.update(_flatten(v, f"{name}.", depth + 1))
+        elif isinstance(v, (str, int, float, bool)) or v is None or (
+                isinstance(v, (list, tuple)) and len(v) <= 6 and all(isinstance(x, (int, str)) for x in v)):
+            out[name] = v
+    return out
+
+
+def table_rows(doc: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """The report table of a document: (title, flat rows). Per-map rows for cam and
+    guided-backprop, per-layer rows where the document has layers, else per-image rows."""
+    images = doc.get("images") or []
+    if images and all(isinstance(i, dict) and i.get("maps") for i in images):
+        rows = [{"image": i.get("image"), **_flatten(m)} for i in images for m in i["maps"]]
+        return "Maps (one row per image, target, method and layer)", rows
+    for key, title in (("layers", "Layers"), ("checks", "Checks"), ("params", "Parameters"),
+                       ("jacobians", "Jacobians"), ("images", "Images"), ("models", "Models")):
+        items = doc.get(key)
+        if isinstance(items, list) and items and isinstance(items[0], dict):
+            return title, [_flatten(i) for i in items]
+    return "Report", []
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    cols: list[str] = []
+    for r in rows[:200]:
+        for k in r:
+            if k not in cols:
+                cols.append(k)
+    cols = cols[:MAX_COLUMNS]
+    out = ['<div class="scroll"><table class="sortable"><thead><tr>']
+    out += [f"<th>{_esc(c)}</th>" for c in cols]
+    out.append("</tr></thead><tbody>")
+    for r in rows[:MAX_ROWS]:
+        out.append("<tr>")
+        for c in cols:
+            text, numeric = _cell(r.get(c))
+            raw = r.get(c)
+            data = f' data-v="{raw!r}"' if numeric and isinstance(raw, float) else ""
+            out.append(f'<td class="n"{data}>{_esc(text)}</td>' if numeric else f"<td>{_esc(text)}</td>")
+        out.append("</tr>")
+    out.append("</tbody></table></div>")
+    if len(rows) > MAX_ROWS:
+        out.append(f'<p class="meta">first {MAX_ROWS} of {len(rows)} rows; report.json has them all</p>')
+    return "".join(out)
+
+
+def _figures(paths: list[str], captions: dict[str, str], wide: bool = False) -> str:
+    out = ['<div class="pics wide">' if wide else '<div class="pics">']
+    for p in paths:
+        cap = captions.get(p) or PurePosixPath(p).name
+        out.append(f'<figure><a href="{_esc(p)}"><img loading="lazy" decoding="async" src="{_esc(p)}" '
+                   f'alt="{_esc(cap)}"></a><figcaption>{_esc(cap)}</figcaption></figure>')
+    out.append("</div>")
+    return "".join(out)
+
+
+def _captions(doc: dict[str, Any]) -> dict[str, str]:
+    """What each picture shows, from the document where it says so."""
+    caps: dict[str, str] = {}
+    for img in doc.get("images") or []:
+        if not isinstance(img, dict):
+            continue
+        for m in img.get("maps") or []:
+            t = m.get("target") or {}
+            label = f"class {t.get('class')}" + (f" {t['label']}" if t.get("label") else "")
+            what = f"{m['method']} @ {m['layer']}" if m.get("method") else "guided backprop"
+            for kind, path in (m.get("files") or {}).items():
+                if isinstance(path, str) and path.endswith(".png"):
+                    caps[path] = f"{img.get('image')}: {what}, {label} ({kind})"
+        for kind, path in (img.get("files") or {}).items():
+            if isinstance(path, str) and path.endswith(".png"):
+                caps.setdefault(path, f"{img.get('image')}: {kind}")
+    for g in doc.get("grids") or []:
+        if isinstance(g, dict) and g.get("file"):
+            caps[g["file"]] = f"{g.get('image')}: layer {g.get('layer')} ({g.get('kind')}, " \
+                              f"{len(g.get('channels') or [])} of {g.get('total_channels')} channels)"
+    fixed = {"overview.png": "statistics along the depth of the network", "grad_flow.png": "gradient flow per layer"}
+    for p in doc.get("files") or []:
+        name = PurePosixPath(p).name
+        if p in fixed:
+            caps.setdefault(p, f"{p}: {fixed[p]}")
+        elif name.startswith("contact_sheet_"):
+            caps.setdefault(p, f"{p}: contact sheet (rows: image and target; columns: method and layer)")
+        elif name.startswith("grad_histograms_"):
+            caps.setdefault(p, f"{p}: histograms of log10 |gradient| per layer")
+    return caps
+
+
+def render_html(doc: dict[str, Any]) -> str:
+    """The page for one ``--json`` document (its ``files`` are the pictures)."""
+    command = doc.get("command", "")
+    model = doc.get("model") or (doc.get("options") or {}).get("model") or ""
+    files = [f for f in doc.get("files") or [] if f.lower().endswith((".png", ".jpg", ".jpeg"))]
+    top = [f for f in files if "/" not in f]
+    nested: dict[str, list[str]] = {}
+    for f in files:
+        if "/" in f:
+            nested.setdefault(str(PurePosixPath(f).parent), []).append(f)
+    caps = _captions(doc)
+    count = doc.get("image_count")
+    meta = [f"{command}", f"model {model}" if model else "", f"{count} image(s)" if count is not None else "",
+            f"inspect-model {doc.get('tool_version', '')}", f"torch {doc.get('torch_version', '')}"
+            if doc.get("torch_version") else ""]
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             '<meta name="viewport" content="width=device-width, initial-scale=1">',
+             f"<title>{_esc(command)}: {_esc(model)}</title><style>{_CSS}</style></head><body>",
+             f"<h1>inspect-model {_esc(command)}</h1>",
+             f'<p class="meta">{_esc(" · ".join(m for m in meta if m))}</p>']
+    warnings = doc.get("warnings") or []
+    parts.append(f"<h2>Warnings ({len(warnings)})</h2>")
+    if warnings:
+        parts.append('<ul class="warn">' + "".join(
+            f"<li>{_esc(w.get('message'))}" + (f" (x{w['count']})" if w.get("count", 1) > 1 else "") + "</li>"
+            for w in warnings) + "</ul>")
+    else:
+        parts.append('<p class="meta">none</p>')
+    failed = [c for c in doc.get("checks") or [] if isinstance(c, dict) and c.get("status") == "fail"]
+    if failed:
+        parts.append('<p class="fail">failed checks: ' + _esc(", ".join(str(c.get("name")) for c in failed))
+                     + "</p>")
+    title, rows = table_rows(doc)
+    if rows:
+        parts.append(f"<h2>{_esc(title)} ({len(rows)})</h2>")
+        parts.append('<p class="meta">click a column header to sort</p>')
+        parts.append(_table(rows))
+    if top:
+        parts.append("<h2>Pictures of the whole run</h2>")
+        parts.append(_figures(top, caps, wide=True))
+    if nested:
+        parts.append(f"<h2>Pictures per image ({len(nested)})</h2>")
+        for folder, paths in nested.items():
+            parts.append(f"<h3>{_esc(folder)}</h3>")
+            parts.append(_figures(paths, caps))
+    parts.append('<p class="meta">Files: ' + _esc(", ".join(doc.get("files") or [])[:2000]) + "</p>")
+    parts.append(f"<script>{_SCRIPT}</script></body></html>")
+    return "\n".join(parts) + "\n"

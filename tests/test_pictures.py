@@ -1,0 +1,139 @@
+"""Pictures (issue 15): the fast paths draw what matplotlib would, deterministically, and the
+Sink writes them on a bounded pool of threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from inspect_model.api.pipeline import MAX_PENDING, Sink
+from inspect_model.errors import OutputError
+from inspect_model.render import raster
+from inspect_model.render.files import OutputDir, png_bytes
+
+
+def test_lookup_table_gives_matplotlibs_colours() -> None:
+    import matplotlib
+
+    v = np.linspace(0, 1, 1001, dtype=np.float32)
+    for name in ("jet", "viridis", "inferno"):
+        want = (matplotlib.colormaps[name](v)[:, :3] * 255 + 0.5).astype(np.uint8)
+        got = raster.colorize(v, name)
+        assert got.shape == (1001, 3) and np.abs(got.astype(int) - want).max() <= 1
+    assert (raster.colorize(np.array([np.nan, -1.0, 2.0]), "jet") ==
+            raster.colorize(np.array([0.0, 0.0, 1.0]), "jet")).all()
+
+
+def test_heat_map_and_overlay_are_deterministic_and_say_when_constant() -> None:
+    from inspect_model.render import overlay as ov
+
+    m = np.random.default_rng(0).random((16, 16)).astype(np.float32)
+    a = png_bytes(ov.heatmap_image(m, "gradcam @ l\n3 cat p=0.5"))
+    assert a == png_bytes(ov.heatmap_image(m.copy(), "gradcam @ l\n3 cat p=0.5"))
+    flat = ov.heatmap_image(np.zeros((16, 16), np.float32), "gradcam @ l\n3 cat p=0.5")
+    assert flat.size[0] >= 224 and raster.constant_note(np.zeros(4)) == "all values are 0: nothing to show"
+    picture = Image.new("RGB", (40, 30), (128, 128, 128))
+    over = ov.overlay(picture, m, (10, 0, 40, 30))
+    arr = np.asarray(over)
+    assert over.size == (40, 30) and (arr[:, :10] == 70).all()  # outside the crop: dimmed, no heat
+
+
+def test_contact_sheet_labels_every_row_and_column() -> None:
+    from inspect_model.render.overlay import SheetCell, contact_sheet, thumbnail
+
+    land = thumbnail(Image.new("RGB", (400, 200), (200, 50, 50)))
+    rows = [(f"a_long_landscape_name_{i}.jpg #1", [SheetCell(land, "281 tabby p=0.5"), None]) for i in range(3)]
+    sheet = contact_sheet(rows, ["gradcam @ layer4", "scorecam @ layer4"], title="page 1")
+    w, h = sheet.size
+    # Dense: a landscape row is as tall as its thumbnail (80 px), not a square cell.
+    assert h < 60 + 3 * (land.size[1] + 40) and w < 150 + 2 * 170
+    ink = (np.asarray(sheet.convert("L"))[:, :150] < 128)
+    for i in range(3):  # a row label beside every row
+        top = 60 + i * (land.size[1] + 22)
+        assert ink[top - 20: top + land.size[1] + 20].any()
+
+
+def test_activation_pictures_strips_and_all_zero() -> None:
+    from inspect_model.render.grids import render_activation
+
+    img, layout = render_activation(np.zeros((16, 7, 7), np.float32), 0, title="dead")
+    assert layout.kind == "grid" and img.size[0] > 200
+    img, layout = render_activation(np.arange(10.0), None, title="fc")
+    assert (layout.kind, layout.rows, layout.cols) == ("strip", 1, 10)
+    a = np.random.default_rng(1).standard_normal((64, 56, 56)).astype(np.float32)
+    one, _ = render_activation(a, 0, title="t")
+    two, _ = render_activation(a.copy(), 0, title="t")
+    assert png_bytes(one) == png_bytes(two)
+
+
+def test_histogram_pages_cover_every_layer() -> None:
+    from types import SimpleNamespace
+
+    from inspect_model.methods.grad_stats import HIST_BINS, LogHist
+    from inspect_model.render.gradients import HIST_PER_PAGE, histogram_pages
+
+    counts = [0] * HIST_BINS
+    counts[HIST_BINS // 2] = 5
+    hist = LogHist(counts=counts, zeros=1, min=-3.0, max=-2.0)
+    layers = [SimpleNamespace(key=f"l{i}", grad_output=object(), hist=hist) for i in range(HIST_PER_PAGE + 3)]
+    layers.append(SimpleNamespace(key="unreached", grad_output=None, hist=LogHist()))
+    pages = histogram_pages(SimpleNamespace(layers=layers))
+    assert len(pages) == 2 and pages[0].size == pages[1].size[:1] + (pages[0].size[1],)
+
+
+def test_sink_writes_in_parallel_with_a_bounded_queue(tmp_path: Path) -> None:
+    out = OutputDir(tmp_path / "o").prepare()
+    sink = Sink(out, workers=2)
+    gate = threading.Event()
+    running = []
+
+    def slow() -> Image.Image:
+        running.append(1)
+        gate.wait(5)
+        return Image.new("RGB", (4, 4))
+
+    names = [sink.image(f"images/{i:04d}.png", slow) for i in range(MAX_PENDING)]
+    blocked = threading.Thread(target=lambda: sink.image("images/last.png", slow))
+    blocked.start()
+    time.sleep(0.3)
+    assert blocked.is_alive()  # the queue is full: the producer waits (bounded memory)
+    gate.set()
+    blocked.join(5)
+    sink.drain()
+    sink.close()
+    assert names[0] == "images/0000.png" and not blocked.is_alive()
+    assert sorted(sink.written()) == sorted([*names, "images/last.png"])
+    out.commit()
+    assert all((tmp_path / "o" / n).is_file() for n in names)
+
+
+def test_sink_raises_a_workers_error_and_leaves_nothing(tmp_path: Path) -> None:
+    from inspect_model.api.pipeline import Session, execute
+
+    class Failing(Session):
+        command = "x"
+
+        def run(self, batches, handle):  # type: ignore[no-untyped-def]
+            from inspect_model.api.pipeline import ImageItem
+
+            handle(ImageItem({"index": 0}))
+
+        def draw(self, item, sink):  # type: ignore[no-untyped-def]
+            def boom() -> Image.Image:
+                raise OutputError("cannot draw")
+
+            return {"f": sink.image("a.png", boom)}
+
+        def finish(self):  # type: ignore[no-untyped-def]
+            from inspect_model.api.pipeline import Result
+
+            return Result("x", {}, {}, render_text=lambda r: "")
+
+    with pytest.raises(OutputError, match="cannot draw"):
+        execute(Failing(), [], output_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()

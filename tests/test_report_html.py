@@ -1,0 +1,116 @@
+"""report.html (issue 15): one static page per output directory, tested in a real browser.
+
+The browser test drives Debian's ``chromium`` through Playwright's Python package
+(``apt-get install -y chromium`` and ``pip install playwright``; never ``playwright
+install``): the page loads from file:// with no console error, every <img> resolves, the
+table sorts, and a screenshot is taken (``INSPECT_MODEL_SCREENSHOT_DIR`` keeps it). It skips
+only where no chromium executable exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inspect_model.render.html import render_html, table_rows
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    for path in ("/usr/bin/chromium", "/usr/lib/chromium/chromium"):
+        if os.path.exists(path):
+            return path
+    return None
+
+
+@pytest.fixture
+def images(tmp_path: Path) -> list[str]:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    paths = []
+    for i, (h, w) in enumerate([(30, 40), (36, 28), (32, 32)]):
+        p = tmp_path / f"img {i}&<x>.png"  # names that need escaping in HTML and URLs
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(p)
+        paths.append(str(p))
+    return paths
+
+
+@pytest.fixture
+def cam_run(cli, models_py: Path, images: list[str], tmp_path: Path) -> Path:
+    out = tmp_path / "cam out"
+    r = cli(["cam", f"{models_py}:TinyCNN", *images, "--weights", "none", "--resize", "24", "--crop", "16",
+             "-m", "gradcam", "-m", "eigencam", "-o", str(out), "-q"])
+    assert r.exit_code == 0, r.stderr
+    return out
+
+
+def test_page_lists_every_picture_lazily_with_relative_links(cam_run: Path) -> None:
+    page = (cam_run / "report.html").read_text()
+    doc = json.loads((cam_run / "report.json").read_text())
+    assert "report.html" in doc["files"]
+    pngs = [f for f in doc["files"] if f.endswith(".png")]
+    assert len(pngs) == 3 * 2 * 2 + 1  # overlay and heat map per image and method, one contact sheet
+    assert page.count("<img ") == len(pngs) and page.count('loading="lazy"') == len(pngs)
+    assert "http://" not in page and "https://" not in page and "file://" not in page  # no network
+    assert "img 0&amp;&lt;x&gt;" in page and "<x>" not in page
+    title, rows = table_rows(doc)
+    assert title.startswith("Maps") and len(rows) == 6
+    assert render_html(doc) == page  # deterministic: the page is a function of the report
+
+
+def test_page_shows_warnings_and_sortable_layers() -> None:
+    doc = {"command": "activations", "model": "m", "files": ["overview.png"], "image_count": 2,
+           "warnings": [{"message": "layer <b> never ran", "count": 3}],
+           "layers": [{"key": "conv", "stats": {"mean": 0.5, "std": 1.0}}, {"key": "fc", "stats": {"mean": -2.0}}]}
+    page = render_html(doc)
+    assert "layer &lt;b&gt; never ran (x3)" in page
+    assert '<table class="sortable">' in page and "<th>stats.mean</th>" in page
+    assert 'src="overview.png"' in page
+
+
+@pytest.mark.skipif(_chromium() is None, reason="no chromium executable (apt-get install -y chromium)")
+def test_page_in_a_real_browser(cam_run: Path, tmp_path: Path) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    errors: list[str] = []
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("requestfailed", lambda r: errors.append(f"failed: {r.url}"))
+            page.goto((cam_run / "report.html").as_uri())
+            page.wait_for_load_state("load")
+            assert page.evaluate("document.querySelectorAll('img[loading=lazy]').length") == 13
+            # Lazy images load when scrolled to: bring each into view, then wait for all.
+            for handle in page.query_selector_all("img"):
+                handle.scroll_into_view_if_needed()
+            page.wait_for_function("Array.from(document.images).every(i => i.complete)", timeout=15000)
+            broken = page.evaluate("Array.from(document.images).filter(i => !(i.naturalWidth > 0))"
+                                   ".map(i => i.getAttribute('src'))")
+            assert broken == []
+            # Sorting: click the "image" header twice, the first column flips order.
+            first = "document.querySelector('table.sortable tbody tr td').textContent"
+            page.click("table.sortable th:nth-child(1)")
+            asc = page.evaluate(first)
+            page.click("table.sortable th:nth-child(1)")
+            desc = page.evaluate(first)
+            assert Path(asc).name.startswith("img 0") and Path(desc).name.startswith("img 2")
+            page.evaluate("window.scrollTo(0, 0)")
+            shot_dir = Path(os.environ.get("INSPECT_MODEL_SCREENSHOT_DIR", tmp_path))
+            shot_dir.mkdir(parents=True, exist_ok=True)
+            shot = shot_dir / "report_html.png"
+            page.screenshot(path=str(shot), full_page=True)
+            assert shot.stat().st_size > 10_000
+        finally:
+            browser.close()
+    assert errors == []
