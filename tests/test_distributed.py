@@ -151,7 +151,7 @@ def test_torchrun_two_ranks_match_one_process(data: dict[str, Path], torchrun_ou
     two = json.loads((out / "cam" / "report.json").read_text())
     _close(_comparable(one), _comparable(two))
     assert sorted(p.name for p in (out / "cam").iterdir()) == ["contact_sheet_001.png", "contact_sheet_002.png",
-                                                               "images", "report.json", "report.txt"]
+                                                               "images", "report.html", "report.json", "report.txt"]
     assert two["contact_sheets"] == ["contact_sheet_001.png", "contact_sheet_002.png"]
     assert two["throughput"]["images"] == 10
 

@@ -279,7 +279,7 @@ class CamSession(Session):
             cols = [f"{m} @ {lay}" for m, lay in self.columns]
             page = self.page_base + len(self.sheets) + 1
             # The cells are thumbnails the workers drew; waiting here keeps their order.
-            cells = [(label, [None if c is None else SheetCell(c[0].result()[0], c[1]) for c in row])
+            cells = [(label, [None if c is None else SheetCell(_thumb(c[0]), c[1]) for c in row])
                      for label, row in rows]
             name = sink.image(f"contact_sheet_{page:03d}.png",
                               lambda cells=cells, cols=cols, page=page: contact_sheet(
@@ -333,3 +333,9 @@ def cam(model: Any, images: Any = None, *, methods: list[str] | None = None, lay
     total = len(prep.plan.paths) if prep.plan.paths else 0
     return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
                    keep=keep, tensorboard=tensorboard, on_item=on_item)
+
+
+def _thumb(cell: Any) -> Any:
+    """A contact-sheet thumbnail: a worker's future (its result's first item) or, after a
+    resume, the image itself."""
+    return cell.result()[0] if hasattr(cell, "result") else cell

@@ -107,7 +107,7 @@ def is_secondary() -> bool:
 
 
 def takes_over(session: Session) -> bool:
-    plan = session.prep.plan
+    plan = getattr(getattr(session, "prep", None), "plan", None)  # a bare Session has no inputs plan
     if hasattr(plan, "workers"):
         plan.workers = _SCALE.get().workers
     return world() is not None or _SCALE.get().resume
@@ -148,7 +148,12 @@ class PerImage:
 
     def state(self, s: Any) -> dict[str, Any]:
         keys = ("entries", "passes", "warnings", "sanity_acc", "sheets", "sheet_rows", *self.FIRST)
-        return {k: getattr(s, k) for k in keys if hasattr(s, k)}
+        st = {k: getattr(s, k) for k in keys if hasattr(s, k)}
+        if "sheet_rows" in st:  # thumbnails drawn by the Sink's workers: their images, not futures
+            st["sheet_rows"] = [(label, [None if c is None else (c[0].result()[0] if hasattr(c[0], "result")
+                                                                 else c[0], c[1]) for c in row])
+                                for label, row in st["sheet_rows"]]
+        return st
 
     def restore(self, s: Any, st: dict[str, Any]) -> None:
         for k, v in st.items():
@@ -622,6 +627,7 @@ def _run(session: Session, batches: Iterable[Any], ad: Any, group: Group, scale:
             ad.reduce(session, group)  # collectives on every rank (grads: summed parameter gradients)
         sink = Sink(out)
         ad.before_gather(session, sink)
+        sink.drain()  # the last contact sheet is on disk before rank 0 renumbers the pages
         mine_state = {"session": ad.state(session), "skipped": list(plan.skipped), "notes": list(plan.warnings),
                       "pending": [(str(a), str(b)) for a, b in (out._pending if out else [])],
                       "written": list(out.written) if out else [], "images": clock.images}
@@ -672,6 +678,7 @@ def _finish_on_rank0(session: Any, ad: Any, states: list[dict[str, Any]], out: A
     try:
         if sink.active:
             session.draw_summary(sink, result)
+        sink.drain()
     finally:
         if sink.writer is not None:
             sink.writer.close()
@@ -679,6 +686,7 @@ def _finish_on_rank0(session: Any, ad: Any, states: list[dict[str, Any]], out: A
     clock.stamp(result, sum(st["images"] for st in states))
     if out is not None:
         write_reports(result, sink)
+        sink.close()
         out.commit()
     return result
 
@@ -710,6 +718,7 @@ def _run_local(session: Any, batches: Iterable[Any], out: Any, tensorboard: Any,
     from inspect_model.api.pipeline import Sink
 
     writer = None
+    sink: Sink | None = None
     if tensorboard is not None:
         from inspect_model.render.tensorboard import open_writer
 
@@ -733,16 +742,20 @@ def _run_local(session: Any, batches: Iterable[Any], out: Any, tensorboard: Any,
                 last = max((index.get(n, -1) for n in b.names), default=-1)
                 progress["done"] = max(progress["done"], last + 1)
                 if ck is not None and ck.due():
+                    sink.drain()  # every file the manifest counts as done is on disk
                     ck.save(progress["done"], _snapshot(session, ad, out))
                 if os.environ.get("INSPECT_MODEL_FAIL_AFTER") and \
                         progress["done"] >= int(os.environ["INSPECT_MODEL_FAIL_AFTER"]):
                     os.kill(os.getpid(), signal.SIGKILL)  # test hook: a run killed after N images
 
         session.run(checkpointed(batches), handle)
+        sink.drain()  # the workers' files are on disk before the state says so
         if ck is not None:
             progress["done"] = len(mine)
             ck.save(progress["done"], _snapshot(session, ad, out), final=True)
     finally:
+        if sink is not None:
+            sink.close(cancel=True)  # after drain(): nothing left to drop; on failure, nothing more written
         if writer is not None:
             writer.close()
 
