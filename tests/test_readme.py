@@ -124,6 +124,7 @@ def _workdir(tmp: Path) -> None:
     from torchvision.models import ResNet18_Weights
 
     (tmp / "imagenet.txt").write_text("\n".join(ResNet18_Weights.DEFAULT.meta["categories"]) + "\n")
+    (tmp / "boxes.csv").write_text("image,x0,y0,x1,y1\np0.jpg,10,10,60,60\np1.jpg,5,5,40,50\n")
     (tmp / "two_in.py").write_text(TWO_IN)
     (tmp / "bert.py").write_text(BERT)
     shutil.copy(tmp / "photos" / "p0.jpg", tmp / "photo.jpg")
@@ -146,6 +147,10 @@ def _argv(line: str) -> tuple[list[str], str | None, str | None]:
         if sep in line:
             line, pipe = line.split(sep, 1)[0].strip(), sep + line.split(sep, 1)[1]
     argv = [a.replace("/data/val", "data/val") for a in shlex.split(line)]
+    if "--evaluate" in argv or "scorecam" in argv:
+        # Faithfulness scores and Score-CAM run hundreds of forward passes per map: at 64 px
+        # here, to keep CI short (the maths is tested in tests/test_faithfulness.py).
+        argv += ["--resize", "64", "--crop", "64"]
     assert argv[0] == "inspect-model", line
     argv = argv[1:]
     if argv[0] not in ("summary", "models") and "--weights" not in argv:
