@@ -86,6 +86,7 @@ def cam(
     layer. With --output-dir: per image, target, method and layer a heat-map overlay on the
     original image, the bare map with a colour bar, --save-raw .npy maps, and contact sheets.
     --evaluate scores and ranks the maps (faithfulness) and plots deletion/insertion curves.
+
     Example: inspect-model cam resnet50 cat.jpg --method gradcam --method scorecam --target top:2 -o cams
     """
     from inspect_model.api.cam import cam as api_cam
