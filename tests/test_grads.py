@@ -436,3 +436,30 @@ def test_cli_labels_file(cli, models_py: Path, tmp_path: Path) -> None:
     lab.write_text("1\n")
     res = cli(base + ["--labels-file", str(lab)])
     assert res.exit_code == 4 and "one label per image" in res.stderr
+
+
+def test_histogram_of_a_large_gradient_is_a_faithful_sample() -> None:
+    """Over HIST_SAMPLE values the bins come from a strided sample scaled to the exact count
+    of non-zero finite values; zeros, Inf and NaN stay exact (independent check: numpy's
+    histogram of every value)."""
+    import numpy as np
+
+    from inspect_model.methods.grad_stats import HIST_BINS, HIST_HI, HIST_LO, HIST_SAMPLE, log_hist
+
+    g = torch.exp(torch.randn(HIST_SAMPLE * 8) * 2.0) * 1e-4  # log-normal magnitudes
+    g[::7] = 0.0
+    g[5] = float("inf")
+    g[11] = float("nan")
+    h = log_hist(g)
+    v = g.numpy()
+    finite = v[np.isfinite(v) & (v != 0)]
+    exact, _ = np.histogram(np.clip(np.log10(np.abs(finite)), HIST_LO, HIST_HI - 1e-6), HIST_BINS,
+                            (HIST_LO, HIST_HI))
+    assert h.zeros == int((v == 0).sum())
+    assert sum(h.counts) == finite.size == int(exact.sum())
+    big = exact > 0.01 * exact.sum()
+    np.testing.assert_allclose(np.array(h.counts)[big], exact[big], rtol=0.05)
+    small = log_hist(g[:1000])  # under the limit: exact
+    e_small, _ = np.histogram(np.clip(np.log10(np.abs(v[:1000][np.isfinite(v[:1000]) & (v[:1000] != 0)])),
+                                      HIST_LO, HIST_HI - 1e-6), HIST_BINS, (HIST_LO, HIST_HI))
+    assert small.counts == e_small.tolist()

@@ -46,6 +46,7 @@ class CaptureOptions:
     output_grads: bool = False  # tensor hooks on outputs: d(target)/d(output)
     input_grads: bool = False  # d(target)/d(input) through this module only
     grad_stats_fn: StatsFn | None = None
+    input_grad_stats_fn: StatsFn | None = None  # for input gradients (default: grad_stats_fn)
     keep_grads: bool | Collection[str] = False
     # Modules whose outputs become graph roots: detached, made to require grad, and cloned
     # so the rest of the network runs on them. Everything before them then builds no graph
@@ -256,7 +257,7 @@ class HookEngine:
                 cap = next(captures)
                 if v.requires_grad:
                     a = v.view_as(v)
-                    self._hook_grad(a, cap, rec.name)
+                    self._hook_grad(a, cap, rec.name, inputs=True)
                     return a
                 return v
             if isinstance(v, tuple) and not hasattr(v, "_fields"):
@@ -320,9 +321,10 @@ class HookEngine:
             cap.tensor = t.detach().clone()
         return cap
 
-    def _hook_grad(self, t: torch.Tensor, cap: TensorCapture, name: str) -> None:
+    def _hook_grad(self, t: torch.Tensor, cap: TensorCapture, name: str, *, inputs: bool = False) -> None:
         opts = self.options
         keep = self._wants(opts.keep_grads, name)
+        stats_fn = (opts.input_grad_stats_fn or opts.grad_stats_fn) if inputs else opts.grad_stats_fn
 
         def on_grad(g: torch.Tensor) -> None:
             # A tensor hook sees d(target)/d(t) for the value t had when the hook was
@@ -332,8 +334,8 @@ class HookEngine:
             if keep:
                 gd = g.detach().clone()
                 cap.grad = gd if cap.grad is None else cap.grad + gd
-            if opts.grad_stats_fn is not None:
-                cap.grad_stats = opts.grad_stats_fn(g)
+            if stats_fn is not None:
+                cap.grad_stats = stats_fn(g)
 
         self._tensor_handles.append(t.register_hook(on_grad))
 

@@ -238,7 +238,7 @@ class GradRun:
         self.input_grads: list[torch.Tensor] = []
         self._live = False
 
-    def _observe(self, g: torch.Tensor, n: int) -> GradObs:
+    def _observe(self, g: torch.Tensor, n: int, *, hist: bool = True) -> GradObs:
         import torch
 
         per = None
@@ -251,7 +251,7 @@ class GradRun:
             seen["done"] += 1
             self.progress(min(seen["done"], seen["total"]), seen["total"], "grads: layer gradients")
         stats = tensor_stats(g)
-        return GradObs(seq, stats, _hist(g, stats) if self.histograms else None, per)
+        return GradObs(seq, stats, _hist(g, stats) if self.histograms and hist else None, per)
 
     def current_grads(self) -> dict[str, torch.Tensor]:
         """The summed parameter gradients so far (copies; live while :meth:`run` runs)."""
@@ -274,7 +274,10 @@ class GradRun:
         part = self.partial
         batch_n = [0]
         opts = CaptureOptions(outputs=True, output_grads=True, input_grads=True,
-                              grad_stats_fn=lambda g: self._observe(g, batch_n[0]), grad_enabled=True)
+                              grad_stats_fn=lambda g: self._observe(g, batch_n[0]),
+                              # histograms are drawn for output gradients only: none for inputs
+                              input_grad_stats_fn=lambda g: self._observe(g, batch_n[0], hist=False),
+                              grad_enabled=True)
         with HookEngine(self.model, self.names, opts) as eng:
             for n, p in self.trainable:  # a resumed run goes on from the gradients it had summed
                 g = part.grads.get(n)
@@ -475,7 +478,7 @@ def _hist(g: torch.Tensor, s: TensorStats) -> LogHist:
     """log10|g| histogram, reusing the zero and Inf counts ``tensor_stats`` took (two passes fewer)."""
     if g.is_complex() or not g.is_floating_point():
         return log_hist(g)
-    return log_hist(g, zeros=round(s.zero_fraction * s.numel), infs=s.inf_count)
+    return log_hist(g, zeros=round(s.zero_fraction * s.numel), infs=s.inf_count, nans=s.nan_count)
 
 
 def _param_grad(name: str, p: torch.Tensor, g: torch.Tensor | None, histograms: bool) -> ParamGrad:
