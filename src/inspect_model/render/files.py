@@ -182,9 +182,11 @@ def safe_name(text: str, *, default: str = "x", max_len: int = 120) -> str:
 
 def png_bytes(image: Any) -> bytes:
     """A PIL image as PNG bytes: no timestamp or other metadata, so the bytes depend on the
-    pixels only. Pillow's encoder releases the GIL, so this runs in parallel in a thread."""
+    pixels only. Pillow's encoder releases the GIL, so this runs in parallel in a thread.
+    zlib level 1: 5x faster than the default 6 for about 20% larger files (measured on a
+    451x300 overlay: 12 ms against 59 ms), which keeps `cam -o` near the computation's pace."""
     buf = io.BytesIO()
-    image.save(buf, format="PNG", compress_level=6)
+    image.save(buf, format="PNG", compress_level=1)
     return buf.getvalue()
 
 
