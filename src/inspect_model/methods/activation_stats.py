@@ -16,8 +16,10 @@ if TYPE_CHECKING:
     import torch
 
 # Elements per chunk when measuring: bounds the temporaries of the hook (a sign() copy, or
-# on the NaN/Inf path a float64 copy and masks) to about 1-2 MiB whatever the layer size.
-CHUNK_ELEMENTS = 1 << 18
+# on the NaN/Inf path a float64 copy and masks) to about 4-8 MiB whatever the layer size.
+# 2^20 rather than 2^18: a quarter of the reduction calls, whose fixed cost dominated on CPU
+# (resnet18, batch 32 at 224 px: statistics of every layer from 0.75x to 0.8x+ of a plain pass).
+CHUNK_ELEMENTS = 1 << 20
 
 # Layers whose 3-D output is (N, tokens, dim): channels are the last dimension.
 _TOKEN_TYPES = ("Linear", "LayerNorm", "Embedding", "MultiheadAttention", "RMSNorm", "MLP",
@@ -176,7 +178,10 @@ def _reduce_fast(xc: torch.Tensor, dims: tuple[int, ...], cell: int) -> tuple[to
     norm = torch.linalg.vector_norm(xc, 2, dims).to(f64)
     if not bool(torch.isfinite(s1).all() and torch.isfinite(norm).all()):
         return None
-    mn, mx = xc.amin(dims).to(f64), xc.amax(dims).to(f64)
+    if len(dims) == 1:
+        mn, mx = (t.to(f64) for t in torch.aminmax(xc, dim=dims[0]))  # one pass for both
+    else:
+        mn, mx = xc.amin(dims).to(f64), xc.amax(dims).to(f64)
     mean = s1 / cell
     # M2 = sum(x^2) - n mean^2; a constant cell has exactly 0 (no rounding residue).
     m2 = (norm.square() - cell * mean.square()).clamp_(min=0.0)
