@@ -209,8 +209,6 @@ class _NeedsRealModel(Exception):
     pass
 
 
-
-
 def summary(
     model: Any,
     *,

@@ -31,7 +31,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
 from inspect_model.errors import InputError, ModelRuntimeError, UsageError
-from inspect_model.methods.targets import TargetSpec, parse_target, require_float, resolve_targets, select_output
+from inspect_model.methods.targets import (
+    TargetSpec,
+    parse_target,
+    require_float,
+    resolve_targets,
+    select_output,
+)
 
 KINDS = ("relu", "relu6", "leaky_relu", "silu", "gelu", "prelu")
 
