@@ -278,12 +278,16 @@ class CamSession(Session):
             rows, self.sheet_rows = self.sheet_rows[:SHEET_ROWS], self.sheet_rows[SHEET_ROWS:]
             cols = [f"{m} @ {lay}" for m, lay in self.columns]
             page = self.page_base + len(self.sheets) + 1
-            # The cells are thumbnails the workers drew; waiting here keeps their order.
-            cells = [(label, [None if c is None else SheetCell(_thumb(c[0]), c[1]) for c in row])
-                     for label, row in rows]
-            name = sink.image(f"contact_sheet_{page:03d}.png",
-                              lambda cells=cells, cols=cols, page=page: contact_sheet(
-                                  cells, cols, title=f"class activation maps (page {page})"))
+
+            def draw(rows: list[Any] = rows, cols: list[str] = cols, page: int = page) -> Any:
+                # The cells are thumbnails that jobs queued before this one draw: a worker
+                # waits for them (the queue is first in, first out, so they have started),
+                # and the model computes on meanwhile.
+                cells = [(label, [None if c is None else SheetCell(_thumb(c[0]), c[1]) for c in row])
+                         for label, row in rows]
+                return contact_sheet(cells, cols, title=f"class activation maps (page {page})")
+
+            name = sink.image(f"contact_sheet_{page:03d}.png", draw, photo=True)
             if name is not None:
                 self.sheets.append(name)
 
@@ -298,7 +302,7 @@ def _draw_map_job(sink: Sink, names: dict[str, Any], picture: Any, arr: Any, box
     def job() -> tuple[Any, Any]:
         over = ov.overlay(picture, arr, box, alpha=alpha, cmap=cmap)
         if names and sink.out is not None:
-            sink.out.write_staged(*names["overlay"], png_bytes(over))
+            sink.out.write_staged(*names["overlay"], png_bytes(over, photo=True))
             sink.out.write_staged(*names["heatmap"], png_bytes(ov.heatmap_image(arr, title, cmap=cmap)))
         return ov.thumbnail(over), over if keep else None
 

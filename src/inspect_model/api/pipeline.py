@@ -263,7 +263,8 @@ class Sink:
         if self._pool is None:
             import threading
 
-            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="inspect-model-render")
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="inspect-model-render",
+                                            initializer=_lower_priority)
             self._slots = threading.BoundedSemaphore(MAX_PENDING)
         self._check()
         self._slots.acquire()
@@ -301,15 +302,16 @@ class Sink:
             self._jobs = []
 
     # ------------------------------------------------------------ files
-    def image(self, rel: str, img: Any) -> str | None:
-        """A PNG of ``img`` (a PIL image, or a function that draws one on the worker)."""
+    def image(self, rel: str, img: Any, *, photo: bool = False) -> str | None:
+        """A PNG of ``img`` (a PIL image, or a function that draws one on the worker);
+        ``photo``: mostly photographs (see ``png_bytes``)."""
         if self.out is None:
             return None
         from inspect_model.render.files import png_bytes
 
         staged, final = self.out.reserve(rel)
         write = self.out.write_staged
-        self.defer(lambda: write(staged, final, png_bytes(img() if callable(img) else img)))
+        self.defer(lambda: write(staged, final, png_bytes(img() if callable(img) else img, photo=photo)))
         return self._rel(str(final))
 
     def figure(self, rel: str, fig: Any, *, dpi: int = 100) -> str | None:
@@ -345,7 +347,21 @@ class Sink:
         return [] if self.out is None else [self._rel(f) for f in self.out.written]
 
 
-MAX_PENDING = 8  # queued drawing jobs; each holds at most one image's maps
+RENDER_NICE = 10  # render threads yield the cores to the threads that feed the model
+
+
+def _lower_priority() -> None:
+    """Run this render thread at a lower priority (Linux: nice is per thread): decoding the
+    next images and the model's own threads come first, drawing takes what they leave."""
+    try:
+        import threading
+
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), RENDER_NICE)
+    except (AttributeError, OSError):  # not Linux, or not allowed: same priority as the rest
+        pass
+
+
+MAX_PENDING = 32  # queued drawing jobs (each holds one image's maps or grids): two batches of 16 may wait
 
 
 def render_workers() -> int:

@@ -11,6 +11,7 @@ model never saw.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,25 +57,33 @@ def overlay(image: Image.Image, m: np.ndarray, box: Sequence[float] | None = Non
     import numpy as np
     from PIL import Image
 
-    img = image.convert("RGB")
+    img = image if image.mode == "RGB" else image.convert("RGB")
     width, height = img.size
     left, top, right, bottom = box if box is not None else (0.0, 0.0, float(width), float(height))
     bw, bh = max(round(right - left), 1), max(round(bottom - top), 1)
-    # Resize the float map onto the box, then paste it at the box origin (clipped by PIL).
+    ox, oy = round(left), round(top)
+    # Outside the box: dimmed through a 256-entry table (Pillow, no float image).
+    out = img.point(_dim_table(dim_outside))
+    x0, y0, x1, y1 = max(ox, 0), max(oy, 0), min(ox + bw, width), min(oy + bh, height)
+    if x1 <= x0 or y1 <= y0:
+        return out
+    # Inside: the float map resized onto the box, colour-mapped and blended, only where the
+    # box meets the image (the box may reach past its edges).
     resized = Image.fromarray(np.asarray(m, dtype=np.float32), mode="F").resize((bw, bh), Image.BILINEAR)
-    values = Image.new("F", (width, height), 0.0)
-    inside = Image.new("L", (width, height), 0)
-    origin = (round(left), round(top))
-    values.paste(resized, origin)
-    inside.paste(Image.new("L", (bw, bh), 255), origin)
-    v = np.asarray(values, dtype=np.float32)
-    mask = np.asarray(inside, dtype=np.float32)[..., None] / 255.0
-    base = np.asarray(img, dtype=np.float32)
-    heat = colorize(v, cmap).astype(np.float32)
-    blended = base * (1.0 - alpha) + heat * alpha
-    outside = base * (1.0 - dim_outside)
-    out = blended * mask + outside * (1.0 - mask)
-    return Image.fromarray(np.clip(out + 0.5, 0, 255).astype(np.uint8), mode="RGB")
+    v = np.asarray(resized)[y0 - oy:y1 - oy, x0 - ox:x1 - ox]
+    blended = np.asarray(img.crop((x0, y0, x1, y1)), dtype=np.float32) * (1.0 - alpha)
+    blended += colorize(v, cmap) * np.float32(alpha)
+    blended += 0.5
+    np.clip(blended, 0, 255, out=blended)
+    out.paste(Image.fromarray(blended.astype(np.uint8), mode="RGB"), (x0, y0))
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _dim_table(dim: float) -> list[int]:
+    """Pillow's ``point`` table (R, G, B) that multiplies by ``1 - dim``, rounded."""
+    keep = 1.0 - dim
+    return [min(int(v * keep + 0.5), 255) for v in range(256)] * 3
 
 
 def input_picture(x: Any, mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> Image.Image:
