@@ -434,3 +434,22 @@ def test_cli_module_does_not_import_torch():
     code = "import sys, inspect_model.cli.activations; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("kind", ["positive", "negative", "relu", "mixed", "split"])
+def test_zero_and_negative_counts_on_every_sign_path(kind: str) -> None:
+    """The measurement counts zeros and negatives three ways (from min/max alone, one sign()
+    sum after a ReLU, two sums otherwise); each agrees with counting directly, per image,
+    per channel and overall."""
+    g = torch.Generator().manual_seed(7)
+    t = torch.randn(4, 6, 5, 5, generator=g)
+    t = {"positive": t.abs() + 0.1, "negative": -t.abs() - 0.1, "relu": torch.relu(t), "mixed": t}.get(kind, t)
+    if kind == "split":  # some channels all positive, others all negative: no zero anywhere
+        t = t.abs() + 0.1
+        t[:, ::2] *= -1
+    m = measure(t, 4)
+    assert_stats_match(m.total().stats(), t)
+    for i in range(4):
+        assert_stats_match(m.samples[i].stats(), t[i:i + 1])
+    dead = (t == 0).flatten(2).all(2).all(0)
+    assert bool(m.channels[1].dead.eq(dead).all())

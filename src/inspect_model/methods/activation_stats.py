@@ -186,13 +186,20 @@ def _reduce_fast(xc: torch.Tensor, dims: tuple[int, ...], cell: int) -> tuple[to
     # M2 = sum(x^2) - n mean^2; a constant cell has exactly 0 (no rounding residue).
     m2 = (norm.square() - cell * mean.square()).clamp_(min=0.0)
     m2 = torch.where(mn == mx, 0.0, m2)
-    sg = torch.sign(xc)
-    signed = sg.sum(dims).to(f64)  # positives - negatives
-    nonzero = sg.abs_().sum(dims).to(f64)  # positives + negatives
-    del sg
     cnt = torch.full_like(s1, float(cell))
-    zeros = cnt - nonzero
-    neg = (nonzero - signed) / 2
+    if bool((mn > 0).logical_or_(mx < 0).all()):  # no cell holds a zero: counts from min/max alone
+        zeros = torch.zeros_like(s1)
+        neg = torch.where(mx < 0, cnt, 0.0)
+    elif bool((mn >= 0).all()):  # after a ReLU: no negatives, and sign() is 0 or 1
+        zeros = cnt - torch.sign(xc).sum(dims).to(f64)
+        neg = torch.zeros_like(s1)
+    else:
+        sg = torch.sign(xc)
+        signed = sg.sum(dims).to(f64)  # positives - negatives
+        nonzero = sg.abs_().sum(dims).to(f64)  # positives + negatives
+        del sg
+        zeros = cnt - nonzero
+        neg = (nonzero - signed) / 2
     none = torch.zeros_like(s1)
     return (cnt, mean, m2, mn, mx, zeros, neg, none, none)
 
