@@ -157,3 +157,31 @@ def test_png_bytes_decode_to_the_same_pixels(mode: str, photo: bool) -> None:
     back.load()
     assert back.size == img.size
     assert np.array_equal(np.asarray(back.convert(img.mode)), np.asarray(img))
+
+
+def test_every_png_of_cam_and_grads_is_byte_identical_across_runs(tmp_path: Path) -> None:
+    """Issue 15: the same run twice gives the same bytes in every picture (overlays, heat
+    maps, contact sheets, gradient-flow plot, histogram pages), whatever order the render
+    threads finish in."""
+    import torch
+    from conftest import SAMPLE_IMAGES
+    from fixtures.models import TinyCNN
+
+    import inspect_model as im
+    from inspect_model.api.options import InputOptions
+
+    images = sorted(str(p) for p in SAMPLE_IMAGES.glob("*.jpg"))
+    model = TinyCNN(in_ch=3, classes=5, width=4).eval()
+    opts = {"resize": 40, "crop": 32, "batch_size": 3}
+    outs = []
+    for run in ("a", "b"):
+        torch.manual_seed(0)
+        im.cam(model, methods=["gradcam", "gradcam++"], inputs=InputOptions(images, **opts),
+               output_dir=tmp_path / run / "cam")
+        im.grads(model, inputs=InputOptions(images, **opts), output_dir=tmp_path / run / "grads")
+        outs.append(tmp_path / run)
+    pngs = sorted(p.relative_to(outs[0]) for p in outs[0].rglob("*.png"))
+    assert len(pngs) == len(images) * 2 * 2 + 1 + 2  # overlay + heat map per image and method, sheet, flow, hist
+    assert any("contact_sheet" in str(p) for p in pngs) and any("grad_flow" in str(p) for p in pngs)
+    for rel in pngs:
+        assert (outs[0] / rel).read_bytes() == (outs[1] / rel).read_bytes(), rel
