@@ -609,8 +609,7 @@ def _run(session: Session, batches: Iterable[Any], ad: Any, group: Group, scale:
             done = 0
             if restored is not None:
                 ad.restore(session, restored["session"])
-                out._pending = [tuple(map(Path, p)) for p in restored["pending"]]
-                out.written = list(restored["written"])
+                out.adopt([(Path(a), Path(b)) for a, b in restored["pending"]], restored["written"])
                 plan.skipped[:] = restored["skipped"]
                 done = restored["done"]
             if all_paths:
@@ -663,8 +662,8 @@ def _finish_on_rank0(session: Any, ad: Any, states: list[dict[str, Any]], out: A
         plan.skipped[:] = [s for st in states for s in st["skipped"]]
         plan.warnings[:] = [w for st in states for w in st["notes"]]
         if out is not None:
-            out._pending = [(Path(a), Path(b)) for st in states for a, b in st["pending"]]
-            out.written = [w for st in states for w in st["written"]]
+            out.adopt([(Path(a), Path(b)) for st in states for a, b in st["pending"]],
+                      [w for st in states for w in st["written"]])
             _renumber_sheets(session, out)
     if all_paths:
         plan.paths = all_paths
@@ -707,9 +706,8 @@ def _renumber_sheets(session: Any, out: Any) -> None:
             os.replace(staged, target)
             staged, final = target, root / new
         pending.append((staged, final))
-    out._pending = pending
-    out.written = [str(root / renames[r]) if (r := Path(os.path.relpath(w, root)).as_posix()) in renames else w
-                   for w in out.written]
+    out.adopt(pending, [str(root / renames[r]) if (r := Path(os.path.relpath(w, root)).as_posix()) in renames
+                        else w for w in out.written])
     session.sheets = [renames[s] for s in sheets]
 
 

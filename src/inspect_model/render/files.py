@@ -288,6 +288,14 @@ class OutputDir:
                 self.written.append(str(final))
         return staged, final
 
+    def adopt(self, pending: list[tuple[Path, Path]], written: list[str]) -> None:
+        """Take over files staged elsewhere (a resumed run's, other ranks', renamed pages):
+        ``pending`` (staged, final) pairs and the ``written`` list that reports give."""
+        with self._write_lock:
+            self._pending = list(pending)
+            self._claimed = {final for _, final in self._pending}
+            self.written = list(written)
+
     @staticmethod
     def write_staged(staged: Path, final: Path, data: bytes) -> str:
         try:
