@@ -453,3 +453,39 @@ def test_zero_and_negative_counts_on_every_sign_path(kind: str) -> None:
         assert_stats_match(m.samples[i].stats(), t[i:i + 1])
     dead = (t == 0).flatten(2).all(2).all(0)
     assert bool(m.channels[1].dead.eq(dead).all())
+
+
+def test_half_precision_and_integer_outputs_are_measured_exactly() -> None:
+    """float16/bfloat16 outputs are reduced without a float32 copy (float32 accumulators) and
+    integer outputs through a float64 copy: both agree with a direct float64 computation."""
+    g = torch.Generator().manual_seed(5)
+    base = torch.randn(3, 4, 6, 6, generator=g)
+    base[0, 1] = 0.0
+    for t in (base.half(), base.bfloat16(), torch.relu(base).half(), (base * 4).round().to(torch.int32)):
+        m = measure(t, 3)
+        assert_stats_match(m.total().stats(), t.double())
+        assert m.channels[1].dead.tolist() == [False, False, False, False]
+
+
+def test_the_accelerator_order_of_the_reductions_gives_the_same_numbers() -> None:
+    """On a GPU the chunks' paths are read back in one synchronisation (first passes queued,
+    then second passes); on the CPU each chunk is finished at once. Same numbers either way,
+    on every path (NaN/Inf, ReLU, mixed, all-positive channels), over several chunks."""
+    from inspect_model.methods import activation_stats as stats
+
+    g = torch.Generator().manual_seed(11)
+    t = torch.randn(3, 40, 9, 9, generator=g)
+    t[:, :10] = torch.relu(t[:, :10])
+    t[:, 10:20] = t[:, 10:20].abs() + 1
+    t[1, 25, 2, 2] = float("nan")
+    t[2, 33, 0, 0] = float("-inf")
+    old = stats.CHUNK_ELEMENTS
+    stats.CHUNK_ELEMENTS = 3 * 81 * 4  # 4 channels per chunk: 10 chunks
+    try:
+        now = stats._reduce_nc(t, 1, deferred=False)
+        later = stats._reduce_nc(t, 1, deferred=True)
+    finally:
+        stats.CHUNK_ELEMENTS = old
+    for a, b in zip(now, later):
+        assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
+    assert now[7].sum() == 1 and now[8].sum() == 1  # one NaN, one Inf, found in their chunks

@@ -135,14 +135,20 @@ class Measurement:
         return m
 
 
-def _reduce_nc(x: torch.Tensor, cdim: int) -> tuple[torch.Tensor, ...]:
+def _reduce_nc(x: torch.Tensor, cdim: int, *, deferred: bool | None = None) -> tuple[torch.Tensor, ...]:
     """(N, C) float64 tensors (count, mean, m2, min, max, zeros, negatives, nan, inf) and the
     cell size, of ``x`` with channels along ``cdim``, reduced chunk by chunk over channels.
 
-    The common case (finite float32/float64 values) reads the tensor with reductions that
-    allocate nothing of its size: sum, L2 norm (for the sum of squares), amin, amax, and the
-    sum of sign() and |sign()| for the zero and negative counts (comparisons would allocate
-    a bool mask plus an int64 copy of it). Non-finite values take the exact float64 path.
+    The common case (finite floating values) reads the tensor with reductions that allocate
+    nothing of its size: sum and L2 norm (for the sum of squares), amin and amax in a first
+    pass; then the zero and negative counts from the sum of sign() and of |sign()| (bool masks
+    cost more than the sign copy), or from one sign() sum when no value is negative, or from
+    min and max alone when no cell can hold a zero. Half-precision values are reduced with a
+    float32 accumulator, without a copy. On an accelerator, which path each chunk takes is
+    read back in one synchronisation per call, not several per chunk (each one stalls the
+    queue); on the CPU each chunk is finished while it is still in cache. Chunks holding
+    NaN/Inf, or whose float32 sums overflow, take the exact float64 path. ``deferred``
+    picks the accelerator's order on any device (tests).
     """
     import torch
 
@@ -155,48 +161,70 @@ def _reduce_nc(x: torch.Tensor, cdim: int) -> tuple[torch.Tensor, ...]:
         cell *= int(d)
     dims = tuple(range(2, xm.ndim))
     step = max(1, CHUNK_ELEMENTS // max(1, n * cell))
-    parts: list[tuple[torch.Tensor, ...]] = []
-    for c0 in range(0, c, step):
+
+    def chunk(c0: int) -> torch.Tensor:
         xc = xm.narrow(1, c0, min(step, c - c0))
-        if xc.dtype not in (torch.float32, torch.float64):
-            xc = xc.to(torch.float64 if not xc.is_floating_point() else torch.float32)  # chunk copy
-        part = _reduce_fast(xc, dims, cell)
-        if part is None:
-            part = _reduce_exact(xc, dims, cell)
-        parts.append(part)
+        return xc if xc.is_floating_point() else xc.to(torch.float64)  # integers: a chunk copy
+
+    def finish(xc: torch.Tensor, first: tuple[torch.Tensor, ...], flags: list[bool]) -> tuple[torch.Tensor, ...]:
+        finite, no_zero, no_negative = flags
+        return _second_pass(xc, dims, cell, first, no_zero, no_negative) if finite else _reduce_exact(xc, dims, cell)
+
+    parts: list[tuple[torch.Tensor, ...]] = []
+    starts = list(range(0, c, step))
+    if deferred is None:
+        deferred = xm.device.type != "cpu"
+    if not deferred:  # on the CPU reading a flag costs nothing: both passes while the chunk is in cache
+        for c0 in starts:
+            xc = chunk(c0)
+            first = _first_pass(xc, dims)
+            parts.append(finish(xc, first, first[4].tolist()))
+    else:  # every first pass queued, their flags read back at once, then the second passes
+        firsts = [_first_pass(chunk(c0), dims) for c0 in starts]
+        flags = torch.stack([f[4] for f in firsts]).tolist() if firsts else []
+        parts = [finish(chunk(c0), first, fl) for c0, first, fl in zip(starts, firsts, flags)]
     out = tuple(torch.cat([p[i] for p in parts], dim=1) for i in range(9))
     return out + (torch.tensor(float(cell), dtype=torch.float64),)
 
 
-def _reduce_fast(xc: torch.Tensor, dims: tuple[int, ...], cell: int) -> tuple[torch.Tensor, ...] | None:
-    """Moments of a finite chunk without size-of-tensor temporaries but one sign() copy;
-    None when a value is not finite (the sums then are not)."""
+def _first_pass(xc: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+    """Sum, L2 norm, min and max per (N, c) cell, and three flags (one tensor, not read
+    here): every sum finite; no cell can hold a zero; no value negative."""
+    import torch
+
+    acc = torch.float64 if xc.dtype == torch.float64 else torch.float32
+    s1 = xc.sum(dims, dtype=acc)
+    norm = torch.linalg.vector_norm(xc, 2, dims, dtype=acc)
+    mn, mx = xc.amin(dims), xc.amax(dims)
+    flags = torch.stack([torch.isfinite(s1).all() & torch.isfinite(norm).all(),
+                         ((mn > 0) | (mx < 0)).all(), (mn >= 0).all()])
+    return s1, norm, mn, mx, flags
+
+
+def _second_pass(xc: torch.Tensor, dims: tuple[int, ...], cell: int, first: tuple[torch.Tensor, ...],
+                 no_zero: bool, no_negative: bool) -> tuple[torch.Tensor, ...]:
+    """Moments of a finite chunk from its first pass, plus the zero and negative counts."""
     import torch
 
     f64 = torch.float64
-    s1 = xc.sum(dims).to(f64)  # (N, c)
-    norm = torch.linalg.vector_norm(xc, 2, dims).to(f64)
-    if not bool(torch.isfinite(s1).all() and torch.isfinite(norm).all()):
-        return None
-    if len(dims) == 1:
-        mn, mx = (t.to(f64) for t in torch.aminmax(xc, dim=dims[0]))  # one pass for both
-    else:
-        mn, mx = xc.amin(dims).to(f64), xc.amax(dims).to(f64)
+    s1, norm, mn, mx = (t.to(f64) for t in first[:4])
     mean = s1 / cell
     # M2 = sum(x^2) - n mean^2; a constant cell has exactly 0 (no rounding residue).
     m2 = (norm.square() - cell * mean.square()).clamp_(min=0.0)
     m2 = torch.where(mn == mx, 0.0, m2)
     cnt = torch.full_like(s1, float(cell))
-    if bool((mn > 0).logical_or_(mx < 0).all()):  # no cell holds a zero: counts from min/max alone
+    # Counts accumulate exactly in float32 up to 2^24 per cell; beyond, in float64.
+    acc = torch.float64 if xc.dtype == torch.float64 or cell > 1 << 24 else torch.float32
+    if no_zero:  # every cell all positive or all negative: counts from min/max alone
         zeros = torch.zeros_like(s1)
         neg = torch.where(mx < 0, cnt, 0.0)
-    elif bool((mn >= 0).all()):  # after a ReLU: no negatives, and sign() is 0 or 1
-        zeros = cnt - torch.sign(xc).sum(dims).to(f64)
+    elif no_negative:  # after a ReLU: sign() is 0 or 1, its sum counts the non-zeros
+        zeros = cnt - torch.sign(xc).sum(dims, dtype=acc).to(f64)
         neg = torch.zeros_like(s1)
     else:
         sg = torch.sign(xc)
-        signed = sg.sum(dims).to(f64)  # positives - negatives
-        nonzero = sg.abs_().sum(dims).to(f64)  # positives + negatives
+        signed = sg.sum(dims, dtype=acc).to(f64)  # positives - negatives
+        nonzero = sg.abs_().sum(dims, dtype=acc).to(f64)  # positives + negatives
         del sg
         zeros = cnt - nonzero
         neg = (nonzero - signed) / 2
@@ -284,6 +312,8 @@ def measure(t: torch.Tensor, batch_size: int | None = None, *, hist_bins: int = 
     samples: list[Moments] | None = None
     for cdim in cands or [None]:
         r = _reduce_nc(x.reshape(x.shape[0], 1, -1), 1) if cdim is None else _reduce_nc(x, cdim + shift)
+        if r[0].device.type != "cpu":  # the (N, C) cells come back in one copy, not one per use
+            r = (*torch.stack(r[:9]).cpu().unbind(0), r[9].cpu())
         if samples is None:
             samples = _sample_moments(r)
         if cdim is not None:
