@@ -200,7 +200,7 @@ def png_bytes(image: Any, *, photo: bool = False) -> bytes:
     import numpy as np
 
     colour = _PNG_COLOUR_TYPE.get(image.mode)
-    if colour is None:
+    if colour is None or 0 in image.size:  # (PNG has no empty image: Pillow says so)
         buf = io.BytesIO()
         image.save(buf, format="PNG", compress_level=1)
         return buf.getvalue()
