@@ -37,7 +37,7 @@ from inspect_model.errors import DistributedError, InspectModelError, OutputErro
 from inspect_model.render.files import RESUME_STAGING
 
 if TYPE_CHECKING:
-    from inspect_model.api.pipeline import ImageItem, Result, Session
+    from inspect_model.api.pipeline import Result, Session
 
 RESUME_DIR = RESUME_STAGING  # OutputDir.MARKER prefix: ignored by the emptiness check, kept by the stale clean-up
 MANIFEST_VERSION = 1
@@ -713,7 +713,7 @@ def _renumber_sheets(session: Any, out: Any) -> None:
 
 def _run_local(session: Any, batches: Iterable[Any], out: Any, tensorboard: Any, keep: bool, on_item: Any,
                ck: Checkpoint | None, ad: Any, mine: list[Path], done: int, clock: Throughput) -> None:
-    from inspect_model.api.pipeline import Sink
+    from inspect_model.api.pipeline import Sink, item_handler
 
     writer = None
     sink: Sink | None = None
@@ -725,14 +725,7 @@ def _run_local(session: Any, batches: Iterable[Any], out: Any, tensorboard: Any,
         sink = Sink(out, writer)
         index = {str(p): i for i, p in enumerate(mine)}
         progress = {"done": done}
-
-        def handle(item: ImageItem) -> None:
-            clock.images += 1
-            if sink.active:
-                item.entry["files"] = session.draw(item, sink)
-            if on_item is not None:
-                on_item(session.line(item))
-            item.data = None
+        handle = item_handler(session, sink, clock, on_item, None)  # items are never kept here
 
         def checkpointed(it: Iterable[Any]) -> Iterator[Any]:
             for b in it:

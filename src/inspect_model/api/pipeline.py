@@ -547,18 +547,7 @@ def _execute_here(session: Session, batches: Iterable[InputBatch], *, output_dir
             writer = open_writer(Path(tensorboard))
         sink = Sink(out, writer)
         items: list[ImageItem] = []
-
-        def handle(item: ImageItem) -> None:
-            clock.images += 1
-            if sink.active:
-                item.entry["files"] = session.draw(item, sink)
-            if on_item is not None:
-                on_item(session.line(item))
-            if keep:
-                items.append(item)
-            else:
-                item.data = None
-
+        handle = item_handler(session, sink, clock, on_item, items if keep else None)
         prep = getattr(session, "prep", None)
         if writer is not None and prep is not None:
             batches = _with_graph(batches, writer, prep.loaded.model, getattr(session, "notes", None))
@@ -585,6 +574,25 @@ def _execute_here(session: Session, batches: Iterable[InputBatch], *, output_dir
             sink.close()
         if writer is not None:
             writer.close()
+
+
+def item_handler(session: Session, sink: Sink, clock: Any, on_item: Callable[[dict[str, Any]], None] | None,
+                 items: list[ImageItem] | None) -> Callable[[ImageItem], None]:
+    """What happens to each item as the session gives it: counted, drawn (when there are
+    files), handed to ``on_item`` (``--jsonl``), then kept in ``items`` or its data dropped."""
+
+    def handle(item: ImageItem) -> None:
+        clock.images += 1
+        if sink.active:
+            item.entry["files"] = session.draw(item, sink)
+        if on_item is not None:
+            on_item(session.line(item))
+        if items is not None:
+            items.append(item)
+        else:
+            item.data = None
+
+    return handle
 
 
 def tracked(batches: Iterator[InputBatch], total: int, progress: Callable[[int, int], None] | None
