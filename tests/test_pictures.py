@@ -185,3 +185,20 @@ def test_every_png_of_cam_and_grads_is_byte_identical_across_runs(tmp_path: Path
     assert any("contact_sheet" in str(p) for p in pngs) and any("grad_flow" in str(p) for p in pngs)
     for rel in pngs:
         assert (outs[0] / rel).read_bytes() == (outs[1] / rel).read_bytes(), rel
+
+
+def test_an_overlay_of_a_large_photo_is_reduced_and_keeps_its_crop_box() -> None:
+    """A 12-megapixel original would cost seconds and megabytes per overlay: it is reduced to
+    OVERLAY_SIDE on its long side, and the crop box scales with it (heat inside, dimmed outside)."""
+    from inspect_model.render import overlay as ov
+
+    picture = Image.new("RGB", (3000, 2000), (200, 200, 200))
+    m = np.ones((8, 8), np.float32)  # full heat: jet's dark red inside the box
+    over = ov.overlay(picture, m, (0, 0, 1500, 2000))  # the model saw the left half
+    assert over.size == (ov.OVERLAY_SIDE, round(2000 * ov.OVERLAY_SIDE / 3000))
+    a = np.asarray(over).astype(int)
+    half = ov.OVERLAY_SIDE // 2
+    assert (a[:, : half - 2, 0] > a[:, : half - 2, 2] + 50).all()  # red heat on the left
+    assert (a[:, half + 2:] == round(200 * 0.55)).all()  # dimmed grey on the right
+    small = Image.new("RGB", (400, 300))
+    assert ov.overlay(small, m).size == (400, 300)  # smaller originals keep their size

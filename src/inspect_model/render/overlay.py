@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 FIG_DPI = 100
 THUMB = 160  # contact-sheet cell side, pixels
 HEAT_SIDE = 224  # a heat map is drawn at least this large
+OVERLAY_SIDE = 1280  # an overlay's long side at most (a larger original is reduced first)
 
 
 def check_colormap(name: str) -> str:
@@ -49,7 +50,8 @@ def colorize(m: np.ndarray, cmap: str = "jet") -> np.ndarray:
 
 def overlay(image: Image.Image, m: np.ndarray, box: Sequence[float] | None = None, *,
             alpha: float = 0.5, cmap: str = "jet", dim_outside: float = 0.45) -> Image.Image:
-    """The map ``m`` (H, W) in [0, 1] blended over ``image`` (RGB or L).
+    """The map ``m`` (H, W) in [0, 1] blended over ``image`` (RGB or L), reduced to
+    :data:`OVERLAY_SIDE` pixels on its long side when larger.
 
     ``box`` (left, top, right, bottom) in ``image`` pixels is where the model input came
     from; ``None`` means the whole image. Pixels outside the box are dimmed by
@@ -60,6 +62,11 @@ def overlay(image: Image.Image, m: np.ndarray, box: Sequence[float] | None = Non
     img = image if image.mode == "RGB" else image.convert("RGB")
     width, height = img.size
     left, top, right, bottom = box if box is not None else (0.0, 0.0, float(width), float(height))
+    scale = OVERLAY_SIDE / max(width, height)
+    if scale < 1:  # a 12-megapixel photo: 2 s and 8 MB per overlay at full size
+        width, height = max(round(width * scale), 1), max(round(height * scale), 1)
+        img = img.resize((width, height), Image.BILINEAR, reducing_gap=1.0)  # a box reduction first
+        left, top, right, bottom = left * scale, top * scale, right * scale, bottom * scale
     bw, bh = max(round(right - left), 1), max(round(bottom - top), 1)
     ox, oy = round(left), round(top)
     # Outside the box: dimmed through a 256-entry table (Pillow, no float image).
