@@ -202,3 +202,21 @@ def test_an_overlay_of_a_large_photo_is_reduced_and_keeps_its_crop_box() -> None
     assert (a[:, half + 2:] == round(200 * 0.55)).all()  # dimmed grey on the right
     small = Image.new("RGB", (400, 300))
     assert ov.overlay(small, m).size == (400, 300)  # smaller originals keep their size
+
+
+def test_cam_on_a_large_photo_writes_a_reduced_overlay_and_records_the_original_size(tmp_path: Path) -> None:
+    from fixtures.models import TinyCNN
+
+    import inspect_model as im
+    from inspect_model.api.options import InputOptions
+    from inspect_model.render.overlay import OVERLAY_SIDE
+
+    photo = tmp_path / "big.jpg"
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 255, (1800, 2600, 3), dtype=np.uint8)).save(photo, quality=80)
+    res = im.cam(TinyCNN(in_ch=3, classes=5, width=4).eval(), inputs=InputOptions([str(photo)], resize=40, crop=32),
+                 output_dir=tmp_path / "o")
+    entry = res.to_dict()["images"][0]
+    assert entry["size"] == [2600, 1800]  # the report keeps the original's size
+    over = Image.open(tmp_path / "o" / entry["maps"][0]["files"]["overlay"])
+    assert over.size == (OVERLAY_SIDE, round(1800 * OVERLAY_SIDE / 2600))

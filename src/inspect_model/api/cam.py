@@ -199,8 +199,8 @@ class CamSession(Session):
         cats = self.prep.categories
         pre = self.prep.plan.preprocess
         if img is not None:
-            picture = img.image
-            box = pre.uncrop_box(*picture.size) if pre is not None else None
+            # Reduced here, once per image: the queued jobs hold at most OVERLAY_SIDE pixels a side.
+            picture, box = ov.viewable(img.image, pre.uncrop_box(*img.image.size) if pre is not None else None)
         else:
             picture = ov.input_picture(x.detach().float().cpu())
             box = None

@@ -59,14 +59,10 @@ def overlay(image: Image.Image, m: np.ndarray, box: Sequence[float] | None = Non
     import numpy as np
     from PIL import Image
 
-    img = image if image.mode == "RGB" else image.convert("RGB")
+    img, box = viewable(image, box)
+    img = img if img.mode == "RGB" else img.convert("RGB")
     width, height = img.size
     left, top, right, bottom = box if box is not None else (0.0, 0.0, float(width), float(height))
-    scale = OVERLAY_SIDE / max(width, height)
-    if scale < 1:  # a 12-megapixel photo: 2 s and 8 MB per overlay at full size
-        width, height = max(round(width * scale), 1), max(round(height * scale), 1)
-        img = img.resize((width, height), Image.BILINEAR, reducing_gap=1.0)  # a box reduction first
-        left, top, right, bottom = left * scale, top * scale, right * scale, bottom * scale
     bw, bh = max(round(right - left), 1), max(round(bottom - top), 1)
     ox, oy = round(left), round(top)
     # Outside the box: dimmed through a 256-entry table (Pillow, no float image).
@@ -84,6 +80,21 @@ def overlay(image: Image.Image, m: np.ndarray, box: Sequence[float] | None = Non
     np.clip(blended, 0, 255, out=blended)
     out.paste(Image.fromarray(blended.astype(np.uint8), mode="RGB"), (x0, y0))
     return out
+
+
+def viewable(image: Image.Image, box: Sequence[float] | None = None) -> tuple[Image.Image, Sequence[float] | None]:
+    """``image`` reduced to :data:`OVERLAY_SIDE` on its long side when larger, and the crop
+    ``box`` scaled with it (a 12-megapixel photo: 2 s and 8 MB per overlay at full size, and
+    36 MB held per queued drawing job)."""
+    from PIL import Image
+
+    width, height = image.size
+    scale = OVERLAY_SIDE / max(width, height, 1)
+    if scale >= 1:
+        return image, box
+    size = (max(round(width * scale), 1), max(round(height * scale), 1))
+    reduced = image.resize(size, Image.BILINEAR, reducing_gap=1.0)  # a box reduction first
+    return reduced, None if box is None else tuple(v * scale for v in box)
 
 
 @functools.lru_cache(maxsize=8)
