@@ -164,10 +164,10 @@ def test_every_png_of_cam_and_grads_is_byte_identical_across_runs(tmp_path: Path
     maps, contact sheets, gradient-flow plot, histogram pages), whatever order the render
     threads finish in."""
     import torch
-    from conftest import SAMPLE_IMAGES
-    from fixtures.models import TinyCNN
 
     import inspect_model as im
+    from conftest import SAMPLE_IMAGES
+    from fixtures.models import TinyCNN
     from inspect_model.api.options import InputOptions
 
     images = sorted(str(p) for p in SAMPLE_IMAGES.glob("*.jpg"))
@@ -205,9 +205,8 @@ def test_an_overlay_of_a_large_photo_is_reduced_and_keeps_its_crop_box() -> None
 
 
 def test_cam_on_a_large_photo_writes_a_reduced_overlay_and_records_the_original_size(tmp_path: Path) -> None:
-    from fixtures.models import TinyCNN
-
     import inspect_model as im
+    from fixtures.models import TinyCNN
     from inspect_model.api.options import InputOptions
     from inspect_model.render.overlay import OVERLAY_SIDE
 
@@ -220,3 +219,20 @@ def test_cam_on_a_large_photo_writes_a_reduced_overlay_and_records_the_original_
     assert entry["size"] == [2600, 1800]  # the report keeps the original's size
     over = Image.open(tmp_path / "o" / entry["maps"][0]["files"]["overlay"])
     assert over.size == (OVERLAY_SIDE, round(1800 * OVERLAY_SIDE / 2600))
+
+
+def test_render_threads_run_at_a_lower_priority_than_the_model(tmp_path: Path) -> None:
+    import os
+    import sys
+
+    from inspect_model.api.pipeline import RENDER_NICE
+
+    out = OutputDir(tmp_path / "o").prepare()
+    sink = Sink(out, workers=1)
+    main = os.getpriority(os.PRIO_PROCESS, 0)
+    seen = sink.defer(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())).result()
+    sink.close()
+    out.abort()
+    assert os.getpriority(os.PRIO_PROCESS, 0) == main  # the process itself is untouched
+    if sys.platform.startswith("linux"):
+        assert seen == max(main, RENDER_NICE)  # lower, never higher, than the rest

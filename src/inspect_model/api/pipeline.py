@@ -353,11 +353,15 @@ RENDER_NICE = 10  # render threads yield the cores to the threads that feed the 
 def _lower_priority() -> None:
     """Run this render thread at a lower priority (Linux: nice is per thread): decoding the
     next images and the model's own threads come first, drawing takes what they leave."""
-    try:
-        import threading
+    import sys
+    import threading
 
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), RENDER_NICE)
-    except (AttributeError, OSError):  # not Linux, or not allowed: same priority as the rest
+    if not sys.platform.startswith("linux"):  # elsewhere a thread id is no process id: never renice by it
+        return
+    try:
+        tid = threading.get_native_id()  # never above the priority it has (a run already at nice 15)
+        os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), RENDER_NICE))
+    except OSError:  # not allowed: same priority as the rest
         pass
 
 
