@@ -467,6 +467,27 @@ def test_half_precision_and_integer_outputs_are_measured_exactly() -> None:
         assert m.channels[1].dead.tolist() == [False, False, False, False]
 
 
+def test_float32_values_whose_squares_overflow_are_measured_exactly() -> None:
+    """Finite float32 values near 1e20 overflow a float32 sum of squares: such chunks are
+    measured through float64 (same numbers as a direct float64 computation), mixed in one
+    layer with ordinary channels, per image and per channel."""
+    from inspect_model.methods import activation_stats as stats
+
+    g = torch.Generator().manual_seed(3)
+    t = torch.randn(2, 12, 5, 5, generator=g)
+    t[:, 9:] *= 1e20
+    old = stats.CHUNK_ELEMENTS
+    stats.CHUNK_ELEMENTS = 2 * 25 * 3  # 3 channels per chunk: the last chunk overflows
+    try:
+        m = measure(t, 2)
+    finally:
+        stats.CHUNK_ELEMENTS = old
+    assert_stats_match(m.total().stats(), t.double())
+    for i in range(2):
+        assert_stats_match(m.samples[i].stats(), t[i:i + 1].double())
+    assert m.channels[1].means() == pytest.approx(t.double().mean((0, 2, 3)).tolist(), rel=1e-6)
+
+
 def test_the_accelerator_order_of_the_reductions_gives_the_same_numbers() -> None:
     """On a GPU the chunks' paths are read back in one synchronisation (first passes queued,
     then second passes); on the CPU each chunk is finished at once. Same numbers either way,

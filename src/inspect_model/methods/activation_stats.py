@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 # Elements per chunk when measuring: bounds the temporaries of the hook (a sign() copy, or
@@ -20,6 +21,13 @@ if TYPE_CHECKING:
 # 2^20 rather than 2^18: a quarter of the reduction calls, whose fixed cost dominated on CPU
 # (resnet18, batch 32 at 224 px: statistics of every layer from 0.75x to 0.8x+ of a plain pass).
 CHUNK_ELEMENTS = 1 << 20
+# On an accelerator each reduction is a kernel launch and there is no cache to stay in: chunks
+# of up to 2^24 values (64 MiB of sign() temporaries in float32) keep the launches per layer few.
+ACCEL_CHUNK_ELEMENTS = 1 << 24
+
+# Bounds on max|x|^2 * values per cell under which sums and sums of squares cannot overflow
+# their accumulator (float32 for float32 and half outputs).
+_SAFE_SUM = {"torch.float32": 1e38, "torch.float64": 1e307}
 
 # Layers whose 3-D output is (N, tokens, dim): channels are the last dimension.
 _TOKEN_TYPES = ("Linear", "LayerNorm", "Embedding", "MultiheadAttention", "RMSNorm", "MLP",
@@ -146,7 +154,8 @@ def _reduce_nc(x: torch.Tensor, cdim: int, *, deferred: bool | None = None) -> t
     min and max alone when no cell can hold a zero. Half-precision values are reduced with a
     float32 accumulator, without a copy. On an accelerator, which path each chunk takes is
     read back in one synchronisation per call, not several per chunk (each one stalls the
-    queue); on the CPU each chunk is finished while it is still in cache. Chunks holding
+    queue); on the CPU each chunk is finished while it is still in cache (:func:`_reduce_cpu`,
+    with the per-chunk path below as the fallback for non-finite values). Chunks holding
     NaN/Inf, or whose float32 sums overflow, take the exact float64 path. ``deferred``
     picks the accelerator's order on any device (tests).
     """
@@ -160,7 +169,8 @@ def _reduce_nc(x: torch.Tensor, cdim: int, *, deferred: bool | None = None) -> t
     for d in xm.shape[2:]:
         cell *= int(d)
     dims = tuple(range(2, xm.ndim))
-    step = max(1, CHUNK_ELEMENTS // max(1, n * cell))
+    limit = CHUNK_ELEMENTS if xm.device.type == "cpu" else ACCEL_CHUNK_ELEMENTS
+    step = max(1, limit // max(1, n * cell))
 
     def chunk(c0: int) -> torch.Tensor:
         xc = xm.narrow(1, c0, min(step, c - c0))
@@ -175,6 +185,9 @@ def _reduce_nc(x: torch.Tensor, cdim: int, *, deferred: bool | None = None) -> t
     if deferred is None:
         deferred = xm.device.type != "cpu"
     if not deferred:  # on the CPU reading a flag costs nothing: both passes while the chunk is in cache
+        fast = _reduce_cpu(xm, dims, cell, step)
+        if fast is not None:
+            return fast + (torch.tensor(float(cell), dtype=torch.float64),)
         for c0 in starts:
             xc = chunk(c0)
             first = _first_pass(xc, dims)
@@ -185,6 +198,67 @@ def _reduce_nc(x: torch.Tensor, cdim: int, *, deferred: bool | None = None) -> t
         parts = [finish(chunk(c0), first, fl) for c0, first, fl in zip(starts, firsts, flags)]
     out = tuple(torch.cat([p[i] for p in parts], dim=1) for i in range(9))
     return out + (torch.tensor(float(cell), dtype=torch.float64),)
+
+
+def _reduce_cpu(xm: torch.Tensor, dims: tuple[int, ...], cell: int, step: int) -> tuple[torch.Tensor, ...] | None:
+    """The CPU order of :func:`_reduce_nc` for finite values: every chunk read while it is in
+    cache, its path picked from its own min and max (two numbers read back, not per-cell
+    flags), the raw sums kept per chunk and turned into moments once for the whole layer.
+    None when a chunk holds NaN/Inf or its float32 sums may have overflowed: the caller then
+    takes the per-chunk path, exact for those."""
+    import torch
+
+    c = xm.shape[1]
+    f64 = torch.float64
+    parts: list[tuple[torch.Tensor, ...]] = []
+    buf: torch.Tensor | None = None  # sign() output, reused by every chunk
+    for c0 in range(0, c, step):
+        xc = xm.narrow(1, c0, min(step, c - c0))
+        if not xc.is_floating_point():
+            xc = xc.to(f64)  # integers: a chunk copy
+        acc = f64 if xc.dtype == f64 else torch.float32
+        s1 = xc.sum(dims, dtype=acc)
+        norm = torch.linalg.vector_norm(xc, 2, dims, dtype=acc)
+        mn, mx = xc.amin(dims), xc.amax(dims)
+        lo, hi = float(mn.min()), float(mx.max())
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return None  # NaN or Inf in this chunk
+        big = max(-lo, hi)
+        if big * big * cell >= _SAFE_SUM[str(acc)] and not bool(torch.isfinite(s1).all() & torch.isfinite(norm).all()):
+            return None  # the float32 sums overflowed
+        # Counts accumulate exactly in float32 up to 2^24 per cell; beyond, in float64.
+        cacc = f64 if acc == f64 or cell > 1 << 24 else torch.float32
+        if lo > 0 or hi < 0:  # no value is zero: counts from min/max alone
+            signed = torch.full_like(s1, float(cell) if lo > 0 else -float(cell), dtype=cacc)
+            nonzero = torch.full_like(signed, float(cell))
+        else:
+            if buf is None or buf.dtype != xc.dtype or buf.numel() < xc.numel():
+                buf = torch.empty(max(xc.numel(), step * xc.shape[0] * cell), dtype=xc.dtype)
+            sg = torch.sign(xc, out=buf[:xc.numel()].view(xc.shape))
+            signed = sg.sum(dims, dtype=cacc)  # positives - negatives
+            # after a ReLU (no negative) sign() is 0 or 1 and its sum counts the non-zeros
+            nonzero = signed if lo >= 0 else sg.abs_().sum(dims, dtype=cacc)
+        parts.append((s1, norm, mn, mx, signed, nonzero))
+    # The (N, C) cells are small: their arithmetic costs less in numpy than in torch calls.
+    s1, norm, mn, mx, signed, nonzero = (torch.cat([p[i] for p in parts], dim=1).to(f64).numpy() for i in range(6))
+    return _moments_of_sums(cell, s1, norm, mn, mx, signed, nonzero)
+
+
+def _moments_of_sums(cell: int, s1: np.ndarray, norm: np.ndarray, mn: np.ndarray, mx: np.ndarray,
+                     signed: np.ndarray, nonzero: np.ndarray) -> tuple[torch.Tensor, ...]:
+    """The 9 (N, C) float64 tensors of :func:`_reduce_nc` from finite cells' sums: sum, L2
+    norm, min, max, sum of sign() and number of non-zero values."""
+    import numpy as np
+    import torch
+
+    mean = s1 / cell
+    # M2 = sum(x^2) - n mean^2; a constant cell has exactly 0 (no rounding residue).
+    m2 = np.maximum(np.square(norm) - cell * np.square(mean), 0.0)
+    m2[mn == mx] = 0.0
+    cnt = np.full_like(s1, float(cell))
+    none = np.zeros_like(s1)
+    out = (cnt, mean, m2, mn, mx, cnt - nonzero, (nonzero - signed) / 2, none, none)
+    return tuple(torch.from_numpy(a) for a in out)
 
 
 def _first_pass(xc: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
@@ -253,33 +327,34 @@ def _reduce_exact(xc: torch.Tensor, dims: tuple[int, ...], cell: int) -> tuple[t
 
 def _sample_moments(r: tuple[torch.Tensor, ...]) -> list[Moments]:
     """Merge the (N, C) cells of :func:`_reduce_nc` over channels: one :class:`Moments` per
-    sample (vectorised Chan update)."""
-    import torch
+    sample (vectorised Chan update, in numpy: the arrays are small)."""
+    import numpy as np
 
-    cnt, mean, m2, mn, mx, zeros, neg, nan, inf, cell = r
+    cnt, mean, m2, mn, mx, zeros, neg, nan, inf = (t.numpy() for t in r[:9])
+    cell = float(r[9])
     n_s = cnt.sum(1)
-    mean_s = (cnt * mean).sum(1) / n_s.clamp(min=1.0)
-    m2_s = m2.sum(1) + (cnt * (mean - mean_s[:, None]).square()).sum(1)
-    numel = cell * cnt.shape[1]
-    rows = torch.stack([n_s, mean_s, m2_s, mn.amin(1), mx.amax(1), zeros.sum(1), neg.sum(1),
-                        nan.sum(1), inf.sum(1)], dim=1).cpu().tolist()
-    out = []
-    for n, mu, v, lo, hi, z, ng, na, nf in rows:
-        out.append(Moments(numel=int(numel), count=int(n), mean=mu if n else 0.0, m2=v if n else 0.0,
-                           min=lo, max=hi, zeros=int(z), negatives=int(ng), nan=int(na), inf=int(nf)))
-    return out
+    mean_s = (cnt * mean).sum(1) / np.maximum(n_s, 1.0)
+    m2_s = m2.sum(1) + (cnt * np.square(mean - mean_s[:, None])).sum(1)
+    numel = int(cell * cnt.shape[1])
+    rows = np.stack([n_s, mean_s, m2_s, mn.min(1), mx.max(1), zeros.sum(1), neg.sum(1),
+                     nan.sum(1), inf.sum(1)], axis=1).tolist()
+    return [Moments(numel=numel, count=int(n), mean=mu if n else 0.0, m2=v if n else 0.0,
+                    min=lo, max=hi, zeros=int(z), negatives=int(ng), nan=int(na), inf=int(nf))
+            for n, mu, v, lo, hi, z, ng, na, nf in rows]
 
 
 def _channels(r: tuple[torch.Tensor, ...], dim: int) -> tuple[Channels, list[float]]:
-    cnt, mean, _m2, _mn, _mx, zeros, *_rest, cell = r
-    dead_nc = zeros == cell  # (N, C): every value of the channel exactly zero in that sample
+    import torch
+
+    cnt, mean, zeros = r[0].numpy(), r[1].numpy(), r[5].numpy()
+    dead_nc = zeros == float(r[9])  # (N, C): every value of the channel exactly zero in that sample
     counts = cnt.sum(0)
     # One number for the counts while every value is finite: report memory is per channel.
-    uniform = bool((counts == counts[0]).all()) if counts.numel() else True
-    ch = Channels(dim=dim, sums=(cnt * mean).sum(0).cpu(),
-                  counts=float(counts[0]) if uniform and counts.numel() else counts.cpu(),
-                  dead=dead_nc.all(0).cpu())
-    return ch, dead_nc.to(mean.dtype).mean(1).cpu().tolist()
+    uniform = bool((counts == counts[0]).all()) if counts.size else True
+    ch = Channels(dim=dim, sums=torch.from_numpy((cnt * mean).sum(0)),
+                  counts=float(counts[0]) if uniform and counts.size else torch.from_numpy(counts),
+                  dead=torch.from_numpy(dead_nc.all(0)))
+    return ch, dead_nc.mean(1).tolist()
 
 
 def measure(t: torch.Tensor, batch_size: int | None = None, *, hist_bins: int = 0) -> Measurement:
