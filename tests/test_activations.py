@@ -436,14 +436,16 @@ def test_cli_module_does_not_import_torch():
     assert out.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize("kind", ["positive", "negative", "relu", "mixed", "split"])
+@pytest.mark.parametrize("kind", ["positive", "negative", "relu", "mixed", "split", "mixed-large"])
 def test_zero_and_negative_counts_on_every_sign_path(kind: str) -> None:
-    """The measurement counts zeros and negatives three ways (from min/max alone, one sign()
-    sum after a ReLU, two sums otherwise); each agrees with counting directly, per image,
-    per channel and overall."""
+    """The measurement counts zeros and negatives four ways (from min/max alone, one sign()
+    sum after a ReLU, one packed sum for cells under 4096 values, two sums for larger cells);
+    each agrees with counting directly, per image, per channel and overall."""
     g = torch.Generator().manual_seed(7)
-    t = torch.randn(4, 6, 5, 5, generator=g)
-    t = {"positive": t.abs() + 0.1, "negative": -t.abs() - 0.1, "relu": torch.relu(t), "mixed": t}.get(kind, t)
+    t = torch.randn(4, 6, 5, 5, generator=g) if kind != "mixed-large" else torch.randn(4, 3, 64, 65, generator=g)
+    if kind.startswith("mixed"):  # zeros among positives and negatives
+        t[t.abs() < 0.3] = 0.0
+    t = {"positive": t.abs() + 0.1, "negative": -t.abs() - 0.1, "relu": torch.relu(t)}.get(kind, t)
     if kind == "split":  # some channels all positive, others all negative: no zero anywhere
         t = t.abs() + 0.1
         t[:, ::2] *= -1

@@ -91,8 +91,6 @@ class ActivationsSession(Session):
         self.capture.__exit__(*exc)
 
     def feed(self, batch: Any) -> list[ImageItem]:
-        from inspect_model.render.activations import image_line
-
         res = self.capture.run(batch.tensor, batch.names)
         b = self.batch_index
         self.batch_index += 1
@@ -102,7 +100,7 @@ class ActivationsSession(Session):
         for i, img in enumerate(res.images):
             entry = {"index": img.index, "image": img.name, "files": {}}
             self.entries.append(entry)
-            data = {"kept": [(k, k.tensor[i]) for k in per_sample], "line": image_line(img),
+            data = {"kept": [(k, k.tensor[i]) for k in per_sample], "image": img,
                     "batch": (b, batch_level) if i == 0 else None, "hist": res.histograms if i == 0 else None}
             items.append(ImageItem(entry, data))
         return items
@@ -132,9 +130,11 @@ class ActivationsSession(Session):
 
     def line(self, item: ImageItem) -> dict[str, Any]:
         """``--jsonl``: the image's statistics per layer (richer than its report entry)."""
+        from inspect_model.render.activations import image_line
+
         if item.data is None:
             return item.entry
-        return {**item.data["line"], "files": item.entry.get("files", {})}
+        return {**image_line(item.data["image"]), "files": item.entry.get("files", {})}
 
     # ------------------------------------------------------------------ drawing
     def reset_drawing(self) -> None:
@@ -177,7 +177,6 @@ class ActivationsSession(Session):
                     f"activations/{key}", min=lo, max=hi, num=num, sum=s1, sum_squares=s2,
                     bucket_limits=[lo + (j + 1) * width for j in range(len(counts))],
                     bucket_counts=counts, global_step=entry["index"])
-        data["line"]["files"] = files
         return files
 
     def _grid(self, k: Any, sample: Any, entry: dict[str, Any], base: str, sink: Sink) -> str | None:

@@ -28,6 +28,9 @@ ACCEL_CHUNK_ELEMENTS = 1 << 24
 # Bounds on max|x|^2 * values per cell under which sums and sums of squares cannot overflow
 # their accumulator (float32 for float32 and half outputs).
 _SAFE_SUM = {"torch.float32": 1e38, "torch.float64": 1e307}
+# Cells of fewer values count positives and negatives in one float32 sum of sign() with -1
+# replaced by _PACK: at most 4095 + 4096 * 4095 = 2^24 - 1, exact in float32.
+_PACK = 4096
 
 # Layers whose 3-D output is (N, tokens, dim): channels are the last dimension.
 _TOKEN_TYPES = ("Linear", "LayerNorm", "Embedding", "MultiheadAttention", "RMSNorm", "MLP",
@@ -208,9 +211,12 @@ def _reduce_cpu(xm: torch.Tensor, dims: tuple[int, ...], cell: int, step: int) -
     takes the per-chunk path, exact for those."""
     import torch
 
+    import numpy as np
+
     c = xm.shape[1]
     f64 = torch.float64
     parts: list[tuple[torch.Tensor, ...]] = []
+    packed = np.zeros(c, dtype=bool)  # channels whose counts are packed in one sum
     buf: torch.Tensor | None = None  # sign() output, reused by every chunk
     for c0 in range(0, c, step):
         xc = xm.narrow(1, c0, min(step, c - c0))
@@ -235,12 +241,22 @@ def _reduce_cpu(xm: torch.Tensor, dims: tuple[int, ...], cell: int, step: int) -
             if buf is None or buf.dtype != xc.dtype or buf.numel() < xc.numel():
                 buf = torch.empty(max(xc.numel(), step * xc.shape[0] * cell), dtype=xc.dtype)
             sg = torch.sign(xc, out=buf[:xc.numel()].view(xc.shape))
-            signed = sg.sum(dims, dtype=cacc)  # positives - negatives
-            # after a ReLU (no negative) sign() is 0 or 1 and its sum counts the non-zeros
-            nonzero = signed if lo >= 0 else sg.abs_().sum(dims, dtype=cacc)
+            if lo >= 0:  # after a ReLU sign() is 0 or 1: its sum counts the non-zeros
+                signed = nonzero = sg.sum(dims, dtype=cacc)
+            elif cell < _PACK:  # -1 -> _PACK: one exact float32 sum = positives + _PACK * negatives
+                torch.nn.functional.threshold_(sg, -0.5, float(_PACK))
+                signed = nonzero = sg.sum(dims, dtype=torch.float32)
+                packed[c0:c0 + xc.shape[1]] = True
+            else:
+                signed = sg.sum(dims, dtype=cacc)  # positives - negatives
+                nonzero = sg.abs_().sum(dims, dtype=cacc)  # positives + negatives
         parts.append((s1, norm, mn, mx, signed, nonzero))
     # The (N, C) cells are small: their arithmetic costs less in numpy than in torch calls.
     s1, norm, mn, mx, signed, nonzero = (torch.cat([p[i] for p in parts], dim=1).to(f64).numpy() for i in range(6))
+    if packed.any():
+        negatives = np.floor(signed[:, packed] / _PACK)
+        positives = signed[:, packed] - _PACK * negatives
+        signed[:, packed], nonzero[:, packed] = positives - negatives, positives + negatives
     return _moments_of_sums(cell, s1, norm, mn, mx, signed, nonzero)
 
 
