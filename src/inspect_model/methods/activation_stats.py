@@ -209,9 +209,8 @@ def _reduce_cpu(xm: torch.Tensor, dims: tuple[int, ...], cell: int, step: int) -
     flags), the raw sums kept per chunk and turned into moments once for the whole layer.
     None when a chunk holds NaN/Inf or its float32 sums may have overflowed: the caller then
     takes the per-chunk path, exact for those."""
-    import torch
-
     import numpy as np
+    import torch
 
     c = xm.shape[1]
     f64 = torch.float64
