@@ -367,3 +367,50 @@ def test_grads_parts_merge_into_one_run(tmp_path: Path) -> None:
                 assert a.grad_input.std == pytest.approx(b.grad_input.std, rel=1e-9)
         else:
             assert one.first_nonfinite == "1 (gradient wrt its input)"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_rendezvous_failure_is_one_line(data: dict[str, Path]) -> None:
+    """A rank whose master never answers: one line on stderr (c10d's C++ log of every failed
+    connection attempt is held back), the distributed exit code, no output directory."""
+    port = _free_port()
+    out = data["root"] / "no-rendezvous"
+    env = {**_env(), "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "INSPECT_MODEL_DIST_TIMEOUT": "2", "INSPECT_MODEL_DIST_BACKEND": "gloo"}
+    r = subprocess.run([sys.executable, "-m", "inspect_model", "cam", f"{data['model']}:TinyCNN", str(data["imgs"]),
+                        *COMMON, "-o", str(out), "--json"], capture_output=True, text=True, env=env, timeout=120,
+                       check=False)
+    assert r.returncode == 8, r.stderr
+    assert r.stdout == ""
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"error: rank 1: rendezvous failed (gloo at 127.0.0.1:{port}): ")
+    assert not out.exists()
+
+
+def test_ranks_that_see_other_inputs_fail_together(data: dict[str, Path]) -> None:
+    """Under torchrun, rank 1 given a folder with other images: every rank stops with the same
+    one-line error and the distributed exit code before computing anything; nothing is written."""
+    other = data["root"] / "other-imgs"
+    other.mkdir()
+    for p in sorted(data["imgs"].iterdir())[:3]:
+        (other / p.name).write_bytes(p.read_bytes())
+    out = data["root"] / "mismatched"
+    cmd = (f'if [ "$RANK" = 1 ]; then d="{other}"; else d="{data["imgs"]}"; fi; '
+           f'"{sys.executable}" -m inspect_model cam "{data["model"]}:TinyCNN" "$d" {" ".join(COMMON)} -o "{out}" '
+           f'--json -q; rc=$?; echo $rc > "{data["root"]}/mismatched-rc-$RANK"; exit $rc')
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                        "--monitor-interval", "5", "--no-python", "bash", "-c", cmd],
+                       capture_output=True, text=True, env=_env(), timeout=300, check=False)
+    assert r.returncode != 0
+    line = "error: rank 1 sees 3 input image(s), rank 0 sees 10 (or other files)"
+    assert r.stderr.count(line) == 2, r.stderr[-3000:]
+    for rank in (0, 1):
+        assert (data["root"] / f"mismatched-rc-{rank}").read_text().strip() == "8"
+    assert not out.exists()

@@ -357,7 +357,7 @@ class Group:
 
         timeout = timedelta(seconds=float(os.environ.get("INSPECT_MODEL_DIST_TIMEOUT", "1800")))
         try:
-            dist.init_process_group(backend=backend, timeout=timeout)
+            _with_stderr_held(lambda: dist.init_process_group(backend=backend, timeout=timeout))
         except Exception as exc:  # rendezvous: whatever the store raised
             raise DistributedError(f"rank {w.rank}: rendezvous failed ({backend} at "
                                    f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}): "
@@ -577,6 +577,31 @@ def execute(session: Session, batches: Iterable[Any], *, output_dir: Any = None,
     finally:
         _restore_sigterm(old_term)
         group.close()
+
+
+def _with_stderr_held(fn: Callable[[], Any]) -> Any:
+    """Call ``fn`` with file descriptor 2 sent to a temporary file: c10d's C++ logging prints
+    stack frames there on every failed connection attempt. What it wrote goes back to stderr
+    when ``fn`` succeeds; when it raises, the exception alone speaks (one line at the CLI)."""
+    import sys
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            result = fn()
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        held.seek(0)
+        text = held.read()
+    if text:
+        sys.stderr.write(text.decode(errors="replace"))
+        sys.stderr.flush()
+    return result
 
 
 def _run(session: Session, batches: Iterable[Any], ad: Any, group: Group, scale: Scale, *, output_dir: Any,
