@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
@@ -147,20 +147,21 @@ class Measurement:
 
 
 def _reduce_nc(x: torch.Tensor, cdim: int, *, deferred: bool | None = None) -> tuple[torch.Tensor, ...]:
-    """(N, C) float64 tensors (count, mean, m2, min, max, zeros, negatives, nan, inf) and the
-    cell size, of ``x`` with channels along ``cdim``, reduced chunk by chunk over channels.
+    """(N, C) float64 CPU tensors (count, mean, m2, min, max, zeros, negatives, nan, inf) and
+    the cell size, of ``x`` with channels along ``cdim``, reduced chunk by chunk over channels.
 
-    The common case (finite floating values) reads the tensor with reductions that allocate
-    nothing of its size: sum and L2 norm (for the sum of squares), amin and amax in a first
-    pass; then the zero and negative counts from the sum of sign() and of |sign()| (bool masks
-    cost more than the sign copy), or from one sign() sum when no value is negative, or from
-    min and max alone when no cell can hold a zero. Half-precision values are reduced with a
-    float32 accumulator, without a copy. On an accelerator, which path each chunk takes is
-    read back in one synchronisation per call, not several per chunk (each one stalls the
-    queue); on the CPU each chunk is finished while it is still in cache (:func:`_reduce_cpu`,
-    with the per-chunk path below as the fallback for non-finite values). Chunks holding
-    NaN/Inf, or whose float32 sums overflow, take the exact float64 path. ``deferred``
-    picks the accelerator's order on any device (tests).
+    Finite floating values are read with reductions that allocate nothing of their size: sum
+    and L2 norm (for the sum of squares), amin and amax; then the zero and negative counts come
+    from min and max alone when no value of the chunk is zero, or from the sum of one sign()
+    pass into a reused buffer: after a ReLU that sum counts the non-zeros; in cells under 4096
+    values -1 is first replaced by 4096, so that one exact float32 sum holds both counts; in
+    larger cells a second sum of |sign()| gives the non-zeros. Half-precision values are
+    reduced with a float32 accumulator, without a copy. Which of these a chunk takes is read
+    from two numbers, its min and max: on the CPU at once, while the chunk is still in cache;
+    on an accelerator (``deferred``; forced on any device by tests) every chunk's first
+    reductions are queued and their min and max read back in one synchronisation. The raw
+    sums become moments once per call, in numpy. Chunks holding NaN/Inf, or whose float32
+    sums overflow, take the exact float64 path (:func:`_reduce_exact`).
     """
     import torch
 
@@ -174,98 +175,99 @@ def _reduce_nc(x: torch.Tensor, cdim: int, *, deferred: bool | None = None) -> t
     dims = tuple(range(2, xm.ndim))
     limit = CHUNK_ELEMENTS if xm.device.type == "cpu" else ACCEL_CHUNK_ELEMENTS
     step = max(1, limit // max(1, n * cell))
+    if deferred is None:
+        deferred = xm.device.type != "cpu"
 
     def chunk(c0: int) -> torch.Tensor:
         xc = xm.narrow(1, c0, min(step, c - c0))
         return xc if xc.is_floating_point() else xc.to(torch.float64)  # integers: a chunk copy
 
-    def finish(xc: torch.Tensor, first: tuple[torch.Tensor, ...], flags: list[bool]) -> tuple[torch.Tensor, ...]:
-        finite, no_zero, no_negative = flags
-        return _second_pass(xc, dims, cell, first, no_zero, no_negative) if finite else _reduce_exact(xc, dims, cell)
+    buf: list[torch.Tensor] = []  # the sign() buffer, shared by the chunks
 
-    parts: list[tuple[torch.Tensor, ...]] = []
-    starts = list(range(0, c, step))
-    if deferred is None:
-        deferred = xm.device.type != "cpu"
-    if not deferred:  # on the CPU reading a flag costs nothing: both passes while the chunk is in cache
-        fast = _reduce_cpu(xm, dims, cell, step)
-        if fast is not None:
-            return fast + (torch.tensor(float(cell), dtype=torch.float64),)
-        for c0 in starts:
-            xc = chunk(c0)
-            first = _first_pass(xc, dims)
-            parts.append(finish(xc, first, first[4].tolist()))
-    else:  # every first pass queued, their flags read back at once, then the second passes
-        firsts = [_first_pass(chunk(c0), dims) for c0 in starts]
-        flags = torch.stack([f[4] for f in firsts]).tolist() if firsts else []
-        parts = [finish(chunk(c0), first, fl) for c0, first, fl in zip(starts, firsts, flags)]
-    out = tuple(torch.cat([p[i] for p in parts], dim=1) for i in range(9))
-    return out + (torch.tensor(float(cell), dtype=torch.float64),)
-
-
-def _reduce_cpu(xm: torch.Tensor, dims: tuple[int, ...], cell: int, step: int) -> tuple[torch.Tensor, ...] | None:
-    """The CPU order of :func:`_reduce_nc` for finite values: every chunk read while it is in
-    cache, its path picked from its own min and max (two numbers read back, not per-cell
-    flags), the raw sums kept per chunk and turned into moments once for the whole layer.
-    None when a chunk holds NaN/Inf or its float32 sums may have overflowed: the caller then
-    takes the per-chunk path, exact for those."""
-    import numpy as np
-    import torch
-
-    c = xm.shape[1]
-    f64 = torch.float64
-    parts: list[tuple[torch.Tensor, ...]] = []
-    packed = np.zeros(c, dtype=bool)  # channels whose counts are packed in one sum
-    buf: torch.Tensor | None = None  # sign() output, reused by every chunk
-    for c0 in range(0, c, step):
-        xc = xm.narrow(1, c0, min(step, c - c0))
-        if not xc.is_floating_point():
-            xc = xc.to(f64)  # integers: a chunk copy
-        acc = f64 if xc.dtype == f64 else torch.float32
-        s1 = xc.sum(dims, dtype=acc)
-        norm = torch.linalg.vector_norm(xc, 2, dims, dtype=acc)
-        mn, mx = xc.amin(dims), xc.amax(dims)
-        lo, hi = float(mn.min()), float(mx.max())
+    def sums(xc: torch.Tensor, first: tuple[torch.Tensor, ...], lo: float, hi: float) -> tuple[Any, ...] | None:
+        s1, norm, mn, mx = first
+        acc = s1.dtype
         if not (math.isfinite(lo) and math.isfinite(hi)):
             return None  # NaN or Inf in this chunk
         big = max(-lo, hi)
         if big * big * cell >= _SAFE_SUM[str(acc)] and not bool(torch.isfinite(s1).all() & torch.isfinite(norm).all()):
             return None  # the float32 sums overflowed
-        # Counts accumulate exactly in float32 up to 2^24 per cell; beyond, in float64.
-        cacc = f64 if acc == f64 or cell > 1 << 24 else torch.float32
-        if lo > 0 or hi < 0:  # no value is zero: counts from min/max alone
-            signed = torch.full_like(s1, float(cell) if lo > 0 else -float(cell), dtype=cacc)
-            nonzero = torch.full_like(signed, float(cell))
-        else:
-            if buf is None or buf.dtype != xc.dtype or buf.numel() < xc.numel():
-                buf = torch.empty(max(xc.numel(), step * xc.shape[0] * cell), dtype=xc.dtype)
-            sg = torch.sign(xc, out=buf[:xc.numel()].view(xc.shape))
-            if lo >= 0:  # after a ReLU sign() is 0 or 1: its sum counts the non-zeros
-                signed = nonzero = sg.sum(dims, dtype=cacc)
-            elif cell < _PACK:  # -1 -> _PACK: one exact float32 sum = positives + _PACK * negatives
-                torch.nn.functional.threshold_(sg, -0.5, float(_PACK))
-                signed = nonzero = sg.sum(dims, dtype=torch.float32)
-                packed[c0:c0 + xc.shape[1]] = True
+        return (s1, norm, mn, mx, *_counts(xc, dims, cell, lo, hi, buf))
+
+    starts = list(range(0, c, step))
+    raw: list[tuple[Any, ...] | None] = []
+    if not deferred:  # reading two numbers costs nothing here: each chunk finished while in cache
+        for c0 in starts:
+            xc = chunk(c0)
+            first = _first_sums(xc, dims)
+            raw.append(sums(xc, first, first[2].min().item(), first[3].max().item()))
+    else:
+        firsts = [_first_sums(chunk(c0), dims) for c0 in starts]
+        bounds = torch.stack([torch.stack([f[2].min(), f[3].max()]) for f in firsts]).tolist()
+        raw = [sums(chunk(c0), first, lo, hi) for c0, first, (lo, hi) in zip(starts, firsts, bounds)]
+    f64 = torch.float64
+    if all(r is not None for r in raw):  # the common case: one copy back, one numpy pass
+        stacked = torch.stack([torch.cat([r[i] for r in raw], dim=1).to(f64) for i in range(6)])
+        packed = [p for r in raw for p in [r[6]] * r[0].shape[1]]
+        out = _moments_of_sums(cell, *stacked.cpu().numpy(), packed)
+    else:
+        parts = []
+        for c0, r in zip(starts, raw):
+            if r is None:
+                parts.append(tuple(t.cpu() for t in _reduce_exact(chunk(c0), dims, cell)))
             else:
-                signed = sg.sum(dims, dtype=cacc)  # positives - negatives
-                nonzero = sg.abs_().sum(dims, dtype=cacc)  # positives + negatives
-        parts.append((s1, norm, mn, mx, signed, nonzero))
-    # The (N, C) cells are small: their arithmetic costs less in numpy than in torch calls.
-    s1, norm, mn, mx, signed, nonzero = (torch.cat([p[i] for p in parts], dim=1).to(f64).numpy() for i in range(6))
-    if packed.any():
-        negatives = np.floor(signed[:, packed] / _PACK)
-        positives = signed[:, packed] - _PACK * negatives
-        signed[:, packed], nonzero[:, packed] = positives - negatives, positives + negatives
-    return _moments_of_sums(cell, s1, norm, mn, mx, signed, nonzero)
+                arrays = torch.stack([t.to(f64) for t in r[:6]]).cpu().numpy()
+                parts.append(_moments_of_sums(cell, *arrays, [r[6]] * r[0].shape[1]))
+        out = tuple(torch.cat([p[i] for p in parts], dim=1) for i in range(9))
+    return out + (torch.tensor(float(cell), dtype=f64),)
+
+
+def _first_sums(xc: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+    """Sum, L2 norm, min and max per (N, c) cell; float32 accumulators for float32 and half."""
+    import torch
+
+    acc = torch.float64 if xc.dtype == torch.float64 else torch.float32
+    return (xc.sum(dims, dtype=acc), torch.linalg.vector_norm(xc, 2, dims, dtype=acc), xc.amin(dims), xc.amax(dims))
+
+
+def _counts(xc: torch.Tensor, dims: tuple[int, ...], cell: int, lo: float, hi: float,
+            buf: list[torch.Tensor]) -> tuple[Any, Any, bool]:
+    """(signed, nonzero, packed) of a finite chunk whose min is ``lo`` and max ``hi``: per
+    cell the sum of sign() and the number of non-zero values, or, when ``packed``, one sum
+    holding positives + _PACK * negatives in ``signed`` (see :func:`_reduce_nc`)."""
+    import torch
+
+    # Counts accumulate exactly in float32 up to 2^24 per cell; beyond, in float64.
+    acc = torch.float64 if xc.dtype == torch.float64 or cell > 1 << 24 else torch.float32
+    if lo > 0 or hi < 0:  # no value is zero: counts from min/max alone
+        signed = torch.full(xc.shape[:2], float(cell) if lo > 0 else -float(cell), dtype=acc, device=xc.device)
+        return signed, torch.full_like(signed, float(cell)), False
+    if not buf or buf[0].dtype != xc.dtype or buf[0].numel() < xc.numel():
+        buf[:] = [torch.empty(xc.numel(), dtype=xc.dtype, device=xc.device)]
+    sg = torch.sign(xc, out=buf[0][:xc.numel()].view(xc.shape))
+    if lo >= 0:  # after a ReLU sign() is 0 or 1: its sum counts the non-zeros
+        signed = sg.sum(dims, dtype=acc)
+        return signed, signed, False
+    if cell < _PACK:  # -1 -> _PACK: one exact float32 sum = positives + _PACK * negatives
+        torch.nn.functional.threshold_(sg, -0.5, float(_PACK))
+        packed = sg.sum(dims, dtype=torch.float32)
+        return packed, packed, True
+    return sg.sum(dims, dtype=acc), sg.abs_().sum(dims, dtype=acc), False  # positives -/+ negatives
 
 
 def _moments_of_sums(cell: int, s1: np.ndarray, norm: np.ndarray, mn: np.ndarray, mx: np.ndarray,
-                     signed: np.ndarray, nonzero: np.ndarray) -> tuple[torch.Tensor, ...]:
+                     signed: np.ndarray, nonzero: np.ndarray, packed: list[bool]) -> tuple[torch.Tensor, ...]:
     """The 9 (N, C) float64 tensors of :func:`_reduce_nc` from finite cells' sums: sum, L2
-    norm, min, max, sum of sign() and number of non-zero values."""
+    norm, min, max, sum of sign() and number of non-zero values (``packed`` columns: one sum
+    positives + _PACK * negatives). The arrays are small: numpy costs less than torch calls."""
     import numpy as np
     import torch
 
+    cols = np.asarray(packed, dtype=bool)
+    if cols.any():
+        negatives = np.floor(signed[:, cols] / _PACK)
+        positives = signed[:, cols] - _PACK * negatives
+        signed[:, cols], nonzero[:, cols] = positives - negatives, positives + negatives
     mean = s1 / cell
     # M2 = sum(x^2) - n mean^2; a constant cell has exactly 0 (no rounding residue).
     m2 = np.maximum(np.square(norm) - cell * np.square(mean), 0.0)
@@ -274,51 +276,6 @@ def _moments_of_sums(cell: int, s1: np.ndarray, norm: np.ndarray, mn: np.ndarray
     none = np.zeros_like(s1)
     out = (cnt, mean, m2, mn, mx, cnt - nonzero, (nonzero - signed) / 2, none, none)
     return tuple(torch.from_numpy(a) for a in out)
-
-
-def _first_pass(xc: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
-    """Sum, L2 norm, min and max per (N, c) cell, and three flags (one tensor, not read
-    here): every sum finite; no cell can hold a zero; no value negative."""
-    import torch
-
-    acc = torch.float64 if xc.dtype == torch.float64 else torch.float32
-    s1 = xc.sum(dims, dtype=acc)
-    norm = torch.linalg.vector_norm(xc, 2, dims, dtype=acc)
-    mn, mx = xc.amin(dims), xc.amax(dims)
-    flags = torch.stack([torch.isfinite(s1).all() & torch.isfinite(norm).all(),
-                         ((mn > 0) | (mx < 0)).all(), (mn >= 0).all()])
-    return s1, norm, mn, mx, flags
-
-
-def _second_pass(xc: torch.Tensor, dims: tuple[int, ...], cell: int, first: tuple[torch.Tensor, ...],
-                 no_zero: bool, no_negative: bool) -> tuple[torch.Tensor, ...]:
-    """Moments of a finite chunk from its first pass, plus the zero and negative counts."""
-    import torch
-
-    f64 = torch.float64
-    s1, norm, mn, mx = (t.to(f64) for t in first[:4])
-    mean = s1 / cell
-    # M2 = sum(x^2) - n mean^2; a constant cell has exactly 0 (no rounding residue).
-    m2 = (norm.square() - cell * mean.square()).clamp_(min=0.0)
-    m2 = torch.where(mn == mx, 0.0, m2)
-    cnt = torch.full_like(s1, float(cell))
-    # Counts accumulate exactly in float32 up to 2^24 per cell; beyond, in float64.
-    acc = torch.float64 if xc.dtype == torch.float64 or cell > 1 << 24 else torch.float32
-    if no_zero:  # every cell all positive or all negative: counts from min/max alone
-        zeros = torch.zeros_like(s1)
-        neg = torch.where(mx < 0, cnt, 0.0)
-    elif no_negative:  # after a ReLU: sign() is 0 or 1, its sum counts the non-zeros
-        zeros = cnt - torch.sign(xc).sum(dims, dtype=acc).to(f64)
-        neg = torch.zeros_like(s1)
-    else:
-        sg = torch.sign(xc)
-        signed = sg.sum(dims, dtype=acc).to(f64)  # positives - negatives
-        nonzero = sg.abs_().sum(dims, dtype=acc).to(f64)  # positives + negatives
-        del sg
-        zeros = cnt - nonzero
-        neg = (nonzero - signed) / 2
-    none = torch.zeros_like(s1)
-    return (cnt, mean, m2, mn, mx, zeros, neg, none, none)
 
 
 def _reduce_exact(xc: torch.Tensor, dims: tuple[int, ...], cell: int) -> tuple[torch.Tensor, ...]:
@@ -402,8 +359,6 @@ def measure(t: torch.Tensor, batch_size: int | None = None, *, hist_bins: int = 
     samples: list[Moments] | None = None
     for cdim in cands or [None]:
         r = _reduce_nc(x.reshape(x.shape[0], 1, -1), 1) if cdim is None else _reduce_nc(x, cdim + shift)
-        if r[0].device.type != "cpu":  # the (N, C) cells come back in one copy, not one per use
-            r = (*torch.stack(r[:9]).cpu().unbind(0), r[9].cpu())
         if samples is None:
             samples = _sample_moments(r)
         if cdim is not None:
