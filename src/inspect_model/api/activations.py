@@ -9,8 +9,9 @@ batch under ``batches/NNNN/``.
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from inspect_model.api.options import InputOptions, ModelOptions
 from inspect_model.api.pipeline import (
@@ -25,42 +26,67 @@ from inspect_model.api.pipeline import (
     prepare,
     tracked,
 )
+from inspect_model.api.request import (
+    COLORMAP_HELP,
+    DEPTH_HELP,
+    LAYERS_HELP,
+    SAVE_RAW_HELP,
+    Request,
+    api_command,
+    one_of,
+    option,
+    positive,
+)
 from inspect_model.errors import UsageError
 from inspect_model.render.files import safe_name
 
 
-def check_activations_request(*, scale: str, raw_format: str, channels: str | None, max_channels: int,
-                              colormap: str) -> Any:
-    from inspect_model.render.grids import SCALES, parse_channels
-    from inspect_model.render.overlay import check_colormap
+@dataclass(frozen=True)
+class ActivationsRequest(Request):
+    """The options of ``activations``; validated once, here."""
 
-    if scale not in SCALES:
-        raise UsageError(f"--scale '{scale}' is not one of {', '.join(SCALES)}")
-    if raw_format not in ("npy", "npz"):
-        raise UsageError(f"--raw-format '{raw_format}' is not npy or npz")
-    if max_channels < 0:
-        raise UsageError(f"--max-channels must be 0 (all) or more, got {max_channels}")
-    check_colormap(colormap)
-    return parse_channels(channels, max_channels)
+    command: ClassVar[str] = "activations"
+
+    layers: tuple[str, ...] = option((), "--layer", "--layers", "-l", help=LAYERS_HELP, multiple=True,
+                                     complete="layer")
+    depth: int | None = option(None, "--depth", type=int, help=DEPTH_HELP)
+    scale: str = option("layer", "--scale", help="Feature-map colours: each (every tile its own min..max) or layer "
+                        "(one scale).")
+    max_channels: int = option(64, "--max-channels", help="Draw at most this many channels per layer (0: all).")
+    channels: str | None = option(None, "--channels", type=str, help="Channels to draw: top:N (most active first) "
+                                  "or a list like 0,5,8-11.")
+    colormap: str = option("viridis", "--colormap", "--cmap", help=COLORMAP_HELP, complete="colormap")
+    save_raw: bool = option(False, "--save-raw", help=SAVE_RAW_HELP)
+    raw_format: str = option("npy", "--raw-format", help="With --save-raw: npy (one file per layer and image) or "
+                             "npz (one per image).")
+
+    def validate(self) -> None:
+        from inspect_model.render.grids import SCALES, parse_channels
+        from inspect_model.render.overlay import check_colormap
+
+        one_of(self.scale, SCALES, "--scale")
+        if self.raw_format not in ("npy", "npz"):
+            raise UsageError(f"--raw-format '{self.raw_format}' is not npy or npz")
+        positive(self.max_channels, "--max-channels", zero=True)
+        positive(self.depth, "--depth", zero=True)
+        check_colormap(self.colormap)
+        self._set("channel_spec", parse_channels(self.channels, self.max_channels))
 
 
 class ActivationsSession(Session):
     command = "activations"
     streams_files = True
 
-    def __init__(self, prep: Any, mopts: ModelOptions, *, layers: list[str] | None = None,
-                 depth: int | None = None, scale: str = "layer", max_channels: int = 64,
-                 channels: str | None = None, colormap: str = "viridis", save_raw: bool = False,
-                 raw_format: str = "npy", draw: bool = False, histograms: bool = False, notes: Any = None) -> None:
+    def __init__(self, prep: Any, mopts: ModelOptions, request: ActivationsRequest, *, draw: bool = False,
+                 histograms: bool = False, notes: Any = None) -> None:
         from inspect_model.engine.selection import select_layers
 
-        self.spec = check_activations_request(scale=scale, raw_format=raw_format, channels=channels,
-                                              max_channels=max_channels, colormap=colormap)
-        if depth is not None and depth < 0:
-            raise UsageError(f"--depth must be 0 or more, got {depth}")
+        r = self.request = request
+        layers, depth, save_raw = list(r.layers) or None, r.depth, r.save_raw
+        self.spec = r.channel_spec
         self.prep, self.mopts = prep, mopts
-        self.layer_specs, self.depth, self.scale, self.colormap = list(layers or []), depth, scale, colormap
-        self.save_raw, self.raw_format = save_raw, raw_format
+        self.layer_specs, self.depth, self.scale, self.colormap = list(r.layers), depth, r.scale, r.colormap
+        self.save_raw, self.raw_format = save_raw, r.raw_format
         notes = notes or (lambda text: None)
         net = prep.loaded.model
         self.selected = select_layers(net, layers, depth=depth)
@@ -229,26 +255,22 @@ def _numpy(t: Any) -> Any:
     return x.cpu().numpy()
 
 
-def activations(model: Any, images: Any = None, *, layers: list[str] | None = None, depth: int | None = None,
-                scale: str = "layer", max_channels: int = 64, channels: str | None = None,
-                colormap: str = "viridis", save_raw: bool = False, raw_format: str = "npy",
-                model_options: ModelOptions | None = None, inputs: InputOptions | None = None,
-                output_dir: Any = None, force: bool = False, tensorboard: Any = None, keep: bool | None = None,
-                on_item: Any = None, notes: Any = None, progress: Any = None) -> Result:
+@api_command(ActivationsRequest)
+def activations(model: Any, images: Any, request: ActivationsRequest, *, model_options: ModelOptions | None = None,
+                inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,
+                tensorboard: Any = None, keep: bool | None = None, on_item: Any = None, notes: Any = None,
+                progress: Any = None) -> Result:
     """Activation statistics of every selected layer (every leaf by default), merged over all
-    inputs, and feature-map grids of the layers named in ``layers`` (when files are written)."""
-    check_activations_request(scale=scale, raw_format=raw_format, channels=channels, max_channels=max_channels,
-                              colormap=colormap)
+    inputs, and feature-map grids of the layers named in ``layers`` (when files are written);
+    the options of :class:`ActivationsRequest` as keywords."""
     mopts = model_options or ModelOptions(model)
     inputs = inputs or InputOptions(images)
     prep = prepare("activations", mopts, inputs, notes=notes)
     keep = output_dir is None if keep is None else keep
     draw = output_dir is not None or tensorboard is not None or keep
-    with ActivationsSession(prep, mopts, layers=layers, depth=depth, scale=scale, max_channels=max_channels,
-                            channels=channels, colormap=colormap, save_raw=save_raw, raw_format=raw_format,
-                            draw=draw, histograms=tensorboard is not None, notes=notes) as session:
+    with ActivationsSession(prep, mopts, request, draw=draw, histograms=tensorboard is not None,
+                            notes=notes) as session:
         total = len(prep.plan.paths) if prep.plan.paths else 0
         result = execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir,
                          force=force, keep=keep, tensorboard=tensorboard, on_item=on_item)
     return result
-

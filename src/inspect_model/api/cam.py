@@ -8,10 +8,11 @@ columns: method x layer) at the top as ``contact_sheet_NNN.png``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from inspect_model.api.options import InputOptions, ModelOptions
+from inspect_model.api.options import InputOptions, ModelOptions, check_target_syntax
 from inspect_model.api.pipeline import (
     ImageItem,
     Result,
@@ -25,30 +26,80 @@ from inspect_model.api.pipeline import (
     prepare,
     tracked,
 )
+from inspect_model.api.request import (
+    COLORMAP_HELP,
+    OUTPUT_KEY_HELP,
+    SAVE_RAW_HELP,
+    TARGET_HELP,
+    Request,
+    api_command,
+    check_target_value,
+    option,
+    positive,
+)
 from inspect_model.errors import InputError, UsageError
+from inspect_model.methods.cam_methods import method_help
 
 SHEET_ROWS = 16  # rows per contact-sheet page: memory stays bounded for any number of images
 
 
-def check_cam_request(*, methods: list[str] | None, layers: list[str] | None, reshape: str | None, fuse: bool,
-                      scorecam_batch: int, colormap: str, alpha: float, top: int) -> tuple[list[str], Any]:
-    """The cam options that need no model, checked before anything loads."""
-    from inspect_model.methods.cam import parse_methods, parse_reshape
+@dataclass(frozen=True)
+class CamRequest(Request):
+    """The options of ``cam`` (see README "cam"); validated once, here."""
 
-    if not 0.0 <= alpha <= 1.0:
-        raise UsageError(f"--alpha must be between 0 and 1, got {alpha}")
-    if scorecam_batch < 1:
-        raise UsageError(f"--scorecam-batch must be 1 or more, got {scorecam_batch}")
-    if top < 1:
-        raise UsageError(f"--top must be 1 or more, got {top}")
-    parsed = parse_methods(methods)
-    grid = parse_reshape(reshape)
-    if fuse and len(layers or []) < 2:
-        raise UsageError("--fuse combines several layers; give --layer at least twice")
-    from inspect_model.render.overlay import check_colormap
+    command: ClassVar[str] = "cam"
 
-    check_colormap(colormap)
-    return parsed, grid
+    methods: tuple[str, ...] = option(("gradcam",), "--method", "-m", help=method_help(), multiple=True,
+                                      param="method", complete="method")
+    layers: tuple[str, ...] = option((), "--layer", "--layers", "-l", help="auto (last spatial layer; ViT/Swin: "
+                                     "last block as a patch grid) or a layer spec; repeat for one map per layer.",
+                                     multiple=True, param="layer", complete="layer")
+    reshape: str | None = option(None, "--reshape", type=str, help="Patch grid HxW for a token layer (N, tokens, "
+                                 "D); leading class/register tokens are dropped.")
+    fuse: bool = option(False, "--fuse", help="With several --layer: also a fused map (element-wise max of the "
+                        "normalised maps).")
+    target: Any = option("predicted", "--target", "-t", type=str, help=TARGET_HELP, complete="target")
+    output_key: str | None = option(None, "--output-key", type=str, help=OUTPUT_KEY_HELP)
+    scorecam_batch: int = option(32, "--scorecam-batch", help="Masked inputs per forward pass for scorecam.")
+    colormap: str = option("jet", "--colormap", "--cmap", help=COLORMAP_HELP, complete="colormap")
+    alpha: float = option(0.5, "--alpha", help="Heat-map opacity in overlays, 0..1.")
+    top: int = option(5, "--top", help="Predicted classes listed per image.")
+    save_raw: bool = option(False, "--save-raw", help=SAVE_RAW_HELP)
+    evaluate: bool = option(False, "--evaluate", help="Score every map's faithfulness: deletion/insertion AUC, "
+                            "ROAD, average drop/increase in confidence, and with --boxes the pointing and energy "
+                            "games; methods ranked per image and on average.")
+    metrics: tuple[str, ...] = option((), "--metric", help="With --evaluate: deletion, insertion, road, confidence, "
+                                      "pointing, energy or all (default: all; pointing and energy only with "
+                                      "--boxes); repeatable.", multiple=True, param="metric")
+    boxes: Any = option(None, "--boxes", type=Path, help="With --evaluate: JSON or CSV of boxes "
+                        "image,x0,y0,x1,y1 in original-image pixels, for the pointing and energy games.")
+    eval_steps: int = option(32, "--eval-steps", help="Steps of the deletion and insertion curves.")
+    eval_batch: int = option(64, "--eval-batch", help="Perturbed inputs per forward pass (--evaluate).")
+
+    def validate(self) -> None:
+        from inspect_model.api.cam_evaluate import check_evaluate_request
+        from inspect_model.methods.cam import parse_methods, parse_reshape
+        from inspect_model.render.overlay import check_colormap
+
+        self._set("target", check_target_value(self.target))
+        check_target_syntax(self.target)
+        if not 0.0 <= self.alpha <= 1.0:
+            raise UsageError(f"--alpha must be between 0 and 1, got {self.alpha}")
+        positive(self.scorecam_batch, "--scorecam-batch")
+        positive(self.top, "--top")
+        self._set("parsed_methods", tuple(parse_methods(list(self.methods or ("gradcam",)))))
+        self._set("grid", parse_reshape(self.reshape))
+        if self.fuse and len(self.layers) < 2:
+            raise UsageError("--fuse combines several layers; give --layer at least twice")
+        check_colormap(self.colormap)
+        self._set("parsed_metrics", tuple(check_evaluate_request(
+            evaluate=self.evaluate, metrics=list(self.metrics) or None, boxes=self.boxes, steps=self.eval_steps,
+            batch=self.eval_batch)))
+
+
+def check_cam_request(**options: Any) -> CamRequest:
+    """The cam options that need no model, checked before anything loads (as the request)."""
+    return CamRequest(**options)
 
 
 class CamSession(Session):
@@ -58,23 +109,17 @@ class CamSession(Session):
     streams_files = True
     page_base = 0  # first contact-sheet page number - 1 (another rank's pages come first)
 
-    def __init__(self, prep: Any, mopts: ModelOptions, *, methods: list[str] | None = None,
-                 layers: list[str] | None = None, reshape: str | None = None, fuse: bool = False,
-                 target: str = "predicted", output_key: str | None = None, scorecam_batch: int = 32,
-                 colormap: str = "jet", alpha: float = 0.5, top: int = 5, save_raw: bool = False,
-                 notes: Any = None, evaluate: bool = False, metrics: list[str] | None = None, boxes: Any = None,
-                 eval_steps: int = 32, eval_batch: int = 64, progress: Any = None) -> None:
+    def __init__(self, prep: Any, mopts: ModelOptions, request: CamRequest, *, notes: Any = None,
+                 progress: Any = None) -> None:
         from inspect_model.methods.targets import parse_target
 
-        self.method_items = list(methods or ["gradcam"])  # as typed: `all` makes CAM optional
-        self.methods, self.reshape = check_cam_request(
-            methods=self.method_items, layers=layers, reshape=reshape, fuse=fuse, scorecam_batch=scorecam_batch,
-            colormap=colormap, alpha=alpha, top=top)
-        self.prep, self.mopts, self.layer_specs = prep, mopts, list(layers or [])
-        self.fuse, self.output_key, self.scorecam_batch = fuse, output_key, scorecam_batch
-        self.colormap, self.alpha, self.top, self.save_raw = colormap, alpha, top, save_raw
-        self.target_text = target
-        self.spec = parse_target(target, prep.categories)
+        r = self.request = request
+        self.method_items = list(r.methods or ("gradcam",))  # as typed: `all` makes CAM optional
+        self.methods, self.reshape = list(r.parsed_methods), r.grid
+        self.prep, self.mopts, self.layer_specs = prep, mopts, list(r.layers)
+        self.fuse, self.output_key, self.scorecam_batch = r.fuse, r.output_key, r.scorecam_batch
+        self.colormap, self.alpha, self.top, self.save_raw = r.colormap, r.alpha, r.top, r.save_raw
+        self.spec = parse_target(r.target, prep.categories)
         self.notes = notes or (lambda text: None)
         self.progress = progress  # progress(done, total, label) for the long inner loops
         self.warnings = Warnings()
@@ -82,17 +127,15 @@ class CamSession(Session):
         self.entries: list[dict[str, Any]] = []
         self.passes = {"forward": 0, "backward": 0, "scorecam_forward": 0}
         self.columns: list[tuple[str, str]] = []
-        self.eval_options = {"evaluate": evaluate, "metrics": None, "boxes": str(boxes) if boxes else None,
-                             "eval_steps": eval_steps, "eval_batch": eval_batch}
+        self.eval_options = {"evaluate": r.evaluate, "metrics": list(r.parsed_metrics) or None,
+                             "boxes": str(r.boxes) if r.boxes else None, "eval_steps": r.eval_steps,
+                             "eval_batch": r.eval_batch}
         self.evaluator: Any = None
-        if evaluate or metrics or boxes:
-            from inspect_model.api.cam_evaluate import Evaluator, check_evaluate_request
+        if r.evaluate:
+            from inspect_model.api.cam_evaluate import Evaluator
 
-            parsed = check_evaluate_request(evaluate=evaluate, metrics=metrics, boxes=boxes, steps=eval_steps,
-                                            batch=eval_batch)
-            self.eval_options["metrics"] = parsed
-            self.evaluator = Evaluator(prep, parsed, steps=eval_steps, batch=eval_batch, boxes=boxes,
-                                       output_key=output_key, notes=self.notes, progress=progress)
+            self.evaluator = Evaluator(prep, list(r.parsed_metrics), steps=r.eval_steps, batch=r.eval_batch,
+                                       boxes=r.boxes, output_key=r.output_key, notes=self.notes, progress=progress)
         self.reset_drawing()
 
     # ------------------------------------------------------------------ computing
@@ -122,8 +165,11 @@ class CamSession(Session):
 
         if self.cam_layers is None:
             self._resolve(batch.tensor)
+        from inspect_model.methods.targets import for_batch
+
+        start = self.index_base + len(self.entries)
         res = compute_cams(self.prep.loaded.model, batch.tensor, layers=self.cam_layers, methods=self.method_items,
-                           target=self.spec, output_key=self.output_key, scorecam_batch=self.scorecam_batch,
+                           target=for_batch(self.spec, start, int(batch.tensor.shape[0])), output_key=self.output_key, scorecam_batch=self.scorecam_batch,
                            fuse=self.fuse, progress=self.progress)
         for key in self.passes:
             self.passes[key] += res.passes[key]
@@ -176,7 +222,7 @@ class CamSession(Session):
             payload["evaluation"] = self.evaluator.summary(self.entries, self.columns)
         options = self.prep.options(
             self.mopts, layers=[lay.name for lay in layers], layer_specs=self.layer_specs or ["auto"],
-            reshape=list(self.reshape) if self.reshape else None, target=self.target_text,
+            reshape=list(self.reshape) if self.reshape else None, target=_target_option(self.request.target),
             methods=list(self.methods), fuse=self.fuse, output_key=self.output_key,
             scorecam_batch=self.scorecam_batch, colormap=self.colormap, alpha=self.alpha, top=self.top,
             save_raw=self.save_raw, **self.eval_options)
@@ -309,34 +355,27 @@ def _draw_map_job(sink: Sink, names: dict[str, Any], picture: Any, arr: Any, box
     return job
 
 
-def cam(model: Any, images: Any = None, *, methods: list[str] | None = None, layers: list[str] | None = None,
-        target: str = "predicted", reshape: str | None = None, fuse: bool = False, output_key: str | None = None,
-        scorecam_batch: int = 32, colormap: str = "jet", alpha: float = 0.5, top: int = 5,
-        save_raw: bool = False, evaluate: bool = False, metrics: list[str] | None = None, boxes: Any = None,
-        eval_steps: int = 32, eval_batch: int = 64,
-        model_options: ModelOptions | None = None, inputs: InputOptions | None = None,
-        output_dir: Any = None, force: bool = False, tensorboard: Any = None, keep: bool | None = None,
-        on_item: Any = None, notes: Any = None, progress: Any = None) -> Result:
+@api_command(CamRequest)
+def cam(model: Any, images: Any, request: CamRequest, *, model_options: ModelOptions | None = None,
+        inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False, tensorboard: Any = None,
+        keep: bool | None = None, on_item: Any = None, notes: Any = None, progress: Any = None) -> Result:
     """Class activation maps of ``images`` (paths, or a tensor (N, C, H, W)) under ``model``
-    (a spec, an ``nn.Module`` or a ``LoadedModel``). The result's ``to_dict()`` is the CLI's
-    ``--json``; ``save(dir)`` (or ``output_dir=``) writes the CLI's files. ``evaluate=True``
-    adds faithfulness scores (``metrics``, default all; ``boxes``: a boxes file for the
-    pointing and energy games; see :mod:`inspect_model.api.cam_evaluate`)."""
+    (a spec, an ``nn.Module`` or a ``LoadedModel``), with the options of :class:`CamRequest`
+    as keywords (``methods=["gradcam"]``, ``target=3``...). The result's ``to_dict()`` is the
+    CLI's ``--json``; ``save(dir)`` (or ``output_dir=``) writes the CLI's files.
+    ``evaluate=True`` adds faithfulness scores (see :mod:`inspect_model.api.cam_evaluate`)."""
     mopts = model_options or ModelOptions(model)
     inputs = inputs or InputOptions(images)
-    check_cam_request(methods=methods or ["gradcam"], layers=layers, reshape=reshape, fuse=fuse,
-                      scorecam_batch=scorecam_batch, colormap=colormap, alpha=alpha, top=top)
-    from inspect_model.api.cam_evaluate import check_evaluate_request
-
-    check_evaluate_request(evaluate=evaluate, metrics=metrics, boxes=boxes, steps=eval_steps, batch=eval_batch)
     prep = prepare("cam", mopts, inputs, notes=notes)
-    session = CamSession(prep, mopts, methods=methods, layers=layers, reshape=reshape, fuse=fuse, target=target,
-                         output_key=output_key, scorecam_batch=scorecam_batch, colormap=colormap, alpha=alpha,
-                         top=top, save_raw=save_raw, notes=notes, evaluate=evaluate, metrics=metrics, boxes=boxes,
-                         eval_steps=eval_steps, eval_batch=eval_batch, progress=progress)
+    session = CamSession(prep, mopts, request, notes=notes, progress=progress)
     total = len(prep.plan.paths) if prep.plan.paths else 0
     return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
                    keep=keep, tensorboard=tensorboard, on_item=on_item)
+
+
+def _target_option(target: Any) -> Any:
+    """A request's target as the report's options record it: its text, or the per-sample list."""
+    return list(target) if isinstance(target, tuple) else target
 
 
 def _thumb(cell: Any) -> Any:

@@ -8,9 +8,10 @@ Files per image (``images/NNNN-stem/``): ``guided.<class>.png`` (the display ima
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from inspect_model.api.options import InputOptions, ModelOptions
+from inspect_model.api.options import InputOptions, ModelOptions, check_target_syntax
 from inspect_model.api.pipeline import (
     ImageItem,
     Result,
@@ -24,30 +25,61 @@ from inspect_model.api.pipeline import (
     prepare,
     tracked,
 )
+from inspect_model.api.request import (
+    OUTPUT_KEY_HELP,
+    SAVE_RAW_HELP,
+    TARGET_HELP,
+    Request,
+    api_command,
+    check_target_value,
+    option,
+)
 from inspect_model.errors import InputError, UsageError
 
 
-def check_guided_request(*, layer: str, guided_gradcam: bool, output_key: str | None) -> None:
-    if layer != "auto" and not guided_gradcam:
-        raise UsageError("--layer applies to --guided-gradcam; add --guided-gradcam or drop --layer")
-    if guided_gradcam and output_key is not None:
-        raise UsageError("--guided-gradcam uses the model's first output; drop --output-key")
+@dataclass(frozen=True)
+class GuidedRequest(Request):
+    """The options of ``guided-backprop``; validated once, here."""
+
+    command: ClassVar[str] = "guided-backprop"
+
+    target: Any = option("predicted", "--target", "-t", type=str, help=TARGET_HELP, complete="target")
+    activations: bool = option(False, "--activations", help="Also guide relu6, leaky_relu, silu, gelu and prelu "
+                               "(clamp the negative gradient at their outputs).")
+    guided_gradcam: bool = option(False, "--guided-gradcam", help="Also write guided backprop times the Grad-CAM "
+                                  "map of --layer.")
+    layer: str = option("auto", "--layer", "--layers", "-l", help="Grad-CAM layer for --guided-gradcam: auto or a "
+                        "layer spec.", complete="layer")
+    sanity: bool = option(False, "--sanity", help="Cascading weight-randomisation check (Adebayo et al. 2018) on "
+                          "a copy of the model; reports Spearman rank correlation with the original maps.")
+    output_key: str | None = option(None, "--output-key", type=str, help=OUTPUT_KEY_HELP)
+    save_raw: bool = option(False, "--save-raw", help=SAVE_RAW_HELP)
+    overview: bool = option(True, "--overview/--no-overview", help="With --output-dir: one titled overview PNG "
+                            "per image.")
+
+    def validate(self) -> None:
+        self._set("target", check_target_value(self.target))
+        check_target_syntax(self.target)
+        if self.layer != "auto" and not self.guided_gradcam:
+            raise UsageError("--layer applies to --guided-gradcam; add --guided-gradcam or drop --layer")
+        if self.guided_gradcam and self.output_key is not None:
+            raise UsageError("--guided-gradcam uses the model's first output; drop --output-key")
 
 
 class GuidedSession(Session):
     command = "guided-backprop"
     streams_files = True
 
-    def __init__(self, prep: Any, mopts: ModelOptions, *, target: str = "predicted", activations: bool = False,
-                 guided_gradcam: bool = False, layer: str = "auto", sanity: bool = False,
-                 output_key: str | None = None, save_raw: bool = False, overview: bool = True,
-                 keep_gradients: bool = False, progress: Any = None) -> None:
+    def __init__(self, prep: Any, mopts: ModelOptions, request: GuidedRequest, *, keep_gradients: bool = False,
+                 progress: Any = None) -> None:
         from inspect_model.methods import guided as gb
         from inspect_model.methods.targets import parse_target
 
-        check_guided_request(layer=layer, guided_gradcam=guided_gradcam, output_key=output_key)
+        r = self.request = request
+        activations, guided_gradcam, layer, sanity = r.activations, r.guided_gradcam, r.layer, r.sanity
+        output_key, save_raw, overview = r.output_key, r.save_raw, r.overview
         self.prep, self.mopts = prep, mopts
-        self.target_text, self.spec = target, parse_target(target, prep.categories)
+        self.spec = parse_target(r.target, prep.categories)
         self.kinds = gb.resolve_kinds(activations)
         self.guided_gradcam, self.layer, self.sanity = guided_gradcam, layer, sanity
         self.output_key, self.save_raw, self.overview = output_key, save_raw, overview
@@ -65,7 +97,10 @@ class GuidedSession(Session):
         from inspect_model.methods import guided as gb
 
         model, x, cats = self.prep.loaded.model, batch.tensor, self.prep.categories
-        res = gb.guided_backprop(model, x, self.spec, activations=self.kinds, output_key=self.output_key,
+        from inspect_model.methods.targets import for_batch
+
+        spec = for_batch(self.spec, self.index_base + len(self.entries), int(x.shape[0]))
+        res = gb.guided_backprop(model, x, spec, activations=self.kinds, output_key=self.output_key,
                                  categories=cats)
         self.warnings.extend(res.warnings)
         if self.sites is None:
@@ -129,7 +164,7 @@ class GuidedSession(Session):
             "skipped": skipped,
         }
         options = self.prep.options(
-            self.mopts, layers=[self.cam_layer] if self.cam_layer else [], target=self.target_text,
+            self.mopts, layers=[self.cam_layer] if self.cam_layer else [], target=list(self.request.target) if isinstance(self.request.target, tuple) else self.request.target,
             activations=list(self.kinds), guided_gradcam=self.guided_gradcam, sanity=self.sanity,
             output_key=self.output_key, save_raw=self.save_raw, overview=self.overview)
         record = _GuidedRecord(self.gradients) if self.keep_gradients else None
@@ -225,22 +260,20 @@ def _finish_sanity(acc: dict[str, Any] | None) -> dict[str, Any] | None:
     return acc
 
 
-def guided_backprop(model: Any, images: Any = None, target: str = "predicted", *, activations: bool = False,
-                    guided_gradcam: bool = False, layer: str = "auto", sanity: bool = False,
-                    output_key: str | None = None, save_raw: bool = False, overview: bool = True,
-                    model_options: ModelOptions | None = None, inputs: InputOptions | None = None,
-                    output_dir: Any = None, force: bool = False, tensorboard: Any = None, keep: bool | None = None,
-                    on_item: Any = None, notes: Any = None, progress: Any = None) -> Result:
-    """Guided backpropagation of ``images`` (paths or a tensor (N, C, H, W)). The result has
-    ``gradients`` (N, K, C, H, W) when kept (the API default), ``to_dict()`` and ``save(dir)``."""
-    check_guided_request(layer=layer, guided_gradcam=guided_gradcam, output_key=output_key)
+@api_command(GuidedRequest, positional=("target",))
+def guided_backprop(model: Any, images: Any, request: GuidedRequest, *, model_options: ModelOptions | None = None,
+                    inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,
+                    tensorboard: Any = None, keep: bool | None = None, on_item: Any = None, notes: Any = None,
+                    progress: Any = None) -> Result:
+    """Guided backpropagation of ``images`` (paths or a tensor (N, C, H, W)), with the options
+    of :class:`GuidedRequest` (``target`` may come third, positionally: an int, a class name,
+    ``"top:K"``, a per-sample list or a 1-D tensor). The result has ``gradients``
+    (N, K, C, H, W) when kept (the API default), ``to_dict()`` and ``save(dir)``."""
     mopts = model_options or ModelOptions(model)
     inputs = inputs or InputOptions(images)
     prep = prepare("guided-backprop", mopts, inputs, hooks=False, notes=notes)
     keep = output_dir is None if keep is None else keep
-    session = GuidedSession(prep, mopts, target=target, activations=activations, guided_gradcam=guided_gradcam,
-                            layer=layer, sanity=sanity, output_key=output_key, save_raw=save_raw,
-                            overview=overview, keep_gradients=keep, progress=progress)
+    session = GuidedSession(prep, mopts, request, keep_gradients=keep, progress=progress)
     total = len(prep.plan.paths) if prep.plan.paths else 0
     return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
                    keep=keep, tensorboard=tensorboard, on_item=on_item)

@@ -15,15 +15,9 @@ from typing import Any
 import typer
 
 from inspect_model import errors
-from inspect_model.cli import completion
-from inspect_model.cli.activations import activations
-from inspect_model.cli.cam import cam
-from inspect_model.cli.check import check
+from inspect_model import registry
 from inspect_model.cli.common import routed_warnings
-from inspect_model.cli.grads import grads
-from inspect_model.cli.guided_backprop import guided_backprop
-from inspect_model.cli.models import models
-from inspect_model.cli.summary import summary
+from inspect_model.cli.generate import build, command_help
 from inspect_model.render.table import clean
 
 EXIT_HELP = "\n".join(f"  {code:>3}  {text}" for code, text in errors.EXIT_CODES.items())
@@ -34,7 +28,7 @@ app = typer.Typer(
         "Open up PyTorch models: layer summaries, activations, gradients, guided backprop and "
         "class activation maps, for torchvision models by name or your own.\n\n"
         "Example: inspect-model summary resnet34\n\n"
-        "Exit codes:\n\n" + "\n\n".join(f"{c}: {t}" for c, t in errors.EXIT_CODES.items())
+        "Exit codes:\n\n\b\n" + "\n".join(f"{c}: {t}" for c, t in errors.EXIT_CODES.items())
     ),
     no_args_is_help=True,
     add_completion=True,
@@ -61,26 +55,18 @@ def _root(
     """inspect-model: open up PyTorch models."""
 
 
-COMMANDS: dict[str, Any] = {  # in the order `inspect-model --help` lists them
-    "summary": summary,
-    "models": models,
-    "activations": activations,
-    "grads": grads,
-    "guided-backprop": guided_backprop,
-    "cam": cam,
-    "check": check,
-}
+def sync_commands() -> None:
+    """One Typer command per registry entry, in the registry's order (call again after
+    registering a command at run time: a plugin, a test's toy command)."""
+    for spec in registry.COMMANDS.values():
+        if spec.name not in COMMANDS:
+            fn = build(spec)
+            COMMANDS[spec.name] = fn
+            app.command(spec.name, help=command_help(spec), short_help=spec.summary)(fn)
 
 
-assert tuple(COMMANDS) == completion.COMMAND_NAMES
-
-
-def _register() -> None:
-    for name, fn in COMMANDS.items():
-        app.command(name)(fn)
-
-
-_register()
+COMMANDS: dict[str, Any] = {}  # name -> Typer function, in the order `inspect-model --help` lists them
+sync_commands()
 
 
 def _config_default_map(args: list[str]) -> dict[str, Any] | None:

@@ -28,7 +28,6 @@ from inspect_model.api.options import (
     ModelOptions,
     check_dtype,
     check_request,
-    check_target,
 )
 from inspect_model.cli import common as c
 from inspect_model.errors import UsageError
@@ -144,8 +143,6 @@ def shared_options(*, labels: bool = True, images: bool = True,
             given["skip_bad"] = given.pop("skip_bad_inputs", False)
             inputs = InputOptions(kw.get("images"), **given)
             check_request(inputs)
-            if "target" in kw:
-                check_target(kw["target"])
             ro = {n: kw.pop(n) for n, _, _ in run_options if n not in ("config", "debug")}
             kw.pop("config"), kw.pop("debug")
             return fn(**kw, opts=opts, inputs=inputs, run_opts=RunOptions(**ro))

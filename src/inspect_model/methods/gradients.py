@@ -320,7 +320,10 @@ class GradRun:
                                  "give one label per image")
         else:
             batch_labels = None if self.label_one is None else [self.label_one] * n
-        seed, per_obj, used = output_seed(y, target=self.spec, loss=self.loss, labels=batch_labels)
+        from inspect_model.methods.targets import for_batch
+
+        spec = for_batch(self.spec, label_pos, n)  # a per-sample target: this batch's share
+        seed, per_obj, used = output_seed(y, target=spec, loss=self.loss, labels=batch_labels)
         part.out_sq += float(seed.double().pow(2).sum())
         # Gradients to come in this backward pass: one per captured output and input.
         self._seen["done"], self._seen["total"] = 0, sum(len(r.outputs) + len(r.inputs) for r in eng.records)
