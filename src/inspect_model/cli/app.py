@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> None:
             rv = app(args=args, prog_name="inspect-model", standalone_mode=False, default_map=default_map)
         code = rv if isinstance(rv, int) else 0
     except SystemExit as exc:
+        if _from_cli_framework(exc):  # shell completion, --show-completion: Click's own, finished exit
+            code = exc.code if isinstance(exc.code, int) else 0
+            sys.exit(code)
         # Click and Typer leave by their own exceptions (caught below); a SystemExit here was
         # raised by the model's code (a factory, forward): never a silent pass for CI (issue 13).
         shown = "" if exc.code is None else repr(exc.code)
@@ -180,6 +183,23 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         restore()
     sys.exit(code)
+
+
+def _from_cli_framework(exc: SystemExit) -> bool:
+    """True when Click or Typer itself raised ``exc`` (shell completion answers with
+    ``sys.exit``; so does ``--show-completion``), not the model's code: the innermost frame
+    of its traceback lies in their packages (or Typer's vendored Click)."""
+    import os
+
+    tb = exc.__traceback__
+    last = None
+    while tb is not None:
+        last = tb.tb_frame.f_code.co_filename
+        tb = tb.tb_next
+    if last is None:
+        return False
+    parts = set(os.path.normpath(last).split(os.sep))
+    return bool(parts & {"click", "typer", "_click", "shellingham"})
 
 
 def _on_signals() -> Any:
