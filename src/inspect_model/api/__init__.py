@@ -16,7 +16,7 @@ from inspect_model.api.check import check
 from inspect_model.api.grads import grads
 from inspect_model.api.guided import guided_backprop
 from inspect_model.api.options import InputOptions, ModelOptions
-from inspect_model.api.pipeline import Result
+from inspect_model.api.session import Result
 from inspect_model.api.summary import summary
 
 __all__ = ["InputOptions", "ModelOptions", "Result", "activations", "cam", "check", "grads", "guided_backprop",

@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from inspect_model.api.options import InputOptions, ModelOptions
-from inspect_model.api.pipeline import Result, prepare
+from inspect_model.api.pipeline import prepare
+from inspect_model.api.session import Result
 from inspect_model.errors import UsageError
 
 
@@ -66,8 +67,7 @@ def check(model: Any, images: Any = None, *, expect_output_shape: str | None = N
                            deterministic=deterministic, max_seconds=max_seconds, max_memory=max_memory)
     failures = ["check failed: " + "; ".join(f"{r.name} {r.value_text} (expected {r.expected})" for r in failed)
                 ] if failed else []
-    result = Result("check", options, payload, [], failures=failures, record=_Checks(results),
-                    render_text=lambda r: _text(results))
+    result = Result("check", options, payload, [], failures=failures, record=_Checks(results))
     if output_dir is not None:
         result.save(output_dir, force=force)
     return result
@@ -76,16 +76,3 @@ def check(model: Any, images: Any = None, *, expect_output_shape: str | None = N
 class _Checks:
     def __init__(self, results: list[Any]) -> None:
         self.checks = results
-
-
-def _text(results: list[Any]) -> str:
-    from inspect_model.render.table import clean
-
-    lines = []
-    failed = 0
-    for r in results:
-        failed += not r.passed
-        extra = f" ({r.detail})" if r.detail else ""
-        lines.append(clean(f"{r.status.upper()}  {r.name}: {r.value_text} (expected {r.expected}){extra}"))
-    lines.append(f"{len(results) - failed} passed, {failed} failed")
-    return "\n".join(lines) + "\n"
