@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-KILL_AFTER = [sys.executable, str(ROOT / "tests" / "fixtures" / "kill_after.py")]  # test-only: SIGKILL after N
+KILL_AFTER = [sys.executable, str(ROOT / "tests" / "fixtures" / "faulty_run.py")]  # test-only faults
 COMMON = ["--crop", "16", "--resize", "16", "--batch-size", "3", "--weights", "none"]
 
 DRIVER = '''
@@ -202,7 +202,7 @@ def test_resume_after_kill_equals_uninterrupted_run(data: dict[str, Path], cli) 
     spec = f"{data['model']}:TinyCNN"
     out = data["root"] / "resumed"
     args = ["cam", spec, str(data["imgs"]), *COMMON, "-o", str(out), "--json", "-q", "--resume"]
-    r = subprocess.run([*KILL_AFTER, "6", *args], capture_output=True, text=True, env=_env(), check=False,
+    r = subprocess.run([*KILL_AFTER, "kill:6", *args], capture_output=True, text=True, env=_env(), check=False,
                        timeout=120)  # SIGKILL once 6 images are checkpointed
     assert r.returncode == -9, r.stderr
     staging = out / ".inspect-model-staging-resume"
@@ -236,7 +236,7 @@ def test_grads_resume_after_kill_equals_uninterrupted_run(data: dict[str, Path],
     args = ["grads", f"{data['model']}:TinyCNN", str(data["imgs"]), *COMMON, "--loss", "cross-entropy",
             "--labels-file", str(data["labels"]), "--fail-on", "vanishing", "--vanishing-below", "2",
             "--clip-norm", "0.01", "-o", str(out), "--json", "-q", "--resume"]
-    r = subprocess.run([*KILL_AFTER, "6", *args], capture_output=True, text=True, env=_env(),
+    r = subprocess.run([*KILL_AFTER, "kill:6", *args], capture_output=True, text=True, env=_env(),
                        check=False, timeout=120)
     assert r.returncode == -9, r.stderr
     staging = out / ".inspect-model-staging-resume"

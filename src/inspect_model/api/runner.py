@@ -26,7 +26,7 @@ from inspect_model.api import resume as rs
 from inspect_model.api.session import ImageItem, Result, Session
 from inspect_model.api.signals import sigterm_unwinds
 from inspect_model.api.world import Group, Phase, World, shard
-from inspect_model.errors import DistributedError, OutputError, UsageError, one_line
+from inspect_model.errors import DistributedError, Interrupted, OutputError, Terminated, UsageError, one_line
 from inspect_model.render.sink import Drawer, Sink, write_reports
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from inspect_model.render.files import OutputDir
 
 _NO_DRAWER = Drawer()
+STOPS = (Terminated, Interrupted, KeyboardInterrupt)
 
 
 class Throughput:
@@ -111,6 +112,9 @@ class _Run:
                                    [str(p) for p in mine]) if self.resume and self.staging is not None else None
                 sink = self._open_sink()
                 self._local(batches, sink, ck, mine, done)
+            except STOPS:  # a signal: no collectives (torchrun stops the other ranks itself)
+                _close(sink, cancel=True)
+                raise
             except BaseException as e:  # noqa: BLE001 - spread to every rank below
                 exc = e
                 _close(sink, cancel=True)
