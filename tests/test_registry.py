@@ -53,9 +53,7 @@ def _toy_module() -> Any:
 
         def finish(self) -> Result:
             opts = self.prep.options(self.mopts, **self.request.resolved())
-            text = "".join(f"{e['image']}: {e['norm']:.6f}\n" for e in self.entries)
-            return Result("toy-norms", opts, {"images": self.entries}, self.warnings.to_list(),
-                          render_text=lambda r: text)
+            return Result("toy-norms", opts, {"images": self.entries}, self.warnings.to_list())
 
     @api_command(NormsRequest)
     def toy_norms(model: Any, images: Any, request: NormsRequest, *, model_options: Any = None,
@@ -71,6 +69,12 @@ def _toy_module() -> Any:
     return NormsRequest, toy_norms
 
 
+def toy_text(result: Any, rich: bool) -> Any:
+    """The toy command's renderer (named in its registry entry)."""
+    text = "".join(f"{e['image']}: {e['norm']:.6f}\n" for e in result.payload["images"])
+    return [text] if rich else text
+
+
 @pytest.fixture
 def toy_command(monkeypatch: pytest.MonkeyPatch) -> Any:
     import sys
@@ -81,13 +85,13 @@ def toy_command(monkeypatch: pytest.MonkeyPatch) -> Any:
 
     request_cls, fn = _toy_module()
     mod = types.ModuleType("toy_command_module")
-    mod.NormsRequest, mod.toy_norms = request_cls, fn  # type: ignore[attr-defined]
+    mod.NormsRequest, mod.toy_norms, mod.toy_text = request_cls, fn, toy_text  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "toy_command_module", mod)
     spec = registry.CommandSpec(name="toy-norms", usage="toy-norms MODEL [IMAGE...]", summary="the norm of each input",
                                 help="The norm of each input (a toy command made in a test).",
                                 example="inspect-model toy-norms resnet18 cat.jpg --power 1",
                                 api="toy_command_module:toy_norms", request="toy_command_module:NormsRequest",
-                                labels=False)
+                                renderer="toy_command_module:toy_text", labels=False)
     registry.register(spec)
     app.sync_commands()
     yield spec
@@ -127,6 +131,9 @@ def test_a_toy_command_appears_everywhere_with_one_entry(toy_command: Any, cli: 
     r = cli(["toy-norms", model, "--input-size", "3x8x8", "-o", str(out), "-q"])
     assert r.exit_code == 0, r.stderr
     assert {p.name for p in out.iterdir()} >= {"report.json", "report.txt", "report.html"}
+    assert "random-0: " in (out / "report.txt").read_text()
+    txt = cli(["toy-norms", model, "--input-size", "3x8x8", "-q"])
+    assert txt.exit_code == 0 and txt.stdout.startswith("random-0: "), txt.stdout
     # a bad value: one line, exit 2, from the request's own validation
     bad = cli(["toy-norms", model, "--input-size", "3x8x8", "--power", "0"])
     assert bad.exit_code == 2 and bad.stderr.strip() == "error: --power must be 1 or more, got 0"

@@ -34,7 +34,7 @@ class CommandSpec:
     api: str
     request: str | None = None
     cli: str | None = None
-    renderer: str | None = None  # a module in render/ with render_text(doc)/render_rich(doc)
+    renderer: str | None = None  # "module:function(result, rich)": the report on stdout (built-ins: render.results)
     schema: str | None = None  # file name in inspect_model/schemas/
     hooks: bool = True  # registers hooks on the model (HOOK_COMMANDS: refuses models that cannot be hooked)
     images: bool = True
@@ -111,7 +111,7 @@ register(CommandSpec(
          "its weights.",
     example="inspect-model summary resnet34 --depth 2",
     api="inspect_model.api.summary:summary", cli="inspect_model.cli.summary:summary",
-    renderer="inspect_model.render.summary", schema="summary.json", hooks=True, images=False, streams=False,
+    schema="summary.json", hooks=True, images=False, streams=False,
 ))
 register(CommandSpec(
     name="models", usage="models [PATTERN]",
@@ -132,7 +132,7 @@ register(CommandSpec(
          "per layer and image.",
     example="inspect-model activations resnet34 cat.jpg --layer type:Conv2d[0] --output-dir acts",
     api="inspect_model.api.activations:activations", request="inspect_model.api.activations:ActivationsRequest",
-    renderer="inspect_model.render.activations", schema="activations.json", labels=False,
+    schema="activations.json", labels=False,
 ))
 register(CommandSpec(
     name="grads", usage="grads MODEL [IMAGE...]",
@@ -145,7 +145,7 @@ register(CommandSpec(
          "--jacobian-norm an estimate of the Jacobian's Frobenius norm.",
     example="inspect-model grads resnet18 cat.jpg --weights none --fail-on nan,inf,exploding --output-dir g",
     api="inspect_model.api.grads:grads", request="inspect_model.api.grads:GradsRequest",
-    renderer="inspect_model.render.gradients", schema="grads.json",
+    schema="grads.json",
 ))
 register(CommandSpec(
     name="guided-backprop", usage="guided-backprop MODEL IMAGE...",
@@ -156,7 +156,7 @@ register(CommandSpec(
          "target: a display PNG, a grayscale magnitude PNG, and with --save-raw the raw gradient (.npy).",
     example="inspect-model guided-backprop resnet50 cat.jpg --target top:3 --output-dir gb",
     api="inspect_model.api.guided:guided_backprop", request="inspect_model.api.guided:GuidedRequest",
-    renderer="inspect_model.render.saliency", schema="guided-backprop.json",
+    schema="guided-backprop.json",
 ))
 register(CommandSpec(
     name="cam", usage="cam MODEL IMAGE...",
@@ -169,7 +169,7 @@ register(CommandSpec(
          "the maps (faithfulness) and plots deletion/insertion curves.",
     example="inspect-model cam resnet50 cat.jpg --method gradcam --method scorecam --target top:2 -o cams",
     api="inspect_model.api.cam:cam", request="inspect_model.api.cam:CamRequest",
-    renderer="inspect_model.render.cam_report", schema="cam.json",
+    schema="cam.json",
 ))
 register(CommandSpec(
     name="check", usage="check MODEL",

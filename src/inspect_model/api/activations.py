@@ -1,31 +1,17 @@
 """``activations``: per-layer activation statistics and feature-map grids, as a session.
 
-Files: ``overview.png`` (statistics along the depth) at the top; per image
-(``images/NNNN-stem/``) one grid ``<layer>.png`` per drawn layer and, with ``save_raw``,
-``<layer>.npy`` (or one ``raw.npz``). Outputs whose dim 0 is not the batch are saved per
-batch under ``batches/NNNN/``.
+Files (drawn by :mod:`inspect_model.render.draw_activations`): ``overview.png`` at the top,
+per image one grid per layer named with ``layers`` and, with ``save_raw``, the raw outputs.
+Resumable and mergeable: the per-layer moments merge exactly (Chan et al.).
 """
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 from inspect_model.api.options import InputOptions, ModelOptions
-from inspect_model.api.pipeline import (
-    ImageItem,
-    Result,
-    Session,
-    Sink,
-    Warnings,
-    execute,
-    image_dir,
-    input_outcome,
-    prepare,
-    tracked,
-)
+from inspect_model.api.pipeline import execute, prepare, tracked
 from inspect_model.api.request import (
     COLORMAP_HELP,
     DEPTH_HELP,
@@ -37,8 +23,9 @@ from inspect_model.api.request import (
     option,
     positive,
 )
+from inspect_model.api.resume import count
+from inspect_model.api.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import UsageError
-from inspect_model.render.files import safe_name
 
 
 @dataclass(frozen=True)
@@ -105,9 +92,15 @@ class ActivationsSession(Session):
         self.capture = ActivationCapture(net, self.selected, keep=keep, hist_bins=64 if histograms else 0,
                                          model_name=prep.loaded.name)
         self.entries: list[dict[str, Any]] = []
-        self.grids: list[dict[str, Any]] = []
         self.warnings = Warnings()
         self.batch_index = 0
+        from inspect_model.render.draw_activations import ActivationsDrawer
+
+        self.drawer = ActivationsDrawer(draw_layers=self.draw_layers, save_raw=save_raw, raw_format=self.raw_format,
+                                        channels=self.spec, scale=self.scale, colormap=self.colormap, warn=self.warn)
+
+    def warn(self, text: str) -> None:
+        self.warnings.add(text)
 
     def __enter__(self) -> ActivationsSession:
         self.capture.__enter__()
@@ -144,15 +137,15 @@ class ActivationsSession(Session):
                               + ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else ""))
         # The layers named with --layer: drawn into the output directory when there is one.
         drawn = list(self.selected) if self.layer_specs else []
-        payload = {**render.to_payload(report, images=self.entries, grids=self.grids, drawn=drawn),
+        payload = {**render.to_payload(report, images=self.entries, grids=self.drawer.grids, drawn=drawn),
                    "skipped": skipped}
-        options = self.prep.options(
+        return Result("activations", self.resolved_options(), payload, self.warnings.to_list(), record=report)
+
+    def resolved_options(self) -> dict[str, Any]:
+        return self.prep.options(
             self.mopts, layers=self.layer_specs, depth=self.depth, selected=len(self.selected), scale=self.scale,
             max_channels=self.spec.max_channels, channels=self.spec.describe(), colormap=self.colormap,
             save_raw=self.save_raw, raw_format=self.raw_format)
-        return Result("activations", options, payload, self.warnings.to_list(), record=report,
-                      render_text=lambda r: render.render_text(report, r.files, r.warnings, drawn),
-                      render_rich=lambda r: render.render_rich(report, r.files, r.warnings, drawn))
 
     def line(self, item: ImageItem) -> dict[str, Any]:
         """``--jsonl``: the image's statistics per layer (richer than its report entry)."""
@@ -162,97 +155,28 @@ class ActivationsSession(Session):
             return item.entry
         return {**image_line(item.data["image"]), "files": item.entry.get("files", {})}
 
-    # ------------------------------------------------------------------ drawing
-    def reset_drawing(self) -> None:
-        self.grids.clear()
+    # ------------------------------------------------------------------ resumable, mergeable
+    def start(self, index: int, batch: int, rank: int) -> None:
+        super().start(index, batch, rank)
+        self.capture.start(index)
+        self.batch_index = batch
 
-    def draw(self, item: ImageItem, sink: Sink) -> dict[str, Any]:
-        if item.data is None:
-            return item.entry.get("files", {})
-        entry, data = item.entry, item.data
-        base = image_dir(entry["index"], entry["image"])
-        files: dict[str, Any] = {}
-        npz: dict[str, Any] = {}
-        for k, sample in data["kept"]:
-            if k.name in self.draw_layers:
-                path = self._grid(k, sample, entry, base, sink)
-                if path is not None:
-                    files[f"grid:{k.key}"] = path
-            if self.save_raw and sink.out is not None:
-                if self.raw_format == "npy":
-                    files[f"raw:{k.key}"] = sink.npy(f"{base}/{safe_name(k.key)}.npy", _numpy(sample))
-                else:
-                    npz[k.key] = _numpy(sample)
-        if npz:
-            buf = io.BytesIO()
-            import numpy as np
+    def state_dict(self) -> dict[str, Any]:
+        return {"capture": self.capture.state_dict(), "entries": self.entries, "drawer": self.drawer.state_dict(),
+                "warnings": self.warnings, "batch_index": self.batch_index}
 
-            np.savez(buf, **npz)
-            files["raw"] = sink.data(f"{base}/raw.npz", buf.getvalue())
-        if data["batch"] is not None:
-            b, batch_level = data["batch"]
-            for k in batch_level:
-                if k.name in self.draw_layers:
-                    self.warnings.add(f"layer '{k.key}': dim 0 of its output is not the batch; not drawn")
-                if self.save_raw and sink.out is not None:
-                    sink.npy(f"batches/{b:04d}/{safe_name(k.key)}.npy", _numpy(k.tensor))
-        if sink.writer is not None and data["hist"]:
-            for key, (lo, hi, counts, num, s1, s2) in data["hist"].items():
-                width = (hi - lo) / len(counts)
-                sink.writer.add_histogram_raw(
-                    f"activations/{key}", min=lo, max=hi, num=num, sum=s1, sum_squares=s2,
-                    bucket_limits=[lo + (j + 1) * width for j in range(len(counts))],
-                    bucket_counts=counts, global_step=entry["index"])
-        return files
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.capture.load_state_dict(state["capture"])
+        self.entries = list(state["entries"])
+        self.drawer.load_state_dict(state["drawer"])
+        self.warnings = state["warnings"]
+        self.batch_index = count(state["batch_index"], "the batch index")
 
-    def _grid(self, k: Any, sample: Any, entry: dict[str, Any], base: str, sink: Sink) -> str | None:
-        from inspect_model.render.grids import figure_to_array, render_activation
-
-        cdim = None if k.channel_dim is None else k.channel_dim - 1
-        title = f"{k.key} ({k.type}) - {Path(entry['image']).name or entry['image']}"
-        values, spec, scale, cmap = _numpy(sample), self.spec, self.scale, self.colormap
-        picture: dict[str, Any] = {}
-
-        def draw() -> Any:  # on a worker: drawing and encoding overlap the next batch
-            img, picture["layout"] = render_activation(values, cdim, title=title, channels=spec, scale=scale,
-                                                       cmap=cmap, layer=k.key)
-            return img
-
-        if sink.writer is not None:
-            img = draw()
-            sink.writer.add_image(f"grids/{k.key}", figure_to_array(img), global_step=entry["index"],
-                                  dataformats="HWC")
-            path = sink.image(f"{base}/{safe_name(k.key)}.png", img)
-        else:
-            path = sink.image(f"{base}/{safe_name(k.key)}.png", draw)
-        self.grids.append({"image": entry["image"], "layer": k.key, "file": path, "_layout": picture})
-        return path
-
-    def draw_summary(self, sink: Sink, result: Result) -> None:
-        from inspect_model.render.activations import render_overview
-
-        sink.drain()  # every grid drawn: its layout is known
-        result.payload["grids"] = [_grid_entry(g) for g in self.grids]
-        if sink.out is not None:
-            sink.figure("overview.png", render_overview(result.record))
-
-
-def _grid_entry(g: dict[str, Any]) -> dict[str, Any]:
-    if "_layout" not in g:
-        return g
-    layout = g["_layout"]["layout"]
-    return {"image": g["image"], "layer": g["layer"], "file": g["file"], "kind": layout.kind, "rows": layout.rows,
-            "cols": layout.cols, "channels": list(layout.channels), "total_channels": layout.total_channels,
-            "note": layout.note}
-
-
-def _numpy(t: Any) -> Any:
-    import torch
-
-    x = t.detach()
-    if x.dtype in (torch.float16, torch.bfloat16):
-        x = x.float()
-    return x.cpu().numpy()
+    def merge(self, states: list[dict[str, Any]]) -> None:
+        self.capture.merge([st["capture"] for st in states])
+        self.entries = [e for st in states for e in st["entries"]]
+        self.drawer.merge([st["drawer"] for st in states])
+        self.warnings.merge(st["warnings"] for st in states[1:])
 
 
 @api_command(ActivationsRequest)

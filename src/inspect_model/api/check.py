@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from inspect_model.api.options import InputOptions, ModelOptions
-from inspect_model.api.pipeline import Result, prepare
+from inspect_model.api.pipeline import prepare
 from inspect_model.api.request import OUTPUT_KEY_HELP, Request, api_command, option
+from inspect_model.api.session import Result
 from inspect_model.errors import UsageError
 
 
@@ -83,8 +84,7 @@ def check(model: Any, images: Any, request: CheckRequest, *, model_options: Mode
                            output_key=r.output_key)
     failures = ["check failed: " + "; ".join(f"{x.name} {x.value_text} (expected {x.expected})" for x in failed)
                 ] if failed else []
-    result = Result("check", options, payload, [], failures=failures, record=_Checks(results),
-                    render_text=lambda res: _text(results))
+    result = Result("check", options, payload, [], failures=failures, record=_Checks(results))
     if output_dir is not None:
         result.save(output_dir, force=force)
     return result
@@ -93,16 +93,3 @@ def check(model: Any, images: Any, request: CheckRequest, *, model_options: Mode
 class _Checks:
     def __init__(self, results: list[Any]) -> None:
         self.checks = results
-
-
-def _text(results: list[Any]) -> str:
-    from inspect_model.render.table import clean
-
-    lines = []
-    failed = 0
-    for r in results:
-        failed += not r.passed
-        extra = f" ({r.detail})" if r.detail else ""
-        lines.append(clean(f"{r.status.upper()}  {r.name}: {r.value_text} (expected {r.expected}){extra}"))
-    lines.append(f"{len(results) - failed} passed, {failed} failed")
-    return "\n".join(lines) + "\n"

@@ -1,8 +1,8 @@
 """``grads``: gradient flow, gradient-health checks, and gradients between layers, as a session.
 
-Files: ``grad_flow.png`` and ``grad_histograms_NNN.png`` (every layer, paginated) at the
-top; with ``of``/``wrt``, ``jacobian_<of>_wrt_<wrt>_NNNN.png`` per batch. Failed checks of
-``fail_on`` are listed in ``Result.failures`` (the CLI exits 1).
+Files (drawn by :mod:`inspect_model.render.draw_gradients`): ``grad_flow.png`` and
+``grad_histograms_NNN.png`` at the top; with ``of``/``wrt``, one Jacobian figure per batch.
+Failed checks of ``fail_on`` are listed in ``Result.failures`` (the CLI exits 1).
 """
 
 from __future__ import annotations
@@ -13,17 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from inspect_model.api.options import InputOptions, ModelOptions, check_target_syntax
-from inspect_model.api.pipeline import (
-    ImageItem,
-    Result,
-    Session,
-    Sink,
-    Warnings,
-    execute,
-    input_outcome,
-    prepare,
-    tracked,
-)
+from inspect_model.api.pipeline import execute, prepare, tracked
 from inspect_model.api.request import (
     DEPTH_HELP,
     LAYERS_HELP,
@@ -34,8 +24,9 @@ from inspect_model.api.request import (
     option,
     positive,
 )
+from inspect_model.api.resume import count
+from inspect_model.api.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
-from inspect_model.render.files import safe_name
 
 
 @dataclass(frozen=True)
@@ -126,6 +117,9 @@ class GradsSession(Session):
         self.partial: Any = None  # a GradPartial to go on from (a resumed run, or the merge of every shard)
         self.count = 0
         self.warnings = Warnings()
+        from inspect_model.render.draw_gradients import GradsDrawer
+
+        self.drawer = GradsDrawer()
 
     def run(self, batches: Iterable[Any], handle: Callable[[ImageItem], None]) -> None:
         self.grad_run = self._grad_run(handle)
@@ -147,7 +141,7 @@ class GradsSession(Session):
                     handle(ImageItem(sample_payload(s, self.count)))
                 self.count += 1
 
-        # Under torchrun or --resume (api/distributed.py), ``partial`` holds what this shard
+        # Under torchrun or --resume (api/runner.py), ``partial`` holds what this shard
         # or the killed run had summed, and ``index_base`` is the run index of its first image.
         return GradRun(self.prep.loaded.model, labels=lab, categories=cats, on_batch=on_batch,
                        partial=self.partial, label_base=self.index_base, progress=self.progress, **self.kw)
@@ -162,44 +156,81 @@ class GradsSession(Session):
 
     def finish(self) -> Result:
         from inspect_model.render import gradients as render
-        from inspect_model.render.table import warning_text
 
         self.grad_run = self.grad_run or self._grad_run()
-        if self.partial is not None:  # resumed, or every shard's merged on rank 0 (api/distributed.py)
+        if self.partial is not None:  # resumed, or every shard's merged on rank 0 (api/runner.py)
             self.grad_run.partial = self.partial
         self.report = rep = self.grad_run.report()
         for note in rep.notes:
             self.notes(note)
-        plan = self.prep.plan
-        skipped = input_outcome(plan, self.warnings)
-        kw = self.kw
-        options = self.prep.options(
-            self.mopts, layers=kw["layers"] or [], depth=kw["depth"],
-            target=list(kw["target"]) if isinstance(kw["target"], tuple) else kw["target"], loss=kw["loss"],
-            label=self.label, labels_file=str(self.labels_file) if self.labels_file else None,
-            output_key=kw["output_key"], clip_norm=kw["clip_norm"], vanishing_below=kw["vanishing_below"],
-            exploding_above=kw["exploding_above"], fail_on=kw["fail_on"])
+        skipped = input_outcome(self.prep.plan, self.warnings)
         failed = rep.failures()
         failures = []
         if failed:
             more = f" (also failed: {', '.join(f.name for f in failed[1:])})" if len(failed) > 1 else ""
             failures = [f"gradient check '{failed[0].name}' failed: {failed[0].detail}{more}"]
-        return Result("grads", options, {**render.to_payload(rep), "skipped": skipped}, self.warnings.to_list(), failures=failures,
-                      record=rep,
-                      render_text=lambda r: render.render_text(rep) + _lines(warning_text({"warnings": r.warnings})),
-                      render_rich=lambda r: [*render.render_rich(rep), *warning_text({"warnings": r.warnings})])
+        return Result("grads", self.resolved_options(), {**render.to_payload(rep), "skipped": skipped},
+                      self.warnings.to_list(), failures=failures, record=rep)
 
-    def draw_summary(self, sink: Sink, result: Result) -> None:
-        from inspect_model.render import gradients as render
+    def resolved_options(self) -> dict[str, Any]:
+        kw = self.kw
+        return self.prep.options(
+            self.mopts, layers=kw["layers"] or [], depth=kw["depth"],
+            target=list(kw["target"]) if isinstance(kw["target"], tuple) else kw["target"], loss=kw["loss"],
+            label=self.label, labels_file=str(self.labels_file) if self.labels_file else None,
+            output_key=kw["output_key"], clip_norm=kw["clip_norm"], vanishing_below=kw["vanishing_below"],
+            exploding_above=kw["exploding_above"], fail_on=kw["fail_on"])
 
-        rep = self.report
-        if sink.writer is not None:
-            _write_tensorboard(sink.writer, rep)
-        if sink.out is None:
+    # ------------------------------------------------------------------ resumable, mergeable
+    def start(self, index: int, batch: int, rank: int) -> None:
+        super().start(index, batch, rank)  # the labels of --labels-file of this shard start there
+        self.count = index
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"partial": self.snapshot(), "count": self.count, "warnings": self.warnings}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from inspect_model.methods.gradients import GradPartial
+
+        if not isinstance(state["partial"], GradPartial) or not isinstance(state["warnings"], Warnings):
+            raise TypeError("grads state: not a GradPartial")
+        self.partial, self.warnings = state["partial"], state["warnings"]
+        self.count = count(state["count"], "the image count")
+
+    def merge(self, states: list[dict[str, Any]]) -> None:
+        from inspect_model.methods.gradients import merge_partials
+
+        self.partial = merge_partials([st["partial"] for st in states])
+        self.warnings.merge(st["warnings"] for st in states[1:])
+
+    def reduce(self, group: Any) -> None:
+        """Every rank's summed parameter gradients, added on rank 0 (dropped elsewhere).
+
+        A single process sums every batch's parameter gradients into ``.grad``; each rank
+        sums its own batches the same way, and this adds the ranks' sums on rank 0 with
+        ``torch.distributed.reduce``: the global norm, clipping and parameter statistics
+        are then those of one process over every image."""
+        if group.dist is None or self.grad_run is None:
             return
-        sink.figure("grad_flow.png", render.flow_figure(rep), dpi=render.FIG_DPI)
-        for i, page in enumerate(render.histogram_pages(rep)):
-            sink.image(f"grad_histograms_{i + 1:03d}.png", page)
+        import torch
+
+        dist = group.dist
+        part = self.grad_run.partial
+        nccl = dist.get_backend() == "nccl"
+        device = torch.device(f"cuda:{group.w.local_rank}" if nccl else "cpu")
+        trainable = [(n, p) for n, p in self.prep.loaded.model.named_parameters() if p.requires_grad]
+        has = torch.tensor([1 if n in part.grads else 0 for n, _ in trainable], dtype=torch.int32, device=device)
+        dist.all_reduce(has, op=dist.ReduceOp.MAX)  # a rank with no image has no gradient at all
+        summed: dict[str, Any] = {}
+        for (n, p), flag in zip(trainable, has.tolist()):
+            if not flag:
+                continue
+            g = part.grads.get(n)
+            t = (torch.zeros_like(p, device=device) if g is None else g.detach().to(device, copy=True)).contiguous()
+            dist.reduce(t, dst=0, op=dist.ReduceOp.SUM)
+            if group.rank == 0:
+                summed[n] = t
+        part.grads = summed
 
 
 class JacobianSession(Session):
@@ -217,6 +248,14 @@ class JacobianSession(Session):
         self.count = 0
         self.batch = 0
         self.warnings = Warnings()
+        from inspect_model.render.draw_gradients import JacobianDrawer
+
+        self.drawer = JacobianDrawer()
+
+    def check_scalable(self, what: str) -> None:
+        raise UsageError(f"grads --of/--wrt does not support {what}: its per-batch Jacobian estimates "
+                         "(random probes, one figure per batch) are not merged across processes or runs; "
+                         "run it in one process, or drop --of/--wrt")
 
     def feed(self, batch: Any) -> list[ImageItem]:
         from inspect_model.methods.jacobian import jacobian
@@ -244,16 +283,6 @@ class JacobianSession(Session):
         self.batch += 1
         return items
 
-    def draw(self, item: ImageItem, sink: Sink) -> dict[str, Any]:
-        from inspect_model.render import gradients as render
-
-        if item.data is None or sink.out is None:
-            return item.entry.get("files", {})
-        b, r = item.data
-        name = sink.figure(f"jacobian_{safe_name(r.of)}_wrt_{safe_name(r.wrt)}_{b:04d}.png",
-                           render.jacobian_figure(r), dpi=render.FIG_DPI)
-        return {"jacobian": name}
-
     def line(self, item: ImageItem) -> dict[str, Any]:
         return item.entry
 
@@ -265,40 +294,20 @@ class JacobianSession(Session):
         payload = render.jacobian_payload(self.results)
         payload["images"] = []
         payload["image_count"] = self.count
-        options = self.prep.options(self.mopts, layers=[], target=self.target, output_key=self.output_key, of=self.of,
-                                    wrt=self.wrt, jacobian_norm=self.norm, probes=self.probes)
-        results = self.results
-        return Result("grads", options, payload, self.warnings.to_list(), record=None,
-                      render_text=lambda r: render.render_jacobian_text(results),
-                      render_rich=lambda r: render.render_jacobian_rich(results))
+        return Result("grads", self.resolved_options(), payload, self.warnings.to_list(),
+                      record=JacobianRecord(self.results), view="grads-jacobian")
+
+    def resolved_options(self) -> dict[str, Any]:
+        target = list(self.target) if isinstance(self.target, tuple) else self.target
+        return self.prep.options(self.mopts, layers=[], target=target, output_key=self.output_key, of=self.of,
+                                 wrt=self.wrt, jacobian_norm=self.norm, probes=self.probes)
 
 
-def _lines(lines: list[str]) -> str:
-    return "".join(f"{line}\n" for line in lines)
+class JacobianRecord:
+    """What a ``grads --of/--wrt`` result holds: one Jacobian record per batch."""
 
-
-def _write_tensorboard(writer: Any, rep: Any) -> None:
-    """Scalars (norms) and histograms of log10|grad| (raw buckets) for layers and parameters."""
-    from inspect_model.methods.grad_stats import LogHist
-
-    edges = LogHist.edges()[1:]
-    writer.add_scalar("grads/global_norm", rep.global_norm, 0)
-    writer.add_scalar("grads/output_grad_norm", rep.output_grad_norm, 0)
-
-    def hist(tag: str, h: Any) -> None:
-        num = sum(h.counts)
-        if num:
-            writer.add_histogram_raw(tag, min=h.min, max=h.max, num=num, sum=h.sum, sum_squares=h.sum_squares,
-                                     bucket_limits=edges, bucket_counts=h.counts, global_step=0)
-
-    for r in rep.layers:
-        if r.grad_output is not None:
-            writer.add_scalar(f"grads/layer/{r.key}/output_grad_norm", r.grad_output.norm, 0)
-            hist(f"grads/layer/{r.key}/log10_abs_output_grad", r.hist)
-    for p in rep.params:
-        if p.has_grad:
-            writer.add_scalar(f"grads/param/{p.name}/norm", p.norm, 0)
-            hist(f"grads/param/{p.name}/log10_abs_grad", p.hist)
+    def __init__(self, results: list[Any]) -> None:
+        self.results = results
 
 
 @api_command(GradsRequest)

@@ -1,8 +1,8 @@
 """``guided-backprop``: guided backpropagation maps per image and target, as a session.
 
-Files per image (``images/NNNN-stem/``): ``guided.<class>.png`` (the display image),
-``magnitude.<class>.png``, with ``guided_gradcam`` ``guided_gradcam.<class>.png``, with
-``save_raw`` the ``.npy`` arrays, and ``overview.png`` (the input and every map, titled).
+Files (drawn by :mod:`inspect_model.render.draw_saliency`): per image and target the guided
+map, its magnitude, with ``guided_gradcam`` guided Grad-CAM, and ``overview.png``.
+Resumable and mergeable: one entry per image, the sanity check's per-image correlations.
 """
 
 from __future__ import annotations
@@ -12,19 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from inspect_model.api.options import InputOptions, ModelOptions, check_target_syntax
-from inspect_model.api.pipeline import (
-    ImageItem,
-    Result,
-    Session,
-    Sink,
-    Warnings,
-    class_tag,
-    execute,
-    image_dir,
-    input_outcome,
-    prepare,
-    tracked,
-)
+from inspect_model.api.pipeline import execute, prepare, tracked
 from inspect_model.api.request import (
     OUTPUT_KEY_HELP,
     SAVE_RAW_HELP,
@@ -34,6 +22,7 @@ from inspect_model.api.request import (
     check_target_value,
     option,
 )
+from inspect_model.api.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
 
 
@@ -92,6 +81,13 @@ class GuidedSession(Session):
         self.sanity_acc: dict[str, Any] | None = None
         self.entries: list[dict[str, Any]] = []
         self.warnings = Warnings()
+        from inspect_model.render.draw_saliency import GuidedDrawer
+
+        self.drawer = GuidedDrawer(categories=prep.categories, preprocess=prep.plan.preprocess, save_raw=save_raw,
+                                   overview=overview, warn=self.warn)
+
+    def warn(self, text: str) -> None:
+        self.warnings.add(text)
 
     def feed(self, batch: Any) -> list[ImageItem]:
         from inspect_model.methods import guided as gb
@@ -144,7 +140,6 @@ class GuidedSession(Session):
 
     def finish(self) -> Result:
         from inspect_model.methods import guided as gb
-        from inspect_model.render import saliency as render
 
         plan = self.prep.plan
         skipped = input_outcome(plan, self.warnings)
@@ -163,67 +158,41 @@ class GuidedSession(Session):
             "notes": [gb.ADEBAYO_NOTE],
             "skipped": skipped,
         }
-        options = self.prep.options(
-            self.mopts, layers=[self.cam_layer] if self.cam_layer else [], target=list(self.request.target) if isinstance(self.request.target, tuple) else self.request.target,
+        record = _GuidedRecord(self.gradients) if self.keep_gradients else None
+        return Result("guided-backprop", self.resolved_options(), payload, self.warnings.to_list(), record=record)
+
+    def resolved_options(self) -> dict[str, Any]:
+        return self.prep.options(
+            self.mopts, layers=[self.cam_layer] if self.cam_layer else [],
+            target=list(self.request.target) if isinstance(self.request.target, tuple) else self.request.target,
             activations=list(self.kinds), guided_gradcam=self.guided_gradcam, sanity=self.sanity,
             output_key=self.output_key, save_raw=self.save_raw, overview=self.overview)
-        record = _GuidedRecord(self.gradients) if self.keep_gradients else None
-        return Result("guided-backprop", options, payload, self.warnings.to_list(), record=record,
-                      render_text=lambda r: render.render_text(r.to_dict()),
-                      render_rich=lambda r: render.render_rich(r.to_dict()))
 
-    def draw(self, item: ImageItem, sink: Sink) -> dict[str, Any]:
-        from inspect_model.render import saliency as render
+    # ------------------------------------------------------------------ resumable, mergeable
+    def state_dict(self) -> dict[str, Any]:
+        return {"entries": self.entries, "warnings": self.warnings, "sanity_acc": self.sanity_acc,
+                "cam_layer": self.cam_layer, "sites": self.sites, "unguided": self.unguided}
 
-        if item.data is None:
-            return item.entry.get("files", {})
-        x, grads, ggc = item.data
-        entry, cats = item.entry, self.prep.categories
-        base = image_dir(entry["index"], entry["image"])
-        rows = []
-        for m in entry["maps"]:
-            k, cls = m["rank"], m["target"]["class"]
-            g = grads[k]
-            tag = class_tag(cls, cats)
-            files: dict[str, Any] = {}
-            panels = []
-            if render.is_image_map(g):
-                guided_img, mag_img = render.display_image(g), render.magnitude_image(g)
-                panels += [("guided backprop", guided_img), ("|guided| (sum over channels)", mag_img)]
-                ggc_img = render.display_image(ggc[k]) if ggc is not None else None
-                if ggc_img is not None:
-                    panels.append(("guided Grad-CAM", ggc_img))
-                if sink.out is not None:
-                    files["guided"] = sink.image(f"{base}/guided.{tag}.png", guided_img)
-                    files["magnitude"] = sink.image(f"{base}/magnitude.{tag}.png", mag_img)
-                    if ggc_img is not None:
-                        files["guided_gradcam"] = sink.image(f"{base}/guided_gradcam.{tag}.png", ggc_img)
-                if sink.writer is not None:
-                    import numpy as np
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.entries = list(state["entries"])
+        self.warnings = state["warnings"]
+        self.sanity_acc, self.cam_layer = state["sanity_acc"], state["cam_layer"]
+        self.sites, self.unguided = state["sites"], state["unguided"]
 
-                    for key, img in (("guided", guided_img), ("magnitude", mag_img), ("guided_gradcam", ggc_img)):
-                        if img is not None:
-                            sink.writer.add_image(f"guided-backprop/{base.split('/', 1)[1]}/{tag}/{key}",
-                                                  np.asarray(img.convert("RGB")), 0, dataformats="HWC")
-            elif sink.out is not None and not self.save_raw:
-                self.warnings.add("the input is not an image (C, H, W); no PNGs written (use --save-raw for .npy)")
-            if sink.out is not None and self.save_raw:
-                files["raw"] = sink.npy(f"{base}/guided.{tag}.npy", g.numpy())
-                if ggc is not None:
-                    files["guided_gradcam_raw"] = sink.npy(f"{base}/guided_gradcam.{tag}.npy", ggc[k].numpy())
-            m["files"] = files
-            if panels:
-                label = f"{cls} {m['target']['label']}" if m["target"]["label"] else str(cls)
-                rows.append((f"{label} ({m['target']['score']:.3g})", panels))
-        out: dict[str, Any] = {}
-        if sink.out is not None and self.overview and rows:
-            pre = self.prep.plan.preprocess
-            mean = pre.mean if pre is not None else None
-            std = pre.std if pre is not None else None
-            fig = render.overview_figure(render.input_image(x, mean, std), rows)
-            out["overview"] = sink.figure(f"{base}/overview.png", fig)
-        return out
-
+    def merge(self, states: list[dict[str, Any]]) -> None:
+        self.entries = [e for st in states for e in st["entries"]]
+        self.warnings.merge(st["warnings"] for st in states[1:])
+        first = next((st for st in states if st["sites"] is not None), None)  # the same on every rank that ran
+        if self.sites is None and first is not None:
+            self.sites, self.unguided, self.cam_layer = first["sites"], first["unguided"], first["cam_layer"]
+        accs = [st["sanity_acc"] for st in states if st["sanity_acc"]]
+        if accs:  # --sanity: per-image correlations, concatenated in rank order
+            merged = accs[0]
+            for acc in accs[1:]:
+                for dst, src in zip(merged["steps"], acc["steps"]):
+                    dst["spearman"].extend(src["spearman"])
+                    dst["spearman_abs"].extend(src["spearman_abs"])
+            self.sanity_acc = merged
 
 class _GuidedRecord:
     """What the API result adds for Python users: the raw gradients."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from inspect_model.api.pipeline import Result
+from inspect_model.api.session import Result
 from inspect_model.api.request import Request, api_command, option
 from inspect_model.errors import UsageError
 
@@ -48,7 +48,4 @@ def models(source_model: Any, request: ModelsRequest) -> Result:
 
         items = [(n, f) for n, f in list_models(r.pattern) if r.family is None or f == r.family]
     payload = {"models": [{"name": n, "family": f} for n, f in items], "count": len(items)}
-    from inspect_model.render.table import Column, plain_table
-
-    text = plain_table((Column("Model"), Column("Family")), [list(i) for i in items]) + f"\n\n{len(items)} models\n"
-    return Result("models", r.resolved(), payload, [], record=None, render_text=lambda res: text)
+    return Result("models", r.resolved(), payload, [], record=None)

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from inspect_model.api.options import ModelOptions, check_dtype, load, resolve_device
-from inspect_model.api.pipeline import Result, resolved_weights
+from inspect_model.api.pipeline import resolved_weights
 from inspect_model.api.request import Request, api_command, option, positive
+from inspect_model.api.session import Result
 from inspect_model.engine.hints import first_layer_hint
 from inspect_model.errors import InputError, UsageError
 from inspect_model.loading.models import require_hookable
@@ -276,8 +277,7 @@ def summary(model: Any, request: SummaryRequest, *, model_options: ModelOptions 
         "batch_size": batch_size, "dtype": check_dtype(mopts.dtype), "depth": depth, "device": res.device,
         "seed": seed, "mode": "train" if train else "eval",
     }
-    result = Result("summary", options, render.to_payload(res), [], record=res,
-                    render_text=lambda r: render.render_text(res), render_rich=lambda r: render.render_rich(res))
+    result = Result("summary", options, render.to_payload(res), [], record=res)
     if output_dir is not None and not res.error:  # a failed pass leaves no files (the CLI exits 6)
         result.save(output_dir, force=force)
     return result

@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> None:
     code = 0
     restore = _on_signals()
     try:
+        from inspect_model.settings import check_environment
+
+        check_environment()  # a bad INSPECT_MODEL_* value: one usage error before anything runs
         default_map = _config_default_map(args)
         # Python warnings become one-line notes, printed before any error line (issue 13).
         with routed_warnings(quiet="--quiet" in args or "-q" in args):
@@ -132,9 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     except errors.Interrupted:
         print("error: interrupted (Ctrl-C); partial outputs removed", file=sys.stderr)
         code = errors.EXIT_INTERRUPTED
-    except MemoryError:
-        print("error: out of memory; use a smaller --batch-size or --input-size, or fewer/smaller images",
-              file=sys.stderr)
+    except MemoryError as exc:
+        print(f"error: {errors.out_of_memory(exc)}", file=sys.stderr)
         code = errors.EXIT_RUNTIME
     except EXIT_TYPES as exc:
         code = exc.exit_code  # type: ignore[attr-defined]
@@ -160,8 +162,9 @@ def main(argv: list[str] | None = None) -> None:
             import traceback
 
             traceback.print_exc()
-        print(f"error: {clean(exc)}", file=sys.stderr)
-        code = exc.exit_code
+        oom = _out_of_memory(exc)  # torch's allocators raise RuntimeError, maybe wrapped in ours (issue 28)
+        print(f"error: {clean(oom or exc)}", file=sys.stderr)
+        code = errors.EXIT_RUNTIME if oom else exc.exit_code
     except KeyboardInterrupt:
         print("error: interrupted (Ctrl-C); partial outputs removed", file=sys.stderr)
         code = errors.EXIT_INTERRUPTED
@@ -176,9 +179,9 @@ def main(argv: list[str] | None = None) -> None:
             import traceback
 
             traceback.print_exc()
-        text = " ".join(str(exc).split())[:300]
-        print(f"error: unexpected {type(exc).__name__}: {clean(text)} (run with --debug for a traceback)",
-              file=sys.stderr)
+        oom = _out_of_memory(exc)
+        text = oom or f"unexpected {type(exc).__name__}: {errors.one_line(exc)} (run with --debug for a traceback)"
+        print(f"error: {clean(text)}", file=sys.stderr)
         code = errors.EXIT_RUNTIME
     finally:
         restore()
@@ -202,31 +205,24 @@ def _from_cli_framework(exc: SystemExit) -> bool:
     return bool(parts & {"click", "typer", "_click", "shellingham"})
 
 
+def _out_of_memory(exc: BaseException) -> str | None:
+    """The out-of-memory message if ``exc`` or any exception it came from is one."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        msg = errors.out_of_memory(cur)
+        if msg is not None:
+            return msg
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
 def _on_signals() -> Any:
     """Turn SIGTERM and SIGINT into :class:`errors.Terminated` / :class:`errors.Interrupted`
-    for the run, so that outputs are cleaned up and the edge prints one line; return what
-    puts the old handlers back. Only in the main thread; an ignored SIGINT (a background
-    job) stays ignored."""
-    import signal
-    import threading
+    for the run, so that outputs are cleaned up and the edge prints one line, and let a
+    file-size limit fail the write (EFBIG, exit 7) instead of killing the process; return
+    what puts the old handlers back (see :mod:`inspect_model.api.signals`)."""
+    from inspect_model.api.signals import install
 
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def on_term(signum: int, frame: Any) -> None:
-        raise errors.Terminated()
-
-    def on_int(signum: int, frame: Any) -> None:
-        raise errors.Interrupted()
-
-    old_term = signal.signal(signal.SIGTERM, on_term)
-    old_int = signal.getsignal(signal.SIGINT)
-    if old_int is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, on_int)
-
-    def restore() -> None:
-        signal.signal(signal.SIGTERM, old_term)
-        if old_int is not signal.SIG_IGN and old_int is not None:
-            signal.signal(signal.SIGINT, old_int)
-
-    return restore
+    return install()

@@ -142,7 +142,7 @@ def routed_warnings(quiet: bool = False) -> Iterator[None]:
             yield
         finally:
             if seen:
-                from inspect_model.api.pipeline import Warnings, warning_lines
+                from inspect_model.api.session import Warnings, warning_lines
 
                 collapsed = Warnings()
                 collapsed.extend(seen)

@@ -199,11 +199,7 @@ class HookEngine:
         setattr(obj, attr, value)
 
     def _model_device(self) -> Any:
-        for t in self.model.parameters():
-            return t.device
-        for t in self.model.buffers():
-            return t.device
-        return None
+        return model_device(self.model)
 
     # ----------------------------------------------------------------- hooks
     def _register(self, name: str, module: nn.Module) -> None:
@@ -352,11 +348,6 @@ class HookEngine:
     def by_key(self) -> dict[str, CallRecord]:
         return {r.key: r for r in self.finalize()}
 
-    def iter_outputs(self) -> Iterator[tuple[CallRecord, TensorCapture]]:
-        for r in self.finalize():
-            for c in r.outputs:
-                yield r, c
-
     def reset(self) -> None:
         """Forget the records (hooks stay): for running several passes in one borrow."""
         self.records.clear()
@@ -412,3 +403,13 @@ def _raising_module(model: nn.Module, exc: BaseException) -> str | None:
             found = names[id(obj)]
         tb = tb.tb_next
     return found
+
+
+def model_device(model: nn.Module) -> str | None:
+    """The device of the model's first parameter (or buffer): ``"cpu"``, ``"cuda:0"``; None
+    for a model with neither."""
+    for t in model.parameters():
+        return str(t.device)
+    for t in model.buffers():
+        return str(t.device)
+    return None

@@ -180,6 +180,19 @@ def safe_name(text: str, *, default: str = "x", max_len: int = 120) -> str:
     return s
 
 
+def image_dir(index: int, name: str) -> str:
+    """The folder of one input's files: ``images/0003-cat``."""
+    stem = Path(name).stem or name
+    return f"images/{index:04d}-{safe_name(stem)}"
+
+
+def class_tag(cls: int, categories: list[str] | None) -> str:
+    """``c281-tabby``: the one way a class names a file."""
+    if categories and 0 <= cls < len(categories) and categories[cls]:
+        return safe_name(f"c{cls}-{categories[cls]}")
+    return f"c{cls}"
+
+
 _PNG_COLOUR_TYPE = {"L": 0, "RGB": 2, "LA": 4, "RGBA": 6}  # 8 bits per channel
 
 
@@ -290,11 +303,45 @@ class OutputDir:
 
     def adopt(self, pending: list[tuple[Path, Path]], written: list[str]) -> None:
         """Take over files staged elsewhere (a resumed run's, other ranks', renamed pages):
-        ``pending`` (staged, final) pairs and the ``written`` list that reports give."""
+        ``pending`` (staged, final) pairs and the ``written`` list that reports give.
+
+        What comes from a resume state was read back from the directory, which is no trusted
+        file (issue 28): every staged file must lie in this run's staging folder and every
+        final one in the directory, outside any staging folder, symlinks resolved; else
+        :class:`OutputError` and nothing is taken (nothing has moved)."""
+        pairs = [(Path(a), Path(b)) for a, b in pending]
+        for staged, final in pairs:
+            self._check_inside(staged, staged=True)
+            self._check_inside(final, staged=False)
+        for w in written:
+            self._check_inside(Path(w), staged=False)
         with self._write_lock:
-            self._pending = list(pending)
+            self._pending = pairs
             self._claimed = {final for _, final in self._pending}
             self.written = list(written)
+
+    def _check_inside(self, path: Path, *, staged: bool) -> None:
+        root = self.path.resolve()
+        real = Path(os.path.realpath(path))
+        if staged:
+            home = Path(os.path.realpath(self.staging)) if self.staging is not None else None
+            ok = home is not None and home in real.parents
+        else:
+            ok = root in real.parents and not real.relative_to(root).parts[0].startswith(self.MARKER)
+        if not ok:
+            where = "this run's staging folder" if staged else "the output directory"
+            raise OutputError(f"the resume state names the file '{path}', which lies outside {where} "
+                              f"'{self.staging if staged else self.path}'; the state is not this tool's: "
+                              "remove the staging folder to start over")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The files staged so far, as (staged, final) texts, and the written list: a resume state's part."""
+        with self._write_lock:
+            return {"pending": [(str(a), str(b)) for a, b in self._pending], "written": list(self.written)}
+
+    def pending(self) -> list[tuple[Path, Path]]:
+        with self._write_lock:
+            return list(self._pending)
 
     @staticmethod
     def write_staged(staged: Path, final: Path, data: bytes) -> str:
@@ -314,16 +361,6 @@ class OutputDir:
 
     def write_text(self, relname: str, text: str) -> str:
         return self.write_bytes(relname, text.encode("utf-8"))
-
-    def save_figure(self, relname: str, fig: Any, *, dpi: int = 100) -> str:
-        """Save a matplotlib figure as PNG with no timestamp metadata (byte-reproducible)."""
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
-        return self.write_bytes(relname, buf.getvalue())
-
-    def save_image(self, relname: str, image: Any) -> str:
-        """Save a PIL image as PNG."""
-        return self.write_bytes(relname, png_bytes(image))
 
     def save_npy(self, relname: str, array: Any) -> str:
         import numpy as np
