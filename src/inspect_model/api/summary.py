@@ -132,7 +132,7 @@ def summarize_model(
     else:
         res = run(device)
     res.notes[:0] = [*loaded.notes, *notes]
-    if res.error and not res.error.startswith("out of memory"):
+    if res.error and not res.error.startswith(("out of CPU memory", "out of GPU memory")):
         found = first_layer_hint(m)
         if found is not None:
             layer, hint = found
