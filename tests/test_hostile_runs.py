@@ -343,3 +343,21 @@ def test_a_thread_the_model_leaves_running_does_not_keep_the_cli_alive(tmp_path:
     assert json.loads(r.stdout)["command"] == "summary"
     assert "warning: the model left 1 thread(s) running ('model-prefetcher')" in r.stderr
     assert time.monotonic() - start < 100
+
+
+# ------------------------------------------------------------------ the directory lock off POSIX
+def test_the_directory_lock_degrades_cleanly_without_fcntl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No fcntl (Windows): a run still writes, commits and cleans up; only the lock between
+    processes is gone."""
+    from inspect_model.render import dirlock
+    from inspect_model.render.files import OutputDir
+
+    monkeypatch.setattr(dirlock, "fcntl", None)
+    with OutputDir(tmp_path / "o") as out:
+        out.write_text("a.txt", "a")
+    assert (tmp_path / "o" / "a.txt").read_text() == "a"
+    failed = OutputDir(tmp_path / "new")
+    failed.prepare()
+    failed.write_text("b.txt", "b")
+    failed.abort()
+    assert not (tmp_path / "new").exists()

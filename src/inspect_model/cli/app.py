@@ -25,6 +25,7 @@ from inspect_model.cli.guided_backprop import guided_backprop
 from inspect_model.cli.models import models
 from inspect_model.cli.summary import summary
 from inspect_model.render.table import clean
+from inspect_model.settings import check_environment
 
 EXIT_HELP = "\n".join(f"  {code:>3}  {text}" for code, text in errors.EXIT_CODES.items())
 
@@ -125,8 +126,6 @@ def main(argv: list[str] | None = None) -> None:
     code = 0
     restore = _on_signals()
     try:
-        from inspect_model.settings import check_environment
-
         check_environment()  # a bad INSPECT_MODEL_* value: one usage error before anything runs
         default_map = _config_default_map(args)
         # Python warnings become one-line notes, printed before any error line (issue 13).

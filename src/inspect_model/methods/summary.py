@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from inspect_model.engine.hooks import CaptureOptions, HookEngine, flatten_tensors
 from inspect_model.engine.selection import module_depth
-from inspect_model.errors import out_of_memory
+from inspect_model.errors import one_line, out_of_memory
 from inspect_model.methods.rnn_macs import costly_op, is_recurrent, recurrent_macs
 
 if TYPE_CHECKING:
@@ -192,7 +192,7 @@ def summarize(
         except Exception as exc:
             stack = [s for s in engine.stack]
             failed = stack[-1] if stack else ""
-            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            msg = one_line(str(exc))
             error = f"{type(exc).__name__}: {msg}"
             error = out_of_memory(exc) or error
         finally:
