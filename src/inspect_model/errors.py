@@ -130,10 +130,11 @@ def one_line(exc: BaseException | str, limit: int = ONE_LINE_MAX) -> str:
     return first if len(first) <= limit else first[: limit - 3] + "..."
 
 
-def out_of_memory(exc: BaseException) -> str | None:
+def out_of_memory(exc: BaseException, where: str = "") -> str | None:
     """The one-line message for an allocation that failed (``MemoryError``, torch's CPU
     allocator's RuntimeError "DefaultCPUAllocator: not enough memory: you tried to allocate
-    N bytes", CUDA's ``OutOfMemoryError``), saying how much was asked for; None otherwise."""
+    N bytes", CUDA's ``OutOfMemoryError``), saying how much was asked for (and ``where``:
+    " in the forward pass"); None otherwise."""
     import re
 
     text = str(exc)
@@ -141,7 +142,7 @@ def out_of_memory(exc: BaseException) -> str | None:
     cpu = "DefaultCPUAllocator" in text and "not enough memory" in text
     if not (isinstance(exc, MemoryError) or cuda or cpu):
         return None
-    where = "GPU" if cuda else "CPU"
+    device = "GPU" if cuda else "CPU"
     asked = ""
     m = re.search(r"allocate (\d+) bytes", text)
     if m:
@@ -150,7 +151,7 @@ def out_of_memory(exc: BaseException) -> str | None:
         m = re.search(r"allocate ([\d.]+ [KMGT]?i?B)", text)
         if m:
             asked = f" (an allocation of {m.group(1)} failed)"
-    return (f"out of {where} memory{asked}; use a smaller --batch-size or --input-size, "
+    return (f"out of {device} memory{asked}{where}; use a smaller --batch-size or --input-size, "
             "or fewer/smaller images")
 
 

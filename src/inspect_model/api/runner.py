@@ -132,8 +132,11 @@ class _Run:
                 return Result(session.command, {}, {}, failures=failures)
             return result
         except BaseException:
-            if self.out is not None and group.rank == 0 and not committed and not self.resume:
-                self.out.abort()
+            if self.out is not None and group.rank == 0 and not committed:
+                if self.resume:
+                    self.out.leave()  # the state stays for the next try
+                else:
+                    self.out.abort()
             raise
 
     # ------------------------------------------------------------------ steps

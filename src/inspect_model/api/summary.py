@@ -16,7 +16,7 @@ from inspect_model.api.pipeline import resolved_weights
 from inspect_model.api.request import Request, api_command, option, positive
 from inspect_model.api.session import Result
 from inspect_model.engine.hints import first_layer_hint
-from inspect_model.errors import InputError, UsageError
+from inspect_model.errors import InputError, UsageError, one_line
 from inspect_model.loading.models import require_hookable
 
 if TYPE_CHECKING:
@@ -125,16 +125,16 @@ def summarize_model(
                     from inspect_model.errors import ModelRuntimeError
 
                     raise ModelRuntimeError(
-                        f"the meta device cannot run this model ({reason[:100]}); use --device cpu"
+                        f"the meta device cannot run this model ({one_line(reason)}); use --device cpu"
                     ) from None
                 real = load_torchvision(loaded.name, weights=None, device="cpu")
                 m = real.model
                 res = run("cpu")
-            notes.append(f"the meta device could not run this model ({reason[:100]}); used a real forward pass on cpu")
+            notes.append(f"the meta device could not run this model ({one_line(reason)}); used a real forward pass on cpu")
     else:
         res = run(device)
     res.notes[:0] = [*loaded.notes, *notes]
-    if res.error and not res.error.startswith("out of memory"):
+    if res.error and not res.error.startswith(("out of CPU memory", "out of GPU memory")):
         found = first_layer_hint(m)
         if found is not None:
             layer, hint = found

@@ -19,6 +19,7 @@ from inspect_model import registry
 from inspect_model.cli.common import routed_warnings
 from inspect_model.cli.generate import build, command_help
 from inspect_model.render.table import clean
+from inspect_model.settings import check_environment
 
 EXIT_HELP = "\n".join(f"  {code:>3}  {text}" for code, text in errors.EXIT_CODES.items())
 
@@ -111,8 +112,6 @@ def main(argv: list[str] | None = None) -> None:
     code = 0
     restore = _on_signals()
     try:
-        from inspect_model.settings import check_environment
-
         check_environment()  # a bad INSPECT_MODEL_* value: one usage error before anything runs
         default_map = _config_default_map(args)
         # Python warnings become one-line notes, printed before any error line (issue 13).

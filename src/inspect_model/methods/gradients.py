@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.errors import InputError, ModelRuntimeError, UsageError
+from inspect_model.errors import InputError, ModelRuntimeError, UsageError, one_line
 from inspect_model.methods.grad_checks import (
     DEFAULT_EXPLODING,
     DEFAULT_VANISHING,
@@ -330,7 +330,7 @@ class GradRun:
         try:
             y.backward(seed)
         except RuntimeError as exc:
-            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            msg = one_line(exc)
             raise ModelRuntimeError(f"backward pass failed: {msg}") from exc
         _merge_batch(part.layers, eng.finalize(), self.by_name)
         layer_norms = {r.key: r for r in eng.records}
