@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def _toy_module() -> Any:
     """A command written the way README says: request + session + API function + one entry."""
     from inspect_model.api.options import InputOptions, ModelOptions
-    from inspect_model.api.pipeline import ImageItem, Result, Session, Warnings, execute, prepare, tracked
+    from inspect_model.api.pipeline import execute, prepare, tracked
+    from inspect_model.api.session import ImageItem, Result, Session, Warnings
     from inspect_model.api.request import Request, api_command, option, positive
 
     @dataclass(frozen=True)
@@ -52,8 +53,7 @@ def _toy_module() -> Any:
             return items
 
         def finish(self) -> Result:
-            opts = self.prep.options(self.mopts, **self.request.resolved())
-            return Result("toy-norms", opts, {"images": self.entries}, self.warnings.to_list())
+            return Result("toy-norms", self.resolved_options(), {"images": self.entries}, self.warnings.to_list())
 
     @api_command(NormsRequest)
     def toy_norms(model: Any, images: Any, request: NormsRequest, *, model_options: Any = None,

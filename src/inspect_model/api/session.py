@@ -187,8 +187,12 @@ class Session:
 
     # ------------------------------------------------------------------ the protocol
     def resolved_options(self) -> dict[str, Any]:
-        """The report's ``options``: every option as resolved (the ``--resume`` fingerprint)."""
-        return {}
+        """The report's ``options``: every option as resolved (the ``--resume`` fingerprint).
+        By default the model and input options and the command's request as given."""
+        request, prep = getattr(self, "request", None), getattr(self, "prep", None)
+        if request is None or prep is None:
+            return {}
+        return prep.options(getattr(self, "mopts", None), **request.resolved())
 
     def check_scalable(self, what: str) -> None:
         """Raise :class:`UsageError` if this session cannot run under ``what`` (``--resume``,
