@@ -51,7 +51,8 @@ OVERRIDE: dict[str, dict[str, Any]] = {
     "cam": {"methods": {"type": "array", "items": {"$ref": "#/$defs/method"}},
             "metrics": {"type": ["array", "null"], "items": {"type": "string"}},
             "layers": {"type": "array", "items": {"type": "string"}}},
-    "guided-backprop": {"layer": {"type": "string"}},
+    "guided-backprop": {"layer": {"type": "string"}, "activations": {"type": "array", "items": {"type": "string"}},
+                        "layers": {"type": "array", "items": {"type": "string"}}},
     "activations": {"channels": {"type": ["object", "string", "null"]}},
     "summary": {"input_size": {"type": "array"}},
 }
