@@ -258,3 +258,33 @@ def test_api_results_do_not_depend_on_the_callers_random_state(models_py: Path) 
     b = im.grads(f"{models_py}:TinyCNN", inputs=inputs).to_dict()
     assert a["global_grad_norm"] == b["global_grad_norm"]
     assert a["images"] == b["images"]
+
+
+def test_published_schemas_are_what_the_code_declares() -> None:
+    """Options, command names and the method enum of every schema come from the requests and
+    registries (python -m inspect_model.schemas.generate --write regenerates them)."""
+    from inspect_model.schemas.generate import stale
+
+    assert stale() == []
+
+
+def test_schema_options_follow_a_new_request_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A field added to a request appears in its schema's options with its JSON type."""
+    import dataclasses
+
+    from inspect_model.api.cam import CamRequest
+    from inspect_model.api.request import option
+    from inspect_model.schemas.generate import options_schema
+
+    @dataclasses.dataclass(frozen=True)
+    class Wider(CamRequest):
+        smoothing: float | None = option(None, "--smoothing", type=float, help="x")
+
+    from inspect_model import registry
+
+    spec = registry.get("cam")
+    monkeypatch.setitem(registry.COMMANDS, "cam", dataclasses.replace(spec, request=f"{__name__}:_WIDER"))
+    monkeypatch.setitem(globals(), "_WIDER", Wider)
+    props = options_schema("cam")["properties"]
+    assert props["smoothing"] == {"type": ["number", "null"]}
+    assert props["target"]["anyOf"][1] == {"type": "array", "items": {"type": "string"}}

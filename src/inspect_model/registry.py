@@ -118,7 +118,8 @@ register(CommandSpec(
     summary="list torchvision's model registry (or timm's)",
     help="List the models this tool can load by name.",
     example="inspect-model models 'resnet*'; inspect-model models --source timm 'convnext*'",
-    api="inspect_model.api.models:models", cli="inspect_model.cli.models:models",
+    api="inspect_model.api.models:models", request="inspect_model.api.models:ModelsRequest",
+    cli="inspect_model.cli.models:models",
     schema="models.json", hooks=False, images=False, streams=False,
 ))
 register(CommandSpec(

@@ -44,7 +44,8 @@ class CamRequest(Request):
                                  "D); leading class/register tokens are dropped.")
     fuse: bool = option(False, "--fuse", help="With several --layer: also a fused map (element-wise max of the "
                         "normalised maps).")
-    target: Any = option("predicted", "--target", "-t", type=str, help=TARGET_HELP, complete="target")
+    target: str | tuple[str, ...] | None = option("predicted", "--target", "-t", type=str, help=TARGET_HELP,
+                                                  complete="target")
     output_key: str | None = option(None, "--output-key", type=str, help=OUTPUT_KEY_HELP)
     scorecam_batch: int = option(32, "--scorecam-batch", help="Masked inputs per forward pass for scorecam.")
     colormap: str = option("jet", "--colormap", "--cmap", help=COLORMAP_HELP, complete="colormap")

@@ -35,7 +35,7 @@ class GradsRequest(Request):
 
     command: ClassVar[str] = "grads"
 
-    target: Any = option(None, "--target", "-t", type=str, complete="target",
+    target: str | tuple[str, ...] | None = option(None, "--target", "-t", type=str, complete="target",
                          help="Differentiate a class score: predicted (default), a class index or name, or top:K "
                          "(the sum of the K best scores), as output.backward(one_hot).")
     loss: str | None = option(None, "--loss", type=str, help="Differentiate a loss instead, summed over inputs: "

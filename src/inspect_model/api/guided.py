@@ -32,7 +32,8 @@ class GuidedRequest(Request):
 
     command: ClassVar[str] = "guided-backprop"
 
-    target: Any = option("predicted", "--target", "-t", type=str, help=TARGET_HELP, complete="target")
+    target: str | tuple[str, ...] | None = option("predicted", "--target", "-t", type=str, help=TARGET_HELP,
+                                                  complete="target")
     activations: bool = option(False, "--activations", help="Also guide relu6, leaky_relu, silu, gelu and prelu "
                                "(clamp the negative gradient at their outputs).")
     guided_gradcam: bool = option(False, "--guided-gradcam", help="Also write guided backprop times the Grad-CAM "
