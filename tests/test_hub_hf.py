@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 
 from conftest import run_cli
 from inspect_model.errors import ModelLoadError
-from inspect_model.loading.models import load_model
+from inspect_model.loading.sources import load_model
 
 LABELS = {0: "cat", 1: "dog", 2: "fox"}
 # The PIL-based ViT processor (transformers 5 splits it out; in 4.x it is ViTImageProcessor).

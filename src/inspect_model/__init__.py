@@ -22,7 +22,7 @@ _LAZY = {
     "ModelOptions": ("inspect_model.api", "ModelOptions"),
     "InputOptions": ("inspect_model.api", "InputOptions"),
     # loading and the hook engine
-    "load_model": ("inspect_model.loading.models", "load_model"),
+    "load_model": ("inspect_model.loading.sources", "load_model"),
     "HookEngine": ("inspect_model.engine.hooks", "HookEngine"),
     "CaptureOptions": ("inspect_model.engine.hooks", "CaptureOptions"),
     "select_layers": ("inspect_model.engine.selection", "select_layers"),

@@ -201,13 +201,14 @@ def resolve_device(name: str) -> str:
 
 
 def load(opts: ModelOptions, *, device: str | None = None) -> Any:
-    """The :class:`~inspect_model.loading.models.LoadedModel` that ``opts`` names. A user's
+    """The :class:`~inspect_model.loading.loaded.LoadedModel` that ``opts`` names. A user's
     own module instance is wrapped as is (commands that change it get a private copy)."""
     import warnings
 
     from torch import nn
 
-    from inspect_model.loading.models import LoadedModel, load_model
+    from inspect_model.loading.loaded import LoadedModel
+    from inspect_model.loading.sources import load_model
     from inspect_model.loading.shapes import parse_dtype
 
     dev = device or resolve_device(opts.device)

@@ -22,7 +22,7 @@ def models(
 ) -> None:
     """List the models this tool can load by name. Example: inspect-model models 'resnet*'; inspect-model models --source timm 'convnext*'"""
     from inspect_model.errors import UsageError
-    from inspect_model.loading.models import FAMILIES, list_models
+    from inspect_model.loading.sources.torchvision import FAMILIES, list_models
     from inspect_model.render.jsonout import envelope
     from inspect_model.render.table import Column, plain_table
 
@@ -33,7 +33,7 @@ def models(
     if source == "timm":
         if family is not None:
             raise UsageError("--family applies to torchvision's models; timm's are listed by PATTERN")
-        from inspect_model.loading.timm_models import list_timm
+        from inspect_model.loading.sources.timm import list_timm
 
         items = list_timm(pattern)
     else:

@@ -1,64 +1,43 @@
-"""Loading models: torchvision's registry by name, with weights through its own enums.
+"""The ``torchvision`` model source: torchvision's registry by name, with weights through its own enums.
 
-``load_model(spec, ...)`` is the single entry point every subcommand uses; it returns a
-:class:`LoadedModel` that carries the module plus what the rest of the tool needs to know
-about it (family, class names, preprocessing, default input size). User models
-(``file.py:factory``, ``package.module:attr``, TorchScript, exported programs) are resolved
-by :mod:`inspect_model.loading.user_models`; checkpoints by
-:mod:`inspect_model.loading.checkpoints`.
+``resnet18`` or ``torchvision:resnet18``. The model's family is the torchvision sub-registry
+it is listed in (``torchvision.models.detection`` ...), and its task follows from it; class
+names and preprocessing come from the weights enum member. Cached weights are read without
+unpickling (:mod:`inspect_model.loading.hub_weights`).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from inspect_model.errors import ModelLoadError, UsageError, suggest
-
-if TYPE_CHECKING:
-    from torch import nn
+from inspect_model.loading.loaded import TORCHVISION_TASKS, LoadedModel, LoadRequest
 
 FAMILIES = ("classification", "detection", "segmentation", "video", "optical_flow", "quantization")
+_PATH_SUFFIXES = (".py", ".pt", ".pth", ".pt2", ".ts", ".jit", ".torchscript", ".ep", ".bin")
 
 
-@dataclass
-class LoadedModel:
-    """A model ready to inspect, plus what is known about how to feed it."""
+class TorchvisionSource:
+    """``NAME`` or ``torchvision:NAME``: anything that does not look like a path or a
+    ``module:attr`` (the last source tried)."""
 
-    model: nn.Module
-    name: str
-    source: str  # "torchvision", "timm", "hf", "python", "torchscript", "export"
-    family: str = "custom"  # one of FAMILIES, or "custom"
-    weights: str | None = None  # weights enum member name, or None
-    categories: list[str] | None = None
-    transforms: Any = None  # the weights' own preprocessing (torchvision), if known
-    input_sizes: list[tuple[int, ...]] | None = None  # per-sample input shapes (no batch)
-    device: str = "cpu"
-    notes: list[str] = field(default_factory=list)
-    hookable: bool = True  # False where torch rejects module hooks (TorchScript)
-    static_batch: int | None = None  # batch size fixed at export (torch.export), if any
-    checkpoint: Any = None  # checkpoints.CheckpointReport when --checkpoint was loaded
-    token_vocab: int | None = None  # text models: inputs are token ids below this (HF vocab_size)
-    borrowed: bool = False  # the model is the user's own instance (package.module:ATTR): copy before changing it
+    name = "torchvision"
+    runs_code = False
+
+    def claims(self, spec: str) -> bool:
+        if spec.startswith("torchvision:"):
+            return True
+        return ":" not in spec and not spec.endswith(_PATH_SUFFIXES) and os.sep not in spec and "/" not in spec
+
+    def load(self, spec: str, request: LoadRequest) -> LoadedModel:
+        if request.model_args:
+            raise UsageError("--model-arg applies to user models (FILE.py:FACTORY) and timm:NAME, "
+                             "not torchvision names")
+        return load_torchvision(spec.removeprefix("torchvision:"), weights=request.weights, device=request.device)
 
 
-def require_hookable(loaded: LoadedModel, command: str) -> None:
-    """Refuse, in one clear line, to run a layer-hooking ``command`` on a model that cannot
-    take module hooks (TorchScript). Every engine-using command calls this after loading."""
-    if loaded.hookable:
-        return
-    raise ModelLoadError(hooks_unsupported_message(loaded.name, command, loaded.source))
-
-
-def hooks_unsupported_message(name: str, command: str | None, source: str = "torchscript") -> str:
-    what = "a TorchScript model" if source == "torchscript" else f"a {source} model"
-    cmd = f"`{command}` needs" if command else "this needs"
-    return (
-        f"{name} is {what}, and torch does not allow module hooks on it; {cmd} them. "
-        "Save the model with torch.export (.pt2), or give its Python class (FILE.py:NAME) "
-        "with --checkpoint; `inspect-model models` and loading still work"
-    )
+SOURCE = TorchvisionSource()
 
 
 def _tv():
@@ -100,29 +79,6 @@ def list_models(pattern: str | None = None) -> list[tuple[str, str]]:
     return [(n, f) for n, f in items if pattern.lower() in n.lower()]
 
 
-def hub_source(spec: str) -> str | None:
-    """``"timm"`` for ``timm:NAME``, ``"hf"`` for ``hf:ORG/NAME`` or a directory written by
-    ``save_pretrained`` (it holds a config.json), else None."""
-    if spec.startswith("timm:"):
-        return "timm"
-    if spec.startswith("hf:"):
-        return "hf"
-    if os.path.isdir(spec) and os.path.isfile(os.path.join(spec, "config.json")):
-        return "hf"
-    return None
-
-
-def is_user_model_spec(spec: str) -> bool:
-    """True for specs that name a user's model rather than a torchvision one."""
-    if spec.startswith("torchvision:"):
-        return False
-    return (
-        ":" in spec
-        or spec.endswith((".pt", ".pth", ".pt2", ".ts", ".jit", ".torchscript"))
-        or os.sep in spec
-    )
-
-
 def resolve_weights(name: str, weights: str | None) -> Any:
     """The weights enum member for ``--weights`` (None for ``none``)."""
     if weights is None or weights.lower() in ("none", "random", ""):
@@ -134,15 +90,20 @@ def resolve_weights(name: str, weights: str | None) -> Any:
         raise ModelLoadError(
             f"model '{name}' has no torchvision weights; use --weights none or --checkpoint FILE"
         ) from exc
-    members = list(enum.__members__)
+    members = [m for m in enum.__members__ if m != "DEFAULT"]  # DEFAULT is an alias of one of them
     wanted = weights.split(".")[-1]
     if wanted.upper() == "DEFAULT":
         return enum.DEFAULT
-    if wanted not in enum.__members__:
+    if wanted not in members:
+        by_lower = {m.lower(): m for m in members}
+        if wanted.lower() in by_lower:
+            return enum[by_lower[wanted.lower()]]
+        choices = ["DEFAULT", "none", *members]
+        close = suggest(wanted.lower(), [c.lower() for c in choices])
+        for c in choices:  # the suggestion in the spelling the option takes
+            close = close.replace(repr(c.lower()), repr(c))
         raise UsageError(
-            f"weights '{weights}' are not available for {name}"
-            + (suggest(wanted, members) or "")
-            + f"; choose one of: DEFAULT, none, {', '.join(members)}"
+            f"weights '{weights}' are not available for {name}" + close + f"; choose one of: {', '.join(choices)}"
         )
     return enum[wanted]
 
@@ -329,6 +290,7 @@ def load_torchvision(
         name=name,
         source="torchvision",
         family=family,
+        task=TORCHVISION_TASKS.get(family, "classification"),
         weights=None if w is None else w.name,
         categories=cats,
         transforms=transforms,
@@ -336,58 +298,3 @@ def load_torchvision(
         device=device,
     )
 
-
-def load_model(
-    spec: str,
-    *,
-    weights: str | None = None,
-    device: str = "cpu",
-    model_args: dict[str, Any] | None = None,
-    checkpoint: str | None = None,
-    strict: bool = True,
-    trust_checkpoint: bool = False,
-) -> LoadedModel:
-    """Resolve a model spec (torchvision name, ``torchvision:NAME``, or a user model)."""
-    if not spec or not spec.strip():
-        raise UsageError("empty model name; e.g. `inspect-model summary resnet34`")
-    spec = spec.strip()
-    hub = hub_source(spec)
-    if hub == "timm":
-        from inspect_model.loading.timm_models import load_timm
-
-        loaded = load_timm(spec.split(":", 1)[1], weights=weights, device=device, model_args=model_args)
-    elif hub == "hf":
-        from inspect_model.loading.hf_models import load_hf
-
-        if model_args:
-            raise UsageError("--model-arg applies to timm:NAME and user models, not to Hugging Face models")
-        loaded = load_hf(spec, weights=weights, device=device)
-    elif is_user_model_spec(spec):
-        from inspect_model.loading import user_models
-
-        loaded = user_models.load_user_model(
-            spec, device=device, model_args=model_args or {}, trust=trust_checkpoint
-        )
-        if weights and weights.lower() not in ("none", "random", "default"):
-            loaded.notes.append(
-                f"--weights {weights} ignored: {spec} is not a torchvision model; use --checkpoint FILE"
-            )
-    else:
-        name = spec.split(":", 1)[1] if spec.startswith("torchvision:") else spec
-        if model_args:
-            raise UsageError("--model-arg applies to user models (FILE.py:FACTORY), not torchvision names")
-        loaded = load_torchvision(name, weights=weights, device=device)
-    if checkpoint:
-        from inspect_model.loading import checkpoints
-
-        if loaded.borrowed:
-            # The weights go into a copy: the user's own instance is never changed (issue 9).
-            from inspect_model.loading.user_models import private_copy
-
-            loaded.model, loaded.borrowed = private_copy(loaded.model, spec), False
-        report = checkpoints.load_checkpoint(
-            loaded.model, checkpoint, device=device, strict=strict, trust=trust_checkpoint
-        )
-        loaded.checkpoint = report
-        loaded.notes.append(report.note())
-    return loaded
