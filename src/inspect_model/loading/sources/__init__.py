@@ -10,8 +10,8 @@ task, class names, preprocessing, input sizes, the CAM layer it declares, the hu
 
 Built-in sources, in the order they are tried: ``hf`` (``hf:ORG/NAME``, ``save_pretrained``
 folders), ``timm`` (``timm:NAME``), ``torchscript``, ``export`` (``.pt2``) and ``pickled``
-(saved files, told apart by their bytes), ``file`` (``FILE.py:NAME``), ``module``
-(``package.module:NAME``), ``torchvision`` (a name in torchvision's registry).
+(saved files, told apart by their bytes), ``torchvision`` (``torchvision:NAME``, or a bare
+name: no ``:``, no path), ``file`` (``FILE.py:NAME``), ``module`` (``package.module:NAME``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from inspect_model.loading.sources import export, file, hf, module, pickled, tim
 
 
 SOURCES: list[ModelSource] = [
-    hf.SOURCE, timm.SOURCE, torchscript.SOURCE, export.SOURCE, pickled.SOURCE, file.SOURCE, module.SOURCE,
-    torchvision.SOURCE,
+    hf.SOURCE, timm.SOURCE, torchscript.SOURCE, export.SOURCE, pickled.SOURCE, torchvision.SOURCE, file.SOURCE,
+    module.SOURCE,
 ]
 
 
