@@ -174,3 +174,57 @@ def test_without_transformers_a_one_line_install_hint(bert_dir, monkeypatch):
     res = run_cli(["summary", str(bert_dir)])
     assert res.exit_code == 3
     assert res.stderr.strip().startswith('error: transformers is not installed; `pip install "inspect-model[hf]"`')
+
+
+def _remote_code_dir(root):
+    """A save_pretrained-style folder whose config names its own code (auto_map), for a model
+    type transformers does not know: loading it runs configuration_evil.py."""
+    path = root / "evil"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({
+        "model_type": "evilnet", "architectures": ["EvilModel"],
+        "auto_map": {"AutoConfig": "configuration_evil.EvilConfig", "AutoModel": "modeling_evil.EvilModel"}}))
+    (path / "configuration_evil.py").write_text(
+        "import os, pathlib\nfrom transformers import PretrainedConfig\n"
+        "pathlib.Path(os.environ['EVIL_MARKER']).write_text('ran')\n"
+        "class EvilConfig(PretrainedConfig):\n    model_type = 'evilnet'\n")
+    (path / "modeling_evil.py").write_text(
+        "import torch\nfrom transformers import PreTrainedModel\nfrom .configuration_evil import EvilConfig\n"
+        "class EvilModel(PreTrainedModel):\n    config_class = EvilConfig\n"
+        "    def __init__(self, config):\n        super().__init__(config)\n"
+        "        self.conv = torch.nn.Conv2d(3, 4, 3)\n        self.fc = torch.nn.Linear(4, 2)\n        self.post_init()\n"
+        "    def forward(self, pixel_values):\n        return self.fc(self.conv(pixel_values).mean((2, 3)))\n")
+    return path
+
+
+def test_remote_code_never_runs_without_the_flag_even_with_yes_on_stdin(tmp_path, monkeypatch):
+    """Issue 28 (3): transformers would ask on stdin; images on stdin ('-') held 'y'. Now
+    trust_remote_code=False is always passed: one line, exit 3, nothing run, nothing on stdout."""
+    from conftest import SAMPLE_IMAGES
+
+    marker = tmp_path / "marker"
+    monkeypatch.setenv("EVIL_MARKER", str(marker))
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))
+    path = _remote_code_dir(tmp_path)
+    image = sorted(SAMPLE_IMAGES.glob("*.jpg"))[0]
+    for answer in ("y", "yes", "1"):
+        r = run_cli(["cam", str(path), "-", "--weights", "none", "--json"], stdin=f"{answer}\n{image}\n")
+        assert r.exit_code == 3, r.stderr
+        assert r.stdout == "" and not marker.exists()
+        line = r.stderr.strip()
+        assert "\n" not in line and "--trust-remote-code" in line and "configuration_evil.py" in line, line
+    with pytest.raises(ModelLoadError, match="trust-remote-code"):
+        load_model(str(path), weights="none")
+    assert not marker.exists()
+    # With the flag on the command line, the repo's code runs and the model works.
+    r = run_cli(["summary", str(path), "--weights", "none", "--trust-remote-code", "--input-size", "3x16x16",
+                 "--device", "cpu"])
+    assert r.exit_code == 0, r.stderr
+    assert marker.exists() and "EvilModel" in r.stdout
+
+
+def test_trust_remote_code_is_refused_in_a_config(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('trust-remote-code = true\n')
+    r = run_cli(["summary", "resnet18", "--config", str(cfg)])
+    assert r.exit_code == 2 and "trust-remote-code" in r.stderr and "command line" in r.stderr

@@ -32,6 +32,7 @@ class ModelOptions:
     trust_checkpoint: bool = False
     device: str = "cpu"
     dtype: str = "float32"
+    trust_remote_code: bool = False  # a Hugging Face repo may run its own code (command line only)
 
     def spec(self) -> str:
         """The model as the report names it."""
@@ -231,6 +232,7 @@ def load(opts: ModelOptions, *, device: str | None = None) -> Any:
                 checkpoint=str(opts.checkpoint) if opts.checkpoint else None,
                 strict=not opts.non_strict,
                 trust_checkpoint=opts.trust_checkpoint,
+                trust_remote_code=opts.trust_remote_code,
             )
     else:
         raise InputError(f"expected an nn.Module or a model name, got {type(opts.model).__name__}")

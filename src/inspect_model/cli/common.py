@@ -51,6 +51,14 @@ TrustOpt = Annotated[
         help="Allow full unpickling of checkpoints (runs code from the file: only for files you trust).",
     ),
 ]
+TrustRemoteCodeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--trust-remote-code",
+        help="Let a Hugging Face model run its own code (the repo's modeling_*.py): only for repos you trust. "
+        "Command line only.",
+    ),
+]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N, mps or auto.")]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32, float16, bfloat16 or float64.")]
 InputSizeOpt = Annotated[
