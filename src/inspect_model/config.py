@@ -20,7 +20,6 @@ command line (:func:`check_no_code`).
 
 from __future__ import annotations
 
-import tomllib
 from typing import Any
 
 from inspect_model.errors import UsageError, suggest

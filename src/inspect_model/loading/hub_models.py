@@ -166,6 +166,9 @@ def read_state_dict(path: str) -> dict[str, Any]:
     if path.endswith(".npz"):
         raise ModelLoadError(f"weights file {path} is a NumPy archive that only timm's own loader reads; "
                              "choose a tag with safetensors weights, or run with --weights none")
+    from inspect_model.loading.archive_guard import check_sizes
+
+    check_sizes(path, what="weights file")
     try:
         sd = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:

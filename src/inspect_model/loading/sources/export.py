@@ -43,8 +43,9 @@ def load_exported(path: str, *, device: str = "cpu", trust: bool = False) -> Loa
 
     import torch
 
-    from inspect_model.loading.archive_guard import check_archive, forbid_full_unpickling
+    from inspect_model.loading.archive_guard import check_archive, check_sizes, forbid_full_unpickling
 
+    check_sizes(path, what="exported program")  # before anything inflates a record, ours or torch's
     check_archive(path, trust=trust)
     try:
         with warnings.catch_warnings(), (contextlib.nullcontext() if trust else forbid_full_unpickling(path)):

@@ -35,6 +35,9 @@ def load_torchscript(path: str, *, device: str = "cpu") -> LoadedModel:
 
     import torch
 
+    from inspect_model.loading.archive_guard import check_sizes
+
+    check_sizes(path, what="TorchScript file")
     map_location = "cpu" if device == "meta" else device
     try:
         with warnings.catch_warnings():
