@@ -228,3 +228,20 @@ def test_trust_remote_code_is_refused_in_a_config(tmp_path):
     cfg.write_text('trust-remote-code = true\n')
     r = run_cli(["summary", "resnet18", "--config", str(cfg)])
     assert r.exit_code == 2 and "trust-remote-code" in r.stderr and "command line" in r.stderr
+
+
+def test_quiet_silences_transformers_loading_output(vit_dir):
+    """Issue 28 (13): --quiet leaves stderr empty (no "Loading weights" bar, no logs); the
+    libraries' own settings are put back afterwards."""
+    from transformers.utils import logging as tf_logging
+
+    path, _ = vit_dir
+    before = (tf_logging.is_progress_bar_enabled(), tf_logging.get_verbosity())
+    loud = run_cli(["summary", str(path), "--weights", "DEFAULT", "--device", "cpu"])
+    assert loud.exit_code == 0, loud.stderr
+    quiet = run_cli(["summary", str(path), "--weights", "DEFAULT", "--device", "cpu", "--quiet"])
+    assert quiet.exit_code == 0 and quiet.stderr == "", quiet.stderr
+    assert quiet.stdout == loud.stdout
+    if before[0]:  # the bar is on in this environment: without --quiet it shows
+        assert "Loading weights" in loud.stderr
+    assert (tf_logging.is_progress_bar_enabled(), tf_logging.get_verbosity()) == before
