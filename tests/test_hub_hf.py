@@ -245,3 +245,30 @@ def test_quiet_silences_transformers_loading_output(vit_dir):
     if before[0]:  # the bar is on in this environment: without --quiet it shows
         assert "Loading weights" in loud.stderr
     assert (tf_logging.is_progress_bar_enabled(), tf_logging.get_verbosity()) == before
+
+
+def test_task_and_head_follow_the_config_architectures(tmp_path):
+    from types import SimpleNamespace
+
+    from inspect_model.loading.sources.hf import _auto_class
+
+    for arch, auto, task in (("ViTForImageClassification", "AutoModelForImageClassification", "classification"),
+                             ("DetrForObjectDetection", "AutoModelForObjectDetection", "detection"),
+                             ("SegformerForSemanticSegmentation", "AutoModelForSemanticSegmentation",
+                              "segmentation"),
+                             ("Mask2FormerForUniversalSegmentation", "AutoModelForUniversalSegmentation",
+                              "segmentation"),
+                             ("VideoMAEForVideoClassification", "AutoModelForVideoClassification", "video"),
+                             ("ViTModel", "AutoModel", "custom")):
+        cls, got = _auto_class(transformers, SimpleNamespace(architectures=[arch]))
+        assert (cls.__name__, got) == (auto, task), arch
+    cfg = transformers.SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[8, 16],
+                                       patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2],
+                                       mlp_ratios=[2, 2], decoder_hidden_size=8, num_labels=3, id2label=LABELS,
+                                       label2id={v: k for k, v in LABELS.items()})
+    path = tmp_path / "seg"
+    transformers.SegformerForSemanticSegmentation(cfg).save_pretrained(path)
+    loaded = load_model(str(path), weights="DEFAULT")
+    assert type(loaded.model).__name__ == "SegformerForSemanticSegmentation"
+    assert loaded.task == "segmentation" and loaded.categories == ["cat", "dog", "fox"]
+    assert loaded.config is not None and loaded.config.model_type == "segformer"

@@ -169,3 +169,13 @@ def test_timm_model_args_that_read_files_are_refused(tmp_path: Path) -> None:
     pytest.importorskip("timm")
     with pytest.raises(UsageError, match="checkpoint_path is not passed to timm"):
         im.load_model("timm:test_resnet", weights="none", model_args={"checkpoint_path": str(tmp_path / "x.pth")})
+
+
+def test_api_module_instances_get_their_task() -> None:
+    from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_fpn
+
+    from inspect_model.api.options import ModelOptions, load
+
+    det = fasterrcnn_mobilenet_v3_large_fpn(weights=None, weights_backbone=None)
+    assert load(ModelOptions(det)).task == "detection"
+    assert load(ModelOptions(nn.Linear(2, 2))).task == "classification"

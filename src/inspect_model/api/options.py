@@ -208,7 +208,7 @@ def load(opts: ModelOptions, *, device: str | None = None) -> Any:
 
     from torch import nn
 
-    from inspect_model.loading.loaded import LoadedModel
+    from inspect_model.loading.loaded import LoadedModel, infer_task
     from inspect_model.loading.sources import load_model
     from inspect_model.loading.shapes import parse_dtype
 
@@ -216,7 +216,8 @@ def load(opts: ModelOptions, *, device: str | None = None) -> Any:
     if isinstance(opts.model, LoadedModel):
         loaded = opts.model
     elif isinstance(opts.model, nn.Module):
-        loaded = LoadedModel(model=opts.model, name=type(opts.model).__name__, source="python", borrowed=True)
+        loaded = LoadedModel(model=opts.model, name=type(opts.model).__name__, source="python", borrowed=True,
+                             task=infer_task(opts.model))
         if opts.checkpoint:
             raise UsageError("checkpoint= applies to a model spec, not to a module object; load it yourself")
     elif isinstance(opts.model, str):
