@@ -182,3 +182,24 @@ def test_deep_json_helpers() -> None:
         loads_json("[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1), "x")
     with pytest.raises(UsageError, match="too deeply"):
         loads_toml("a = " + "[" * 100000 + "]" * 100000, "config", error=UsageError)
+
+
+def test_zip_bomb_inside_an_exported_program(tmp_path: Path) -> None:
+    """An archive stored inside a .pt2 (sample inputs) is sized before it is tried."""
+    from inspect_model.loading.sources import load_model
+
+    model = nn.Sequential(nn.Linear(4, 3)).eval()
+    good = tmp_path / "net.pt2"
+    torch.export.save(torch.export.export(model, (torch.rand(2, 4),)), str(good))
+    inner_src = tmp_path / "inner.pt"
+    torch.save(torch.zeros(2), inner_src)
+    inner = bomb_like(inner_src, tmp_path / "inner_bomb.pt").read_bytes()
+    evil = tmp_path / "evil.pt2"
+    with zipfile.ZipFile(good) as zin, zipfile.ZipFile(evil, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info, zin.read(info.filename))
+        root = zin.namelist()[0].split("/")[0]
+        zout.writestr(f"{root}/data/sample_inputs/extra.pt", inner)
+    assert load_model(str(good)).source == "export"
+    with pytest.raises(InputError, match=r"entry 'data/sample_inputs/extra.pt': record .* would inflate"):
+        load_model(str(evil))

@@ -43,12 +43,13 @@ def _root(names: list[str]) -> str | None:
     return None
 
 
-def _loads_without_code(data: bytes) -> bool:
+def _loads_without_code(data: bytes, where: str) -> bool:
     """Whether a torch.save payload loads with ``weights_only=True`` (which runs no code)."""
     import pickle
 
     import torch
 
+    check_sizes(data, what=where)  # a zip bomb nested in the archive is refused, not inflated
     try:
         torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, KeyError, TypeError,
@@ -105,7 +106,8 @@ def unsafe_entries(path: str) -> list[str]:
                 found.append(f"'{tail}' ({code})")
             elif tail.startswith(("data/constants/custom_obj_", "data/constants/opaque_obj_")):
                 found.append(f"'{tail}' (a pickled object)")
-            elif tail.endswith((".pt", ".pkl")) and not _loads_without_code(zf.read(full)):
+            elif tail.endswith((".pt", ".pkl")) and not _loads_without_code(
+                    zf.read(full), f"exported program '{path}', entry '{tail}'"):
                 found.append(f"'{tail}' (a pickle that needs full unpickling)")
     return found
 
@@ -169,9 +171,9 @@ class SizeBudget:
                    why="what the model's tensors need")
 
     @classmethod
-    def for_file(cls, path: str) -> SizeBudget:
+    def for_file(cls, path: str | bytes) -> SizeBudget:
         """Without a model to measure: four times the file's own size, plus slack."""
-        size = os.path.getsize(path)
+        size = len(path) if isinstance(path, bytes) else os.path.getsize(path)
         return cls(record=4 * size + _SLACK, total=4 * size + _SLACK, why="four times the file's size")
 
 
@@ -179,21 +181,26 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
-def check_sizes(path: str, budget: SizeBudget | None = None, *, what: str = "file") -> None:
+def check_sizes(path: str | bytes, budget: SizeBudget | None = None, *, what: str = "file") -> None:
     """Refuse a zip archive (torch.save, TorchScript, .pt2) or a legacy torch pickle whose
     records would take more memory than ``budget`` allows, from the zip's central directory
     (or the pickle's storage declarations) alone, before torch allocates anything. Records
     stored uncompressed hold their bytes in the file and are only checked for consistency;
-    compressed ones are bounded one by one and together (a 4 MiB file inflating to 4 GiB)."""
+    compressed ones are bounded one by one and together (a 4 MiB file inflating to 4 GiB).
+    ``path`` may be the file's bytes (an archive inside an archive)."""
     budget = budget or SizeBudget.for_file(path)
-    with open(path, "rb") as fh:
-        head = fh.read(4)
+    if isinstance(path, bytes):
+        head, source, where = path[:4], io.BytesIO(path), what
+    else:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+        source, where = path, f"{what} '{path}'"
     if head[:2] != b"PK":
-        if head[:1] == b"\x80":
+        if head[:1] == b"\x80" and isinstance(path, str):
             _check_legacy(path, what)
         return
     try:
-        with zipfile.ZipFile(path) as zf:
+        with zipfile.ZipFile(source) as zf:
             infos = zf.infolist()
     except (zipfile.BadZipFile, OSError, ValueError, EOFError):
         return  # the readers say "truncated or corrupt" in their own words
@@ -201,18 +208,18 @@ def check_sizes(path: str, budget: SizeBudget | None = None, *, what: str = "fil
     for info in infos:
         if info.compress_type == zipfile.ZIP_STORED:
             if info.file_size != info.compress_size:
-                raise InputError(f"{what} '{path}': record '{info.filename}' claims {info.file_size} bytes but "
+                raise InputError(f"{where}: record '{info.filename}' claims {info.file_size} bytes but "
                                  f"stores {info.compress_size}; the archive is corrupt or forged, and is not read")
             continue
         if info.file_size > budget.record:
             raise InputError(
-                f"{what} '{path}': record '{info.filename}' would inflate from {_mib(info.compress_size)} to "
+                f"{where}: record '{info.filename}' would inflate from {_mib(info.compress_size)} to "
                 f"{_mib(info.file_size)}, more than {budget.why} ({_mib(budget.record)}); refusing to read "
                 "it (a zip bomb?)")
         inflated += info.file_size
     if inflated > budget.total:
         raise InputError(
-            f"{what} '{path}': its compressed records would inflate to {_mib(inflated)}, more than {budget.why} "
+            f"{where}: its compressed records would inflate to {_mib(inflated)}, more than {budget.why} "
             f"({_mib(budget.total)}); refusing to read it (a zip bomb?)")
 
 
