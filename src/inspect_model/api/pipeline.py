@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import torch
 
     from inspect_model.loading.inputs import InputBatch
-    from inspect_model.loading.loaded import LoadedModel
+    from inspect_model.loading.models import LoadedModel
 
 MAX_WARNINGS = 200  # distinct warnings kept; more are counted, not listed
 
@@ -133,7 +133,7 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
     import torch
 
     from inspect_model.loading.inputs import TensorPlan, plan_inputs
-    from inspect_model.loading.loaded import require_hookable
+    from inspect_model.loading.models import require_hookable
     from inspect_model.loading.shapes import parse_dtype
     from inspect_model.methods.targets import check_label_count, load_labels
 

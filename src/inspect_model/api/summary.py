@@ -14,7 +14,7 @@ from inspect_model.api.options import ModelOptions, check_dtype, load, resolve_d
 from inspect_model.api.pipeline import Result, resolved_weights
 from inspect_model.engine.hints import first_layer_hint
 from inspect_model.errors import InputError, UsageError
-from inspect_model.loading.loaded import require_hookable
+from inspect_model.loading.models import require_hookable
 
 if TYPE_CHECKING:
     from torch import nn
@@ -116,7 +116,7 @@ def summarize_model(
             try:
                 res = run("cpu")
             except _NeedsRealModel:
-                from inspect_model.loading.sources.torchvision import load_torchvision
+                from inspect_model.loading.models import load_torchvision
 
                 if loaded.source != "torchvision":
                     from inspect_model.errors import ModelRuntimeError
