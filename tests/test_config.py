@@ -218,7 +218,7 @@ def test_config_model_with_images_on_the_command_line(tmp_path: Path, cli) -> No
     """Issue 29 (4): `cam --config c.toml cat.jpg` said "unknown model 'cat.jpg'"."""
     from conftest import SAMPLE_IMAGES
 
-    image = str(sorted(SAMPLE_IMAGES.glob("*.jpg"))[0])
+    image = str(min(SAMPLE_IMAGES.glob("*.jpg")))
     cfg = write(tmp_path, 'command = "cam"\nmodel = "resnet18"\n[cam]\nweights = "none"\nlayer = ["layer4"]\n')
     res = cli(["cam", "--config", str(cfg), image, "--json", "--quiet"])
     assert res.exit_code == 0, res.stderr

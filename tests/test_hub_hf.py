@@ -206,7 +206,7 @@ def test_remote_code_never_runs_without_the_flag_even_with_yes_on_stdin(tmp_path
     monkeypatch.setenv("EVIL_MARKER", str(marker))
     monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))
     path = _remote_code_dir(tmp_path)
-    image = sorted(SAMPLE_IMAGES.glob("*.jpg"))[0]
+    image = min(SAMPLE_IMAGES.glob("*.jpg"))
     for answer in ("y", "yes", "1"):
         r = run_cli(["cam", str(path), "-", "--weights", "none", "--json"], stdin=f"{answer}\n{image}\n")
         assert r.exit_code == 3, r.stderr

@@ -44,7 +44,7 @@ def toy_source():
 def test_toy_source_is_a_model_source_and_wins_over_module_specs(toy_source) -> None:
     assert isinstance(ToySource(), ModelSource)
     assert sources.find_source("toy:thing").name == "toy"  # not package `toy`, attribute `thing`
-    assert [s.name for s in sources.SOURCES][0] == "toy"
+    assert sources.SOURCES[0].name == "toy"
 
 
 def test_toy_source_in_the_cli(toy_source, cli) -> None:

@@ -209,8 +209,8 @@ def load(opts: ModelOptions, *, device: str | None = None) -> Any:
     from torch import nn
 
     from inspect_model.loading.loaded import LoadedModel, infer_task
-    from inspect_model.loading.sources import load_model
     from inspect_model.loading.shapes import parse_dtype
+    from inspect_model.loading.sources import load_model
 
     dev = device or resolve_device(opts.device)
     if isinstance(opts.model, LoadedModel):

@@ -218,10 +218,10 @@ def quiet_hub_logs() -> Iterator[None]:
 
     undo: list[Callable[[], None]] = []
     hub_utils = sys.modules.get("huggingface_hub.utils")
-    if hub_utils is not None and hasattr(hub_utils, "disable_progress_bars"):
-        if not hub_utils.are_progress_bars_disabled():
-            hub_utils.disable_progress_bars()
-            undo.append(hub_utils.enable_progress_bars)
+    if hub_utils is not None and hasattr(hub_utils, "disable_progress_bars") \
+            and not hub_utils.are_progress_bars_disabled():
+        hub_utils.disable_progress_bars()
+        undo.append(hub_utils.enable_progress_bars)
     if "transformers" in sys.modules:
         from transformers.utils import logging as tf_logging
 

@@ -21,8 +21,16 @@ from typing import Any
 
 from inspect_model.errors import ModelLoadError, UsageError
 from inspect_model.loading.loaded import LoadedModel, LoadRequest, ModelSource
-from inspect_model.loading.sources import export, file, hf, module, pickled, timm, torchscript, torchvision
-
+from inspect_model.loading.sources import (
+    export,
+    file,
+    hf,
+    module,
+    pickled,
+    timm,
+    torchscript,
+    torchvision,
+)
 
 SOURCES: list[ModelSource] = [
     hf.SOURCE, timm.SOURCE, torchscript.SOURCE, export.SOURCE, pickled.SOURCE, torchvision.SOURCE, file.SOURCE,

@@ -12,7 +12,13 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import ModelLoadError
-from inspect_model.loading.loaded import LoadedModel, LoadRequest, note_ignored_weights, brief, from_module
+from inspect_model.loading.loaded import (
+    LoadedModel,
+    LoadRequest,
+    brief,
+    from_module,
+    note_ignored_weights,
+)
 from inspect_model.loading.saved_models import refuse_model_args, saved_kind
 
 if TYPE_CHECKING:
@@ -43,7 +49,11 @@ def load_exported(path: str, *, device: str = "cpu", trust: bool = False) -> Loa
 
     import torch
 
-    from inspect_model.loading.archive_guard import check_archive, check_sizes, forbid_full_unpickling
+    from inspect_model.loading.archive_guard import (
+        check_archive,
+        check_sizes,
+        forbid_full_unpickling,
+    )
 
     check_sizes(path, what="exported program")  # before anything inflates a record, ours or torch's
     check_archive(path, trust=trust)

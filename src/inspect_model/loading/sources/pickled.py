@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from inspect_model.errors import ModelLoadError
-from inspect_model.loading.loaded import LoadedModel, LoadRequest, note_ignored_weights, from_module
+from inspect_model.loading.loaded import LoadedModel, LoadRequest, from_module, note_ignored_weights
 from inspect_model.loading.saved_models import refuse_model_args, saved_kind
 
 

@@ -11,7 +11,13 @@ from __future__ import annotations
 import os
 
 from inspect_model.errors import ModelLoadError
-from inspect_model.loading.loaded import LoadedModel, LoadRequest, note_ignored_weights, brief, from_module
+from inspect_model.loading.loaded import (
+    LoadedModel,
+    LoadRequest,
+    brief,
+    from_module,
+    note_ignored_weights,
+)
 from inspect_model.loading.saved_models import refuse_model_args, saved_kind
 
 
