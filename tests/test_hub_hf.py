@@ -272,3 +272,17 @@ def test_task_and_head_follow_the_config_architectures(tmp_path):
     assert type(loaded.model).__name__ == "SegformerForSemanticSegmentation"
     assert loaded.task == "segmentation" and loaded.categories == ["cat", "dog", "fox"]
     assert loaded.config is not None and loaded.config.model_type == "segformer"
+
+
+def test_remote_code_of_a_hub_repo_from_the_cache(tmp_path, hf_home, monkeypatch):
+    """hf:ORG/NAME with auto_map: refused without the flag; with it, the code files named in
+    auto_map come from the cache (offline) and run."""
+    marker = tmp_path / "marker"
+    monkeypatch.setenv("EVIL_MARKER", str(marker))
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))
+    _cache_repo(hf_home, "acme/evil", _remote_code_dir(tmp_path))
+    r = run_cli(["summary", "hf:acme/evil", "--input-size", "3x16x16"])
+    assert r.exit_code == 3 and "--trust-remote-code" in r.stderr and not marker.exists(), r.stderr
+    r = run_cli(["summary", "hf:acme/evil", "--input-size", "3x16x16", "--trust-remote-code", "--device", "cpu"])
+    assert r.exit_code == 0, r.stderr
+    assert marker.exists() and "EvilModel" in r.stdout
