@@ -133,7 +133,8 @@ class CamSession(Session):
 
         net = self.prep.loaded.model
         self.cam_layers = resolve_layers(net, x, self.layer_specs or None, self.reshape, self.output_key,
-                                         probe=getattr(self.prep.loaded, "static_batch", None) or 1)
+                                         probe=getattr(self.prep.loaded, "static_batch", None) or 1,
+                                         declared=getattr(self.prep.loaded, "cam_layer", None))
         for lay in self.cam_layers:
             g = lay.layout.grid
             self.notes(f"layer: {lay.name} ({lay.layout.kind}, {g[0]}x{g[1]} grid, {lay.layout.channels} channels)")

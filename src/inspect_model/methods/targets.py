@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import InputError, ModelRuntimeError, UsageError, suggest
+from inspect_model.loading.parsing import check_depth
 
 if TYPE_CHECKING:
     import torch
@@ -173,7 +174,9 @@ def load_labels(path: str | Path) -> LabelNames:
     stripped = text.strip()
     if stripped.startswith(("[", "{")):
         try:
-            data = json.loads(stripped)
+            data = check_depth(json.loads(stripped), f"labels file '{p}'")
+        except RecursionError:
+            raise InputError(f"labels file '{p}' nests lists or objects too deeply to read") from None
         except json.JSONDecodeError as exc:
             raise InputError(f"labels file '{p}' is not valid JSON: {exc.msg} (line {exc.lineno})") from exc
         if isinstance(data, list):
