@@ -118,6 +118,7 @@ class GradsSession(Session):
         self.report = rep = self.grad_run.report()
         for note in rep.notes:
             self.notes(note)
+        self.warnings.extend(rep.warnings)
         plan = self.prep.plan
         skipped = input_outcome(plan, self.warnings)
         kw = self.kw

@@ -122,6 +122,7 @@ class GradReport:
     samples: list[SampleGrad] = field(default_factory=list)
     input_grads: list[torch.Tensor] = field(default_factory=list)  # per batch, when kept
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def failures(self) -> list[Check]:
         return [c for c in self.checks if c.fail_on and c.failed]
@@ -242,6 +243,7 @@ class GradRun:
             self.listed = self.trainable
         self.partial = partial if partial is not None else GradPartial()
         self.input_grads: list[torch.Tensor] = []
+        self.warnings: list[str] = []
         self._live = False
 
     def _observe(self, g: torch.Tensor, n: int, *, hist: bool = True) -> GradObs:
@@ -327,6 +329,11 @@ class GradRun:
         else:
             batch_labels = None if self.label_one is None else [self.label_one] * n
         seed, per_obj, used = output_seed(y, target=self.spec, loss=self.loss, labels=batch_labels)
+        if part.images == 0 and self.loss is None:  # the class count is the same for every batch
+            from inspect_model.methods.targets import top_k_warning
+
+            cut = top_k_warning(self.spec, int(y.reshape(n, -1).shape[1]))
+            self.warnings += [cut] if cut and cut not in self.warnings else []
         part.out_sq += float(seed.double().pow(2).sum())
         # Gradients to come in this backward pass: one per captured output and input.
         self._seen["done"], self._seen["total"] = 0, sum(len(r.outputs) + len(r.inputs) for r in eng.records)
@@ -400,6 +407,7 @@ class GradRun:
             params=params, frozen_params=len(self.params_all) - len(self.trainable), global_norm=total,
             output_grad_norm=out_norm, input_grad=part.input_stats, checks=checks, clip=clip,
             first_nonfinite=first, samples=part.samples, input_grads=self.input_grads, notes=notes,
+            warnings=list(self.warnings),
         )
 
 

@@ -92,6 +92,16 @@ def resolve_targets(spec: TargetSpec, scores: torch.Tensor) -> list[list[int]]:
     return [row.tolist() for row in top]
 
 
+def top_k_warning(spec: Any, n_classes: int) -> str | None:
+    """The one warning for ``--target top:K`` with K above the model's class count: the run
+    explains every class, K is cut to it (issue 28: top:100000 ran 1000 backward passes
+    per image without a word)."""
+    if getattr(spec, "kind", None) != "top" or spec.k <= n_classes:
+        return None
+    return (f"--target {spec.text or f'top:{spec.k}'} asks for {spec.k} classes but the model has {n_classes}: "
+            f"explaining all {n_classes} (one backward pass each per image)")
+
+
 def require_float(y: torch.Tensor) -> None:
     """Refuse an output that autograd cannot differentiate (an int64 class index, a bool
     mask), naming that cause rather than a missing dependency (issue 13)."""
