@@ -58,8 +58,7 @@ def check(model: Any, images: Any = None, *, expect_output_shape: str | None = N
     payload = {
         "model": prep.loaded.name,
         "passed": not failed,
-        "checks": [{"name": r.name, "status": r.status, "passed": r.passed, "value": r.value,
-                    "expected": r.expected, "detail": r.detail} for r in results],
+        "checks": [r.to_dict() for r in results],
     }
     options = prep.options(mopts, output_key=output_key, expect_output_shape=expect_output_shape,
                            expect_params=expect_params, finite=finite, max_dead_fraction=max_dead_fraction,

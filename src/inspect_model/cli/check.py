@@ -21,7 +21,8 @@ def check(
         str | None, typer.Option("--expect-output-shape", help="Expected output shape, e.g. 1x1000.")
     ] = None,
     expect_params: Annotated[
-        str | None, typer.Option("--expect-params", help="Parameter count, exact (25557032) or a range (25e6..26e6).")
+        str | None, typer.Option("--expect-params", help="Parameter count: exact (25557032), as summary prints it (11.7M or '11.69 M': any "
+                                   "count that rounds to it; K, M, G) or a range (25e6..26e6, 11M..12M).")
     ] = None,
     finite: Annotated[bool, typer.Option("--finite/--no-finite", help="Outputs and gradients must be finite.")] = True,
     max_dead_fraction: Annotated[

@@ -24,12 +24,28 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class CheckResult:
+    """One check. ``expected`` is the text the report prints ("<= 0.5", "10..20"); the JSON
+    says the same in numbers (:meth:`to_dict`): ``value``, ``threshold`` (the one numeric
+    bound, as ``grads`` reports it) and ``expected`` as ``{"min": .., "max": ..}`` or the exact
+    value (an output shape as a list of ints, ``true``)."""
+
     name: str
     passed: bool
     value: Any
     expected: Any
     detail: str = ""
     unit: str = ""  # what value counts, for the text: "10 non-finite values"
+    minimum: float | None = None  # numeric bounds the value must lie within (None: open)
+    maximum: float | None = None
+    exact: Any = None  # for equality checks: the expected value itself (JSON-able)
+
+    def to_dict(self) -> dict[str, Any]:
+        bounded = self.minimum is not None or self.maximum is not None
+        threshold = self.maximum if self.maximum is not None and self.minimum is None else None
+        return {"name": self.name, "status": self.status, "passed": self.passed, "value": self.value,
+                "threshold": threshold,
+                "expected": {"min": self.minimum, "max": self.maximum} if bounded else self.exact,
+                "expected_text": str(self.expected), "detail": self.detail}
 
     @property
     def status(self) -> str:
@@ -37,6 +53,8 @@ class CheckResult:
 
     @property
     def value_text(self) -> str:
+        if isinstance(self.value, list):
+            return "x".join(map(str, self.value))
         if not self.unit:
             return str(self.value)
         return f"{self.value} {self.unit}" + ("" if self.value == 1 else "s")
@@ -66,18 +84,40 @@ def parse_shape(text: str) -> tuple[int, ...]:
         raise UsageError(f"--expect-output-shape '{text}' is not like 1x1000") from exc
 
 
+_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
+
+
+def _count(text: str, whole: str) -> tuple[float, float]:
+    """A count as typed: ``25557032``, ``2.5e7``, or with the suffix the tool prints (K, M,
+    G; a space before it allowed): ``11.7M`` means every count that prints as 11.7M, so
+    (lo, hi) is the rounding interval [11.65M, 11.75M); a plain number is exact."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMgG]?)\s*", text)
+    if not m:
+        raise UsageError(f"--expect-params '{whole}' is not a count or a range such as 25e6..26e6 or 11.7M")
+    digits, suffix = m.group(1), m.group(2).lower()
+    value = float(digits) * _SUFFIXES[suffix]
+    if not suffix:
+        return value, value
+    decimals = len(digits.split(".", 1)[1]) if "." in digits and "e" not in digits.lower() else 0
+    half = 0.5 * 10.0 ** -decimals * _SUFFIXES[suffix]
+    return value - half, value + half
+
+
 def parse_count_range(text: str) -> tuple[int, int]:
-    """``25557032`` (exact), ``25e6..26e6`` or ``25000000..`` (open-ended)."""
+    """``25557032`` (exact), ``25e6..26e6`` or ``25000000..`` (open-ended); the suffixes the
+    tool prints are accepted: ``11.7M`` (every count that rounds to 11.7M), ``11.69 M``,
+    ``25M..26M``, ``500K``, ``1.2G``."""
     raw = text.replace("_", "").replace(",", "").strip()
-    try:
-        if ".." in raw:
-            lo_s, hi_s = raw.split("..", 1)
-            lo = int(float(lo_s)) if lo_s else 0
-            hi = int(float(hi_s)) if hi_s else 2**63 - 1
-        else:
-            lo = hi = int(float(raw))
-    except ValueError as exc:
-        raise UsageError(f"--expect-params '{text}' is not a count or a range such as 25e6..26e6") from exc
+    if ".." in raw:
+        lo_s, hi_s = raw.split("..", 1)
+        # a range's ends are the numbers as typed: 11M..12M is 11,000,000..12,000,000
+        lo = math.ceil(sum(_count(lo_s, text)) / 2) if lo_s.strip() else 0
+        hi = math.floor(sum(_count(hi_s, text)) / 2) if hi_s.strip() else 2**63 - 1
+    else:
+        a, b = _count(raw, text)
+        lo, hi = math.ceil(a), (math.floor(b) if a == b else math.ceil(b) - 1)  # [a, b): b itself rounds up
     if lo > hi:
         raise UsageError(f"--expect-params '{text}': the lower bound is above the upper bound")
     return lo, hi
@@ -128,7 +168,8 @@ def run_checks(
         n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
         lo, hi = expect_params
         want = str(lo) if lo == hi else f"{lo}..{hi}"
-        results.append(CheckResult("params", lo <= n <= hi, n, want))
+        results.append(CheckResult("params", lo <= n <= hi, n, want, minimum=lo,
+                                   maximum=hi if hi < 2**63 - 1 else None))
 
     rss0 = _rss_mb()
     t0 = time.perf_counter()
@@ -157,14 +198,16 @@ def run_checks(
     if expect_output_shape is not None:
         shape = tuple(first.shape)
         results.append(CheckResult("output shape", shape == tuple(expect_output_shape),
-                                   "x".join(map(str, shape)), "x".join(map(str, expect_output_shape))))
+                                   list(shape), "x".join(map(str, expect_output_shape)),
+                                   exact=list(expect_output_shape)))
     if finite:
         n_bad = int((~torch.isfinite(first.float())).sum()) if first.is_floating_point() else 0
         bad_layers = [r.key for r in records for c in r.outputs if c.stats is not None and not c.stats.finite]
         detail = f"first non-finite layer: {bad_layers[0]}" if bad_layers else ""
-        results.append(CheckResult("finite outputs", n_bad == 0, n_bad, 0, detail, unit="non-finite value"))
+        results.append(CheckResult("finite outputs", n_bad == 0, n_bad, 0, detail, unit="non-finite value",
+                                   maximum=0))
         if grads_finite is not None:
-            results.append(CheckResult("finite gradients", grads_finite, grads_finite, True))
+            results.append(CheckResult("finite gradients", grads_finite, grads_finite, True, exact=True))
     if max_dead_fraction is not None:
         dead_by_layer: dict[str, float] = {}  # each layer once, however often it ran (issue 14)
         for r in records:
@@ -174,16 +217,16 @@ def run_checks(
         dead = list(dead_by_layer.items())
         names = ", ".join(k for k, _ in dead[:5]) + (f" (+{len(dead) - 5} more)" if len(dead) > 5 else "")
         results.append(CheckResult("dead layers", not dead, len(dead), f"none with zero fraction >= {max_dead_fraction:g}",
-                                   names))
+                                   names, maximum=0))
     if deterministic and second is not None:
         same = first.shape == second.shape and bool(torch.equal(first, second))
         diff = 0.0 if same or first.shape != second.shape else float((first.float() - second.float()).abs().max())
         results.append(CheckResult("deterministic", same, diff if not math.isnan(diff) else None, 0.0,
-                                   "max |difference| between two passes"))
+                                   "max |difference| between two passes", maximum=0.0))
     if max_seconds is not None:
         results.append(CheckResult("time", seconds <= max_seconds, round(seconds, 3), f"<= {max_seconds:g}",
-                                   "seconds for forward + backward"))
+                                   "seconds for forward + backward", maximum=max_seconds))
     if max_memory_mb is not None:
         results.append(CheckResult("memory", mem <= max_memory_mb, round(mem, 1), f"<= {max_memory_mb:g}",
-                                   "MB of peak RSS growth during the passes"))
+                                   "MB of peak RSS growth during the passes", maximum=max_memory_mb))
     return results
