@@ -123,6 +123,44 @@ def parse_count_range(text: str) -> tuple[int, int]:
     return lo, hi
 
 
+def _zero_weights(module: Any) -> bool:
+    """Whether every parameter of ``module`` itself is exactly zero (a zero-initialised layer:
+    timm's ``zero_init_last`` BatchNorm, torchvision ViT's head), so a zero output is by design."""
+    own = [p for p in module.parameters(recurse=False) if p.is_floating_point() and p.numel()]
+    return bool(own) and all(not bool(p.detach().ne(0).any()) for p in own)
+
+
+def _names(items: list[str]) -> str:
+    return ", ".join(items[:5]) + (f" (+{len(items) - 5} more)" if len(items) > 5 else "")
+
+
+def _dead_layers(model: Any, records: list[Any], max_dead_fraction: float) -> CheckResult:
+    """Layers whose output is (almost) all zero. Not dead, and named apart: a layer whose own
+    weights are exactly zero (zero-initialised on purpose: an untrained model is healthy,
+    issue 29) and a layer fed only zeros (where the zeros started is listed already)."""
+    modules = dict(model.named_modules())
+    dead: dict[str, float] = {}  # each layer once, however often it ran (issue 14)
+    zero_init: dict[str, None] = {}
+    for r in records:
+        for c in r.outputs:
+            if c.stats is None or c.stats.zero_fraction < max_dead_fraction:
+                continue
+            name = r.name or "(model)"
+            fed = [i.stats for i in r.inputs if i.stats is not None]
+            if name in modules and _zero_weights(modules[name]):
+                zero_init[name] = None
+            elif fed and all(s.zero_fraction == 1.0 for s in fed):
+                continue  # only zeros came in: the layer that made them is reported
+            else:
+                dead.setdefault(name, c.stats.zero_fraction)
+    parts = [_names(list(dead))] if dead else []
+    if zero_init:
+        parts.append(f"{len(zero_init)} zero-initialised layer(s) not counted, their weights are exactly 0: "
+                     f"{_names(list(zero_init))}")
+    return CheckResult("dead layers", not dead, len(dead), f"none with zero fraction >= {max_dead_fraction:g}",
+                       "; ".join(parts), maximum=0)
+
+
 def _rss_mb() -> float:
     """Current resident set size in MB (Linux /proc; falls back to peak RSS elsewhere)."""
     try:
@@ -173,7 +211,9 @@ def run_checks(
 
     rss0 = _rss_mb()
     t0 = time.perf_counter()
-    engine = HookEngine(model, layers, CaptureOptions(stats_fn=_health, grad_enabled=True))
+    # Inputs too (taken before the call, so before an in-place ReLU): a layer fed only zeros
+    # is not where a dead path starts.
+    engine = HookEngine(model, layers, CaptureOptions(stats_fn=_health, grad_enabled=True, inputs=True))
     with engine:
         out = run_forward(engine, lambda: model(*inputs))
         y = pick(out)
@@ -209,15 +249,7 @@ def run_checks(
         if grads_finite is not None:
             results.append(CheckResult("finite gradients", grads_finite, grads_finite, True, exact=True))
     if max_dead_fraction is not None:
-        dead_by_layer: dict[str, float] = {}  # each layer once, however often it ran (issue 14)
-        for r in records:
-            for c in r.outputs:
-                if c.stats is not None and c.stats.zero_fraction >= max_dead_fraction:
-                    dead_by_layer.setdefault(r.name or "(model)", c.stats.zero_fraction)
-        dead = list(dead_by_layer.items())
-        names = ", ".join(k for k, _ in dead[:5]) + (f" (+{len(dead) - 5} more)" if len(dead) > 5 else "")
-        results.append(CheckResult("dead layers", not dead, len(dead), f"none with zero fraction >= {max_dead_fraction:g}",
-                                   names, maximum=0))
+        results.append(_dead_layers(model, records, max_dead_fraction))
     if deterministic and second is not None:
         same = first.shape == second.shape and bool(torch.equal(first, second))
         diff = 0.0 if same or first.shape != second.shape else float((first.float() - second.float()).abs().max())
