@@ -33,8 +33,11 @@ def check(model: Any, images: Any = None, *, expect_output_shape: str | None = N
           deterministic: bool = False, max_seconds: float | None = None, max_memory: float | None = None,
           output_key: str | None = None, model_options: ModelOptions | None = None,
           inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,
-          notes: Any = None) -> Result:
-    """Build the model, run a forward and a backward pass, and check what is asked."""
+          notes: Any = None, on_stuck: Any = None) -> Result:
+    """Build the model, run a forward and a backward pass, and check what is asked.
+    ``max_seconds`` is a timeout where the platform allows (SIGALRM in the main thread):
+    the passes stop at the budget and the time check fails. ``on_stuck(message)`` is called
+    from a watchdog thread if they cannot be stopped (the CLI prints it and exits)."""
     from inspect_model.engine.selection import select_layers
     from inspect_model.methods import checks
     from inspect_model.methods.targets import select_output
@@ -53,7 +56,7 @@ def check(model: Any, images: Any = None, *, expect_output_shape: str | None = N
         results = checks.run_checks(
             net, (batch.tensor,), layers=select_layers(net), select=lambda out: select_output(out, output_key),
             expect_output_shape=shape, expect_params=params, finite=finite, max_dead_fraction=max_dead_fraction,
-            deterministic=deterministic, max_seconds=max_seconds, max_memory_mb=max_memory)
+            deterministic=deterministic, max_seconds=max_seconds, max_memory_mb=max_memory, on_stuck=on_stuck)
     failed = [r for r in results if not r.passed]
     payload = {
         "model": prep.loaded.name,

@@ -32,7 +32,8 @@ def check(
         bool, typer.Option("--deterministic", help="Fail unless two forward passes give identical outputs.")
     ] = False,
     max_seconds: Annotated[
-        float | None, typer.Option("--max-seconds", help="Budget for forward + backward, in seconds.")
+        float | None, typer.Option("--max-seconds", help="Budget for forward + backward, in seconds: a timeout "
+                                   "(a model that hangs fails the check when it is spent).")
     ] = None,
     max_memory: Annotated[
         float | None, typer.Option("--max-memory", help="Budget for peak memory growth, in MB.")
@@ -58,4 +59,16 @@ def check(
     run_api("check", api_check, opts, inputs, run_opts, streams=False,
             expect_output_shape=expect_output_shape, expect_params=expect_params, finite=finite,
             max_dead_fraction=max_dead_fraction, deterministic=deterministic, max_seconds=max_seconds,
-            max_memory=max_memory, output_key=output_key)
+            max_memory=max_memory, output_key=output_key, on_stuck=_stuck)
+
+
+def _stuck(message: str) -> None:
+    """--max-seconds spent and the model cannot be stopped (stuck in C code): one line, exit."""
+    import os
+    import sys
+
+    from inspect_model.errors import CheckFailed
+
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+    os._exit(CheckFailed.exit_code)

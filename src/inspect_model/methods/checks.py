@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
 from inspect_model.errors import ModelRuntimeError, UsageError
+from inspect_model.methods.budget import OverBudget, time_budget
 
 if TYPE_CHECKING:
     import torch
@@ -193,9 +194,12 @@ def run_checks(
     deterministic: bool = False,
     max_seconds: float | None = None,
     max_memory_mb: float | None = None,
+    on_stuck: Callable[[str], None] | None = None,
 ) -> list[CheckResult]:
     """Run the checks on ``model(*inputs)``; ``select`` picks the output tensor to check
-    (default: the first tensor of the output)."""
+    (default: the first tensor of the output). ``max_seconds`` is a timeout where the
+    platform allows (:mod:`inspect_model.methods.budget`): the passes are stopped at the
+    budget and the time check fails; ``on_stuck(message)`` is called if they cannot be."""
     import torch
 
     from inspect_model.methods.targets import select_output
@@ -214,26 +218,59 @@ def run_checks(
     # Inputs too (taken before the call, so before an in-place ReLU): a layer fed only zeros
     # is not where a dead path starts.
     engine = HookEngine(model, layers, CaptureOptions(stats_fn=_health, grad_enabled=True, inputs=True))
-    with engine:
-        out = run_forward(engine, lambda: model(*inputs))
-        y = pick(out)
-        grads_finite: bool | None = None
-        if y.requires_grad and y.is_floating_point():
-            try:
-                y.float().sum().backward()
-            except Exception as exc:  # the model's own backward (custom autograd Functions)
-                msg = (str(exc).strip().splitlines() or [""])[0]
-                raise ModelRuntimeError(f"backward pass failed: {type(exc).__name__}: {msg}") from exc
-            gs = [p.grad for p in model.parameters() if p.grad is not None]
-            grads_finite = all(bool(torch.isfinite(g).all()) for g in gs)
-        records = list(engine.finalize())  # the first pass only: --deterministic runs another
-        first = y.detach().clone()
-        second = None
-        if deterministic:
-            with torch.no_grad():
-                second = pick(run_forward(engine, lambda: model(*inputs))).detach().clone()
+    try:
+        # The budget inside the engine: its timer is off before the hooks come off.
+        with engine, time_budget(max_seconds, on_stuck):
+            first, second, records, grads_finite = _passes(model, inputs, engine, pick, deterministic)
+    except OverBudget:
+        assert max_seconds is not None
+        seconds = time.perf_counter() - t0
+        results.append(CheckResult(
+            "time", False, round(seconds, 3), f"<= {max_seconds:g}",
+            "the forward + backward pass did not finish: stopped at the budget, other checks not run",
+            maximum=max_seconds))
+        return results
     seconds = time.perf_counter() - t0
     mem = max(_peak_rss_mb(), _rss_mb()) - rss0
+    _judge(results, first, second, records, grads_finite, model=model, expect_output_shape=expect_output_shape,
+           finite=finite, max_dead_fraction=max_dead_fraction, deterministic=deterministic)
+    if max_seconds is not None:
+        results.append(CheckResult("time", seconds <= max_seconds, round(seconds, 3), f"<= {max_seconds:g}",
+                                   "seconds for forward + backward", maximum=max_seconds))
+    if max_memory_mb is not None:
+        results.append(CheckResult("memory", mem <= max_memory_mb, round(mem, 1), f"<= {max_memory_mb:g}",
+                                   "MB of peak RSS growth during the passes", maximum=max_memory_mb))
+    return results
+
+
+def _passes(model: Any, inputs: Sequence[Any], engine: Any, pick: Any, deterministic: bool) -> tuple[Any, ...]:
+    """One forward and one backward pass (and a second forward for ``deterministic``)."""
+    import torch
+
+    out = run_forward(engine, lambda: model(*inputs))
+    y = pick(out)
+    grads_finite: bool | None = None
+    if y.requires_grad and y.is_floating_point():
+        try:
+            y.float().sum().backward()
+        except Exception as exc:  # the model's own backward (custom autograd Functions)
+            msg = (str(exc).strip().splitlines() or [""])[0]
+            raise ModelRuntimeError(f"backward pass failed: {type(exc).__name__}: {msg}") from exc
+        gs = [p.grad for p in model.parameters() if p.grad is not None]
+        grads_finite = all(bool(torch.isfinite(g).all()) for g in gs)
+    records = list(engine.finalize())  # the first pass only: --deterministic runs another
+    first = y.detach().clone()
+    second = None
+    if deterministic:
+        with torch.no_grad():
+            second = pick(run_forward(engine, lambda: model(*inputs))).detach().clone()
+    return first, second, records, grads_finite
+
+
+def _judge(results: list[CheckResult], first: Any, second: Any, records: list[Any], grads_finite: bool | None,
+           *, model: Any, expect_output_shape: tuple[int, ...] | None, finite: bool,
+           max_dead_fraction: float | None, deterministic: bool) -> None:
+    import torch
 
     if expect_output_shape is not None:
         shape = tuple(first.shape)
@@ -255,10 +292,3 @@ def run_checks(
         diff = 0.0 if same or first.shape != second.shape else float((first.float() - second.float()).abs().max())
         results.append(CheckResult("deterministic", same, diff if not math.isnan(diff) else None, 0.0,
                                    "max |difference| between two passes", maximum=0.0))
-    if max_seconds is not None:
-        results.append(CheckResult("time", seconds <= max_seconds, round(seconds, 3), f"<= {max_seconds:g}",
-                                   "seconds for forward + backward", maximum=max_seconds))
-    if max_memory_mb is not None:
-        results.append(CheckResult("memory", mem <= max_memory_mb, round(mem, 1), f"<= {max_memory_mb:g}",
-                                   "MB of peak RSS growth during the passes", maximum=max_memory_mb))
-    return results
