@@ -247,7 +247,7 @@ def _passes(model: Any, inputs: Sequence[Any], engine: Any, pick: Any, determini
     """One forward and one backward pass (and a second forward for ``deterministic``)."""
     import torch
 
-    out = run_forward(engine, lambda: model(*inputs))
+    out = run_forward(engine, lambda: model(*_copies(inputs)))
     y = pick(out)
     grads_finite: bool | None = None
     if y.requires_grad and y.is_floating_point():
@@ -263,8 +263,16 @@ def _passes(model: Any, inputs: Sequence[Any], engine: Any, pick: Any, determini
     second = None
     if deterministic:
         with torch.no_grad():
-            second = pick(run_forward(engine, lambda: model(*inputs))).detach().clone()
+            second = pick(run_forward(engine, lambda: model(*_copies(inputs)))).detach().clone()
     return first, second, records, grads_finite
+
+
+def _copies(inputs: Sequence[Any]) -> list[Any]:
+    """The inputs as the model gets them: tensors copied, so that a model that changes its
+    input in place (``x /= 255``) sees the same input in both passes (issue 28)."""
+    import torch
+
+    return [a.clone() if isinstance(a, torch.Tensor) else a for a in inputs]
 
 
 def _judge(results: list[CheckResult], first: Any, second: Any, records: list[Any], grads_finite: bool | None,

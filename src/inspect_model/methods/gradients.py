@@ -312,7 +312,9 @@ class GradRun:
         batch_n[0] = n
         eng.reset()
         x = x0.detach().clone().requires_grad_(x0.is_floating_point())
-        out = run_forward(eng, lambda x=x: model(x))
+        # A non-leaf copy: the model may change its input in place (x /= 255), which autograd
+        # refuses on a leaf that requires grad; x.grad is still d(objective)/d(input).
+        out = run_forward(eng, lambda x=x: model(x.clone()))
         y = select_output(out, self.output_key)
         require_float(y)
         if self.loss is not None and y.dim() == 2:

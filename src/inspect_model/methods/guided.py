@@ -285,7 +285,7 @@ def randomisable_layers(model: torch.nn.Module, inputs: torch.Tensor) -> list[st
     if not names:
         return []
     with HookEngine(model, names, CaptureOptions(outputs=False, grad_enabled=False)) as eng:
-        run_forward(eng, lambda: model(inputs[:1]))
+        run_forward(eng, lambda: model(inputs[:1].clone()))  # a copy: x /= 255 must not reach `inputs`
         order = list(dict.fromkeys(r.name for r in eng.records))
     return list(reversed(order))
 
