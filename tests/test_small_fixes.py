@@ -86,3 +86,73 @@ def test_expect_params_rounding_interval() -> None:
     for bad in ("11.7X", "M", "1..0"):
         with pytest.raises(UsageError):
             parse_count_range(bad)
+
+
+# ----------------------------------------------------------------- issue 29.8: one tie-break
+TIED = '''
+import torch
+from torch import nn
+
+
+class Tied(nn.Module):
+    """An untrained head initialised to zero (as torchvision's ViT): every class scores 0."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(4, 1000)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, x):
+        return self.head(self.pool(torch.relu(self.conv(x))).flatten(1))
+'''
+
+
+def test_tied_output_one_tie_break_everywhere(cli, tmp_path: Path) -> None:
+    """Equal scores rank lowest class first (as argmax does) in the prediction list, the
+    'predicted' and top:K targets of cam, grads and guided-backprop."""
+    import torch
+
+    from inspect_model.methods.targets import top_classes
+
+    assert int(torch.zeros(1, 1000).argmax(1)) == 0  # the rule we follow: argmax's
+    assert top_classes(torch.zeros(2, 1000), 5).tolist() == [[0, 1, 2, 3, 4]] * 2
+    assert top_classes(torch.tensor([[1.0, 3.0, 3.0, 2.0]]), 3).tolist() == [[1, 2, 3]]
+    p = tmp_path / "tied.py"
+    p.write_text(TIED)
+    base = [f"{p}:Tied", "--input-size", "3x8x8", "--weights", "none", "--json"]
+    cam = json.loads(cli(["cam", *base, "--layer", "conv"]).stdout)
+    rec = cam["images"][0]
+    assert [q["class"] for q in rec["predictions"]] == [0, 1, 2, 3, 4]
+    assert [m["target"]["class"] for m in rec["maps"]] == [0]
+    top = json.loads(cli(["cam", *base, "--layer", "conv", "--target", "top:3"]).stdout)["images"][0]
+    assert [m["target"]["class"] for m in top["maps"]] == [0, 1, 2]
+    grads = json.loads(cli(["grads", *base, "--target", "top:2"]).stdout)
+    assert grads["images"][0]["targets"] == [0, 1]
+    guided = json.loads(cli(["guided-backprop", *base]).stdout)
+    assert guided["images"][0]["targets"] == [0]
+
+
+def test_predicted_line_uses_the_terminal_width() -> None:
+    """On a 160-column terminal the "predicted:" line is one line, not wrapped to the table."""
+    import io
+
+    from rich.console import Console
+
+    from inspect_model.render.cam_report import render_rich
+
+    preds = [{"class": i, "label": f"class name number {i}", "probability": 0.1, "score": 1.0} for i in range(5)]
+    payload = {"model": "m", "layers": [{"name": "conv", "kind": "nchw", "grid": [8, 8], "channels": 4}],
+               "methods": ["gradcam"], "target": "predicted", "image_count": 1, "warnings": [],
+               "images": [{"index": 0, "image": "cat.jpg", "predictions": preds, "maps": [
+                   {"method": "gradcam", "layer": "conv", "warnings": [], "class_independent": False,
+                    "raw_min": 0.0, "raw_max": 1.0, "target": preds[0]}]}]}
+    buf = io.StringIO()
+    console = Console(file=buf, width=160, force_terminal=False, color_system=None)
+    for part in render_rich(payload):  # as cli.common.emit prints them
+        console.print(part, markup=False, highlight=False) if isinstance(part, str) else console.print(part)
+    lines = [ln for ln in buf.getvalue().splitlines() if "predicted:" in ln]
+    assert len(lines) == 1 and lines[0].rstrip().endswith("4 class name number 4 0.100"), buf.getvalue()

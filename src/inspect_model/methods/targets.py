@@ -88,8 +88,17 @@ def resolve_targets(spec: TargetSpec, scores: torch.Tensor) -> list[list[int]]:
             )
         return [[spec.index % n_classes] for _ in range(flat.shape[0])]
     k = 1 if spec.kind == "predicted" else min(spec.k, n_classes)
-    top = flat.detach().float().topk(k, dim=1).indices
-    return [row.tolist() for row in top]
+    return top_classes(flat, k).tolist()
+
+
+def top_classes(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k`` best classes of each row of (N, classes) ``scores``, best first; equal
+    scores in class order, lowest index first, as ``argmax`` breaks ties. The one ranking
+    of every prediction list and every ``predicted``/``top:K`` target (issue 29: an
+    untrained ViT's tied output was listed from class 3 by ``topk`` and explained for 0)."""
+    import torch
+
+    return torch.sort(scores.detach().float(), dim=1, descending=True, stable=True).indices[:, :k]
 
 
 def top_k_warning(spec: Any, n_classes: int) -> str | None:

@@ -32,12 +32,16 @@ def image_record(res: CamResult, i: int, *, index: int, name: str, size: list[in
     """The report entry of sample ``i`` of ``res`` (global position ``index``)."""
     scores = res.scores[i]
     probs = res.probabilities[i]
+    import torch
+
     k = min(top, scores.shape[0])
-    best = probs.topk(k)
+    # Ranked by the scores, equal ones lowest class first: the ranking of the targets
+    # (methods.targets.top_classes), so the list's first class is the one 'predicted' draws.
+    best = torch.sort(scores.detach().float(), descending=True, stable=True).indices[:k].tolist()
     predictions = [
         {"class": int(c), "label": class_name(int(c), categories), "score": float(scores[int(c)]),
-         "probability": float(p)}
-        for p, c in zip(best.values.tolist(), best.indices.tolist())
+         "probability": float(probs[int(c)])}
+        for c in best
     ]
     maps = []
     for m in res.maps:
@@ -114,8 +118,10 @@ def render_text(payload: dict[str, Any]) -> str:
 def render_rich(payload: dict[str, Any]) -> list[Any]:
     parts: list[Any] = ["\n".join(_header(payload))]
     for rec in payload["images"]:
-        parts.append(rich_table(MAP_COLUMNS, _map_rows(rec),
-                                title=f"[{rec['index']}] {rec['image']}  predicted: {_predictions(rec)}"))
+        # The predictions on a line of their own, as wide as the terminal: a table title
+        # wraps at the table's width (issue 29: ~65 columns on a 160-column terminal).
+        parts.append(f"\n[{rec['index']}] {rec['image']}\npredicted: {_predictions(rec)}")
+        parts.append(rich_table(MAP_COLUMNS, _map_rows(rec)))
         for title, cols, rows in rf.image_tables(rec):
             parts.append(rich_table(cols, rows, title=f"[{rec['index']}] {title}"))
     ev = payload.get("evaluation")
