@@ -156,3 +156,22 @@ def test_predicted_line_uses_the_terminal_width() -> None:
         console.print(part, markup=False, highlight=False) if isinstance(part, str) else console.print(part)
     lines = [ln for ln in buf.getvalue().splitlines() if "predicted:" in ln]
     assert len(lines) == 1 and lines[0].rstrip().endswith("4 class name number 4 0.100"), buf.getvalue()
+
+
+# ----------------------------------------------------------------- issue 29.8: top-level --help
+def test_top_level_help_lists_exit_codes_one_a_line_and_whole_summaries(cli) -> None:
+    from inspect_model import errors
+
+    res = cli(["--help"])
+    assert res.exit_code == 0
+    lines = res.stdout.splitlines()
+    start = lines.index("  Exit codes:")
+    block = lines[start + 2:start + 2 + len(errors.EXIT_CODES)]
+    assert [ln.split(None, 1)[0] for ln in block] == [str(c) for c in errors.EXIT_CODES]  # no blank lines between
+    assert all(ln.split(None, 1)[1] == errors.EXIT_CODES[int(ln.split(None, 1)[0])] for ln in block)
+    commands = lines[lines.index("Commands:") + 1:]
+    summaries = [ln.split(None, 1)[1] for ln in commands if ln.strip()]
+    assert summaries, res.stdout
+    for s in summaries:  # cut at a word, never mid-sentence at "et al." or inside parentheses
+        assert not s.endswith(("et al.", "al.")) and (s.count("(") == s.count(")") or s.endswith("...")), s
+    assert any(s.startswith("Guided backpropagation for any network") for s in summaries)

@@ -34,7 +34,7 @@ app = typer.Typer(
         "Open up PyTorch models: layer summaries, activations, gradients, guided backprop and "
         "class activation maps, for torchvision models by name or your own.\n\n"
         "Example: inspect-model summary resnet34\n\n"
-        "Exit codes:\n\n" + "\n\n".join(f"{c}: {t}" for c, t in errors.EXIT_CODES.items())
+        "Exit codes:\n\n\b\n" + EXIT_HELP  # \b: click keeps these lines as they are, one per code
     ),
     no_args_is_help=True,
     add_completion=True,

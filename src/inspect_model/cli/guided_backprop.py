@@ -50,7 +50,7 @@ def guided_backprop(
     inputs: InputOptions,
     run_opts: RunOptions,
 ) -> None:
-    """Guided backpropagation (Springenberg et al. 2015) for any network.
+    """Guided backpropagation for any network (Springenberg, Dosovitskiy, Brox and Riedmiller 2015).
 
     Every ReLU of the model (modules, in-place ones, reused ones, and functional F.relu /
     torch.relu calls) passes back only positive gradient where its input was positive. One
