@@ -167,8 +167,8 @@ def test_top_level_help_lists_exit_codes_one_a_line_and_whole_summaries(cli) -> 
     lines = res.stdout.splitlines()
     start = lines.index("  Exit codes:")
     block = lines[start + 2:start + 2 + len(errors.EXIT_CODES)]
-    assert [ln.split(None, 1)[0] for ln in block] == [str(c) for c in errors.EXIT_CODES]  # no blank lines between
-    assert all(ln.split(None, 1)[1] == errors.EXIT_CODES[int(ln.split(None, 1)[0])] for ln in block)
+    assert [ln.split(None, 1)[0] for ln in block] == [f"{c}:" for c in errors.EXIT_CODES]  # no blank lines between
+    assert all(ln.split(None, 1)[1] == errors.EXIT_CODES[int(ln.split(None, 1)[0][:-1])] for ln in block)
     commands = lines[lines.index("Commands:") + 1:]
     summaries = [ln.split(None, 1)[1] for ln in commands if ln.strip()]
     assert summaries, res.stdout

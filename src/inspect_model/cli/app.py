@@ -26,7 +26,7 @@ from inspect_model.cli.models import models
 from inspect_model.cli.summary import summary
 from inspect_model.render.table import clean
 
-EXIT_HELP = "\n".join(f"  {code:>3}  {text}" for code, text in errors.EXIT_CODES.items())
+EXIT_HELP = "\n".join(f"  {code:>3}: {text}" for code, text in errors.EXIT_CODES.items())
 
 app = typer.Typer(
     name="inspect-model",
