@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.render.table import Column, plain_table, rich_table
+from inspect_model.render.table import Column, one_line, plain_table, rich_table
 
 if TYPE_CHECKING:
     from inspect_model.methods.gradients import GradReport, LayerGrad, SampleGrad
@@ -222,7 +222,8 @@ def flow_figure(rep: GradReport) -> Any:
             ax.set_yscale("log")
             step = max(1, math.ceil(len(labels) / 70))
             ax.set_xticks(list(range(0, len(labels), step)))
-            ax.set_xticklabels(labels[::step], rotation=90, fontsize=8 if len(labels) <= 70 else 7)
+            ax.set_xticklabels([one_line(t) for t in labels[::step]], rotation=90,
+                               fontsize=8 if len(labels) <= 70 else 7)
             ax.set_xlim(-0.6, len(labels) - 0.4)
             ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, borderaxespad=0.0)
         else:
@@ -300,7 +301,7 @@ def _histogram_page(layers: Sequence[LayerGrad], edges: Sequence[float], lo: flo
         px0, px1 = x0 + 8, x0 + pw - 10  # plot area
         py0, py1 = y0 + fs + 8, y0 + ph - fs - 14
         o = r.grad_output
-        odd = "" if o is None or o.finite else f", NaN {o.nan_count}, Inf {o.inf_count}"
+        odd = "" if o is None or getattr(o, "finite", True) else f", NaN {o.nan_count}, Inf {o.inf_count}"
         d.text((x0 + pw // 2, y0 + 2), raster.fit_text(f"{r.key} (zeros {r.hist.zeros}{odd})", fs, pw - 12),
                font=raster.font(fs), fill=(176, 0, 32) if odd else raster.FG, anchor="ma")
         d.rectangle((px0, py0, px1, py1), outline=(170, 170, 170))
@@ -375,7 +376,7 @@ def jacobian_figure(r: JacobianResult, max_images: int = 8) -> Any:
     for i in range(n):
         ax = axes[0][i]
         im = ax.imshow(maps[i].numpy(), cmap="magma")
-        ax.set_title(r.names[i][-30:], fontsize=7)
+        ax.set_title(one_line(r.names[i])[-30:], fontsize=7)
         ax.axis("off")
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     fig.suptitle(f"mean over channels of |d({r.of})/d({r.wrt})|", fontsize=9)
