@@ -67,7 +67,12 @@ document.querySelectorAll("table.sortable").forEach(function (t) {
 
 
 def _esc(v: Any) -> str:
-    return html.escape(str(v), quote=True)
+    """Text for the page: names keep their characters, but control characters and bytes
+    that are not UTF-8 are escaped as report.txt shows them (a lone surrogate cannot be
+    written as UTF-8, issue 28); report.json keeps them exact."""
+    from inspect_model.render.table import one_line
+
+    return html.escape(one_line(v), quote=True)
 
 
 def _cell(v: Any) -> tuple[str, bool]:
