@@ -35,9 +35,10 @@ def pct(v: float | None) -> str:
 
 
 def _max_abs(s: Any) -> float | None:
-    from inspect_model.methods.grad_stats import max_abs
-
-    return max_abs(s)
+    """max |g| as reported: NaN for a tensor holding NaN, Inf for one holding Inf."""
+    if s is None:
+        return None
+    return float("nan") if s.nan_count else s.reported().abs_max
 
 
 def _rep(s: Any) -> Any:
