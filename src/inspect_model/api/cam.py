@@ -164,6 +164,12 @@ class CamSession(Session):
         for key in self.passes:
             self.passes[key] += res.passes[key]
         self.warnings.extend(res.notes)
+        if not self.entries:  # the class count is the same for every batch: say it once
+            from inspect_model.methods.targets import top_k_warning
+
+            cut = top_k_warning(self.spec, int(res.probabilities.shape[-1]))
+            if cut:
+                self.warnings.add(cut)
         items = []
         first = len(self.entries)
         for i in range(batch.tensor.shape[0]):

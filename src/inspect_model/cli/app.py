@@ -21,7 +21,7 @@ from inspect_model.cli.generate import build, command_help
 from inspect_model.render.table import clean
 from inspect_model.settings import check_environment
 
-EXIT_HELP = "\n".join(f"  {code:>3}  {text}" for code, text in errors.EXIT_CODES.items())
+EXIT_HELP = "\n".join(f"  {code:>3}: {text}" for code, text in errors.EXIT_CODES.items())
 
 app = typer.Typer(
     name="inspect-model",
@@ -29,7 +29,7 @@ app = typer.Typer(
         "Open up PyTorch models: layer summaries, activations, gradients, guided backprop and "
         "class activation maps, for torchvision models by name or your own.\n\n"
         "Example: inspect-model summary resnet34\n\n"
-        "Exit codes:\n\n\b\n" + "\n".join(f"{c}: {t}" for c, t in errors.EXIT_CODES.items())
+        "Exit codes:\n\n\b\n" + EXIT_HELP  # \b: click keeps these lines as they are, one per code
     ),
     no_args_is_help=True,
     add_completion=True,

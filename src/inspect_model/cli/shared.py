@@ -187,7 +187,10 @@ def run_api(command: str, api_fn: Callable[..., Any], opts: ModelOptions, inputs
         return result
     speed = result.payload.get("throughput") if isinstance(result.payload, dict) else None
     if speed and speed.get("images_per_second") is not None:
-        msgs.info(f"{speed['images']} image(s) in {speed['seconds']:.2f} s: {speed['images_per_second']:.1f} images/s")
+        from inspect_model.cli.progress import format_rate
+
+        msgs.info(f"{speed['images']} image(s) in {speed['seconds']:.2f} s: "
+                  f"{format_rate(speed['images'], speed['seconds'])}")
     deliver(result, run_opts, msgs)
     if result.failures:
         raise CheckFailed("; ".join(result.failures))

@@ -96,7 +96,9 @@ def _probe(model: nn.Module, x: torch.Tensor, names: Sequence[str], probe: int =
     from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
 
     with HookEngine(model, list(names), CaptureOptions(outputs=True, grad_enabled=False)) as eng:
-        run_forward(eng, lambda: model(x[:probe].detach()))
+        # A copy: a model that scales its input in place (x /= 255) must not change ``x``,
+        # which the real passes use next (issue 28).
+        run_forward(eng, lambda: model(x[:probe].detach().clone()))
     return eng.finalize()
 
 
@@ -126,7 +128,7 @@ def _probe_paths(model: nn.Module, x: torch.Tensor, names: Sequence[str],
     try:
         with HookEngine(model, list(names), CaptureOptions(outputs=True, grad_enabled=True)) as eng:
             handles = [modules[n].register_forward_hook(keep(n)) for n in names if n in modules]
-            out = run_forward(eng, lambda: model(x1))
+            out = run_forward(eng, lambda: model(x1.clone()))  # a non-leaf: x /= 255 is allowed
     finally:
         for h in handles:
             h.remove()
