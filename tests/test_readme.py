@@ -155,8 +155,9 @@ def _argv(line: str) -> tuple[list[str], str | None, str | None]:
     argv = argv[1:]
     if argv[0] not in ("summary", "models") and "--weights" not in argv:
         argv += ["--weights", "none"]  # offline: random weights instead of a download
-        if "--label" in argv and not argv[argv.index("--label") + 1].isdigit():
-            argv += ["--labels", "imagenet.txt"]  # random weights carry no class names: give them
+        label = next((f for f in ("--true-label", "--label") if f in argv), None)
+        if label and not argv[argv.index(label) + 1].isdigit():
+            argv += ["--class-names", "imagenet.txt"]  # random weights carry no class names: give them
     return argv, stdin, pipe
 
 
