@@ -79,7 +79,7 @@ def _save(path: Path, state: dict[str, Any]) -> None:
 
 def _tamper_pending(state: dict[str, Any], out: Path, home: Path, case: str) -> None:
     staging = out / STAGING
-    staged, final = state["pending"][0]
+    staged, _ = state["pending"][0]
     if case == "final outside":  # the next commit would overwrite ~/.bashrc
         state["pending"].append((staged, str(home / ".bashrc")))
     elif case == "final outside by ..":

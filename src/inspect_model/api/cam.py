@@ -6,7 +6,6 @@ heat map, contact sheets at the top. Resumable and mergeable: one entry per imag
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from inspect_model.api.options import InputOptions, ModelOptions
