@@ -60,8 +60,8 @@ def floor(model_spec: str, folder: Path, workers: int, batch: int, size: int, de
 def command(name: str, model_spec: str, folder: Path, workers: int, batch: int, size: int, device: str) -> float:
     from inspect_model.api.activations import activations
     from inspect_model.api.cam import cam
-    from inspect_model.api.distributed import scaled
     from inspect_model.api.options import InputOptions, ModelOptions
+    from inspect_model.api.world import scaled
 
     fn = activations if name == "activations" else cam
     with scaled(workers=workers):

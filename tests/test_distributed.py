@@ -254,8 +254,8 @@ def test_grads_resume_after_kill_equals_uninterrupted_run(data: dict[str, Path],
 
 def test_workers_give_the_same_batches(data: dict[str, Path]) -> None:
     from inspect_model.api.activations import activations
-    from inspect_model.api.world import scaled
     from inspect_model.api.options import InputOptions, ModelOptions
+    from inspect_model.api.world import scaled
 
     spec = f"{data['model']}:TinyCNN"
     docs = []
@@ -323,7 +323,8 @@ def test_grads_parts_merge_into_one_run(tmp_path: Path) -> None:
     import torch
     from torch import nn
 
-    from inspect_model.api.resume import load_state as _load_state, save_state as _save_state
+    from inspect_model.api.resume import load_state as _load_state
+    from inspect_model.api.resume import save_state as _save_state
     from inspect_model.methods.gradients import GradRun, gradients, merge_partials
 
     class Sqrt(nn.Module):

@@ -79,7 +79,7 @@ def _save(path: Path, state: dict[str, Any]) -> None:
 
 def _tamper_pending(state: dict[str, Any], out: Path, home: Path, case: str) -> None:
     staging = out / STAGING
-    staged, final = state["pending"][0]
+    staged, _ = state["pending"][0]
     if case == "final outside":  # the next commit would overwrite ~/.bashrc
         state["pending"].append((staged, str(home / ".bashrc")))
     elif case == "final outside by ..":
@@ -361,3 +361,26 @@ def test_the_directory_lock_degrades_cleanly_without_fcntl(tmp_path: Path, monke
     failed.write_text("b.txt", "b")
     failed.abort()
     assert not (tmp_path / "new").exists()
+
+
+def test_adopt_checks_both_ends_of_every_pair(tmp_path: Path) -> None:
+    """The general guard under every resume and merge: OutputDir.adopt takes no pair that
+    leaves the directory, and takes nothing when one does."""
+    from inspect_model.errors import OutputError
+    from inspect_model.render.files import OutputDir
+
+    out = OutputDir(tmp_path / "o").prepare()
+    assert out.staging is not None
+    staged, final = out.reserve("a.png")
+    good = [(staged, final)]
+    (tmp_path / "outside").mkdir()
+    (out.staging / "up").symlink_to(tmp_path / "outside", target_is_directory=True)
+    bad = [[(staged, tmp_path / "x.png")], [(tmp_path / "x.png", final)], [(out.staging / "up" / "f", final)],
+           [(staged, out.path / ".." / "x.png")], [(staged, out.staging / "f.png")], [(staged, Path("/etc/passwd"))]]
+    for pairs in bad:
+        with pytest.raises(OutputError, match="lies outside"):
+            out.adopt(good + pairs, [str(final)])
+        assert out.pending() == good
+    with pytest.raises(OutputError, match="lies outside"):
+        out.adopt(good, [str(final), str(tmp_path / "x.png")])
+    out.abort()

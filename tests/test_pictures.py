@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inspect_model.render.sink import MAX_PENDING, Sink
 from inspect_model.errors import OutputError
 from inspect_model.render import raster
 from inspect_model.render.files import OutputDir, png_bytes
+from inspect_model.render.sink import MAX_PENDING, Sink
 
 
 def test_lookup_table_gives_matplotlibs_colours() -> None:

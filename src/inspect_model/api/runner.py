@@ -26,7 +26,14 @@ from inspect_model.api import resume as rs
 from inspect_model.api.session import ImageItem, Result, Session
 from inspect_model.api.signals import sigterm_unwinds
 from inspect_model.api.world import Group, Phase, World, shard
-from inspect_model.errors import DistributedError, Interrupted, OutputError, Terminated, UsageError, one_line
+from inspect_model.errors import (
+    DistributedError,
+    Interrupted,
+    OutputError,
+    Terminated,
+    UsageError,
+    one_line,
+)
 from inspect_model.render.sink import Drawer, Sink, write_reports
 
 if TYPE_CHECKING:

@@ -15,7 +15,6 @@ import re
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
