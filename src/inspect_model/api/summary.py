@@ -7,7 +7,8 @@ a model that cannot run there falls back to a real CPU pass, with a note. The re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -67,73 +68,96 @@ def summarize_model(
     ``device="meta"`` (the default) computes shapes and MACs without memory or arithmetic;
     a model that cannot run on meta falls back to a real pass on the CPU, with a note.
     """
-    import torch
-
-    from inspect_model.loading.shapes import (
-        make_example_inputs,
-        parse_dtype,
-        parse_input_spec,
-        parse_size,
-    )
-    from inspect_model.methods.summary import summarize
+    from inspect_model.loading.saved_models import check_static_batch
+    from inspect_model.loading.shapes import parse_dtype, parse_input_spec
 
     loaded = model
-    sizes: list[tuple[int, ...]]
     specs = [parse_input_spec(s) for s in input_size or [] if isinstance(s, str) and (":" in s or "=" in s)]
     if specs:  # keyword or integer inputs: [NAME=]SHAPE[:DTYPE[:LOW-HIGH]] (issue 14)
         return _summarize_specs(loaded, [parse_input_spec(s) if isinstance(s, str) else
                                          parse_input_spec("x".join(map(str, s))) for s in input_size or []],
                                 batch_size=batch_size, dtype=dtype, device=device, depth=depth, seed=seed,
                                 train=train)
-    if input_size:
-        sizes = [parse_size(s) if isinstance(s, str) else tuple(int(d) for d in s) for s in input_size]
-    elif loaded.input_sizes:
-        sizes = list(loaded.input_sizes)
-    else:
-        raise InputError(
-            f"cannot tell the input size of {loaded.name}; pass --input-size, e.g. --input-size 3x224x224"
-        )
+    sizes = _input_sizes(loaded, input_size)
     if batch_size < 1:
         raise InputError(f"--batch-size must be 1 or more, got {batch_size}")
-    from inspect_model.loading.saved_models import check_static_batch
-
     check_static_batch(loaded, batch_size)
-    torch_dtype = parse_dtype(dtype)
+    run = functools.partial(_run_pass, loaded, sizes=sizes, batch_size=batch_size, torch_dtype=parse_dtype(dtype),
+                            depth=depth, seed=seed, train=train)
     m = loaded.model
     notes: list[str] = []
-
-    def run(dev: str) -> SummaryResult:
-        x = make_example_inputs(sizes, batch_size=batch_size, family=loaded.family, dtype=torch_dtype,
-                                device=dev, seed=seed, vocab=getattr(loaded, "token_vocab", None))
-        fwd = None
-        if dev == "meta" and (not _on_meta(m) or torch_dtype != torch.float32):
-            fwd = _meta_call(m, x, torch_dtype)
-        elif dev != "meta" and _on_meta(m):
-            raise _NeedsRealModel()
-        return summarize(m, x, name=loaded.name, depth=depth, forward=fwd, train=train)
-
     if device == "meta":
-        res = run("meta")
-        if res.error and _meta_limitation(res.error):
-            reason = res.error
-            try:
-                res = run("cpu")
-            except _NeedsRealModel:
-                from inspect_model.loading.models import load_torchvision
-
-                if loaded.source != "torchvision":
-                    from inspect_model.errors import ModelRuntimeError
-
-                    raise ModelRuntimeError(
-                        f"the meta device cannot run this model ({one_line(reason)}); use --device cpu"
-                    ) from None
-                real = load_torchvision(loaded.name, weights=None, device="cpu")
-                m = real.model
-                res = run("cpu")
-            notes.append(f"the meta device could not run this model ({one_line(reason)}); used a real forward pass on cpu")
+        res, m, notes = _meta_then_cpu(loaded, run)
     else:
-        res = run(device)
+        res = run(m, device)
     res.notes[:0] = [*loaded.notes, *notes]
+    _add_first_layer_hint(res, m)
+    return res
+
+
+def _input_sizes(loaded: Any, input_size: Sequence[Sequence[int] | str] | None) -> list[tuple[int, ...]]:
+    """The per-sample input shapes: given (``3x224x224`` or a sequence), else the model's own."""
+    from inspect_model.loading.shapes import parse_size
+
+    if input_size:
+        return [parse_size(s) if isinstance(s, str) else tuple(int(d) for d in s) for s in input_size]
+    if loaded.input_sizes:
+        return list(loaded.input_sizes)
+    raise InputError(
+        f"cannot tell the input size of {loaded.name}; pass --input-size, e.g. --input-size 3x224x224"
+    )
+
+
+def _run_pass(loaded: Any, m: nn.Module, dev: str, *, sizes: list[tuple[int, ...]], batch_size: int,
+              torch_dtype: Any, depth: int | None, seed: int, train: bool) -> SummaryResult:
+    """The table of ``m`` on example inputs made on ``dev``; on meta, the weights are swapped
+    for meta copies for the pass unless they are on meta already (in float32)."""
+    import torch
+
+    from inspect_model.loading.shapes import make_example_inputs
+    from inspect_model.methods.summary import summarize
+
+    x = make_example_inputs(sizes, batch_size=batch_size, family=loaded.family, dtype=torch_dtype,
+                            device=dev, seed=seed, vocab=getattr(loaded, "token_vocab", None))
+    fwd = None
+    if dev == "meta" and (not _on_meta(m) or torch_dtype != torch.float32):
+        fwd = _meta_call(m, x, torch_dtype)
+    elif dev != "meta" and _on_meta(m):
+        raise _NeedsRealModel()
+    return summarize(m, x, name=loaded.name, depth=depth, forward=fwd, train=train)
+
+
+def _meta_then_cpu(loaded: Any, run: Callable[[nn.Module, str], SummaryResult]
+                   ) -> tuple[SummaryResult, nn.Module, list[str]]:
+    """The pass on meta; where the meta device is the limit, again on the CPU (a model
+    loaded on meta is rebuilt there when it is torchvision's). Returns the result, the
+    model that made it, and a note on the fallback."""
+    m = loaded.model
+    res = run(m, "meta")
+    if not (res.error and _meta_limitation(res.error)):
+        return res, m, []
+    reason = res.error
+    try:
+        res = run(m, "cpu")
+    except _NeedsRealModel:
+        from inspect_model.loading.models import load_torchvision
+
+        if loaded.source != "torchvision":
+            from inspect_model.errors import ModelRuntimeError
+
+            raise ModelRuntimeError(
+                f"the meta device cannot run this model ({one_line(reason)}); use --device cpu"
+            ) from None
+        real = load_torchvision(loaded.name, weights=None, device="cpu")
+        m = real.model
+        res = run(m, "cpu")
+    note = f"the meta device could not run this model ({one_line(reason)}); used a real forward pass on cpu"
+    return res, m, [note]
+
+
+def _add_first_layer_hint(res: SummaryResult, m: nn.Module) -> None:
+    """Append the first layer's input hint to an error raised at (or before) that layer:
+    an input-shape problem. Out-of-memory errors stay as they are."""
     if res.error and not res.error.startswith(("out of CPU memory", "out of GPU memory")):
         found = first_layer_hint(m)
         if found is not None:
@@ -142,7 +166,6 @@ def summarize_model(
             # Only when the pass died at (or before) the first layer: an input-shape problem.
             if status != "ok" and hint not in res.error:
                 res.error = f"{res.error} ({hint})"
-    return res
 
 
 def _summarize_specs(loaded: Any, specs: list[Any], *, batch_size: int, dtype: str, device: str,

@@ -129,8 +129,6 @@ def _command_params(command: str, group: Any = None) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the CLI and exit with the documented code."""
-    from inspect_model.cli._compat import ABORT_TYPES, EXIT_TYPES, click
-
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     code = 0
@@ -142,73 +140,89 @@ def main(argv: list[str] | None = None) -> None:
         with routed_warnings(quiet="--quiet" in args or "-q" in args):
             rv = app(args=args, prog_name="inspect-model", standalone_mode=False, default_map=default_map)
         code = rv if isinstance(rv, int) else 0
-    except SystemExit as exc:
-        if _from_cli_framework(exc):  # shell completion, --show-completion: Click's own, finished exit
-            code = exc.code if isinstance(exc.code, int) else 0
-            sys.exit(code)
-        # Click and Typer leave by their own exceptions (caught below); a SystemExit here was
-        # raised by the model's code (a factory, forward): never a silent pass for CI (issue 13).
-        shown = "" if exc.code is None else repr(exc.code)
-        print(f"error: model code called sys.exit({clean(shown)}); the model did not finish running",
-              file=sys.stderr)
-        code = errors.EXIT_RUNTIME
-    except errors.Terminated:
-        print("error: terminated (SIGTERM); partial outputs removed", file=sys.stderr)
-        code = errors.EXIT_TERMINATED
-    except errors.Interrupted:
-        print("error: interrupted (Ctrl-C); partial outputs removed", file=sys.stderr)
-        code = errors.EXIT_INTERRUPTED
-    except MemoryError as exc:
-        print(f"error: {errors.out_of_memory(exc)}", file=sys.stderr)
-        code = errors.EXIT_RUNTIME
-    except EXIT_TYPES as exc:
-        code = exc.exit_code  # type: ignore[attr-defined]
-        if isinstance(exc.__cause__, KeyboardInterrupt):  # Typer turns Ctrl-C into a silent Exit(130)
-            print("error: interrupted (Ctrl-C); partial outputs removed", file=sys.stderr)
-            code = errors.EXIT_INTERRUPTED
-    except ABORT_TYPES:
-        print("error: interrupted (Ctrl-C); partial outputs removed", file=sys.stderr)
-        code = errors.EXIT_INTERRUPTED
-    except click.exceptions.UsageError as exc:
-        if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None:
-            print(exc.ctx.get_help())
-            sys.exit(0)
-        where = f" (see 'inspect-model {exc.ctx.info_name} --help')" if exc.ctx and exc.ctx.parent else \
-            " (see 'inspect-model --help')"
-        print(f"error: {clean(exc.format_message())}{where}", file=sys.stderr)
-        code = errors.EXIT_USAGE
-    except click.exceptions.ClickException as exc:
-        print(f"error: {clean(exc.format_message())}", file=sys.stderr)
-        code = errors.EXIT_USAGE
-    except errors.InspectModelError as exc:
-        if debug:
-            import traceback
-
-            traceback.print_exc()
-        oom = _out_of_memory(exc)  # torch's allocators raise RuntimeError, maybe wrapped in ours (issue 28)
-        print(f"error: {clean(oom or exc)}", file=sys.stderr)
-        code = errors.EXIT_RUNTIME if oom else exc.exit_code
-    except KeyboardInterrupt:
-        print("error: interrupted (Ctrl-C); partial outputs removed", file=sys.stderr)
-        code = errors.EXIT_INTERRUPTED
-    except BrokenPipeError:
-        # `inspect-model ... | head`: the reader left; not an error of ours.
-        try:
-            sys.stdout = None  # type: ignore[assignment]
-        finally:
-            code = 0
-    except Exception as exc:  # the one catch-all: a bug or an unforeseen model failure
-        if debug:
-            import traceback
-
-            traceback.print_exc()
-        oom = _out_of_memory(exc)
-        text = oom or f"unexpected {type(exc).__name__}: {errors.one_line(exc)} (run with --debug for a traceback)"
-        print(f"error: {clean(text)}", file=sys.stderr)
-        code = errors.EXIT_RUNTIME
+    except BaseException as exc:  # the one error edge: see _exit_code
+        code = _exit_code(exc, debug)
     finally:
         restore()
     sys.exit(code)
+
+
+_INTERRUPTED = "interrupted (Ctrl-C); partial outputs removed"
+
+
+def _exit_code(exc: BaseException, debug: bool) -> int:
+    """Print ``exc``'s one line on stderr and return its exit code; called while ``exc`` is
+    being handled (``--debug`` prints its traceback). What it does not know is re-raised;
+    Click's own finished exits (completion, a bare ``inspect-model``) leave with ``sys.exit``."""
+    from inspect_model.cli._compat import ABORT_TYPES, EXIT_TYPES, click
+
+    if isinstance(exc, SystemExit):
+        return _system_exit_code(exc)
+    if isinstance(exc, errors.Terminated):
+        return _fail("terminated (SIGTERM); partial outputs removed", errors.EXIT_TERMINATED)
+    if isinstance(exc, errors.Interrupted):
+        return _fail(_INTERRUPTED, errors.EXIT_INTERRUPTED)
+    if isinstance(exc, MemoryError):
+        return _fail(errors.out_of_memory(exc), errors.EXIT_RUNTIME)
+    if isinstance(exc, EXIT_TYPES):
+        if isinstance(exc.__cause__, KeyboardInterrupt):  # Typer turns Ctrl-C into a silent Exit(130)
+            return _fail(_INTERRUPTED, errors.EXIT_INTERRUPTED)
+        return exc.exit_code  # type: ignore[attr-defined, no-any-return]
+    if isinstance(exc, ABORT_TYPES):
+        return _fail(_INTERRUPTED, errors.EXIT_INTERRUPTED)
+    if isinstance(exc, click.exceptions.UsageError):
+        return _usage_error_code(exc)
+    if isinstance(exc, click.exceptions.ClickException):
+        return _fail(clean(exc.format_message()), errors.EXIT_USAGE)
+    if isinstance(exc, errors.InspectModelError):
+        _traceback(debug)
+        oom = _out_of_memory(exc)  # torch's allocators raise RuntimeError, maybe wrapped in ours (issue 28)
+        return _fail(clean(oom or exc), errors.EXIT_RUNTIME if oom else exc.exit_code)
+    if isinstance(exc, KeyboardInterrupt):
+        return _fail(_INTERRUPTED, errors.EXIT_INTERRUPTED)
+    if isinstance(exc, BrokenPipeError):
+        # `inspect-model ... | head`: the reader left; not an error of ours.
+        sys.stdout = None  # type: ignore[assignment]
+        return 0
+    if isinstance(exc, Exception):  # the one catch-all: a bug or an unforeseen model failure
+        _traceback(debug)
+        oom = _out_of_memory(exc)
+        text = oom or f"unexpected {type(exc).__name__}: {errors.one_line(exc)} (run with --debug for a traceback)"
+        return _fail(clean(text), errors.EXIT_RUNTIME)
+    raise exc
+
+
+def _fail(text: Any, code: int) -> int:
+    print(f"error: {text}", file=sys.stderr)
+    return code
+
+
+def _traceback(debug: bool) -> None:
+    if debug:
+        import traceback
+
+        traceback.print_exc()
+
+
+def _system_exit_code(exc: SystemExit) -> int:
+    if _from_cli_framework(exc):  # shell completion, --show-completion: Click's own, finished exit
+        code = exc.code if isinstance(exc.code, int) else 0
+        sys.exit(code)
+    # Click and Typer leave by their own exceptions (handled in _exit_code); a SystemExit here
+    # was raised by the model's code (a factory, forward): never a silent pass for CI (issue 13).
+    shown = "" if exc.code is None else repr(exc.code)
+    return _fail(f"model code called sys.exit({clean(shown)}); the model did not finish running",
+                 errors.EXIT_RUNTIME)
+
+
+def _usage_error_code(exc: Any) -> int:
+    """One line naming the command's ``--help``; a bare command group prints its help, exit 0."""
+    if type(exc).__name__ == "NoArgsIsHelpError" and exc.ctx is not None:
+        print(exc.ctx.get_help())
+        sys.exit(0)
+    where = f" (see 'inspect-model {exc.ctx.info_name} --help')" if exc.ctx and exc.ctx.parent else \
+        " (see 'inspect-model --help')"
+    return _fail(f"{clean(exc.format_message())}{where}", errors.EXIT_USAGE)
 
 
 def _from_cli_framework(exc: SystemExit) -> bool:

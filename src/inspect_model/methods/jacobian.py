@@ -83,9 +83,40 @@ def jacobian(
     """d(of)/d(wrt) on the batch ``x`` (N, ...): one result per call of ``wrt``."""
     import torch
 
-    from inspect_model.engine.hooks import CaptureOptions, HookEngine, flatten_tensors, run_forward
-    from inspect_model.methods.targets import parse_target, resolve_targets, select_output
+    from inspect_model.engine.hooks import CaptureOptions, HookEngine
+    from inspect_model.methods.targets import parse_target
 
+    of_layer, wrt_layer = _resolve_layers(model, of=of, wrt=wrt, target=target, norm=norm, probes=probes)
+    spec = parse_target(target, categories) if of == "score" else None
+    n = x.shape[0]
+    batch_names = list(names) if names else [f"input-{i}" for i in range(n)]
+    opts = CaptureOptions(outputs=False, graph_roots=[wrt_layer] if wrt_layer else [],
+                          freeze_params=True, grad_enabled=True, keep_grads=True)
+    with HookEngine(model, [wrt_layer] if wrt_layer else [], opts) as eng:
+        traced = _trace(eng, model, x, of=of, wrt=wrt, of_layer=of_layer, wrt_layer=wrt_layer, spec=spec,
+                        output_key=output_key)
+        base = traced.vjp(torch.ones_like(traced.a))
+        sq_probes = _probe_norms(traced, len(base), n, probes, seed) if norm else [[] for _ in base]
+    results = []
+    for j, g in enumerate(base):
+        per_sample = g.shape[0] == n if g.dim() else False
+        res = JacobianResult(
+            of=of if of_layer is None else of_layer, wrt=traced.wrt_keys[j], names=batch_names,
+            of_shape=list(traced.a.shape), wrt_shape=list(g.shape), vjp=tensor_stats(g),
+            sample_norms=(g.double().reshape(n, -1).pow(2).sum(1).sqrt().tolist() if per_sample else []),
+            targets=traced.targets,
+        )
+        if g.dim() == 4:
+            res.grad_map = g.detach().abs().float().mean(1).cpu()  # (N, H, W)
+        if norm:
+            _add_norm(res, sq_probes[j], probes, per_sample)
+        results.append(res)
+    return results
+
+
+def _resolve_layers(model: nn.Module, *, of: str, wrt: str, target: str | None, norm: bool,
+                    probes: int) -> tuple[str | None, str | None]:
+    """Check the options and resolve ``of``/``wrt`` to one layer each (None: a special name)."""
     if norm and probes < 2:
         raise UsageError(f"--probes must be 2 or more for a standard error, got {probes}")
     of_layer = None if of in OF_SPECIAL else _one_layer(model, of, "--of")
@@ -94,100 +125,134 @@ def jacobian(
         raise UsageError(f"--of and --wrt both name '{of}'; d(A)/d(A) is the identity")
     if target is not None and of != "score":
         raise UsageError("--target applies to --of score; --of a layer uses a ones vector")
-    spec = parse_target(target, categories) if of == "score" else None
-    n = x.shape[0]
-    batch_names = list(names) if names else [f"input-{i}" for i in range(n)]
-    live: dict[str, torch.Tensor] = {}
-    opts = CaptureOptions(outputs=False, graph_roots=[wrt_layer] if wrt_layer else [],
-                          freeze_params=True, grad_enabled=True, keep_grads=True)
-    with HookEngine(model, [wrt_layer] if wrt_layer else [], opts) as eng:
-        if of_layer is not None:
-            mod = dict(model.named_modules())[of_layer]
-            original = mod.forward
+    return of_layer, wrt_layer
 
-            def wrapped(*args: Any, **kwargs: Any) -> Any:
-                out = original(*args, **kwargs)
-                if wrt_layer is None or any(r.name == wrt_layer and r.finished for r in eng.records):
-                    flat = [t for _, t in flatten_tensors(out) if t.is_floating_point()]
-                    if flat:
-                        live["A"] = flat[0]
-                        raise _Stop
-                return out
 
-            eng.patch(mod, "forward", wrapped)
-        xin = x.detach().clone().requires_grad_(wrt_layer is None)
-        out = None
+@dataclass
+class _Traced:
+    """The forward pass's part of d(A)/d(B): A, B's captured outputs, the classes scored."""
+
+    a: torch.Tensor  # A: the --of layer's output, the model output, or the scores (N, K)
+    caps: list[torch.Tensor]  # B's outputs, one per call (graph roots); [] for --wrt input
+    xin: torch.Tensor  # the input leaf; requires grad for --wrt input
+    wrt_keys: list[str]
+    targets: list[list[int]] | None
+    of: str
+    wrt_layer: str | None
+
+    def vjp(self, v: torch.Tensor) -> list[torch.Tensor]:
+        """J^T v: the gradient of (A * v).sum() at each of B's outputs (or at the input)."""
+        import torch
+
+        for c in self.caps:
+            c.grad = None
+        self.xin.grad = None
         try:
-            out = run_forward(eng, lambda: model(xin.clone()))  # a non-leaf: x /= 255 is allowed
-        except ModelRuntimeError as exc:
-            if not isinstance(exc.__cause__, _Stop):
-                raise
-        caps = [c for r in eng.finalize() for c in r.outputs] if wrt_layer else []
-        wrt_keys = [r.key for r in eng.records if r.outputs] if wrt_layer else [WRT_INPUT]
-        targets = None
-        if of_layer is None:
-            y = select_output(out, output_key)
-            if of == "score":
-                targets = resolve_targets(spec, y)
-                flat_y = y.reshape(n, -1)
-                a = torch.stack([flat_y[i, cls] for i, cls in enumerate(targets)])  # (N, K)
-            else:
-                a = y
-        elif "A" not in live:
-            raise LayerSelectionError(f"'{of}' does not run after '{wrt}' in the forward pass, so it cannot "
-                                      "depend on it; choose an --of layer that comes later")
-        else:
-            a = live["A"]
-        if wrt_layer and not caps:
-            raise LayerSelectionError(f"--wrt '{wrt}' did not run in the forward pass; pick a layer that runs")
-        if wrt_layer and not any(c.requires_grad for c in caps):
-            raise LayerSelectionError(f"--wrt '{wrt}' does not return a floating-point tensor; pick another layer")
-        if not a.requires_grad:
-            raise LayerSelectionError(f"'{of}' does not depend on '{wrt}'; choose layers on one path")
+            self.a.backward(v, retain_graph=True)
+        except RuntimeError as exc:
+            raise ModelRuntimeError(f"backward from '{self.of}' failed: {one_line(exc)}") from exc
+        if self.wrt_layer is None:
+            g = self.xin.grad
+            return [torch.zeros_like(self.xin) if g is None else g.detach().clone()]
+        return [torch.zeros(c.shape, dtype=self.a.dtype, device=self.a.device) if c.grad is None else c.grad
+                for c in self.caps]
 
-        def vjp(v: torch.Tensor) -> list[torch.Tensor]:
-            for c in caps:
-                c.grad = None
-            xin.grad = None
-            try:
-                a.backward(v, retain_graph=True)
-            except RuntimeError as exc:
-                raise ModelRuntimeError(f"backward from '{of}' failed: {one_line(exc)}") from exc
-            if wrt_layer is None:
-                g = xin.grad
-                return [torch.zeros_like(xin) if g is None else g.detach().clone()]
-            return [torch.zeros(c.shape, dtype=a.dtype, device=a.device) if c.grad is None else c.grad
-                    for c in caps]
 
-        ones = torch.ones_like(a)
-        base = vjp(ones)
-        sq_probes: list[list[torch.Tensor]] = [[] for _ in base]
-        if norm:
-            gen = torch.Generator(device="cpu").manual_seed(seed)
-            for _ in range(probes):
-                v = torch.randn(a.shape, generator=gen, dtype=torch.float32).to(a.device, a.dtype)
-                for j, g in enumerate(vjp(v)):
-                    sq_probes[j].append(g.detach().double().reshape(g.shape[0], -1).pow(2).sum(1)
-                                        if g.dim() and g.shape[0] == n else g.double().pow(2).sum().reshape(1))
-    results = []
-    for j, g in enumerate(base):
-        per_sample = g.shape[0] == n if g.dim() else False
-        res = JacobianResult(
-            of=of if of_layer is None else of_layer, wrt=wrt_keys[j], names=batch_names,
-            of_shape=list(a.shape), wrt_shape=list(g.shape), vjp=tensor_stats(g),
-            sample_norms=(g.double().reshape(n, -1).pow(2).sum(1).sqrt().tolist() if per_sample else []),
-            targets=targets,
-        )
-        if g.dim() == 4:
-            res.grad_map = g.detach().abs().float().mean(1).cpu()  # (N, H, W)
-        if norm:
-            s = torch.stack(sq_probes[j])  # (K, N) per-sample squared norms of J^T v
-            tot = s.sum(1)  # (K,)
-            res.probes = probes
-            res.norm_sq = float(tot.mean())
-            res.norm_sq_se = float(tot.std(unbiased=True)) / math.sqrt(probes)
-            res.norm = math.sqrt(max(res.norm_sq, 0.0))
-            res.norm_se = res.norm_sq_se / (2 * res.norm) if res.norm > 0 else 0.0
-            res.sample_norm_sq = s.mean(0).tolist() if per_sample else []
-        results.append(res)
-    return results
+def _trace(eng: Any, model: nn.Module, x: torch.Tensor, *, of: str, wrt: str, of_layer: str | None,
+           wrt_layer: str | None, spec: Any, output_key: str | None) -> _Traced:
+    """Run the forward pass under ``eng`` (stopped once A has run after B) and check that
+    A depends on B."""
+    from inspect_model.engine.hooks import run_forward
+
+    live: dict[str, torch.Tensor] = {}
+    if of_layer is not None:
+        _capture_of_layer(eng, model, of_layer, wrt_layer, live)
+    xin = x.detach().clone().requires_grad_(wrt_layer is None)
+    out = None
+    try:
+        out = run_forward(eng, lambda: model(xin.clone()))  # a non-leaf: x /= 255 is allowed
+    except ModelRuntimeError as exc:
+        if not isinstance(exc.__cause__, _Stop):
+            raise
+    caps = [c for r in eng.finalize() for c in r.outputs] if wrt_layer else []
+    wrt_keys = [r.key for r in eng.records if r.outputs] if wrt_layer else [WRT_INPUT]
+    a, targets = _of_tensor(out, live, of=of, wrt=wrt, of_layer=of_layer, spec=spec, output_key=output_key,
+                            n=x.shape[0])
+    if wrt_layer and not caps:
+        raise LayerSelectionError(f"--wrt '{wrt}' did not run in the forward pass; pick a layer that runs")
+    if wrt_layer and not any(c.requires_grad for c in caps):
+        raise LayerSelectionError(f"--wrt '{wrt}' does not return a floating-point tensor; pick another layer")
+    if not a.requires_grad:
+        raise LayerSelectionError(f"'{of}' does not depend on '{wrt}'; choose layers on one path")
+    return _Traced(a, caps, xin, wrt_keys, targets, of, wrt_layer)
+
+
+def _capture_of_layer(eng: Any, model: nn.Module, of_layer: str, wrt_layer: str | None,
+                      live: dict[str, torch.Tensor]) -> None:
+    """Wrap A's ``forward`` (the engine restores it): once B has run, A's first floating
+    output goes to ``live["A"]`` and the pass stops (:class:`_Stop`)."""
+    from inspect_model.engine.hooks import flatten_tensors
+
+    mod = dict(model.named_modules())[of_layer]
+    original = mod.forward
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        if wrt_layer is None or any(r.name == wrt_layer and r.finished for r in eng.records):
+            flat = [t for _, t in flatten_tensors(out) if t.is_floating_point()]
+            if flat:
+                live["A"] = flat[0]
+                raise _Stop
+        return out
+
+    eng.patch(mod, "forward", wrapped)
+
+
+def _of_tensor(out: Any, live: dict[str, torch.Tensor], *, of: str, wrt: str, of_layer: str | None,
+               spec: Any, output_key: str | None, n: int) -> tuple[torch.Tensor, list[list[int]] | None]:
+    """A, and for ``--of score`` the classes scored per input."""
+    import torch
+
+    from inspect_model.methods.targets import resolve_targets, select_output
+
+    if of_layer is None:
+        y = select_output(out, output_key)
+        if of != "score":
+            return y, None
+        targets = resolve_targets(spec, y)
+        flat_y = y.reshape(n, -1)
+        return torch.stack([flat_y[i, cls] for i, cls in enumerate(targets)]), targets  # (N, K)
+    if "A" not in live:
+        raise LayerSelectionError(f"'{of}' does not run after '{wrt}' in the forward pass, so it cannot "
+                                  "depend on it; choose an --of layer that comes later")
+    return live["A"], None
+
+
+def _probe_norms(traced: _Traced, count: int, n: int, probes: int, seed: int) -> list[list[torch.Tensor]]:
+    """||J^T v||^2 for ``probes`` seeded Gaussian vectors v, per input where B has a batch
+    dimension (else over the whole tensor): one list per B output (``count``)."""
+    import torch
+
+    a = traced.a
+    sq_probes: list[list[torch.Tensor]] = [[] for _ in range(count)]
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    for _ in range(probes):
+        v = torch.randn(a.shape, generator=gen, dtype=torch.float32).to(a.device, a.dtype)
+        for j, g in enumerate(traced.vjp(v)):
+            sq_probes[j].append(g.detach().double().reshape(g.shape[0], -1).pow(2).sum(1)
+                                if g.dim() and g.shape[0] == n else g.double().pow(2).sum().reshape(1))
+    return sq_probes
+
+
+def _add_norm(res: JacobianResult, sq: list[torch.Tensor], probes: int, per_sample: bool) -> None:
+    """Hutchinson's estimate of ||J||_F^2 with its standard error, and the norm's (delta method)."""
+    import torch
+
+    s = torch.stack(sq)  # (K, N) per-sample squared norms of J^T v
+    tot = s.sum(1)  # (K,)
+    res.probes = probes
+    res.norm_sq = float(tot.mean())
+    res.norm_sq_se = float(tot.std(unbiased=True)) / math.sqrt(probes)
+    res.norm = math.sqrt(max(res.norm_sq, 0.0))
+    res.norm_se = res.norm_sq_se / (2 * res.norm) if res.norm > 0 else 0.0
+    res.sample_norm_sq = s.mean(0).tolist() if per_sample else []

@@ -154,26 +154,75 @@ def summarize(
     If the pass raises, the result holds the rows up to the failing layer and names it in
     ``failed_layer``/``error`` instead of raising.
     """
+    modules = _unique_modules(model)
+    hooked = _hooked_pass(model, modules, forward or (lambda: model(*inputs)), train)
+    owned = _own_parameters(modules)
+    totals = _subtree_totals([n for n, _ in modules], owned, hooked.macs)
+    rows = _build_rows(modules, depth, hooked, owned, totals)
+    sizes = _model_sizes(model)
+    in_tensors = flatten_tensors(tuple(inputs))
+    first_dtype = str(in_tensors[0][1].dtype).replace("torch.", "") if in_tensors else "float32"
+    device = str(in_tensors[0][1].device) if in_tensors else "cpu"
+    return SummaryResult(
+        model=name,
+        input_shapes=[list(t.shape) for _, t in in_tensors],
+        dtype=first_dtype,
+        rows=rows,
+        total_params=sizes.total_params,
+        trainable_params=sizes.trainable_params,
+        frozen_params=sizes.total_params - sizes.trainable_params,
+        total_macs=sum(hooked.macs.values()),
+        param_bytes=sizes.param_bytes,
+        buffer_bytes=sizes.buffer_bytes,
+        activation_bytes=_activation_bytes(hooked.records, modules),
+        input_bytes=sum(_nbytes(t) for _, t in in_tensors),
+        device=device,
+        failed_layer=hooked.failed,
+        error=hooked.error,
+        notes=_unknown_cost_notes(hooked.unknown, hooked.macs),
+    )
 
-    table = list(model.named_modules(remove_duplicate=False))
-    seen_mod: set[int] = set()
+
+def _unique_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Every module once, in registration order: a module registered twice keeps its first name."""
+    seen: set[int] = set()
     modules: list[tuple[str, nn.Module]] = []
-    for n, m in table:
-        if id(m) not in seen_mod:  # a module registered twice keeps its first name
-            seen_mod.add(id(m))
+    for n, m in model.named_modules(remove_duplicate=False):
+        if id(m) not in seen:
+            seen.add(id(m))
             modules.append((n, m))
-    names = [n for n, _ in modules]
+    return modules
+
+
+@dataclass
+class _HookedPass:
+    """What the hooked forward pass left: one record per call, self MACs per module name,
+    ops with no MAC formula per module name, and where and why the pass failed."""
+
+    records: list[Any]
+    macs: dict[str, int]
+    unknown: dict[str, set[str]]
+    failed: str | None = None
+    error: str | None = None
+    first_call: dict[str, Any] = field(default_factory=dict)  # name -> record of its first call
+    calls: dict[str, int] = field(default_factory=dict)
+    finished: dict[str, bool] = field(default_factory=dict)  # every call of the module returned
+
+
+def _hooked_pass(model: nn.Module, modules: list[tuple[str, nn.Module]], fwd: Callable[[], Any],
+                 train: bool) -> _HookedPass:
+    """Run ``fwd`` once under the hook engine and the MAC counter; a failure is recorded
+    (the innermost running module and a one-line message), not raised."""
     macs: dict[str, int] = defaultdict(int)
     engine = HookEngine(
         model,
-        names,
+        [n for n, _ in modules],
         # train: dropout and batch norm as in training (issue 14); the engine puts every
         # module's flag back, and _kept_buffers the running statistics training mode updates.
         CaptureOptions(outputs=True, eval_mode=not train, grad_enabled=True, track_stack=True),
     )
     error: str | None = None
     failed: str | None = None
-    fwd = forward or (lambda: model(*inputs))
     unknown: dict[str, set[str]] = defaultdict(set)
     recurrent = {n: m for n, m in modules if is_recurrent(m)}
 
@@ -198,26 +247,32 @@ def summarize(
         finally:
             for h in handles:
                 h.remove()
-    records = engine.finalize()
-    first_call: dict[str, Any] = {}
-    calls: dict[str, int] = defaultdict(int)
-    finished: dict[str, bool] = {}
-    for r in records:
-        calls[r.name] += 1
-        first_call.setdefault(r.name, r)
-        finished[r.name] = finished.get(r.name, True) and r.finished
+    hooked = _HookedPass(engine.finalize(), macs, unknown, failed, error, calls=defaultdict(int))
+    for r in hooked.records:
+        hooked.calls[r.name] += 1
+        hooked.first_call.setdefault(r.name, r)
+        hooked.finished[r.name] = hooked.finished.get(r.name, True) and r.finished
+    return hooked
 
-    # Parameters: each tensor once, charged to the first module that owns it.
+
+@dataclass
+class _Ownership:
+    """Parameters by owner: each tensor once, charged to the first module that owns it."""
+
+    params: dict[str, int]  # name -> own parameter count
+    trainable: dict[str, tuple[int, int]]  # name -> (trainable, frozen) own parameter counts
+    tied: dict[str, str]  # name -> the module that owns a tensor it shares
+
+
+def _own_parameters(modules: list[tuple[str, nn.Module]]) -> _Ownership:
     owner: dict[int, str] = {}
-    own_params: dict[str, int] = {}
-    own_trainable: dict[str, tuple[int, int]] = {}
-    tied: dict[str, str] = {}
+    owned = _Ownership({}, {}, {})
     for n, m in modules:
         total = 0
         tr = fr = 0
         for p in m.parameters(recurse=False):
             if id(p) in owner:
-                tied.setdefault(n, owner[id(p)])
+                owned.tied.setdefault(n, owner[id(p)])
                 continue
             owner[id(p)] = n
             total += p.numel()
@@ -225,98 +280,128 @@ def summarize(
                 tr += p.numel()
             else:
                 fr += p.numel()
-        own_params[n] = total
-        own_trainable[n] = (tr, fr)
+        owned.params[n] = total
+        owned.trainable[n] = (tr, fr)
+    return owned
 
-    # Subtree totals: add each module's own numbers to every ancestor (names are paths).
+
+@dataclass
+class _SubtreeTotals:
+    """Each module's numbers summed over its subtree (itself included)."""
+
+    params: dict[str, int]
+    macs: dict[str, int]
+    trainable: dict[str, int]
+    frozen: dict[str, int]
+
+
+def _subtree_totals(names: list[str], owned: _Ownership, macs: dict[str, int]) -> _SubtreeTotals:
+    """Add each module's own numbers to every ancestor (names are paths)."""
     name_set = set(names)
-    rec_params: dict[str, int] = defaultdict(int)
-    rec_macs: dict[str, int] = defaultdict(int)
-    rec_tr: dict[str, int] = defaultdict(int)
-    rec_fr: dict[str, int] = defaultdict(int)
+    totals = _SubtreeTotals(defaultdict(int), defaultdict(int), defaultdict(int), defaultdict(int))
     for n in names:
         for a in _ancestors(n, name_set):
-            rec_params[a] += own_params[n]
-            rec_macs[a] += macs.get(n, 0)
-            rec_tr[a] += own_trainable[n][0]
-            rec_fr[a] += own_trainable[n][1]
+            totals.params[a] += owned.params[n]
+            totals.macs[a] += macs.get(n, 0)
+            totals.trainable[a] += owned.trainable[n][0]
+            totals.frozen[a] += owned.trainable[n][1]
     for key, v in macs.items():  # MACs charged to a module outside the table (defensive)
         if key not in name_set:
-            rec_macs[""] += v
+            totals.macs[""] += v
+    return totals
+
+
+def _build_rows(modules: list[tuple[str, nn.Module]], depth: int | None, hooked: _HookedPass,
+                owned: _Ownership, totals: _SubtreeTotals) -> list[SummaryRow]:
+    """One row per module down to ``depth``; after a failure, only the modules reached."""
     rows: list[SummaryRow] = []
-    reached_failure = failed is not None
+    reached_failure = hooked.failed is not None
     for n, m in modules:
         d = module_depth(n)
         if depth is not None and d > depth:
             continue
-        p_rec, m_rec, tr, fr = rec_params[n], rec_macs[n], rec_tr[n], rec_fr[n]
-        is_leaf = next(iter(m.children()), None) is None
-        folded = depth is not None and d == depth and not is_leaf
-        n_calls = calls.get(n, 0)
-        if reached_failure and n_calls == 0:
+        if reached_failure and hooked.calls.get(n, 0) == 0:
             continue  # after the failure: not reached
-        status = "ok"
-        if n_calls == 0:
-            status = "not called"
-        elif not finished.get(n, True):
-            status = "failed"
-        shapes: tuple[tuple[int, ...], ...] = ()
-        if n in first_call:
-            shapes = tuple(c.shape for c in first_call[n].outputs)
-        own_tr, own_fr = (tr, fr) if folded else own_trainable[n]
-        trainable = "" if own_tr + own_fr == 0 else ("yes" if own_fr == 0 else ("no" if own_tr == 0 else "partial"))
-        rows.append(
-            SummaryRow(
-                name=n,
-                type=type(m).__name__,
-                depth=d,
-                output_shapes=shapes,
-                calls=n_calls,
-                params=p_rec if folded else own_params[n],
-                params_recursive=p_rec,
-                trainable=trainable,
-                macs=m_rec if folded else macs.get(n, 0),
-                macs_recursive=m_rec,
-                is_leaf=is_leaf,
-                folded=folded,
-                status=status,
-                tied_to=tied.get(n),
-                unknown_cost_ops=tuple(sorted(unknown.get(n, ()))) if not macs.get(n, 0) else (),
-            )
-        )
+        rows.append(_row(n, m, depth, hooked, owned, totals))
+    return rows
+
+
+def _row(n: str, m: nn.Module, depth: int | None, hooked: _HookedPass, owned: _Ownership,
+         totals: _SubtreeTotals) -> SummaryRow:
+    """The row of module ``n``: its own numbers, or its subtree's when ``depth`` folds it."""
+    d = module_depth(n)
+    n_calls = hooked.calls.get(n, 0)
+    p_rec, m_rec, tr, fr = totals.params[n], totals.macs[n], totals.trainable[n], totals.frozen[n]
+    is_leaf = next(iter(m.children()), None) is None
+    folded = depth is not None and d == depth and not is_leaf
+    status = "ok"
+    if n_calls == 0:
+        status = "not called"
+    elif not hooked.finished.get(n, True):
+        status = "failed"
+    shapes: tuple[tuple[int, ...], ...] = ()
+    if n in hooked.first_call:
+        shapes = tuple(c.shape for c in hooked.first_call[n].outputs)
+    own_tr, own_fr = (tr, fr) if folded else owned.trainable[n]
+    self_macs = hooked.macs.get(n, 0)
+    return SummaryRow(
+        name=n,
+        type=type(m).__name__,
+        depth=d,
+        output_shapes=shapes,
+        calls=n_calls,
+        params=p_rec if folded else owned.params[n],
+        params_recursive=p_rec,
+        trainable=_trainable_label(own_tr, own_fr),
+        macs=m_rec if folded else self_macs,
+        macs_recursive=m_rec,
+        is_leaf=is_leaf,
+        folded=folded,
+        status=status,
+        tied_to=owned.tied.get(n),
+        unknown_cost_ops=tuple(sorted(hooked.unknown.get(n, ()))) if not self_macs else (),
+    )
+
+
+def _trainable_label(trainable: int, frozen: int) -> str:
+    """The trainable column: "yes", "no", "partial", or "" for a module with no parameters."""
+    if trainable + frozen == 0:
+        return ""
+    return "yes" if frozen == 0 else ("no" if trainable == 0 else "partial")
+
+
+@dataclass
+class _ModelSizes:
+    total_params: int
+    trainable_params: int
+    param_bytes: int
+    buffer_bytes: int
+
+
+def _model_sizes(model: nn.Module) -> _ModelSizes:
+    """Parameter counts and parameter/buffer bytes, each tensor counted once."""
     uniq_params = {id(p): p for p in model.parameters()}
-    total_params = sum(p.numel() for p in uniq_params.values())
-    trainable_params = sum(p.numel() for p in uniq_params.values() if p.requires_grad)
-    param_bytes = sum(_nbytes(p) for p in uniq_params.values())
-    buffer_bytes = sum(_nbytes(b) for b in {id(b): b for b in model.buffers()}.values())
+    return _ModelSizes(
+        total_params=sum(p.numel() for p in uniq_params.values()),
+        trainable_params=sum(p.numel() for p in uniq_params.values() if p.requires_grad),
+        param_bytes=sum(_nbytes(p) for p in uniq_params.values()),
+        buffer_bytes=sum(_nbytes(b) for b in {id(b): b for b in model.buffers()}.values()),
+    )
+
+
+def _activation_bytes(records: list[Any], modules: list[tuple[str, nn.Module]]) -> int:
+    """The sizes of every leaf call's outputs: a forward estimate of activation memory."""
     act = 0
     leaf_names = {n for n, m in modules if next(iter(m.children()), None) is None}
     for r in records:
         if r.name in leaf_names:
             act += sum(_prod(c.shape) * _dtype_size(c.dtype) for c in r.outputs)
-    in_tensors = flatten_tensors(tuple(inputs))
-    in_bytes = sum(_nbytes(t) for _, t in in_tensors)
-    first_dtype = str(in_tensors[0][1].dtype).replace("torch.", "") if in_tensors else "float32"
-    device = str(in_tensors[0][1].device) if in_tensors else "cpu"
-    return SummaryResult(
-        model=name,
-        input_shapes=[list(t.shape) for _, t in in_tensors],
-        dtype=first_dtype,
-        rows=rows,
-        total_params=total_params,
-        trainable_params=trainable_params,
-        frozen_params=total_params - trainable_params,
-        total_macs=sum(macs.values()),
-        param_bytes=param_bytes,
-        buffer_bytes=buffer_bytes,
-        activation_bytes=act,
-        input_bytes=in_bytes,
-        device=device,
-        failed_layer=failed,
-        error=error,
-        notes=[f"MACs unknown for {', '.join(sorted(ops))} in '{n or '(model)'}' (no formula for that op; "
-               "counted as 0)" for n, ops in sorted(unknown.items()) if ops and not macs.get(n, 0)],
-    )
+    return act
+
+
+def _unknown_cost_notes(unknown: dict[str, set[str]], macs: dict[str, int]) -> list[str]:
+    return [f"MACs unknown for {', '.join(sorted(ops))} in '{n or '(model)'}' (no formula for that op; "
+            "counted as 0)" for n, ops in sorted(unknown.items()) if ops and not macs.get(n, 0)]
 
 
 def _ancestors(name: str, names: set[str]) -> list[str]:

@@ -9,7 +9,7 @@ means no pickle is read. The Auto class and the task follow the config's ``archi
 code (``auto_map``: its ``modeling_*.py``) runs only with ``--trust-remote-code`` on the
 command line: ``trust_remote_code`` is always passed, so transformers never asks on stdin. Class names
 come from ``id2label``; preprocessing from the image processor's config, mapped onto
-:class:`~inspect_model.loading.inputs.Preprocess`. Outputs stay ModelOutput dataclasses:
+:class:`~inspect_model.loading.preprocess.Preprocess`. Outputs stay ModelOutput dataclasses:
 the engine flattens them by field name and ``logits`` is the scored output
 (:func:`inspect_model.methods.targets.select_output`). Text models (no image size in the
 config, a ``vocab_size``) get seeded token ids below the vocabulary size as their input.
@@ -22,8 +22,8 @@ from typing import Any
 
 from inspect_model.errors import ModelLoadError, UsageError
 from inspect_model.loading.hub_models import hub_file, quiet_hub_logs, require, short_reason
-from inspect_model.loading.inputs import PRESETS, Preprocess
 from inspect_model.loading.loaded import LoadedModel, LoadRequest
+from inspect_model.loading.preprocess import PRESETS, Preprocess
 
 # PIL's resampling codes, as image processors store them (PIL.Image.Resampling).
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}

@@ -7,7 +7,7 @@ pretrained config, else its URL into torch's hub cache) through
 :mod:`inspect_model.loading.hub_models`, is read without unpickling, and is handed to timm
 as a state dict so that timm's own key filters and head adaptation still apply.
 Preprocessing is timm's ``resolve_model_data_config`` (input size, interpolation,
-``crop_pct``, mean, std) mapped onto :class:`~inspect_model.loading.inputs.Preprocess`;
+``crop_pct``, mean, std) mapped onto :class:`~inspect_model.loading.preprocess.Preprocess`;
 class names come from the pretrained config or timm's ImageNet-1k/22k info; the CAM layer
 from the model's own ``feature_info`` (:func:`declared_cam_layer`). ``--model-arg`` values go
 to ``timm.create_model``, except those that make timm read files itself.
@@ -29,8 +29,8 @@ from inspect_model.loading.hub_models import (
     require,
     short_reason,
 )
-from inspect_model.loading.inputs import Preprocess
 from inspect_model.loading.loaded import LoadedModel, LoadRequest
+from inspect_model.loading.preprocess import Preprocess
 
 _DEFAULT_CROP_PCT = 0.875  # timm.data.DEFAULT_CROP_PCT
 # create_model arguments that make timm read a file or a hub repo with its own loader (which

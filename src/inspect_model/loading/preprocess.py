@@ -1,0 +1,160 @@
+"""Preprocessing: image to normalised model input, with the geometry kept for drawing back.
+
+``Preprocess`` turns a PIL image into a normalised tensor (resize, centre crop, to tensor,
+normalise) and remembers where the crop came from, so that a map computed on the crop can
+be drawn back on the original image (:meth:`Preprocess.uncrop_box`). ``build_preprocess``
+resolves the options, a preset (``PRESETS``) and the weights' own transforms into one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from inspect_model.errors import InputError, UsageError
+
+if TYPE_CHECKING:
+    import torch
+    from PIL import Image
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "imagenet": {"resize": 256, "crop": 224, "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)},
+    "inception": {"resize": 342, "crop": 299, "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)},
+    "clip": {"resize": 224, "crop": 224, "mean": (0.4815, 0.4578, 0.4082), "std": (0.2686, 0.2613, 0.2758)},
+    "unit": {"resize": None, "crop": None, "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)},
+}
+
+
+@dataclass
+class Preprocess:
+    """Resize (shorter side), centre crop, to tensor, normalise; all recorded for reports."""
+
+    resize: int | None = 256
+    crop: int | None = 224
+    mean: tuple[float, ...] = (0.485, 0.456, 0.406)
+    std: tuple[float, ...] = (0.229, 0.224, 0.225)
+    interpolation: str = "bilinear"
+    source: str = "imagenet preset"
+    given: tuple[str, ...] = ()  # "--mean", "--std": values the user gave, which must fit
+    squash: bool = False  # resize both sides to `resize` (aspect not kept), as timm/HF processors may
+
+    def describe(self) -> dict[str, Any]:
+        d = {
+            "resize": self.resize, "crop": self.crop, "mean": list(self.mean), "std": list(self.std),
+            "interpolation": self.interpolation, "source": self.source,
+        }
+        if self.squash:
+            d["squash"] = True
+        return d
+
+    def geometry(self, width: int, height: int) -> tuple[float, float, float, float, float]:
+        """(scale, left, top, crop_w, crop_h) in resized pixels: where the crop came from."""
+        scale = 1.0
+        if self.resize:
+            scale = self.resize / min(width, height)
+        rw, rh = width * scale, height * scale
+        cw = ch = float(self.crop) if self.crop else 0.0
+        if not self.crop:
+            cw, ch = rw, rh
+        left = (rw - cw) / 2.0
+        top = (rh - ch) / 2.0
+        return scale, left, top, cw, ch
+
+    def uncrop_box(self, width: int, height: int) -> tuple[float, float, float, float]:
+        """The crop's box (left, top, right, bottom) in original-image pixels. A map over the
+        model input covers exactly this box of the original (it may reach outside it)."""
+        if self.squash and self.resize:
+            sx, sy = self.resize / width, self.resize / height
+            c = float(self.crop or self.resize)
+            left = top = (self.resize - c) / 2.0
+            return (left / sx, top / sy, (left + c) / sx, (top + c) / sy)
+        scale, left, top, cw, ch = self.geometry(width, height)
+        return (left / scale, top / scale, (left + cw) / scale, (top + ch) / scale)
+
+    def __call__(self, img: Image.Image) -> torch.Tensor:
+        import torch
+        from torchvision.transforms import InterpolationMode
+        from torchvision.transforms import functional as F
+
+        interp = getattr(InterpolationMode, self.interpolation.upper(), InterpolationMode.BILINEAR)
+        if self.resize:
+            size = [self.resize, self.resize] if self.squash else self.resize
+            img = F.resize(img, size, interpolation=interp)
+        if self.crop:
+            img = F.center_crop(img, [self.crop, self.crop])
+        t = F.pil_to_tensor(img).to(torch.float32).div_(255.0)  # (C, H, W)
+        c = t.shape[0]
+        for opt, vals in (("--mean", self.mean), ("--std", self.std)):
+            if opt in self.given and len(vals) not in (1, c):  # a preset's values are averaged
+                raise InputError(f"{opt} has {len(vals)} values but the images have {c} channels; "
+                                 f"give {c} values (or one for all)")
+        mean = list(self.mean) if len(self.mean) == c else [sum(self.mean) / len(self.mean)] * c
+        std = list(self.std) if len(self.std) == c else [sum(self.std) / len(self.std)] * c
+        return F.normalize(t, mean, std)
+
+
+def preprocess_from_weights(transforms: Any) -> Preprocess | None:
+    """The :class:`Preprocess` equal to a torchvision weights' ImageClassification transform."""
+    if transforms is None:
+        return None
+    if isinstance(transforms, Preprocess):  # timm's and HF's preprocessing, already mapped
+        import dataclasses
+
+        return dataclasses.replace(transforms)
+    crop = getattr(transforms, "crop_size", None)
+    resize = getattr(transforms, "resize_size", None)
+    mean = getattr(transforms, "mean", None)
+    std = getattr(transforms, "std", None)
+    if not crop or mean is None or std is None:
+        return None
+    interp = getattr(transforms, "interpolation", None)
+    return Preprocess(
+        resize=int(resize[0]) if resize else None,
+        crop=int(crop[0]),
+        mean=tuple(float(m) for m in mean),
+        std=tuple(float(s) for s in std),
+        interpolation=getattr(interp, "value", "bilinear"),
+        source="weights transforms",
+    )
+
+
+def build_preprocess(
+    *,
+    transforms: Any = None,
+    preset: str | None = None,
+    resize: int | None = None,
+    crop: int | None = None,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    input_hw: int | None = None,
+) -> Preprocess:
+    """Explicit options win over a preset, which wins over the weights' own transforms,
+    which win over an ImageNet-style default sized for the model (``input_hw``)."""
+    if preset is not None and preset not in PRESETS:
+        raise UsageError(f"--preset '{preset}' is not one of {', '.join(PRESETS)}")
+    base = preprocess_from_weights(transforms) if preset is None else None
+    if base is None:
+        p = dict(PRESETS[preset or "imagenet"])
+        if preset is None and input_hw and input_hw != 224:
+            p["crop"] = input_hw
+            p["resize"] = round(input_hw * 256 / 224)
+        base = Preprocess(resize=p["resize"], crop=p["crop"], mean=tuple(p["mean"]), std=tuple(p["std"]),
+                          source=f"{preset or 'imagenet'} preset")
+    if resize is not None:
+        if resize < 1:
+            raise UsageError(f"--resize must be >= 1, got {resize}")
+        base.resize, base.source = resize, "options"
+    if crop is not None:
+        if crop < 1:
+            raise UsageError(f"--crop must be >= 1, got {crop}")
+        base.crop, base.source = crop, "options"
+    if mean is not None:
+        base.mean, base.source = tuple(mean), "options"
+        base.given += ("--mean",)
+    if std is not None:
+        if any(s == 0 for s in std):
+            raise UsageError("--std values must not be 0")
+        base.std, base.source = tuple(std), "options"
+        base.given += ("--std",)
+    return base
