@@ -208,6 +208,11 @@ def find_embedding(model: torch.nn.Module, engine: HookEngine, ids: torch.Tensor
     """The ``nn.Embedding`` that reads the token ids ``ids`` (the first one called with
     them; else the first embedding called at all). An input error when there is none."""
     names = {m: n for n, m in model.named_modules() if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))}
+    dtype = str(ids.dtype).replace("torch.", "")
+    missing = InputError(f"the input is {dtype}, which cannot be differentiated, and the model has no nn.Embedding "
+                         "layer reading it to attribute to; give a floating-point input")
+    if not names:
+        raise missing
     calls: list[tuple[str, bool]] = []
 
     def hook(module: torch.nn.Module, args: tuple) -> None:
@@ -225,9 +230,7 @@ def find_embedding(model: torch.nn.Module, engine: HookEngine, ids: torch.Tensor
     exact = [n for n, same in calls if same]
     if exact or calls:
         return (exact or [calls[0][0]])[0]
-    dtype = str(ids.dtype).replace("torch.", "")
-    raise InputError(f"the input is {dtype}, which cannot be differentiated, and the model has no nn.Embedding "
-                     "layer reading it to attribute to; give a floating-point input")
+    raise missing
 
 
 def _targets(target: Any, flat: torch.Tensor, categories: Sequence[str] | None) -> list[list[int]]:
@@ -275,7 +278,7 @@ def _first_pass(scorer: _Scorer, batch_size: int) -> tuple[torch.Tensor, torch.T
     captured: list[torch.Tensor] = []
     handle = None
     if scorer.embedding is not None:
-        handle = scorer.embedding.register_forward_hook(lambda m, a, out: captured.append(out.detach()))
+        handle = scorer.embedding.register_forward_hook(lambda m, a, out: captured.append(out.detach().clone()))
     try:
         with torch.no_grad():
             for start in range(0, inputs.shape[0], batch_size):
@@ -344,6 +347,10 @@ def _attribute(scorer: _Scorer, st: AttributionSettings, target: Any, categories
         assert base is not None
         sample = tuple(x.shape[1:])
         window = ap.window_shape(st.window, sample, space=space)
+        if any(w > d for w, d in zip(window, sample)):
+            given = ",".join(map(str, st.window))
+            raise UsageError(f"--window {given} ({'x'.join(map(str, window))} on this input) is larger than the "
+                             f"input {sample}; give a window no larger than {'x'.join(map(str, sample[-2:]))}")
         default_stride = tuple(max(w // 2, 1) for w in st.window)
         stride = ap.window_shape(st.stride, sample, space=space, what="--stride", default=default_stride)
         maps["occlusion"] = sw.occlusion_pass(b, base, fx, window, stride)
