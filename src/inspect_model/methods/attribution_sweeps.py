@@ -100,23 +100,29 @@ def gradient_pass(b: Batch, want: set[str], *, noisy: bool, guided: bool = False
 
 def ig_pass(b: Batch, base: torch.Tensor, *, noisy: bool, guided: bool = False) -> torch.Tensor:
     """Integrated gradients (U, *S): sum_t w_t (xs - b) grad(b + a_t (xs - b)), averaged
-    over the noise samples xs when ``noisy``."""
+    over the noise samples xs when ``noisy``. Without noise (xs = x) the weighted gradients
+    are summed per unit and multiplied by (x - b) once at the end, as captum does."""
     alphas, weights = ap.integration_rule(b.settings.rule, b.settings.steps)
     steps, samples = len(alphas), (b.settings.samples if noisy else 1)
     a_t = torch.tensor(alphas, dtype=torch.float64)
     w_t = torch.tensor(weights, dtype=torch.float64) / samples
     acc = b.acc()
+    shape = (-1,) + (1,) * (b.x.dim() - 1)
+    diff = None if noisy else b.x - base  # (N, *S)
 
-    def build(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def build(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         u, t = rows // (samples * steps), rows % steps
         n = b.unit_n[u]
-        xs = b.noisy(n, (rows // steps) % samples if noisy else None)
-        b0 = base[n.to(base.device)]
-        shape = (-1,) + (1,) * (xs.dim() - 1)
-        alpha = a_t[t].to(xs.device, xs.dtype).reshape(shape)
-        z = b0 + alpha * (xs - b0)  # (R, *S) points on the straight path
+        nd = n.to(base.device)
+        b0 = base[nd]
+        d = b.noisy(n, (rows // steps) % samples) - b0 if noisy else diff[nd]  # type: ignore[index]
+        alpha = a_t[t].to(d.device, d.dtype).reshape(shape)
+        z = torch.addcmul(b0, alpha, d)  # (R, *S) points on the straight path b + a (x - b)
         g = b.scorer.grad(z, n, b.unit_c[u], GuidedBackwardMode(b.settings.guided_kinds) if guided else None)
-        contrib = (xs - b0).to(acc.dtype) * g.to(acc.dtype) * w_t[t].to(acc.device, acc.dtype).reshape(shape)
+        w = w_t[t].to(acc.device, acc.dtype).reshape(shape)
+        contrib = g.to(acc.dtype).mul_(w)
+        if noisy:
+            contrib.mul_(d.to(acc.dtype))
         return u.to(acc.device), contrib
 
     def consume(rows: torch.Tensor, res: tuple[torch.Tensor, torch.Tensor]) -> None:
@@ -124,6 +130,8 @@ def ig_pass(b: Batch, base: torch.Tensor, *, noisy: bool, guided: bool = False) 
 
     ap.sweep(b.units * samples * steps, b.settings.batch_size, build, consume, progress=b.progress,
              label="integrated-gradients")
+    if diff is not None:
+        acc.mul_(diff[b.unit_n.to(diff.device)].to(acc.dtype))
     return acc
 
 

@@ -122,6 +122,7 @@ class AttributionResult:
     maps: dict[str, torch.Tensor]  # method -> (N, K, *sample) float32 on the CPU
     targets: list[list[int]]  # (N, K) class indices
     scores: list[list[float]]  # f(x) of each target, (N, K)
+    probabilities: list[list[float]]  # softmax over the classes, of each target, (N, K)
     space: str  # "input", or "embedding" (token ids: maps of the embedding output)
     embedding_layer: str | None = None
     baseline_scores: list[list[float]] | None = None  # f(baseline), with integrated-gradients
@@ -316,7 +317,9 @@ def _attribute(scorer: _Scorer, st: AttributionSettings, target: Any, categories
     b = sw.Batch(scorer, x, unit_n, unit_c, st, first_index, sigmas, progress)
     methods, smoothed = st.methods, set(st.smoothed)
     maps: dict[str, torch.Tensor] = {}
-    res = AttributionResult(maps={}, targets=targets, scores=fx.reshape(n, k).tolist(), space=space,
+    probs = flat.detach().double().softmax(1).cpu()[unit_n, unit_c]
+    res = AttributionResult(maps={}, targets=targets, scores=fx.reshape(n, k).tolist(),
+                            probabilities=probs.reshape(n, k).tolist(), space=space,
                             embedding_layer=emb_name, smoothed=st.smoothed)
     plain = {m for m in ("saliency", "gradient", "input-x-gradient") if m in methods and m not in smoothed}
     if plain:

@@ -1,0 +1,389 @@
+"""``attributions``: saliency, gradient, input x gradient, integrated gradients, SmoothGrad,
+VarGrad, occlusion and guided backprop maps per image and target, as a session.
+
+Files per image (``images/NNNN-stem/``): ``<method>.<class>.heatmap.png`` (signed maps on
+a diverging colormap centred on 0), ``<method>.<class>.overlay.png`` (on the original
+picture), with ``save_raw`` the raw maps (``.npy``); at the top ``contact_sheet_NNN.png``
+(rows: image x target, columns: input and methods), with ``evaluate`` the deletion and
+insertion curves. The report holds per map its positive and negative mass, its sum and,
+for integrated gradients, f(baseline) and the completeness gap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from inspect_model.api.options import InputOptions, ModelOptions
+from inspect_model.api.pipeline import (
+    ImageItem,
+    Result,
+    Session,
+    Sink,
+    Warnings,
+    class_tag,
+    execute,
+    image_dir,
+    input_outcome,
+    prepare,
+    tracked,
+)
+from inspect_model.errors import InputError, UsageError
+
+SHEET_ROWS = 16  # rows per contact-sheet page
+
+
+def _ints(value: Any, flag: str) -> tuple[int, ...] | None:
+    """``"16"``, ``"3,16,16"``, ``"16x16"``, an int or a sequence, as a tuple of ints."""
+    if value is None:
+        return None
+    if isinstance(value, int):
+        return (value,)
+    items = str(value).replace("x", ",").split(",") if isinstance(value, str) else list(value)
+    try:
+        return tuple(int(str(v).strip()) for v in items if str(v).strip())
+    except ValueError as exc:
+        raise UsageError(f"{flag} '{value}' must be sizes such as 16, 16,16 or 3,16,16") from exc
+
+
+@dataclass(frozen=True)
+class AttributionsRequest:
+    """The options of ``attributions``, validated once (here and in AttributionSettings)."""
+
+    methods: tuple[str, ...] = ("saliency",)
+    target: Any = "predicted"
+    steps: int = 32
+    rule: str = "gauss-legendre"
+    baseline: Any = "zeros"
+    samples: int = 16
+    noise: float = 0.15
+    noise_mode: str = "fraction"
+    window: Any = "16"
+    stride: Any = None
+    smooth: bool = False
+    activations: bool = False
+    output_key: str | None = None
+    evaluate: bool = False
+    metrics: tuple[str, ...] | None = None
+    eval_steps: int = 32
+    eval_batch: int = 64
+    sanity: bool = False
+    save_raw: bool = False
+    overlays: bool = True
+
+    def __post_init__(self) -> None:
+        from inspect_model.api.cam_evaluate import check_evaluate_request
+        from inspect_model.methods.attributions import parse_methods
+
+        object.__setattr__(self, "methods", parse_methods(self.methods))
+        if self.metrics is not None:
+            object.__setattr__(self, "metrics", tuple(self.metrics))
+        check_evaluate_request(evaluate=self.evaluate, metrics=list(self.metrics or []), boxes=None,
+                               steps=self.eval_steps, batch=self.eval_batch)
+        self.settings(batch_size=1)  # everything AttributionSettings checks
+
+    def settings(self, *, batch_size: int, seed: int = 0) -> Any:
+        from inspect_model.methods.attributions import AttributionSettings
+
+        return AttributionSettings(
+            methods=self.methods, steps=self.steps, rule=self.rule, baseline=self.baseline, samples=self.samples,
+            noise=self.noise, noise_mode=self.noise_mode, window=_ints(self.window, "--window") or (16,),
+            stride=_ints(self.stride, "--stride"), smooth=self.smooth, batch_size=batch_size, seed=seed,
+            activations=self.activations)
+
+    def resolved(self) -> dict[str, Any]:
+        out = asdict(self)
+        for f in fields(self):
+            v = out[f.name]
+            out[f.name] = list(v) if isinstance(v, tuple) else (str(v) if isinstance(v, Path) else v)
+        if not isinstance(self.baseline, (str, int, float)):
+            out["baseline"] = "tensor"
+        if not isinstance(self.target, (str, int)) and self.target is not None:
+            out["target"] = [int(t) for t in (self.target.tolist() if hasattr(self.target, "tolist")
+                                              else self.target)]
+        return out
+
+
+class AttributionsSession(Session):
+    command = "attributions"
+    streams_files = True
+
+    def __init__(self, prep: Any, mopts: ModelOptions, request: AttributionsRequest, *, keep_maps: bool = False,
+                 notes: Any = None, progress: Any = None) -> None:
+        from inspect_model.methods.targets import parse_target
+
+        self.prep, self.mopts, self.request = prep, mopts, request
+        target = request.target
+        self.spec = parse_target(target, prep.categories) if isinstance(target, str) or target is None else target
+        self.settings = request.settings(batch_size=prep.plan.batch_size, seed=int(prep.plan.seed))
+        from inspect_model.api.cam_evaluate import _takes_label
+
+        # Long work reports (done, total, label); a two-argument callback sees the images only.
+        self.keep_maps, self.progress = keep_maps, progress if progress and _takes_label(progress) else None
+        self.maps: list[dict[str, Any]] = []
+        self.entries: list[dict[str, Any]] = []
+        self.warnings = Warnings()
+        self.space: str | None = None
+        self.embedding_layer: str | None = None
+        self.sites: dict[str, int] = {}
+        self.sanity_acc: dict[str, Any] | None = None
+        self.evaluator = None
+        if request.evaluate:
+            from inspect_model.api.cam_evaluate import Evaluator
+            from inspect_model.methods.faithfulness import parse_metrics
+
+            self.evaluator = Evaluator(prep, parse_metrics(list(request.metrics or []), boxes=False),
+                                       steps=request.eval_steps, batch=request.eval_batch,
+                                       output_key=request.output_key, notes=notes, progress=progress)
+        self.reset_drawing()
+
+    # ------------------------------------------------------------------ computing
+    def feed(self, batch: Any) -> list[ImageItem]:
+        from inspect_model.methods.attributions import attribute
+
+        model, x = self.prep.loaded.model, batch.tensor
+        first = self.index_base + len(self.entries)
+        res = attribute(model, x, self.spec, self.settings, output_key=self.request.output_key,
+                        categories=self.prep.categories, first_index=first, progress=self.progress)
+        self.space, self.embedding_layer = res.space, res.embedding_layer
+        self.sites = self.sites or res.guided_sites
+        self.warnings.extend(res.warnings)
+        if self.request.sanity:
+            from inspect_model.methods import attribution_sanity as san
+
+            self.sanity_acc = san.merge(self.sanity_acc, san.sanity_check(
+                model, x, res, self.settings, seed=int(self.prep.plan.seed), output_key=self.request.output_key,
+                first_index=first, progress=self.progress))
+        if self.keep_maps:
+            self.maps.append(res.maps)
+        items, start = [], len(self.entries)
+        for i in range(x.shape[0]):
+            img = batch.images[i] if batch.images is not None else None
+            entry = self._entry(first + i, batch.names[i], res, i, img)
+            self.entries.append(entry)
+            maps = {m: res.maps[m][i] for m in res.maps}
+            items.append(ImageItem(entry, (img, x[i].detach().float().cpu(), maps)))
+        if self.evaluator is not None:
+            self._evaluate(res, batch, self.entries[start:])
+        return items
+
+    def _entry(self, index: int, name: str, res: Any, i: int, img: Any) -> dict[str, Any]:
+        from inspect_model.methods.attributions import UNSIGNED, map_statistics
+        from inspect_model.render.attributions import map_record
+        from inspect_model.render.cam_report import class_name
+
+        records = []
+        for k, cls in enumerate(res.targets[i]):
+            for method, maps in res.maps.items():
+                ig = method == "integrated-gradients" and res.deltas is not None
+                rec = map_record(method, map_statistics(maps[i, k]), signed=method not in UNSIGNED,
+                                 smoothed=method in res.smoothed, target=int(cls),
+                                 label=class_name(int(cls), self.prep.categories), score=res.scores[i][k],
+                                 baseline_score=res.baseline_scores[i][k] if ig else None,
+                                 delta=res.deltas[i][k] if ig else None)
+                rec["target"]["probability"] = res.probabilities[i][k]
+                rec["rank"], rec["layer"] = k, res.embedding_layer or "input"
+                records.append(rec)
+        size = list(img.image.size) if img is not None else None
+        return {"index": index, "image": name, "size": size, "targets": [int(t) for t in res.targets[i]],
+                "maps": records, "files": {}}
+
+    def _evaluate(self, res: Any, batch: Any, entries: list[dict[str, Any]]) -> None:
+        """Deletion/insertion/ROAD of every map (cam's Evaluator), on the relevance each map
+        claims: its channel sum, min-max scaled (higher = more evidence for the target)."""
+        from types import SimpleNamespace
+
+        import torch
+
+        if res.space != "input" or batch.tensor.dim() != 4:
+            raise UsageError("--evaluate perturbs image pixels; it needs image inputs (N, C, H, W)")
+        maps, probs = [], []
+        for i, entry in enumerate(entries):
+            probs.append({t: p for t, p in zip(res.targets[i], res.probabilities[i])})
+            for rec in entry["maps"]:
+                rel = res.maps[rec["method"]][i, rec["rank"]].sum(0)
+                lo, hi = rel.min(), rel.max()
+                rel = (rel - lo) / (hi - lo) if hi > lo else torch.zeros_like(rel)
+                maps.append(SimpleNamespace(sample=i, target=rec["target"]["class"], map=rel))
+        assert self.evaluator is not None
+        self.evaluator.feed(SimpleNamespace(maps=maps, probabilities=probs), batch, entries)
+
+    def finish(self) -> Result:
+        from inspect_model.methods import attribution_sanity as san
+        from inspect_model.render import attributions as render
+
+        skipped = input_outcome(self.prep.plan, self.warnings)
+        if not self.entries:
+            raise InputError("no input could be read; nothing to do")
+        st = self.settings
+        payload: dict[str, Any] = {
+            "model": self.prep.loaded.name,
+            "methods": list(st.methods),
+            "smoothed": list(st.smoothed),
+            "space": self.space,
+            "embedding_layer": self.embedding_layer,
+            "guided_sites": self.sites,
+            "images": self.entries,
+            "image_count": len(self.entries),
+            "sanity": san.finish(self.sanity_acc),
+            "skipped": skipped,
+        }
+        if self.evaluator is not None:
+            payload["evaluation"] = self.evaluator.summary(self.entries, [(m, self.embedding_layer or "input")
+                                                                          for m in st.methods])
+        options = self.prep.options(self.mopts, **self.request.resolved())
+        record = _MapsRecord(self.maps) if self.keep_maps else None
+        return Result("attributions", options, payload, self.warnings.to_list(), record=record,
+                      render_text=lambda r: render.render_text(r.to_dict()),
+                      render_rich=lambda r: render.render_rich(r.to_dict()))
+
+    # --------------------------------------------------------- resume and torchrun
+    def state_dict(self) -> dict[str, Any]:
+        return {"entries": self.entries, "warnings": self.warnings, "sanity_acc": self.sanity_acc,
+                "space": self.space, "embedding_layer": self.embedding_layer, "sites": self.sites,
+                "sheets": self.sheets, "sheet_rows": self.sheet_rows}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
+    def merge(self, states: list[dict[str, Any]]) -> None:
+        from inspect_model.methods import attribution_sanity as san
+
+        self.entries = [e for s in states for e in s["entries"]]
+        for s in states:
+            self.space = self.space or s["space"]
+            self.embedding_layer = self.embedding_layer or s["embedding_layer"]
+            self.sites = self.sites or s["sites"]
+        acc = None
+        for s in states:
+            if s.get("sanity_acc"):
+                acc = san.merge(acc, s["sanity_acc"])
+        self.sanity_acc = acc
+        self.sheets = [p for s in states for p in s["sheets"]]
+
+    # ------------------------------------------------------------------ drawing
+    def reset_drawing(self) -> None:
+        self.sheet_rows: list[Any] = []
+        self.sheets: list[str] = []
+
+    def draw(self, item: ImageItem, sink: Sink) -> dict[str, Any]:
+        from inspect_model.render import attributions as ra
+        from inspect_model.render import overlay as ov
+
+        if item.data is None:
+            return item.entry.get("files", {})
+        img, x, maps = item.data
+        entry, cats = item.entry, self.prep.categories
+        pre = self.prep.plan.preprocess
+        if img is not None:
+            picture, box = ov.viewable(img.image, pre.uncrop_box(*img.image.size) if pre is not None else None)
+        else:
+            picture, box = (ov.input_picture(x) if x.dim() == 3 else None), None
+        seen = ov.input_picture(x, getattr(pre, "mean", None), getattr(pre, "std", None)) if x.dim() == 3 else None
+        base = image_dir(entry["index"], entry["image"])
+        rows: dict[int, list[Any]] = {}
+        for rec in entry["maps"]:
+            k, cls, method = rec["rank"], rec["target"]["class"], rec["method"]
+            m = maps[method][k]
+            stem = f"{base}/{method}.{class_tag(cls, cats)}"
+            label = f"{cls} {rec['target']['label']}" if rec["target"]["label"] else str(cls)
+            title = f"{method}{' (smoothed)' if rec['smoothed'] else ''}\n{Path(entry['image']).name}: {label}, " \
+                    f"score {rec['target']['score']:.4g}"
+            files: dict[str, Any] = {}
+            if sink.out is not None:
+                signed = rec["signed"]
+                files["heatmap"] = sink.image(f"{stem}.heatmap.png",
+                                              lambda m=m, t=title, s=signed: ra.heatmap(m, t, signed=s))
+                if self.request.overlays and picture is not None and m.dim() == 3:
+                    files["overlay"] = sink.image(f"{stem}.overlay.png", lambda m=m, s=signed: ra.overlay(
+                        picture, m, box, signed=s), photo=True)
+                if self.request.save_raw:
+                    files["raw"] = sink.npy(f"{stem}.npy", m.numpy())
+            rec["files"] = {k2: v for k2, v in files.items() if v is not None}
+            rows.setdefault(k, []).append((m, rec["signed"], ra.caption(rec)))
+        if sink.out is not None:
+            for k in sorted(rows):
+                tgt = entry["maps"][[r["rank"] for r in entry["maps"]].index(k)]["target"]
+                name = f"{tgt['class']} {tgt['label']}" if tgt["label"] else str(tgt["class"])
+                self.sheet_rows.append((f"{Path(entry['image']).name}: {name}", seen, rows[k]))
+            self._flush_sheet(sink, final=False)
+        return self._draw_curves(entry, sink)
+
+    def _draw_curves(self, entry: dict[str, Any], sink: Sink) -> dict[str, Any]:
+        if sink.out is None or self.evaluator is None:
+            return {}
+        from inspect_model.api.cam_evaluate import curve_plot_name
+        from inspect_model.render import faithfulness as rf
+
+        series = rf.image_series(entry)
+        if not series:
+            return {}
+        title = f"[{entry['index']}] {Path(entry['image']).name}: deletion and insertion curves"
+        name = sink.figure(curve_plot_name(entry), rf.curves_figure(series, title))
+        return {"evaluation_curves": name} if name else {}
+
+    def draw_summary(self, sink: Sink, result: Result) -> None:
+        self._flush_sheet(sink, final=True)
+        result.payload["contact_sheets"] = list(self.sheets)
+        ev = result.payload.get("evaluation")
+        if ev is not None and sink.out is not None and ev["average"]:
+            from inspect_model.render import faithfulness as rf
+
+            n = result.payload["image_count"]
+            fig = rf.curves_figure(rf.average_series(ev), f"deletion and insertion curves, mean over {n} image(s)")
+            name = sink.figure("evaluation_curves.png", fig)
+            ev["plots"] = [name] if name else []
+
+    def _flush_sheet(self, sink: Sink, *, final: bool) -> None:
+        from inspect_model.render import attributions as ra
+
+        if sink.out is None or not self.sheet_rows or (not final and len(self.sheet_rows) < SHEET_ROWS):
+            return
+        while self.sheet_rows and (final or len(self.sheet_rows) >= SHEET_ROWS):
+            rows, self.sheet_rows = self.sheet_rows[:SHEET_ROWS], self.sheet_rows[SHEET_ROWS:]
+            page = len(self.sheets) + 1
+            methods = list(self.settings.methods)
+            name = sink.image(f"contact_sheet_{page:03d}.png", lambda rows=rows, page=page: ra.sheet(
+                rows, methods, title=f"attributions (page {page})"))
+            if name is not None:
+                self.sheets.append(name)
+
+
+class _MapsRecord:
+    """What the API result adds for Python users: the maps, method -> (N, K, *sample)."""
+
+    def __init__(self, parts: list[dict[str, Any]]) -> None:
+        import torch
+
+        self.maps = {m: torch.cat([p[m] for p in parts]) for m in parts[0]} if parts else {}
+
+
+def attributions(model: Any, images: Any = None, target: Any = "predicted", *,
+                 request: AttributionsRequest | None = None, model_options: ModelOptions | None = None,
+                 inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,
+                 tensorboard: Any = None, keep: bool | None = None, on_item: Any = None, notes: Any = None,
+                 progress: Any = None, **options: Any) -> Result:
+    """Attribution maps of ``images`` (paths, or a tensor (N, C, H, W), or token ids) under
+    ``model``, with the options of :class:`AttributionsRequest` (``methods=["saliency",
+    "integrated-gradients"]``, ``steps=64``, ...). The result has ``maps`` (method -> (N, K,
+    *sample)) when kept (the API default), ``to_dict()`` and ``save(dir)``."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(AttributionsRequest)}
+    unknown = sorted(set(options) - names)
+    if unknown:
+        raise TypeError(f"attributions() got an unexpected keyword argument '{unknown[0]}'")
+    if request is None:
+        request = AttributionsRequest(target=target, **options)
+    elif options:
+        request = dataclasses.replace(request, **options)
+    mopts = model_options or ModelOptions(model)
+    inputs = inputs or InputOptions(images)
+    prep = prepare("attributions", mopts, inputs, hooks=False, notes=notes)
+    keep = output_dir is None if keep is None else keep
+    session = AttributionsSession(prep, mopts, request, keep_maps=keep, notes=notes, progress=progress)
+    total = len(prep.plan.paths) if prep.plan.paths else 0
+    return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
+                   keep=keep, tensorboard=tensorboard, on_item=on_item)

@@ -1,0 +1,198 @@
+"""Attribution pictures and records: heat maps (signed maps on a diverging colormap centred
+on 0, unsigned ones on a sequential one), overlays on the input, a contact sheet of images
+x methods, and the per-map statistics of the report. Pure functions: tensors and dicts in,
+PIL images and dicts out (``render.raster`` and ``render.overlay`` draw).
+
+A map of an image input (C, H, W) is shown as its channel sum (captum's
+``visualize_image_attr`` sign "all"), scaled by the 99.5th percentile of its magnitude
+so that a few extreme pixels do not wash the rest out (the colour bar says the scale, in
+the map's own units). A map of token embeddings (L, D) is shown as one cell per token (the
+sum over D).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from inspect_model.render.table import Column, plain_table, rich_table, warning_text
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from PIL import Image
+
+SIGNED_CMAP = "RdBu_r"  # red: raises the score, blue: lowers it, white: 0
+UNSIGNED_CMAP = "inferno"
+PERCENTILE = 99.5
+
+
+def reduce_map(m: torch.Tensor) -> np.ndarray:
+    """(C, H, W) -> (H, W) channel sum; (L, D) -> (1, L) per-token sum; (F,) -> (1, F)."""
+    import numpy as np
+
+    a = m.detach().double().cpu().numpy()
+    if a.ndim == 3:
+        return a.sum(0)
+    if a.ndim == 2 and a.shape[0] > 1 and a.shape[1] > 1 and a.shape[0] < a.shape[1]:
+        return a.sum(1)[None, :]  # (L, D): a row of tokens
+    if a.ndim >= 2:
+        return a.reshape(a.shape[0], -1).sum(1)[None, :]
+    return a.reshape(1, -1)
+
+
+def scale_of(a: np.ndarray) -> float:
+    """The display scale: the 99.5th percentile of |a| (its maximum when that is 0)."""
+    import numpy as np
+
+    mag = np.abs(a[np.isfinite(a)])
+    if mag.size == 0:
+        return 0.0
+    s = float(np.percentile(mag, PERCENTILE))
+    return s if s > 0 else float(mag.max())
+
+
+def normalised(a: np.ndarray, signed: bool) -> tuple[np.ndarray, float]:
+    """Values in [0, 1] for a colormap, and the scale: signed maps map [-s, s] onto [0, 1]
+    (0 at 0.5, the colormap's centre), unsigned ones [0, s]."""
+    import numpy as np
+
+    s = scale_of(a)
+    if s <= 0:
+        return np.full(a.shape, 0.5 if signed else 0.0, dtype=np.float32), 0.0
+    v = np.clip(a / s, -1.0 if signed else 0.0, 1.0)
+    return ((v + 1.0) / 2.0 if signed else v).astype(np.float32), s
+
+
+def heatmap(m: torch.Tensor, title: str, *, signed: bool, side: int = 224) -> Image.Image:
+    """The bare map, titled, with a colour bar in the map's units."""
+    from PIL import Image
+
+    from inspect_model.render import raster
+
+    a = reduce_map(m)
+    v, s = normalised(a, signed)
+    cmap = SIGNED_CMAP if signed else UNSIGNED_CMAP
+    body = Image.fromarray(raster.colorize(v, cmap), "RGB")
+    h, w = a.shape
+    if h == 1:  # tokens: cells of at least 24 px, a strip 40 px tall
+        cell = max(24, math.ceil(side / max(w, 1)))
+        body = body.resize((w * cell, 40), Image.NEAREST)
+    else:
+        k = max(1, math.ceil(side / max(h, w, 1)))
+        if k > 1:
+            body = body.resize((w * k, h * k), Image.NEAREST)
+    note = raster.constant_note(a)
+    if note:
+        right = raster.message_panel(110, max(body.size[1], 60), "no colour scale: the map is constant")
+    else:
+        label = "attribution (sum over channels)" if a.shape[0] > 1 else "attribution per token"
+        right = raster.colorbar(max(body.size[1], 60), -s if signed else 0.0, s, cmap, label)
+    return raster.titled(body, title.split("\n"), right=right, note=note)
+
+
+def overlay(image: Image.Image, m: torch.Tensor, box: Sequence[float] | None = None, *,
+            signed: bool) -> Image.Image | None:
+    """The map blended over the original picture (``render.overlay.overlay``); None for
+    maps that are not images."""
+    from inspect_model.render.overlay import overlay as blend
+
+    a = reduce_map(m)
+    if a.shape[0] == 1 or m.dim() != 3:
+        return None
+    v, _ = normalised(a, signed)
+    return blend(image, v, box, cmap=SIGNED_CMAP if signed else UNSIGNED_CMAP, alpha=0.55)
+
+
+def sheet(rows: Sequence[tuple[str, Image.Image | None, Sequence[tuple[torch.Tensor, bool, str]]]],
+          methods: Sequence[str], title: str = "") -> Image.Image:
+    """A contact sheet: one row per (image, target), the input then one column per method;
+    each cell captioned (its statistics)."""
+    from PIL import Image
+
+    from inspect_model.render import raster
+    from inspect_model.render.overlay import THUMB, SheetCell, contact_sheet, thumbnail
+
+    out_rows = []
+    for label, picture, maps in rows:
+        if picture is not None and max(picture.size) < THUMB:  # small inputs: enlarged, pixels kept
+            k = THUMB // max(picture.size)
+            picture = picture.resize((picture.size[0] * k, picture.size[1] * k), Image.NEAREST)
+        cells: list[SheetCell | None] = [SheetCell(thumbnail(picture), "input") if picture is not None else None]
+        for m, signed, caption in maps:
+            v, _ = normalised(reduce_map(m), signed)
+            img = Image.fromarray(raster.colorize(v, SIGNED_CMAP if signed else UNSIGNED_CMAP), "RGB")
+            if img.size[1] == 1:
+                img = img.resize((THUMB, 24), Image.NEAREST)
+            else:
+                img = img.resize((THUMB, max(1, round(THUMB * img.size[1] / img.size[0]))), Image.NEAREST)
+            cells.append(SheetCell(thumbnail(img), caption))
+        out_rows.append((label, cells))
+    return contact_sheet(out_rows, ["input", *methods], title=title)
+
+
+# ------------------------------------------------------------------------- records
+def _num(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    a = abs(v)
+    return "0" if a == 0 else (f"{v:.4g}" if 1e-3 <= a < 1e5 else f"{v:.2e}")
+
+
+def map_record(method: str, stats: dict[str, float], *, signed: bool, smoothed: bool, target: int,
+               label: str | None, score: float, baseline_score: float | None = None,
+               delta: float | None = None) -> dict[str, Any]:
+    """One map's entry in the report: what it is, its statistics, and for integrated
+    gradients f(x), f(baseline) and the completeness gap sum(map) - (f(x) - f(baseline))."""
+    rec: dict[str, Any] = {
+        "method": method, "smoothed": smoothed, "signed": signed,
+        "target": {"class": target, "label": label, "score": score},
+        "positive_mass": stats["positive"], "negative_mass": stats["negative"], "sum": stats["sum"],
+        "abs_mass": stats["abs"], "max_abs": stats["max_abs"], "files": {},
+    }
+    if delta is not None:
+        rec["baseline_score"] = baseline_score
+        rec["completeness_gap"] = delta
+        rec["relative_gap"] = (abs(delta) / abs(score - baseline_score)
+                               if baseline_score is not None and score != baseline_score else None)
+    return rec
+
+
+MAP_COLUMNS = (Column("Image"), Column("Target"), Column("Method"), Column("Positive", "right"),
+               Column("Negative", "right"), Column("Sum", "right"), Column("Gap", "right"))
+
+
+def caption(rec: dict[str, Any]) -> str:
+    """A cell caption: the map's sum, and IG's gap."""
+    text = f"sum {_num(rec['sum'])}"
+    if rec.get("completeness_gap") is not None:
+        text += f" gap {_num(rec['completeness_gap'])}"
+    return text
+
+
+def map_rows(payload: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for img in payload.get("images", []):
+        for rec in img.get("maps", []):
+            t = rec["target"]
+            tgt = f"{t['class']} {t['label']}" if t.get("label") else str(t["class"])
+            name = rec["method"] + (" (smoothed)" if rec.get("smoothed") else "")
+            rows.append([img.get("image", str(img.get("index"))), tgt, name, _num(rec["positive_mass"]),
+                         _num(rec["negative_mass"]), _num(rec["sum"]), _num(rec.get("completeness_gap"))])
+    return rows
+
+
+def render_text(payload: dict[str, Any]) -> str:
+    lines = [f"Attributions: {', '.join(payload.get('methods', []))} "
+             f"(to the {payload.get('space', 'input')}"
+             + (f" of layer '{payload['embedding_layer']}'" if payload.get("embedding_layer") else "") + ")"]
+    lines.append(plain_table(MAP_COLUMNS, map_rows(payload)))
+    lines.extend(warning_text(payload))
+    return "\n".join(lines)
+
+
+def render_rich(payload: dict[str, Any]) -> list[Any]:
+    return [rich_table(MAP_COLUMNS, map_rows(payload), title="Attributions"), *warning_text(payload)]
