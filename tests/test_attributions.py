@@ -267,3 +267,24 @@ def test_bad_settings_and_inputs_are_one_line_errors(tmp_path) -> None:
     a = run(model, x, methods=("integrated-gradients",), baseline=str(good), steps=4)
     b = run(model, x, methods=("integrated-gradients",), baseline=0.5, steps=4)
     close(a.maps["integrated-gradients"], b.maps["integrated-gradients"], rel=1e-6)
+
+
+def test_hugging_face_token_ids_equal_captum_on_inputs_embeds() -> None:
+    """A tiny BERT (random weights, no download): ours at the word-embedding output equals
+    captum's IG on ``inputs_embeds``, the model's own entry point for embeddings."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, max_position_embeddings=16, num_labels=3)
+    torch.manual_seed(7)
+    model = transformers.BertForSequenceClassification(cfg).eval()
+    ids = torch.randint(1, 50, (2, 6))
+    res = attribute(model, ids, [2, 0], AttributionSettings(methods=("integrated-gradients", "gradient"), steps=8))
+    assert res.embedding_layer == "bert.embeddings.word_embeddings"
+    e = model.bert.embeddings.word_embeddings(ids).detach()
+
+    def f(emb: torch.Tensor) -> torch.Tensor:
+        return model(inputs_embeds=emb).logits
+
+    close(res.maps["integrated-gradients"][:, 0],
+          captum_attr.IntegratedGradients(f).attribute(e, target=[2, 0], n_steps=8), rel=1e-3)
+    close(res.maps["gradient"][:, 0], captum_attr.Saliency(f).attribute(e, target=[2, 0], abs=False), rel=1e-3)
