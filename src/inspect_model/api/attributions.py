@@ -34,19 +34,6 @@ from inspect_model.errors import InputError, UsageError
 SHEET_ROWS = 16  # rows per contact-sheet page
 
 
-def _ints(value: Any, flag: str) -> tuple[int, ...] | None:
-    """``"16"``, ``"3,16,16"``, ``"16x16"``, an int or a sequence, as a tuple of ints."""
-    if value is None:
-        return None
-    if isinstance(value, int):
-        return (value,)
-    items = str(value).replace("x", ",").split(",") if isinstance(value, str) else list(value)
-    try:
-        return tuple(int(str(v).strip()) for v in items if str(v).strip())
-    except ValueError as exc:
-        raise UsageError(f"{flag} '{value}' must be sizes such as 16, 16,16 or 3,16,16") from exc
-
-
 @dataclass(frozen=True)
 class AttributionsRequest:
     """The options of ``attributions``, validated once (here and in AttributionSettings)."""
@@ -72,24 +59,27 @@ class AttributionsRequest:
     save_raw: bool = False
     overlays: bool = True
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # no torch here: a bad option fails at once
         from inspect_model.api.cam_evaluate import check_evaluate_request
-        from inspect_model.methods.attributions import parse_methods
+        from inspect_model.methods import attribution_options as ao
 
-        object.__setattr__(self, "methods", parse_methods(self.methods))
+        object.__setattr__(self, "methods", ao.parse_methods(self.methods))
         if self.metrics is not None:
             object.__setattr__(self, "metrics", tuple(self.metrics))
         check_evaluate_request(evaluate=self.evaluate, metrics=list(self.metrics or []), boxes=None,
                                steps=self.eval_steps, batch=self.eval_batch)
-        self.settings(batch_size=1)  # everything AttributionSettings checks
+        ao.check_settings(steps=self.steps, rule=self.rule, samples=self.samples, noise=self.noise,
+                          noise_mode=self.noise_mode, batch_size=1, smooth=self.smooth, methods=self.methods)
+        object.__setattr__(self, "baseline", ao.parse_baseline(self.baseline))
+        ao.parse_sizes(self.window, "--window")
+        ao.parse_sizes(self.stride, "--stride")
 
     def settings(self, *, batch_size: int, seed: int = 0) -> Any:
         from inspect_model.methods.attributions import AttributionSettings
 
         return AttributionSettings(
             methods=self.methods, steps=self.steps, rule=self.rule, baseline=self.baseline, samples=self.samples,
-            noise=self.noise, noise_mode=self.noise_mode, window=_ints(self.window, "--window") or (16,),
-            stride=_ints(self.stride, "--stride"), smooth=self.smooth, batch_size=batch_size, seed=seed,
+            noise=self.noise, noise_mode=self.noise_mode, window=self.window, stride=self.stride, smooth=self.smooth, batch_size=batch_size, seed=seed,
             activations=self.activations)
 
     def resolved(self) -> dict[str, Any]:
@@ -97,7 +87,7 @@ class AttributionsRequest:
         for f in fields(self):
             v = out[f.name]
             out[f.name] = list(v) if isinstance(v, tuple) else (str(v) if isinstance(v, Path) else v)
-        if not isinstance(self.baseline, (str, int, float)):
+        if hasattr(self.baseline, "shape"):
             out["baseline"] = "tensor"
         if not isinstance(self.target, (str, int)) and self.target is not None:
             out["target"] = [int(t) for t in (self.target.tolist() if hasattr(self.target, "tolist")

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from inspect_model.errors import InputError, UsageError
+from inspect_model.methods.attribution_options import RULES, parse_baseline  # noqa: F401 - re-exported
 
-RULES = ("riemann-left", "riemann-right", "riemann-middle", "riemann-trapezoid", "gauss-legendre")
 
 
 def integration_rule(rule: str, steps: int) -> tuple[list[float], list[float]]:
@@ -77,37 +77,6 @@ def noise_sigma(x: torch.Tensor, noise: float, mode: str) -> float:
 
 
 # ----------------------------------------------------------------------- baselines
-def parse_baseline(spec: Any) -> Any:
-    """Validate a baseline given as ``zeros``, ``blur``, ``blur:SIGMA``, ``uniform``, a
-    number, a ``.pt``/``.npy`` file path or a tensor; returns it normalised."""
-    if isinstance(spec, torch.Tensor):
-        return spec
-    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
-        return float(spec)
-    text = str(spec).strip()
-    if text in ("zeros", "zero", "0"):
-        return "zeros"
-    if text == "uniform" or text == "blur":
-        return text
-    if text.startswith("blur:"):
-        try:
-            sigma = float(text[5:])
-        except ValueError as exc:
-            raise UsageError(f"--baseline '{text}': blur:SIGMA needs a number of pixels") from exc
-        if not sigma > 0:
-            raise UsageError(f"--baseline '{text}': the blur sigma must be positive")
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    path = Path(text)
-    if not path.is_file():
-        raise UsageError(f"--baseline '{text}' is not zeros, blur, blur:SIGMA, uniform, a number or an existing "
-                         ".pt/.npy file")
-    return path
-
-
 def _load_baseline_file(path: Path) -> torch.Tensor:
     try:
         if path.suffix == ".npy":

@@ -30,36 +30,20 @@ from typing import Any
 import torch
 
 from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
-from inspect_model.errors import InputError, ModelRuntimeError, UsageError, suggest
+from inspect_model.errors import InputError, ModelRuntimeError, UsageError
 from inspect_model.methods import attribution_passes as ap
+from inspect_model.methods.attribution_options import (  # noqa: F401 - re-exported
+    METHODS,
+    SMOOTHABLE,
+    UNSIGNED,
+    check_settings,
+    parse_methods,
+    parse_sizes,
+)
 from inspect_model.methods.guided import GuidedBackwardMode, _targets_for
 from inspect_model.methods.targets import require_float, select_output
 
-METHODS = ("saliency", "gradient", "input-x-gradient", "integrated-gradients", "smoothgrad", "vargrad",
-           "occlusion", "guided")
-SMOOTHABLE = ("saliency", "gradient", "input-x-gradient", "integrated-gradients", "guided")
-UNSIGNED = ("saliency", "vargrad")  # maps that are >= 0 everywhere
-NOISE_MODES = ("fraction", "absolute")
 Progress = Callable[[int, int, str], None]
-
-
-def parse_methods(methods: str | Sequence[str]) -> tuple[str, ...]:
-    """``"saliency,integrated-gradients"``, a list, or ``all``: known names, in the order of
-    :data:`METHODS`, each once."""
-    items = methods.split(",") if isinstance(methods, str) else list(methods)
-    names = [str(m).strip().lower() for m in items if str(m).strip()]
-    if names == ["all"]:
-        return METHODS
-    aliases = {"ig": "integrated-gradients", "ixg": "input-x-gradient", "guided-backprop": "guided",
-               "gradients": "gradient", "input-x-gradients": "input-x-gradient"}
-    names = [aliases.get(n, n) for n in names]
-    for n in names:
-        if n not in METHODS:
-            raise UsageError(f"--method '{n}' is not an attribution method; methods: {', '.join(METHODS)}, all"
-                             + suggest(n, list(METHODS)))
-    if not names:
-        raise UsageError("--method names no method; give one or more of " + ", ".join(METHODS))
-    return tuple(m for m in METHODS if m in names)
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,26 +67,12 @@ class AttributionSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "methods", parse_methods(self.methods))
-        if self.steps < 1:
-            raise UsageError(f"--steps {self.steps}: integrated gradients needs at least 1 step")
-        ap.integration_rule(self.rule, self.steps)  # the rule's name and its step count
-        if self.samples < 1:
-            raise UsageError(f"--samples {self.samples}: SmoothGrad needs at least 1 noise sample")
-        if self.noise_mode not in NOISE_MODES:
-            raise UsageError(f"--noise-mode '{self.noise_mode}' is not one of {', '.join(NOISE_MODES)}")
-        if not self.noise >= 0 or self.noise == float("inf"):
-            raise UsageError(f"--noise {self.noise}: give a level of 0 or more (a fraction of the input range)")
-        if self.batch_size < 1:
-            raise UsageError(f"--batch-size {self.batch_size}: give 1 or more rows per pass")
+        check_settings(steps=self.steps, rule=self.rule, samples=self.samples, noise=self.noise,
+                       noise_mode=self.noise_mode, batch_size=self.batch_size, smooth=self.smooth,
+                       methods=self.methods)
         object.__setattr__(self, "baseline", ap.parse_baseline(self.baseline))
-        object.__setattr__(self, "window", tuple(int(v) for v in self.window))
-        if self.stride is not None:
-            object.__setattr__(self, "stride", tuple(int(v) for v in self.stride))
-        ap.window_shape(self.window, (1,) * max(len(self.window), 1), space="input")  # sizes >= 1
-        if self.stride is not None:
-            ap.window_shape(self.stride, (1,) * max(len(self.stride), 1), space="input", what="--stride")
-        if self.smooth and not any(m in SMOOTHABLE for m in self.methods):
-            raise UsageError("--smooth applies to " + ", ".join(SMOOTHABLE) + "; none of them is selected")
+        object.__setattr__(self, "window", parse_sizes(self.window, "--window"))
+        object.__setattr__(self, "stride", parse_sizes(self.stride, "--stride"))
 
     @property
     def guided_kinds(self) -> tuple[str, ...]:
