@@ -102,7 +102,10 @@ def overlay(image: Image.Image, m: torch.Tensor, box: Sequence[float] | None = N
     if a.shape[0] == 1 or m.dim() != 3:
         return None
     v, _ = normalised(a, signed)
-    return blend(image, v, box, cmap=SIGNED_CMAP if signed else UNSIGNED_CMAP, alpha=0.55)
+    # Opacity follows the magnitude: no evidence, no colour (a fixed alpha would wash the
+    # whole picture with the colour of 0).
+    opacity = (abs(2.0 * v - 1.0) if signed else v) ** 0.5
+    return blend(image, v, box, cmap=SIGNED_CMAP if signed else UNSIGNED_CMAP, alpha=0.9, opacity=opacity)
 
 
 def sheet(rows: Sequence[tuple[str, Image.Image | None, Sequence[tuple[torch.Tensor, bool, str]]]],
