@@ -14,6 +14,18 @@ from inspect_model.errors import UsageError
 from inspect_model.methods.attributions import AttributionSettings, attribute, map_statistics
 
 
+def valid(res) -> dict:
+    """The --json document, as written (NaN as null), checked against the shipped schema."""
+    import jsonschema
+
+    from inspect_model.render.jsonout import dumps
+    from inspect_model.schemas import load_schema
+
+    doc = json.loads(dumps(res.to_dict()))
+    jsonschema.Draft202012Validator(load_schema("attributions")).validate(doc)
+    return doc
+
+
 def tiny() -> nn.Module:
     torch.manual_seed(5)
     return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(),
@@ -30,7 +42,7 @@ def test_api_maps_and_records_match_the_methods() -> None:
                        window="4", baseline="blur")
     ref = attribute(model, x, "top:2", AttributionSettings(methods=("saliency", "integrated-gradients", "occlusion"),
                                                            steps=8, window=(4,), baseline="blur", batch_size=8))
-    doc = res.to_dict()
+    doc = valid(res)
     assert doc["command"] == "attributions" and doc["methods"] == ["saliency", "integrated-gradients", "occlusion"]
     for m in ref.maps:
         torch.testing.assert_close(res.maps[m], ref.maps[m])
@@ -48,6 +60,7 @@ def test_api_maps_and_records_match_the_methods() -> None:
                 assert "completeness_gap" not in rec
             assert rec["signed"] == (rec["method"] != "saliency")
     assert doc["options"]["steps"] == 8 and doc["options"]["baseline"] == "blur"
+    assert doc["options"]["window"] == [4] and doc["options"]["stride"] is None
 
 
 def test_files_report_and_contact_sheet(tmp_path) -> None:
@@ -72,7 +85,7 @@ def test_evaluate_and_sanity_cover_every_method() -> None:
     model, x = tiny(), images()[:2]
     res = attributions(model, x, methods=["saliency", "input-x-gradient", "smoothgrad"], samples=2, evaluate=True,
                        eval_steps=4, metrics=["deletion", "insertion"], sanity=True)
-    doc = res.to_dict()
+    doc = valid(res)
     ev = doc["evaluation"]
     assert {row["method"] for row in ev["average"]} == {"saliency", "input-x-gradient", "smoothgrad"}
     for entry in doc["images"]:

@@ -89,6 +89,11 @@ class AttributionsRequest:
             out[f.name] = list(v) if isinstance(v, tuple) else (str(v) if isinstance(v, Path) else v)
         if hasattr(self.baseline, "shape"):
             out["baseline"] = "tensor"
+        from inspect_model.methods.attribution_options import parse_sizes
+
+        for name in ("window", "stride"):
+            sizes = parse_sizes(getattr(self, name), f"--{name}")
+            out[name] = list(sizes) if sizes is not None else None
         if not isinstance(self.target, (str, int)) and self.target is not None:
             out["target"] = [int(t) for t in (self.target.tolist() if hasattr(self.target, "tolist")
                                               else self.target)]
