@@ -22,17 +22,12 @@ from inspect_model.api.pipeline import (
     Session,
     Sink,
     Warnings,
-    class_tag,
     execute,
-    image_dir,
     input_outcome,
     prepare,
     tracked,
 )
 from inspect_model.errors import InputError, UsageError
-
-SHEET_ROWS = 16  # rows per contact-sheet page
-
 
 @dataclass(frozen=True)
 class AttributionsRequest:
@@ -131,7 +126,11 @@ class AttributionsSession(Session):
             self.evaluator = Evaluator(prep, parse_metrics(list(request.metrics or []), boxes=False),
                                        steps=request.eval_steps, batch=request.eval_batch,
                                        output_key=request.output_key, notes=notes, progress=progress)
-        self.reset_drawing()
+        from inspect_model.render.draw_attributions import AttributionsDrawer
+
+        self.drawer = AttributionsDrawer(categories=prep.categories, preprocess=prep.plan.preprocess,
+                                         methods=list(request.methods), save_raw=request.save_raw,
+                                         overlays=request.overlays, curves=request.evaluate)
 
     # ------------------------------------------------------------------ computing
     def feed(self, batch: Any) -> list[ImageItem]:
@@ -236,17 +235,21 @@ class AttributionsSession(Session):
     # --------------------------------------------------------- resume and torchrun
     def state_dict(self) -> dict[str, Any]:
         return {"entries": self.entries, "warnings": self.warnings, "sanity_acc": self.sanity_acc,
-                "space": self.space, "embedding_layer": self.embedding_layer, "sites": self.sites,
-                "sheets": self.sheets, "sheet_rows": self.sheet_rows}
+                "space": self.space, "embedding_layer": self.embedding_layer, "sites": dict(self.sites),
+                "drawer": self.drawer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for k, v in state.items():
-            setattr(self, k, v)
+        self.entries, self.warnings, self.sanity_acc = list(state["entries"]), state["warnings"], state["sanity_acc"]
+        self.space, self.embedding_layer, self.sites = state["space"], state["embedding_layer"], state["sites"]
+        self.drawer.load_state_dict(state["drawer"])
 
     def merge(self, states: list[dict[str, Any]]) -> None:
         from inspect_model.methods import attribution_sanity as san
 
         self.entries = [e for s in states for e in s["entries"]]
+        for other in states[1:]:
+            for text in getattr(other["warnings"], "_counts", {}):
+                self.warnings.add(text)
         for s in states:
             self.space = self.space or s["space"]
             self.embedding_layer = self.embedding_layer or s["embedding_layer"]
@@ -256,94 +259,17 @@ class AttributionsSession(Session):
             if s.get("sanity_acc"):
                 acc = san.merge(acc, s["sanity_acc"])
         self.sanity_acc = acc
-        self.sheets = [p for s in states for p in s["sheets"]]
+        self.drawer.merge([s["drawer"] for s in states])
 
     # ------------------------------------------------------------------ drawing
     def reset_drawing(self) -> None:
-        self.sheet_rows: list[Any] = []
-        self.sheets: list[str] = []
+        self.drawer.reset()
 
     def draw(self, item: ImageItem, sink: Sink) -> dict[str, Any]:
-        from inspect_model.render import attributions as ra
-        from inspect_model.render import overlay as ov
-
-        if item.data is None:
-            return item.entry.get("files", {})
-        img, x, maps = item.data
-        entry, cats = item.entry, self.prep.categories
-        pre = self.prep.plan.preprocess
-        if img is not None:
-            picture, box = ov.viewable(img.image, pre.uncrop_box(*img.image.size) if pre is not None else None)
-        else:
-            picture, box = (ov.input_picture(x) if x.dim() == 3 else None), None
-        seen = ov.input_picture(x, getattr(pre, "mean", None), getattr(pre, "std", None)) if x.dim() == 3 else None
-        base = image_dir(entry["index"], entry["image"])
-        rows: dict[int, list[Any]] = {}
-        for rec in entry["maps"]:
-            k, cls, method = rec["rank"], rec["target"]["class"], rec["method"]
-            m = maps[method][k]
-            stem = f"{base}/{method}.{class_tag(cls, cats)}"
-            label = f"{cls} {rec['target']['label']}" if rec["target"]["label"] else str(cls)
-            title = f"{method}{' (smoothed)' if rec['smoothed'] else ''}\n{Path(entry['image']).name}: {label}, " \
-                    f"score {rec['target']['score']:.4g}"
-            files: dict[str, Any] = {}
-            if sink.out is not None:
-                signed = rec["signed"]
-                files["heatmap"] = sink.image(f"{stem}.heatmap.png",
-                                              lambda m=m, t=title, s=signed: ra.heatmap(m, t, signed=s))
-                if self.request.overlays and picture is not None and m.dim() == 3:
-                    files["overlay"] = sink.image(f"{stem}.overlay.png", lambda m=m, s=signed: ra.overlay(
-                        picture, m, box, signed=s), photo=True)
-                if self.request.save_raw:
-                    files["raw"] = sink.npy(f"{stem}.npy", m.numpy())
-            rec["files"] = {k2: v for k2, v in files.items() if v is not None}
-            rows.setdefault(k, []).append((m, rec["signed"], ra.caption(rec)))
-        if sink.out is not None:
-            for k in sorted(rows):
-                tgt = entry["maps"][[r["rank"] for r in entry["maps"]].index(k)]["target"]
-                name = f"{tgt['class']} {tgt['label']}" if tgt["label"] else str(tgt["class"])
-                self.sheet_rows.append((f"{Path(entry['image']).name}: {name}", seen, rows[k]))
-            self._flush_sheet(sink, final=False)
-        return self._draw_curves(entry, sink)
-
-    def _draw_curves(self, entry: dict[str, Any], sink: Sink) -> dict[str, Any]:
-        if sink.out is None or self.evaluator is None:
-            return {}
-        from inspect_model.api.cam_evaluate import curve_plot_name
-        from inspect_model.render import faithfulness as rf
-
-        series = rf.image_series(entry)
-        if not series:
-            return {}
-        title = f"[{entry['index']}] {Path(entry['image']).name}: deletion and insertion curves"
-        name = sink.figure(curve_plot_name(entry), rf.curves_figure(series, title))
-        return {"evaluation_curves": name} if name else {}
+        return self.drawer.draw(item, sink)
 
     def draw_summary(self, sink: Sink, result: Result) -> None:
-        self._flush_sheet(sink, final=True)
-        result.payload["contact_sheets"] = list(self.sheets)
-        ev = result.payload.get("evaluation")
-        if ev is not None and sink.out is not None and ev["average"]:
-            from inspect_model.render import faithfulness as rf
-
-            n = result.payload["image_count"]
-            fig = rf.curves_figure(rf.average_series(ev), f"deletion and insertion curves, mean over {n} image(s)")
-            name = sink.figure("evaluation_curves.png", fig)
-            ev["plots"] = [name] if name else []
-
-    def _flush_sheet(self, sink: Sink, *, final: bool) -> None:
-        from inspect_model.render import attributions as ra
-
-        if sink.out is None or not self.sheet_rows or (not final and len(self.sheet_rows) < SHEET_ROWS):
-            return
-        while self.sheet_rows and (final or len(self.sheet_rows) >= SHEET_ROWS):
-            rows, self.sheet_rows = self.sheet_rows[:SHEET_ROWS], self.sheet_rows[SHEET_ROWS:]
-            page = len(self.sheets) + 1
-            methods = list(self.settings.methods)
-            name = sink.image(f"contact_sheet_{page:03d}.png", lambda rows=rows, page=page: ra.sheet(
-                rows, methods, title=f"attributions (page {page})"))
-            if name is not None:
-                self.sheets.append(name)
+        self.drawer.draw_summary(sink, result)
 
 
 class _MapsRecord:

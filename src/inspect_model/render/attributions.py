@@ -108,30 +108,43 @@ def overlay(image: Image.Image, m: torch.Tensor, box: Sequence[float] | None = N
     return blend(image, v, box, cmap=SIGNED_CMAP if signed else UNSIGNED_CMAP, alpha=0.9, opacity=opacity)
 
 
-def sheet(rows: Sequence[tuple[str, Image.Image | None, Sequence[tuple[torch.Tensor, bool, str]]]],
-          methods: Sequence[str], title: str = "") -> Image.Image:
-    """A contact sheet: one row per (image, target), the input then one column per method;
-    each cell captioned (its statistics)."""
+def sheet_cell(m: torch.Tensor, signed: bool) -> Image.Image:
+    """A contact-sheet thumbnail of one map (kept instead of the map until the page is drawn)."""
     from PIL import Image
 
     from inspect_model.render import raster
-    from inspect_model.render.overlay import THUMB, SheetCell, contact_sheet, thumbnail
+    from inspect_model.render.overlay import THUMB, thumbnail
+
+    v, _ = normalised(reduce_map(m), signed)
+    img = Image.fromarray(raster.colorize(v, SIGNED_CMAP if signed else UNSIGNED_CMAP), "RGB")
+    if img.size[1] == 1:  # tokens: a strip
+        return img.resize((THUMB, 24), Image.NEAREST)
+    return thumbnail(img.resize((THUMB, max(1, round(THUMB * img.size[1] / img.size[0]))), Image.NEAREST))
+
+
+def sheet_picture(picture: Image.Image) -> Image.Image:
+    """The input's thumbnail; small inputs are enlarged, pixels kept."""
+    from PIL import Image
+
+    from inspect_model.render.overlay import THUMB, thumbnail
+
+    if max(picture.size) < THUMB:
+        k = THUMB // max(picture.size)
+        picture = picture.resize((picture.size[0] * k, picture.size[1] * k), Image.NEAREST)
+    return thumbnail(picture)
+
+
+def sheet(rows: Sequence[tuple[str, Image.Image | None, Sequence[tuple[Image.Image, str]]]],
+          methods: Sequence[str], title: str = "") -> Image.Image:
+    """A contact sheet: one row per (image, target), the input then one column per method;
+    cells are (thumbnail, caption) from :func:`sheet_cell`."""
+    from inspect_model.render.overlay import SheetCell, contact_sheet
 
     out_rows = []
-    for label, picture, maps in rows:
-        if picture is not None and max(picture.size) < THUMB:  # small inputs: enlarged, pixels kept
-            k = THUMB // max(picture.size)
-            picture = picture.resize((picture.size[0] * k, picture.size[1] * k), Image.NEAREST)
-        cells: list[SheetCell | None] = [SheetCell(thumbnail(picture), "input") if picture is not None else None]
-        for m, signed, caption in maps:
-            v, _ = normalised(reduce_map(m), signed)
-            img = Image.fromarray(raster.colorize(v, SIGNED_CMAP if signed else UNSIGNED_CMAP), "RGB")
-            if img.size[1] == 1:
-                img = img.resize((THUMB, 24), Image.NEAREST)
-            else:
-                img = img.resize((THUMB, max(1, round(THUMB * img.size[1] / img.size[0]))), Image.NEAREST)
-            cells.append(SheetCell(thumbnail(img), caption))
-        out_rows.append((label, cells))
+    for label, picture, cells in rows:
+        row: list[SheetCell | None] = [SheetCell(picture, "input") if picture is not None else None]
+        row += [SheetCell(thumb, caption) for thumb, caption in cells]
+        out_rows.append((label, row))
     return contact_sheet(out_rows, ["input", *methods], title=title)
 
 
