@@ -17,6 +17,7 @@ _LAZY = {
     "grads": ("inspect_model.api", "grads"),
     "guided_backprop": ("inspect_model.api", "guided_backprop"),
     "cam": ("inspect_model.api", "cam"),
+    "attributions": ("inspect_model.api", "attributions"),
     "check": ("inspect_model.api", "check"),
     "Result": ("inspect_model.api", "Result"),
     "ModelOptions": ("inspect_model.api", "ModelOptions"),
@@ -34,6 +35,7 @@ _LAZY = {
     "sanity_check": ("inspect_model.methods.guided", "sanity_check"),
     "compute_cams": ("inspect_model.methods.cam", "compute_cams"),
     "gradcam": ("inspect_model.methods.cam", "gradcam"),
+    "attribute": ("inspect_model.methods.attributions", "attribute"),
     "run_checks": ("inspect_model.methods.checks", "run_checks"),
 }
 

@@ -95,6 +95,16 @@ class AttributionsRequest:
         return out
 
 
+@dataclass
+class Found:
+    """What the run found out on its first batch: the attribution space (``input`` or
+    ``embedding``), the embedding layer, the guided activation sites."""
+
+    space: str | None = None
+    embedding_layer: str | None = None
+    sites: dict[str, int] | None = None
+
+
 class AttributionsSession(Session):
     command = "attributions"
     streams_files = True
@@ -114,9 +124,8 @@ class AttributionsSession(Session):
         self.maps: list[dict[str, Any]] = []
         self.entries: list[dict[str, Any]] = []
         self.warnings = Warnings()
-        self.space: str | None = None
-        self.embedding_layer: str | None = None
-        self.sites: dict[str, int] = {}
+        self.found = Found()
+        self.options_record = request.resolved()  # plain data: part of the --resume fingerprint
         self.sanity_acc: dict[str, Any] | None = None
         self.evaluator = None
         if request.evaluate:
@@ -140,8 +149,8 @@ class AttributionsSession(Session):
         first = self.index_base + len(self.entries)
         res = attribute(model, x, self.spec, self.settings, output_key=self.request.output_key,
                         categories=self.prep.categories, first_index=first, progress=self.progress)
-        self.space, self.embedding_layer = res.space, res.embedding_layer
-        self.sites = self.sites or res.guided_sites
+        self.found.space, self.found.embedding_layer = res.space, res.embedding_layer
+        self.found.sites = self.found.sites or res.guided_sites
         self.warnings.extend(res.warnings)
         if self.request.sanity:
             from inspect_model.methods import attribution_sanity as san
@@ -215,32 +224,43 @@ class AttributionsSession(Session):
             "model": self.prep.loaded.name,
             "methods": list(st.methods),
             "smoothed": list(st.smoothed),
-            "space": self.space,
-            "embedding_layer": self.embedding_layer,
-            "guided_sites": self.sites,
+            "space": self.found.space,
+            "embedding_layer": self.found.embedding_layer,
+            "guided_sites": self.found.sites or {},
             "images": self.entries,
             "image_count": len(self.entries),
             "sanity": san.finish(self.sanity_acc),
             "skipped": skipped,
         }
         if self.evaluator is not None:
-            payload["evaluation"] = self.evaluator.summary(self.entries, [(m, self.embedding_layer or "input")
+            payload["evaluation"] = self.evaluator.summary(self.entries, [(m, self.found.embedding_layer or "input")
                                                                           for m in st.methods])
-        options = self.prep.options(self.mopts, **self.request.resolved())
+        options = self.resolved_options()
         record = _MapsRecord(self.maps) if self.keep_maps else None
         return Result("attributions", options, payload, self.warnings.to_list(), record=record,
                       render_text=lambda r: render.render_text(r.to_dict()),
                       render_rich=lambda r: render.render_rich(r.to_dict()))
 
+    def resolved_options(self) -> dict[str, Any]:
+        return self.prep.options(self.mopts, **self.options_record)
+
     # --------------------------------------------------------- resume and torchrun
+    @property
+    def sheets(self) -> list[str]:  # contact-sheet pages (renumbered after a torchrun merge)
+        return self.drawer.sheets
+
+    @sheets.setter
+    def sheets(self, value: list[str]) -> None:
+        self.drawer.sheets = value
+
     def state_dict(self) -> dict[str, Any]:
         return {"entries": self.entries, "warnings": self.warnings, "sanity_acc": self.sanity_acc,
-                "space": self.space, "embedding_layer": self.embedding_layer, "sites": dict(self.sites),
+                "found": self.found,
                 "drawer": self.drawer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.entries, self.warnings, self.sanity_acc = list(state["entries"]), state["warnings"], state["sanity_acc"]
-        self.space, self.embedding_layer, self.sites = state["space"], state["embedding_layer"], state["sites"]
+        self.found = state["found"]
         self.drawer.load_state_dict(state["drawer"])
 
     def merge(self, states: list[dict[str, Any]]) -> None:
@@ -250,10 +270,7 @@ class AttributionsSession(Session):
         for other in states[1:]:
             for text in getattr(other["warnings"], "_counts", {}):
                 self.warnings.add(text)
-        for s in states:
-            self.space = self.space or s["space"]
-            self.embedding_layer = self.embedding_layer or s["embedding_layer"]
-            self.sites = self.sites or s["sites"]
+        self.found = next((s["found"] for s in states if s["found"].space is not None), self.found)
         acc = None
         for s in states:
             if s.get("sanity_acc"):

@@ -286,8 +286,30 @@ class Grads:
         _merge_warnings(s.warnings, [st["warnings"] for st in states[1:]])
 
 
+class Protocol:
+    """Sessions that keep their own state (``state_dict``/``load_state_dict``/``merge``) and
+    draw through a drawer (attributions)."""
+
+    def state(self, s: Any) -> dict[str, Any]:
+        return s.state_dict()
+
+    def restore(self, s: Any, st: dict[str, Any]) -> None:
+        s.load_state_dict(st)
+
+    def start(self, s: Any, index: int, batch: int, rank: int) -> None:
+        s.index_base = index
+        s.drawer.start(rank)
+
+    def before_gather(self, s: Any, sink: Any) -> None:
+        s.drawer.flush(sink)
+
+    def merge(self, s: Any, states: list[dict[str, Any]]) -> None:
+        s.merge(states)
+
+
 ADAPTERS: dict[str, Any] = {"ActivationsSession": Activations(), "CamSession": PerImage(),
-                            "GuidedSession": PerImage(), "GradsSession": Grads()}
+                            "GuidedSession": PerImage(), "GradsSession": Grads(),
+                            "AttributionsSession": Protocol()}
 
 
 def adapter(session: Session) -> Any:
