@@ -76,6 +76,9 @@ def test_token_ids_are_attributed_at_the_embedding(cli, tmp_path: Path) -> None:
     doc = _doc(cli(["attributions", f"{src}:Tokens", "--input-size", "8:int64:0-20", "-m", "ig", "--steps", "4",
                     "--json", "-q"]))
     assert doc["space"] == "embedding" and doc["embedding_layer"] == "embed"
+    image = doc["images"][0]
+    assert len(image["token_ids"]) == 8 and len(image["maps"][0]["tokens"]) == 8
+    assert sum(image["maps"][0]["tokens"]) == pytest.approx(image["maps"][0]["sum"])
     r = cli(["attributions", f"{src}:NoEmbedding", "--input-size", "8:int64:0-20", "-q"])
     assert r.exit_code == 4
     assert r.stderr.strip().splitlines() == [

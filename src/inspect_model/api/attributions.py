@@ -163,7 +163,7 @@ class AttributionsSession(Session):
         items, start = [], len(self.entries)
         for i in range(x.shape[0]):
             img = batch.images[i] if batch.images is not None else None
-            entry = self._entry(first + i, batch.names[i], res, i, img)
+            entry = self._entry(first + i, batch.names[i], res, i, img, x)
             self.entries.append(entry)
             maps = {m: res.maps[m][i] for m in res.maps}
             items.append(ImageItem(entry, (img, x[i].detach().float().cpu(), maps)))
@@ -171,7 +171,7 @@ class AttributionsSession(Session):
             self._evaluate(res, batch, self.entries[start:])
         return items
 
-    def _entry(self, index: int, name: str, res: Any, i: int, img: Any) -> dict[str, Any]:
+    def _entry(self, index: int, name: str, res: Any, i: int, img: Any, ids: Any) -> dict[str, Any]:
         from inspect_model.methods.attributions import UNSIGNED, map_statistics
         from inspect_model.render.attributions import map_record
         from inspect_model.render.cam_report import class_name
@@ -187,10 +187,15 @@ class AttributionsSession(Session):
                                  delta=res.deltas[i][k] if ig else None)
                 rec["target"]["probability"] = res.probabilities[i][k]
                 rec["rank"], rec["layer"] = k, res.embedding_layer or "input"
+                if res.space == "embedding":  # (L, D): one number per token, the sum over D
+                    rec["tokens"] = maps[i, k].double().sum(-1).tolist()
                 records.append(rec)
         size = list(img.image.size) if img is not None else None
-        return {"index": index, "image": name, "size": size, "targets": [int(t) for t in res.targets[i]],
-                "maps": records, "files": {}}
+        entry = {"index": index, "image": name, "size": size, "targets": [int(t) for t in res.targets[i]],
+                 "maps": records, "files": {}}
+        if res.space == "embedding":
+            entry["token_ids"] = [int(t) for t in ids[i].reshape(-1).tolist()]
+        return entry
 
     def _evaluate(self, res: Any, batch: Any, entries: list[dict[str, Any]]) -> None:
         """Deletion/insertion/ROAD of every map (cam's Evaluator), on the relevance each map

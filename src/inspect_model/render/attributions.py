@@ -202,9 +202,9 @@ def map_rows(payload: dict[str, Any]) -> list[list[str]]:
 
 
 def render_text(payload: dict[str, Any]) -> str:
-    lines = [f"Attributions: {', '.join(payload.get('methods', []))} "
-             f"(to the {payload.get('space', 'input')}"
-             + (f" of layer '{payload['embedding_layer']}'" if payload.get("embedding_layer") else "") + ")"]
+    where = (f"the output of embedding layer '{payload['embedding_layer']}'" if payload.get("embedding_layer")
+             else "the input")
+    lines = [f"Attributions: {', '.join(payload.get('methods', []))} (to {where})"]
     lines.append(plain_table(MAP_COLUMNS, map_rows(payload)))
     lines.extend(warning_text(payload))
     return "\n".join(lines)
