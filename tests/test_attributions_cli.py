@@ -121,3 +121,37 @@ def test_resume_gives_the_report_of_one_run(cli, models_py: Path, tmp_path: Path
     resumed = _doc(cli([*args, "-o", str(tmp_path / "b"), "--resume"]))
     assert resumed["images"] == one["images"]
     assert sorted(resumed["files"]) == sorted(one["files"])
+
+
+def test_torchrun_two_ranks_equal_one_process(cli, models_py: Path, tmp_path: Path) -> None:
+    """2 ranks (gloo) share the images; rank 0's report equals one process's."""
+    import os
+    import subprocess
+    import sys
+
+    import numpy as np
+    from PIL import Image
+
+    from conftest import ROOT
+
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(5):
+        Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(imgs / f"im{i}.png")
+    args = ["attributions", f"{models_py}:TinyCNN", str(imgs), "--batch-size", "2", "--resize", "16", "--crop", "16",
+            "-m", "ig,smoothgrad,occlusion", "--steps", "4", "--samples", "2", "--window", "8", "-q", "--json"]
+    one = _doc(cli([*args, "-o", str(tmp_path / "one")]))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                        "-m", "inspect_model", *args, "-o", str(tmp_path / "two")],
+                       capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    two = json.loads((tmp_path / "two" / "report.json").read_text())
+    assert two["images"] == one["images"]
+
+    def files(doc: dict) -> list[str]:  # each rank draws its own contact-sheet pages, as in cam
+        return sorted(f for f in doc["files"] if not f.startswith("contact_sheet_"))
+
+    assert files(two) == files(one) and two["contact_sheets"]
