@@ -201,14 +201,51 @@ def map_rows(payload: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def render_text(payload: dict[str, Any]) -> str:
+def sanity_table(sanity: dict[str, Any]) -> tuple[list[Column], list[list[str]]]:
+    """Per randomisation step, each method's mean Spearman rho with the original maps
+    (magnitudes): near 1 means the maps do not depend on those weights."""
+    methods = list(sanity["steps"][0]["methods"]) if sanity["steps"] else []
+    cols = [Column("Randomised", "right"), Column("Down to")] + [Column(m, "right") for m in methods]
+    rows = [[str(st["randomized"]), st["down_to"]]
+            + [_num(st["methods"][m].get("spearman_abs_mean")) for m in methods] for st in sanity["steps"]]
+    return cols, rows
+
+
+def _tables(payload: dict[str, Any]) -> list[tuple[str, list[Column], list[list[str]]]]:
+    from inspect_model.render import faithfulness as rf
+
+    out = [("", list(MAP_COLUMNS), map_rows(payload))]
+    ev = payload.get("evaluation")
+    if ev is not None and ev.get("average"):
+        cols, rows = rf.average_table(ev)
+        out.append((f"{rf.header(ev)}\naverage over {payload['image_count']} image(s):", cols, rows))
+    san = payload.get("sanity")
+    if san:
+        cols, rows = sanity_table(san)
+        out.append(("sanity (Adebayo et al. 2018): mean Spearman rho of |map| with the original, top layers "
+                    "randomised", cols, rows))
+    return out
+
+
+def _title(payload: dict[str, Any]) -> str:
     where = (f"the output of embedding layer '{payload['embedding_layer']}'" if payload.get("embedding_layer")
              else "the input")
-    lines = [f"Attributions: {', '.join(payload.get('methods', []))} (to {where})"]
-    lines.append(plain_table(MAP_COLUMNS, map_rows(payload)))
+    return f"Attributions: {', '.join(payload.get('methods', []))} (to {where})"
+
+
+def render_text(payload: dict[str, Any]) -> str:
+    lines = [_title(payload)]
+    for title, cols, rows in _tables(payload):
+        lines += ([title] if title else []) + [plain_table(cols, rows)]
+    sheets = payload.get("contact_sheets") or []
+    if sheets:
+        lines.append("contact sheets: " + ", ".join(sheets))
     lines.extend(warning_text(payload))
     return "\n".join(lines)
 
 
 def render_rich(payload: dict[str, Any]) -> list[Any]:
-    return [rich_table(MAP_COLUMNS, map_rows(payload), title="Attributions"), *warning_text(payload)]
+    parts: list[Any] = []
+    for i, (title, cols, rows) in enumerate(_tables(payload)):
+        parts.append(rich_table(cols, rows, title=_title(payload) if i == 0 else title))
+    return [*parts, *warning_text(payload)]
