@@ -60,7 +60,7 @@ def test_api_maps_and_records_match_the_methods() -> None:
                 assert "completeness_gap" not in rec
             assert rec["signed"] == (rec["method"] != "saliency")
     assert doc["options"]["steps"] == 8 and doc["options"]["baseline"] == "blur"
-    assert doc["options"]["window"] == [4] and doc["options"]["stride"] is None
+    assert doc["options"]["window"] == "4" and doc["options"]["stride"] is None
 
 
 def test_files_report_and_contact_sheet(tmp_path) -> None:

@@ -346,4 +346,5 @@ def test_memory_error_in_summary_is_a_clear_exit_6(monkeypatch: pytest.MonkeyPat
     res = cli(["summary", register_model(monkeypatch, OutOfMemory()), "--input-size", "4", "--device", "cpu", "-q"])
     assert res.exit_code == 6
     assert res.stderr.strip().splitlines() == [
-        "error: forward pass failed: out of memory (MemoryError); use a smaller --batch-size or --input-size"]
+        "error: forward pass failed: out of CPU memory; use a smaller --batch-size or --input-size, "
+        "or fewer/smaller images"]

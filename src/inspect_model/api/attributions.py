@@ -11,61 +11,81 @@ for integrated gradients, f(baseline) and the completeness gap.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from inspect_model.api.options import InputOptions, ModelOptions
-from inspect_model.api.pipeline import (
-    ImageItem,
-    Result,
-    Session,
-    Sink,
-    Warnings,
-    execute,
-    input_outcome,
-    prepare,
-    tracked,
+from inspect_model.api.options import InputOptions, ModelOptions, check_target_syntax
+from inspect_model.api.pipeline import execute, prepare, tracked
+from inspect_model.api.request import (
+    OUTPUT_KEY_HELP,
+    SAVE_RAW_HELP,
+    TARGET_HELP,
+    Request,
+    api_command,
+    check_target_value,
+    option,
 )
+from inspect_model.api.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
 
+METHOD_HELP = ("saliency, gradient, input-x-gradient, integrated-gradients (ig), smoothgrad, vargrad, occlusion, "
+               "guided, or all; repeatable or comma-separated (default: saliency).")
+
+
 @dataclass(frozen=True)
-class AttributionsRequest:
-    """The options of ``attributions``, validated once (here and in AttributionSettings)."""
+class AttributionsRequest(Request):
+    """The options of ``attributions`` (README "attributions"); validated once, here, without torch."""
 
-    methods: tuple[str, ...] = ("saliency",)
-    target: Any = "predicted"
-    steps: int = 32
-    rule: str = "gauss-legendre"
-    baseline: Any = "zeros"
-    samples: int = 16
-    noise: float = 0.15
-    noise_mode: str = "fraction"
-    window: Any = "16"
-    stride: Any = None
-    smooth: bool = False
-    activations: bool = False
-    output_key: str | None = None
-    evaluate: bool = False
-    metrics: tuple[str, ...] | None = None
-    eval_steps: int = 32
-    eval_batch: int = 64
-    sanity: bool = False
-    save_raw: bool = False
-    overlays: bool = True
+    command: ClassVar[str] = "attributions"
 
-    def __post_init__(self) -> None:  # no torch here: a bad option fails at once
+    methods: tuple[str, ...] = option(("saliency",), "--method", "-m", help=METHOD_HELP, multiple=True,
+                                      param="method")
+    target: str | tuple[str, ...] | None = option("predicted", "--target", "-t", type=str, help=TARGET_HELP,
+                                                  complete="target")
+    steps: int = option(32, "--steps", help="integrated-gradients: points on the path from the baseline.")
+    rule: str = option("gauss-legendre", "--rule", help="integrated-gradients: gauss-legendre, riemann-left, "
+                       "riemann-right, riemann-middle or riemann-trapezoid.")
+    baseline: Any = option("zeros", "--baseline", type=str, help="integrated-gradients and occlusion: zeros, blur, "
+                           "blur:SIGMA (pixels), uniform (seeded), a number, or a .pt/.npy file of one input's "
+                           "shape.")
+    samples: int = option(16, "--samples", help="smoothgrad, vargrad and --smooth: noisy copies per input.")
+    noise: float = option(0.15, "--noise", help="Noise standard deviation: a fraction of each input's value range "
+                          "(SmoothGrad: 0.1-0.2), or absolute with --noise-mode absolute.")
+    noise_mode: str = option("fraction", "--noise-mode", help="fraction (of the input's range) or absolute.")
+    window: str = option("16", "--window", type=str, help="occlusion: window size, 16 (16x16 over all channels), "
+                         "16,24 or 3,16,16; on token embeddings, tokens.")
+    stride: str | None = option(None, "--stride", type=str, help="occlusion: window step (default: half the "
+                                "window).")
+    smooth: bool = option(False, "--smooth", help="Average every gradient method over --samples noisy copies "
+                          "(SmoothGrad around it, as captum's NoiseTunnel).")
+    activations: bool = option(False, "--activations", help="guided: also guide relu6, leaky_relu, silu, gelu and "
+                               "prelu.")
+    output_key: str | None = option(None, "--output-key", type=str, help=OUTPUT_KEY_HELP)
+    evaluate: bool = option(False, "--evaluate", help="Score every map's faithfulness (deletion/insertion AUC, "
+                            "ROAD, confidence) and rank the methods, as cam --evaluate.")
+    metrics: tuple[str, ...] = option((), "--metric", help="With --evaluate: deletion, insertion, road, confidence "
+                                      "or all (default); repeatable.", multiple=True, param="metric")
+    eval_steps: int = option(32, "--eval-steps", help="Steps of the deletion and insertion curves.")
+    eval_batch: int = option(64, "--eval-batch", help="Perturbed inputs per forward pass (--evaluate).")
+    sanity: bool = option(False, "--sanity", help="Cascading weight randomisation (Adebayo et al. 2018) on a copy "
+                          "of the model, for every method: Spearman rank correlation with the original maps.")
+    save_raw: bool = option(False, "--save-raw", help=SAVE_RAW_HELP)
+    overlays: bool = option(True, "--overlays/--no-overlays", help="With --output-dir: maps blended over the "
+                            "original image.")
+
+    def validate(self) -> None:  # no torch here: a bad option fails at once
         from inspect_model.api.cam_evaluate import check_evaluate_request
         from inspect_model.methods import attribution_options as ao
 
-        object.__setattr__(self, "methods", ao.parse_methods(self.methods))
-        if self.metrics is not None:
-            object.__setattr__(self, "metrics", tuple(self.metrics))
-        check_evaluate_request(evaluate=self.evaluate, metrics=list(self.metrics or []), boxes=None,
+        self._set("target", check_target_value(self.target))
+        check_target_syntax(self.target)
+        self._set("methods", ao.parse_methods(self.methods or ("saliency",)))
+        check_evaluate_request(evaluate=self.evaluate, metrics=list(self.metrics) or None, boxes=None,
                                steps=self.eval_steps, batch=self.eval_batch)
         ao.check_settings(steps=self.steps, rule=self.rule, samples=self.samples, noise=self.noise,
                           noise_mode=self.noise_mode, batch_size=1, smooth=self.smooth, methods=self.methods)
-        object.__setattr__(self, "baseline", ao.parse_baseline(self.baseline))
+        self._set("baseline", ao.parse_baseline(self.baseline))
+        self._set("window", str(self.window))
         ao.parse_sizes(self.window, "--window")
         ao.parse_sizes(self.stride, "--stride")
 
@@ -74,24 +94,13 @@ class AttributionsRequest:
 
         return AttributionSettings(
             methods=self.methods, steps=self.steps, rule=self.rule, baseline=self.baseline, samples=self.samples,
-            noise=self.noise, noise_mode=self.noise_mode, window=self.window, stride=self.stride, smooth=self.smooth, batch_size=batch_size, seed=seed,
-            activations=self.activations)
+            noise=self.noise, noise_mode=self.noise_mode, window=self.window, stride=self.stride, smooth=self.smooth,
+            batch_size=batch_size, seed=seed, activations=self.activations)
 
     def resolved(self) -> dict[str, Any]:
-        out = asdict(self)
-        for f in fields(self):
-            v = out[f.name]
-            out[f.name] = list(v) if isinstance(v, tuple) else (str(v) if isinstance(v, Path) else v)
+        out = super().resolved()
         if hasattr(self.baseline, "shape"):
-            out["baseline"] = "tensor"
-        from inspect_model.methods.attribution_options import parse_sizes
-
-        for name in ("window", "stride"):
-            sizes = parse_sizes(getattr(self, name), f"--{name}")
-            out[name] = list(sizes) if sizes is not None else None
-        if not isinstance(self.target, (str, int)) and self.target is not None:
-            out["target"] = [int(t) for t in (self.target.tolist() if hasattr(self.target, "tolist")
-                                              else self.target)]
+            out["baseline"] = "tensor"  # a tensor given through the API
         return out
 
 
@@ -114,8 +123,7 @@ class AttributionsSession(Session):
         from inspect_model.methods.targets import parse_target
 
         self.prep, self.mopts, self.request = prep, mopts, request
-        target = request.target
-        self.spec = parse_target(target, prep.categories) if isinstance(target, str) or target is None else target
+        self.spec = parse_target(request.target, prep.categories)
         self.settings = request.settings(batch_size=prep.plan.batch_size, seed=int(prep.plan.seed))
         from inspect_model.api.cam_evaluate import _takes_label
 
@@ -145,9 +153,12 @@ class AttributionsSession(Session):
     def feed(self, batch: Any) -> list[ImageItem]:
         from inspect_model.methods.attributions import attribute
 
+        from inspect_model.methods.targets import for_batch
+
         model, x = self.prep.loaded.model, batch.tensor
         first = self.index_base + len(self.entries)
-        res = attribute(model, x, self.spec, self.settings, output_key=self.request.output_key,
+        spec = for_batch(self.spec, first, int(x.shape[0]))
+        res = attribute(model, x, spec, self.settings, output_key=self.request.output_key,
                         categories=self.prep.categories, first_index=first, progress=self.progress)
         self.found.space, self.found.embedding_layer = res.space, res.embedding_layer
         self.found.sites = self.found.sites or res.guided_sites
@@ -219,7 +230,6 @@ class AttributionsSession(Session):
 
     def finish(self) -> Result:
         from inspect_model.methods import attribution_sanity as san
-        from inspect_model.render import attributions as render
 
         skipped = input_outcome(self.prep.plan, self.warnings)
         if not self.entries:
@@ -242,22 +252,12 @@ class AttributionsSession(Session):
                                                                           for m in st.methods])
         options = self.resolved_options()
         record = _MapsRecord(self.maps) if self.keep_maps else None
-        return Result("attributions", options, payload, self.warnings.to_list(), record=record,
-                      render_text=lambda r: render.render_text(r.to_dict()),
-                      render_rich=lambda r: render.render_rich(r.to_dict()))
+        return Result("attributions", options, payload, self.warnings.to_list(), record=record)
 
     def resolved_options(self) -> dict[str, Any]:
         return self.prep.options(self.mopts, **self.options_record)
 
     # --------------------------------------------------------- resume and torchrun
-    @property
-    def sheets(self) -> list[str]:  # contact-sheet pages (renumbered after a torchrun merge)
-        return self.drawer.sheets
-
-    @sheets.setter
-    def sheets(self, value: list[str]) -> None:
-        self.drawer.sheets = value
-
     def state_dict(self) -> dict[str, Any]:
         return {"entries": self.entries, "warnings": self.warnings, "sanity_acc": self.sanity_acc,
                 "found": self.found,
@@ -272,9 +272,7 @@ class AttributionsSession(Session):
         from inspect_model.methods import attribution_sanity as san
 
         self.entries = [e for s in states for e in s["entries"]]
-        for other in states[1:]:
-            for text in getattr(other["warnings"], "_counts", {}):
-                self.warnings.add(text)
+        self.warnings.merge(s["warnings"] for s in states[1:])
         self.found = next((s["found"] for s in states if s["found"].space is not None), self.found)
         acc = None
         for s in states:
@@ -282,16 +280,6 @@ class AttributionsSession(Session):
                 acc = san.merge(acc, s["sanity_acc"])
         self.sanity_acc = acc
         self.drawer.merge([s["drawer"] for s in states])
-
-    # ------------------------------------------------------------------ drawing
-    def reset_drawing(self) -> None:
-        self.drawer.reset()
-
-    def draw(self, item: ImageItem, sink: Sink) -> dict[str, Any]:
-        return self.drawer.draw(item, sink)
-
-    def draw_summary(self, sink: Sink, result: Result) -> None:
-        self.drawer.draw_summary(sink, result)
 
 
 class _MapsRecord:
@@ -303,25 +291,16 @@ class _MapsRecord:
         self.maps = {m: torch.cat([p[m] for p in parts]) for m in parts[0]} if parts else {}
 
 
-def attributions(model: Any, images: Any = None, target: Any = "predicted", *,
-                 request: AttributionsRequest | None = None, model_options: ModelOptions | None = None,
+@api_command(AttributionsRequest, positional=("target",))
+def attributions(model: Any, images: Any, request: AttributionsRequest, *, model_options: ModelOptions | None = None,
                  inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,
                  tensorboard: Any = None, keep: bool | None = None, on_item: Any = None, notes: Any = None,
-                 progress: Any = None, **options: Any) -> Result:
+                 progress: Any = None) -> Result:
     """Attribution maps of ``images`` (paths, or a tensor (N, C, H, W), or token ids) under
     ``model``, with the options of :class:`AttributionsRequest` (``methods=["saliency",
-    "integrated-gradients"]``, ``steps=64``, ...). The result has ``maps`` (method -> (N, K,
-    *sample)) when kept (the API default), ``to_dict()`` and ``save(dir)``."""
-    import dataclasses
-
-    names = {f.name for f in dataclasses.fields(AttributionsRequest)}
-    unknown = sorted(set(options) - names)
-    if unknown:
-        raise TypeError(f"attributions() got an unexpected keyword argument '{unknown[0]}'")
-    if request is None:
-        request = AttributionsRequest(target=target, **options)
-    elif options:
-        request = dataclasses.replace(request, **options)
+    "integrated-gradients"]``, ``steps=64``, ...; ``target`` may come third). The result has
+    ``maps`` (method -> (N, K, *sample)) when kept (the API default), ``to_dict()`` and
+    ``save(dir)``."""
     mopts = model_options or ModelOptions(model)
     inputs = inputs or InputOptions(images)
     prep = prepare("attributions", mopts, inputs, hooks=False, notes=notes)

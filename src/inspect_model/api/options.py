@@ -132,14 +132,18 @@ def check_request(inputs: InputOptions | None, *, batch_size: int | None = None)
             raise InputError(f"image '{text}' does not exist")
 
 
-def check_target(text: str | None) -> None:
+def check_target_syntax(target: str | tuple[str, ...] | None) -> None:
     """The syntax of ``--target`` (``top:K``, an index), checked before torch is imported;
-    class names need the model's labels and are checked later."""
+    class names need the model's labels and are checked later. A per-sample tuple holds
+    indices or names."""
     from inspect_model.methods.targets import parse_target
 
-    raw = (text or "predicted").strip()
-    if raw.lower().startswith("top:") or raw.lstrip("+-").isdigit():
-        parse_target(raw)
+    for text in target if isinstance(target, tuple) else (target,):
+        raw = (text or "predicted").strip()
+        if raw.lower().startswith("top:") or raw.lstrip("+-").isdigit():
+            spec = parse_target(raw)
+            if isinstance(target, tuple) and spec.kind != "class":
+                raise UsageError(f"target '{raw}': a per-sample target holds class indices or names")
 
 
 def physical_memory() -> int | None:

@@ -51,7 +51,8 @@ TrustOpt = Annotated[
         help="Allow full unpickling of checkpoints (runs code from the file: only for files you trust).",
     ),
 ]
-DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N, mps or auto.")]
+DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N, mps or auto.",
+                                        autocompletion=completion.complete_device)]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32, float16, bfloat16 or float64.")]
 InputSizeOpt = Annotated[
     list[str] | None,
@@ -141,7 +142,7 @@ def routed_warnings(quiet: bool = False) -> Iterator[None]:
             yield
         finally:
             if seen:
-                from inspect_model.api.pipeline import Warnings, warning_lines
+                from inspect_model.api.session import Warnings, warning_lines
 
                 collapsed = Warnings()
                 collapsed.extend(seen)
@@ -197,12 +198,17 @@ ResizeOpt = Annotated[int | None, typer.Option("--resize", help="Resize the shor
 CropOpt = Annotated[int | None, typer.Option("--crop", help="Centre-crop to this square size.")]
 MeanOpt = Annotated[str | None, typer.Option("--mean", help="Normalisation mean, e.g. 0.485,0.456,0.406.")]
 StdOpt = Annotated[str | None, typer.Option("--std", help="Normalisation std, e.g. 0.229,0.224,0.225.")]
-LabelsOpt = Annotated[Path | None, typer.Option("--labels", help="Class names: one per line, or JSON.")]
+LabelsOpt = Annotated[
+    Path | None,
+    typer.Option("--class-names", "--labels", help="File of the model's class names: one per line, or JSON "
+                 "(--labels is the old name)."),
+]
 SkipBadOpt = Annotated[
     bool, typer.Option("--skip-bad-inputs", help="Skip unreadable images with a warning instead of failing.")
 ]
 TargetOpt = Annotated[
-    str, typer.Option("--target", "-t", help="predicted, a class index or name, or top:K.")
+    str, typer.Option("--target", "-t", help="predicted, a class index or name, or top:K.",
+                      autocompletion=completion.complete_target)
 ]
 OutputKeyOpt = Annotated[
     str | None, typer.Option("--output-key", help="Which output of a tuple/dict-returning model to use (name or index).")

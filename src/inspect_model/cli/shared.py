@@ -28,7 +28,6 @@ from inspect_model.api.options import (
     ModelOptions,
     check_dtype,
     check_request,
-    check_target,
 )
 from inspect_model.cli import common as c
 from inspect_model.errors import UsageError
@@ -144,8 +143,6 @@ def shared_options(*, labels: bool = True, images: bool = True,
             given["skip_bad"] = given.pop("skip_bad_inputs", False)
             inputs = InputOptions(kw.get("images"), **given)
             check_request(inputs)
-            if "target" in kw:
-                check_target(kw["target"])
             ro = {n: kw.pop(n) for n, _, _ in run_options if n not in ("config", "debug")}
             kw.pop("config"), kw.pop("debug")
             return fn(**kw, opts=opts, inputs=inputs, run_opts=RunOptions(**ro))
@@ -171,7 +168,7 @@ def run_api(command: str, api_fn: Callable[..., Any], opts: ModelOptions, inputs
     if streams:
         extra.update(tensorboard=run_opts.tensorboard, keep=False,
                      on_item=_jsonl_writer(command) if run_opts.jsonl else None)
-    from inspect_model.api.distributed import is_secondary, scaled
+    from inspect_model.api.world import is_secondary, scaled
     from inspect_model.render.files import hold_output_dir
 
     # The output directory is locked for the whole run, model loading included (issue 13);
@@ -197,7 +194,7 @@ def run_api(command: str, api_fn: Callable[..., Any], opts: ModelOptions, inputs
 
 def deliver(result: Any, run_opts: RunOptions, msgs: c.Messages) -> None:
     """The report on stdout in the one format asked for; each warning once on stderr."""
-    from inspect_model.api.pipeline import warning_lines
+    from inspect_model.api.session import warning_lines
 
     for line in warning_lines(result.warnings):
         msgs.warn(line)

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.errors import ModelLoadError
+from inspect_model.errors import ModelLoadError, one_line
 
 if TYPE_CHECKING:
     from torch import nn
@@ -187,8 +187,7 @@ def _unsupported_global(text: str) -> str:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:200] if text else ""
+    return one_line(str(exc))
 
 
 # ------------------------------------------------------------------ state dicts

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from inspect_model.errors import ModelLoadError
+from inspect_model.errors import ModelLoadError, one_line
 
 INSTALL_HINTS = {
     "timm": 'timm is not installed; `pip install "inspect-model[timm]"` (or `pip install timm`) to load timm:NAME models',
@@ -181,5 +181,4 @@ def read_state_dict(path: str) -> dict[str, Any]:
 
 
 def short_reason(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:160]
+    return one_line(exc)

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.errors import ModelLoadError, UsageError, suggest
+from inspect_model.errors import ModelLoadError, UsageError, one_line, suggest
 
 if TYPE_CHECKING:
     from torch import nn
@@ -187,8 +187,7 @@ def ensure_weights_file(w: Any, name: str) -> str:
 
 def _short_reason(exc: BaseException) -> str:
     reason = getattr(exc, "reason", None) or exc
-    text = str(reason).strip().splitlines()[0] if str(reason).strip() else type(exc).__name__
-    return text[:120]
+    return one_line(reason if isinstance(reason, BaseException) else str(reason)) or type(exc).__name__
 
 
 def default_input_sizes(name: str, family: str, model: Any = None, w: Any = None) -> list[tuple[int, ...]]:

@@ -19,7 +19,7 @@ import sys
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.errors import ModelLoadError, suggest
+from inspect_model.errors import ModelLoadError, one_line, suggest
 from inspect_model.loading.saved_models import load_archive
 
 if TYPE_CHECKING:
@@ -155,8 +155,8 @@ def import_module(name: str) -> Any:
 
 
 def _brief(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())[:200]
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    text = one_line(exc)
+    return type(exc).__name__ if text == type(exc).__name__ else f"{type(exc).__name__}: {text}"
 
 
 def _where(exc: BaseException, filename: str) -> str:

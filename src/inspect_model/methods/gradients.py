@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.errors import InputError, ModelRuntimeError, UsageError
+from inspect_model.errors import InputError, ModelRuntimeError, UsageError, one_line
 from inspect_model.methods.grad_checks import (
     DEFAULT_EXPLODING,
     DEFAULT_VANISHING,
@@ -320,14 +320,17 @@ class GradRun:
                                  "give one label per image")
         else:
             batch_labels = None if self.label_one is None else [self.label_one] * n
-        seed, per_obj, used = output_seed(y, target=self.spec, loss=self.loss, labels=batch_labels)
+        from inspect_model.methods.targets import for_batch
+
+        spec = for_batch(self.spec, label_pos, n)  # a per-sample target: this batch's share
+        seed, per_obj, used = output_seed(y, target=spec, loss=self.loss, labels=batch_labels)
         part.out_sq += float(seed.double().pow(2).sum())
         # Gradients to come in this backward pass: one per captured output and input.
         self._seen["done"], self._seen["total"] = 0, sum(len(r.outputs) + len(r.inputs) for r in eng.records)
         try:
             y.backward(seed)
         except RuntimeError as exc:
-            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            msg = one_line(exc)
             raise ModelRuntimeError(f"backward pass failed: {msg}") from exc
         _merge_batch(part.layers, eng.finalize(), self.by_name)
         layer_norms = {r.key: r for r in eng.records}

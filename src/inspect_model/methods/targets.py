@@ -22,17 +22,31 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TargetSpec:
-    kind: str  # "predicted", "class", "top"
+    kind: str  # "predicted", "class", "top", "each" (one class per sample)
     index: int | None = None  # for "class"
     k: int = 1  # for "top"
     text: str = "predicted"
+    indices: tuple[int, ...] = ()  # for "each": the class of every sample of the run, in order
     # Class names from a labels file, checked against the model's class count once the
     # output is seen (resolve_targets).
     names: Sequence[str] | None = field(default=None, compare=False, repr=False)
 
 
-def parse_target(text: str | None, categories: Sequence[str] | None = None) -> TargetSpec:
-    """Parse ``predicted``, ``top:K``, an index or a label name (needs ``categories``)."""
+def parse_target(text: str | Sequence[str | int] | None, categories: Sequence[str] | None = None) -> TargetSpec:
+    """Parse ``predicted``, ``top:K``, an index or a label name (needs ``categories``), or a
+    sequence of indices/names: one class per sample, in the order of the inputs."""
+    if isinstance(text, (list, tuple)):
+        each = []
+        for item in text:
+            one = _parse_target(str(item), categories)
+            if one.kind != "class" or one.index is None:
+                raise UsageError(f"target '{item}': a per-sample target holds class indices or names, "
+                                 f"not '{one.kind}'")
+            each.append(one.index)
+        if not each:
+            raise UsageError("a per-sample target needs one class per sample; got none")
+        spec = TargetSpec("each", indices=tuple(each), text=",".join(str(t) for t in text))
+        return replace(spec, names=categories) if getattr(categories, "source", None) else spec
     spec = _parse_target(text, categories)
     return replace(spec, names=categories) if getattr(categories, "source", None) else spec
 
@@ -70,6 +84,18 @@ def _parse_target(text: str | None, categories: Sequence[str] | None) -> TargetS
     )
 
 
+def for_batch(spec: Any, start: int, n: int) -> Any:
+    """The part of a per-sample target that belongs to the ``n`` samples from run index
+    ``start``; any other target as it is."""
+    if not isinstance(spec, TargetSpec) or spec.kind != "each":
+        return spec
+    part = spec.indices[start:start + n]
+    if len(part) != n:
+        raise InputError(f"the per-sample target names {len(spec.indices)} class(es) but there are more inputs "
+                         f"(input {start + len(part)} has none); give one class per input")
+    return replace(spec, indices=part)
+
+
 def resolve_targets(spec: TargetSpec, scores: torch.Tensor) -> list[list[int]]:
     """Class indices per sample for a (N, K) score tensor."""
     if scores.dim() < 2:
@@ -87,6 +113,15 @@ def resolve_targets(spec: TargetSpec, scores: torch.Tensor) -> list[list[int]]:
                 f"--target {spec.index} is out of range: the model has {n_classes} classes (0..{n_classes - 1})"
             )
         return [[spec.index % n_classes] for _ in range(flat.shape[0])]
+    if spec.kind == "each":
+        if len(spec.indices) != flat.shape[0]:
+            raise InputError(f"the per-sample target names {len(spec.indices)} class(es) for a batch of "
+                             f"{flat.shape[0]}; give one class per input")
+        bad = [i for i in spec.indices if not 0 <= i < n_classes]
+        if bad:
+            raise InputError(f"target {bad[0]} is out of range: the model has {n_classes} classes "
+                             f"(0..{n_classes - 1})")
+        return [[i] for i in spec.indices]
     k = 1 if spec.kind == "predicted" else min(spec.k, n_classes)
     top = flat.detach().float().topk(k, dim=1).indices
     return [row.tolist() for row in top]

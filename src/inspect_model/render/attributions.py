@@ -249,3 +249,9 @@ def render_rich(payload: dict[str, Any]) -> list[Any]:
     for i, (title, cols, rows) in enumerate(_tables(payload)):
         parts.append(rich_table(cols, rows, title=_title(payload) if i == 0 else title))
     return [*parts, *warning_text(payload)]
+
+
+def render_result(result: Any, rich: bool) -> Any:
+    """The registry's renderer: the report of an ``attributions`` result (text or rich)."""
+    doc = result.to_dict()
+    return render_rich(doc) if rich else render_text(doc) + "\n"

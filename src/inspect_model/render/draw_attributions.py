@@ -12,23 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from inspect_model.render import attributions as ra
-from inspect_model.render.files import safe_name
+from inspect_model.render.files import class_tag, image_dir
+from inspect_model.render.sink import Drawer, Sink
 
 SHEET_ROWS = 16  # rows per contact-sheet page: memory stays bounded for any number of images
 RANK_PAGES = 100000  # a rank's pages are numbered from rank * RANK_PAGES, renumbered after a merge
 
 
-def image_dir(index: int, name: str) -> str:
-    return f"images/{index:04d}-{safe_name(Path(name).stem or name)}"
-
-
-def class_tag(cls: int, categories: list[str] | None) -> str:
-    if categories and 0 <= cls < len(categories) and categories[cls]:
-        return safe_name(f"c{cls}-{categories[cls]}")
-    return f"c{cls}"
-
-
-class AttributionsDrawer:
+class AttributionsDrawer(Drawer):
     """Draws what :class:`inspect_model.api.attributions.AttributionsSession` records; an
     item's data is (loaded image or None, model input (C, ...), {method: (K, *sample)})."""
 
@@ -46,7 +37,7 @@ class AttributionsDrawer:
     def start(self, rank: int) -> None:
         self.page_base = rank * RANK_PAGES
 
-    def draw(self, item: Any, sink: Any) -> dict[str, Any]:
+    def draw(self, item: Any, sink: Sink) -> dict[str, Any]:
         from inspect_model.render import overlay as ov
 
         if item.data is None:
@@ -86,7 +77,7 @@ class AttributionsDrawer:
         self._flush_sheet(sink, final=False)
         return self._curves(entry, sink)
 
-    def _curves(self, entry: dict[str, Any], sink: Any) -> dict[str, Any]:
+    def _curves(self, entry: dict[str, Any], sink: Sink) -> dict[str, Any]:
         if not self.curves:
             return {}
         from inspect_model.render import faithfulness as rf
@@ -99,7 +90,7 @@ class AttributionsDrawer:
                            rf.curves_figure(series, title))
         return {"evaluation_curves": name} if name else {}
 
-    def draw_summary(self, sink: Any, result: Any) -> None:
+    def draw_summary(self, sink: Sink, result: Any) -> None:
         self._flush_sheet(sink, final=True)
         result.payload["contact_sheets"] = list(self.sheets)
         ev = result.payload.get("evaluation")
@@ -111,10 +102,10 @@ class AttributionsDrawer:
             name = sink.figure("evaluation_curves.png", fig)
             ev["plots"] = [name] if name else []
 
-    def flush(self, sink: Any) -> None:
+    def flush(self, sink: Sink) -> None:
         self._flush_sheet(sink, final=True)
 
-    def _flush_sheet(self, sink: Any, *, final: bool) -> None:
+    def _flush_sheet(self, sink: Sink, *, final: bool) -> None:
         if sink.out is None or not self.sheet_rows or (not final and len(self.sheet_rows) < SHEET_ROWS):
             return
         while self.sheet_rows and (final or len(self.sheet_rows) >= SHEET_ROWS):

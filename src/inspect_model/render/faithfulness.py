@@ -116,3 +116,10 @@ def image_series(rec: dict[str, Any], rank: int = 0) -> list[dict[str, Any]]:
 def average_series(evaluation: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"label": f"{r['method']} @ {r['layer']}", "curves": r["curves"], "scores": r["scores"]}
             for r in evaluation["average"]]
+
+
+def curve_plot_name(entry: dict[str, Any]) -> str:
+    """The file of one image's deletion and insertion curves."""
+    from inspect_model.render.files import image_dir
+
+    return f"{image_dir(entry['index'], entry['image'])}/evaluation_curves.png"

@@ -2,7 +2,7 @@
 histogram figures, and the Jacobian map. Pure functions: records in, str/dict/figure out.
 
 Figures are built on ``matplotlib.figure.Figure`` (Agg, no pyplot state) with a fixed size
-and DPI; the caller saves them with ``OutputDir.save_figure`` (no timestamp metadata).
+and DPI; the caller saves them with ``Sink.figure`` (no timestamp metadata).
 """
 
 from __future__ import annotations

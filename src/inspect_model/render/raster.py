@@ -114,11 +114,6 @@ def wrap_text(text: str, size: int, width: int, max_lines: int = 2) -> list[str]
     return lines
 
 
-def draw_text(draw: ImageDraw.ImageDraw, xy: tuple[float, float], text: str, size: int, *,
-              anchor: str = "la", fill: tuple[int, int, int] = FG, bold: bool = False) -> None:
-    draw.text(xy, text, font=font(size, bold), fill=fill, anchor=anchor)
-
-
 def vertical_text(text: str, size: int, fill: tuple[int, int, int] = FG) -> Image.Image:
     """``text`` rotated 90 degrees (reading upwards), on white, as an RGB image."""
     from PIL import Image, ImageDraw
