@@ -88,7 +88,8 @@ def heatmap(m: torch.Tensor, title: str, *, signed: bool, side: int = 224) -> Im
         right = raster.message_panel(110, max(body.size[1], 60), "no colour scale: the map is constant")
     else:
         label = "attribution (sum over channels)" if a.shape[0] > 1 else "attribution per token"
-        right = raster.colorbar(max(body.size[1], 60), -s if signed else 0.0, s, cmap, label)
+        # A token strip is short: the bar is taller than it, so that its label fits.
+        right = raster.colorbar(max(body.size[1], 150 if h == 1 else 60), -s if signed else 0.0, s, cmap, label)
     return raster.titled(body, title.split("\n"), right=right, note=note)
 
 
