@@ -99,7 +99,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 # Circles another part of issue 23 removes (item 4: one module per model source); drop the
 # entry when it lands.
-KNOWN = {"inspect_model.loading": "the six model loaders (issue 23 item 4)"}
+KNOWN: dict[str, str] = {}  # none left: loading/ is one module per source (issue 23 item 4)
 
 
 @pytest.mark.parametrize("package", PACKAGES, ids=lambda p: _module_name(p / "__init__.py"))

@@ -239,7 +239,7 @@ def test_models_command_lists_and_filters(cli) -> None:
 
 
 def _classification_models() -> list[str]:
-    from inspect_model.loading.models import registry
+    from inspect_model.loading.sources.torchvision import registry
 
     return [n for n, fam in registry().items() if fam == "classification"]
 
@@ -253,7 +253,7 @@ def test_summary_runs_on_every_classification_model() -> None:
 
     from torchvision import models
 
-    from inspect_model.loading.models import load_torchvision
+    from inspect_model.loading.sources.torchvision import load_torchvision
 
     names = _classification_models()
     assert len(names) >= 80

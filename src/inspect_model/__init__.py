@@ -19,7 +19,9 @@ _LAZY = {
     "ModelOptions": ("inspect_model.api.options", "ModelOptions"),
     "InputOptions": ("inspect_model.api.options", "InputOptions"),
     # loading and the hook engine
-    "load_model": ("inspect_model.loading.models", "load_model"),
+    "load_model": ("inspect_model.loading.sources", "load_model"),
+    "register_source": ("inspect_model.loading.sources", "register_source"),
+    "LoadedModel": ("inspect_model.loading.loaded", "LoadedModel"),
     "HookEngine": ("inspect_model.engine.hooks", "HookEngine"),
     "CaptureOptions": ("inspect_model.engine.hooks", "CaptureOptions"),
     "select_layers": ("inspect_model.engine.selection", "select_layers"),

@@ -133,7 +133,8 @@ class CamSession(Session):
 
         net = self.prep.loaded.model
         self.cam_layers = resolve_layers(net, x, self.layer_specs or None, self.reshape, self.output_key,
-                                         probe=getattr(self.prep.loaded, "static_batch", None) or 1)
+                                         probe=getattr(self.prep.loaded, "static_batch", None) or 1,
+                                         declared=getattr(self.prep.loaded, "cam_layer", None))
         for lay in self.cam_layers:
             g = lay.layout.grid
             self.notes(f"layer: {lay.name} ({lay.layout.kind}, {g[0]}x{g[1]} grid, {lay.layout.channels} channels)")
@@ -163,6 +164,12 @@ class CamSession(Session):
         for key in self.passes:
             self.passes[key] += res.passes[key]
         self.warnings.extend(res.notes)
+        if not self.entries:  # the class count is the same for every batch: say it once
+            from inspect_model.methods.targets import top_k_warning
+
+            cut = top_k_warning(self.spec, int(res.probabilities.shape[-1]))
+            if cut:
+                self.warnings.add(cut)
         items = []
         first = len(self.entries)
         for i in range(batch.tensor.shape[0]):

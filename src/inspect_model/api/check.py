@@ -24,15 +24,16 @@ class CheckRequest(Request):
 
     expect_output_shape: str | None = option(None, "--expect-output-shape", type=str,
                                              help="Expected output shape, e.g. 1x1000.")
-    expect_params: str | None = option(None, "--expect-params", type=str, help="Parameter count, exact (25557032) "
-                                       "or a range (25e6..26e6).")
+    expect_params: str | None = option(None, "--expect-params", type=str, help="Parameter count: exact (25557032), "
+                                       "as summary prints it (11.7M or '11.69 M': any count that rounds to it; K, M, "
+                                       "G) or a range (25e6..26e6, 11M..12M).")
     finite: bool = option(True, "--finite/--no-finite", help="Outputs and gradients must be finite.")
     max_dead_fraction: float | None = option(1.0, "--max-dead-fraction", type=float, help="Fail if a layer's output "
                                              "has at least this fraction of zeros.")
     deterministic: bool = option(False, "--deterministic", help="Fail unless two forward passes give identical "
                                  "outputs.")
     max_seconds: float | None = option(None, "--max-seconds", type=float, help="Budget for forward + backward, in "
-                                       "seconds.")
+                                       "seconds: a timeout (a model that hangs fails the check when it is spent).")
     max_memory: float | None = option(None, "--max-memory", type=float, help="Budget for peak memory growth, in "
                                       "MB.")
     output_key: str | None = option(None, "--output-key", type=str, help=OUTPUT_KEY_HELP)
@@ -52,9 +53,12 @@ class CheckRequest(Request):
 @api_command(CheckRequest)
 def check(model: Any, images: Any, request: CheckRequest, *, model_options: ModelOptions | None = None,
           inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,
-          notes: Any = None) -> Result:
+          notes: Any = None, on_stuck: Any = None) -> Result:
     """Build the model, run a forward and a backward pass, and check what is asked (the
-    options of :class:`CheckRequest` as keywords)."""
+    options of :class:`CheckRequest` as keywords). ``max_seconds`` is a timeout where the
+    platform allows (SIGALRM in the main thread): the passes stop at the budget and the time
+    check fails. ``on_stuck(message)`` is called from a watchdog thread if they cannot be
+    stopped (the CLI prints it and exits)."""
     from inspect_model.engine.selection import select_layers
     from inspect_model.methods import checks
     from inspect_model.methods.targets import select_output
@@ -72,13 +76,12 @@ def check(model: Any, images: Any, request: CheckRequest, *, model_options: Mode
             net, (batch.tensor,), layers=select_layers(net), select=lambda out: select_output(out, r.output_key),
             expect_output_shape=r.shape, expect_params=r.param_range, finite=r.finite,
             max_dead_fraction=r.max_dead_fraction, deterministic=r.deterministic, max_seconds=r.max_seconds,
-            max_memory_mb=r.max_memory)
+            max_memory_mb=r.max_memory, on_stuck=on_stuck)
     failed = [x for x in results if not x.passed]
     payload = {
         "model": prep.loaded.name,
         "passed": not failed,
-        "checks": [{"name": x.name, "status": x.status, "passed": x.passed, "value": x.value,
-                    "expected": x.expected, "detail": x.detail} for x in results],
+        "checks": [x.to_dict() for x in results],
     }
     options = prep.options(mopts, **{k: v for k, v in r.resolved().items() if k != "output_key"},
                            output_key=r.output_key)

@@ -163,6 +163,7 @@ class GradsSession(Session):
         self.report = rep = self.grad_run.report()
         for note in rep.notes:
             self.notes(note)
+        self.warnings.extend(rep.warnings)
         skipped = input_outcome(self.prep.plan, self.warnings)
         failed = rep.failures()
         failures = []

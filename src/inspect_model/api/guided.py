@@ -92,6 +92,7 @@ class GuidedSession(Session):
 
     def feed(self, batch: Any) -> list[ImageItem]:
         from inspect_model.methods import guided as gb
+        from inspect_model.methods.targets import top_k_warning
 
         model, x, cats = self.prep.loaded.model, batch.tensor, self.prep.categories
         from inspect_model.methods.targets import for_batch
@@ -100,6 +101,10 @@ class GuidedSession(Session):
         res = gb.guided_backprop(model, x, spec, activations=self.kinds, output_key=self.output_key,
                                  categories=cats)
         self.warnings.extend(res.warnings)
+        if not self.entries:  # the class count is the same for every batch: say it once
+            cut = top_k_warning(self.spec, res.classes)
+            if cut:
+                self.warnings.add(cut)
         if self.sites is None:
             self.sites, self.unguided = res.sites, res.unguided
         ggc = None

@@ -23,7 +23,7 @@ class ModelsRequest(Request):
                          "weights).")
 
     def validate(self) -> None:
-        from inspect_model.loading.models import FAMILIES
+        from inspect_model.loading.sources.torchvision import FAMILIES
 
         if self.source not in ("torchvision", "timm"):
             raise UsageError(f"--source '{self.source}' is not one of torchvision, timm")
@@ -40,11 +40,11 @@ def models(source_model: Any, request: ModelsRequest) -> Result:
     if source_model is not None:  # the first positional argument is the pattern
         r = ModelsRequest(pattern=str(source_model), family=r.family, source=r.source)
     if r.source == "timm":
-        from inspect_model.loading.timm_models import list_timm
+        from inspect_model.loading.sources.timm import list_timm
 
         items = list_timm(r.pattern)
     else:
-        from inspect_model.loading.models import list_models
+        from inspect_model.loading.sources.torchvision import list_models
 
         items = [(n, f) for n, f in list_models(r.pattern) if r.family is None or f == r.family]
     payload = {"models": [{"name": n, "family": f} for n, f in items], "count": len(items)}

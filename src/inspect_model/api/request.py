@@ -159,7 +159,7 @@ def check_target_value(value: Any, *, name: str = "target") -> Any:
 # ----------------------------------------------------------------------------- API functions
 #: The arguments every API function takes beside its request's options.
 CALL_ARGUMENTS = ("model_options", "inputs", "output_dir", "force", "tensorboard", "keep", "on_item", "notes",
-                  "progress")
+                  "progress", "on_stuck")
 
 
 def api_command(request_cls: type[Request], *, positional: tuple[str, ...] = (), images: bool = True) -> Any:

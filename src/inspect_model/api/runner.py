@@ -142,7 +142,7 @@ class _Run:
     # ------------------------------------------------------------------ steps
     def _same_inputs(self, paths: list[Path]) -> None:
         """Every rank must see the same sorted input list."""
-        digest = hashlib.sha256("\n".join(str(p) for p in paths).encode()).hexdigest()
+        digest = hashlib.sha256("\n".join(str(p) for p in paths).encode("utf-8", "surrogateescape")).hexdigest()
         seen = self.group.all_gather((len(paths), digest))
         if any(s != seen[0] for s in seen):
             bad = next(i for i, s in enumerate(seen) if s != seen[0])

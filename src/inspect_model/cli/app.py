@@ -21,7 +21,7 @@ from inspect_model.cli.generate import build, command_help
 from inspect_model.render.table import clean
 from inspect_model.settings import check_environment
 
-EXIT_HELP = "\n".join(f"  {code:>3}  {text}" for code, text in errors.EXIT_CODES.items())
+EXIT_HELP = "\n".join(f"  {code:>3}: {text}" for code, text in errors.EXIT_CODES.items())
 
 app = typer.Typer(
     name="inspect-model",
@@ -29,7 +29,7 @@ app = typer.Typer(
         "Open up PyTorch models: layer summaries, activations, gradients, guided backprop and "
         "class activation maps, for torchvision models by name or your own.\n\n"
         "Example: inspect-model summary resnet34\n\n"
-        "Exit codes:\n\n\b\n" + "\n".join(f"{c}: {t}" for c, t in errors.EXIT_CODES.items())
+        "Exit codes:\n\n\b\n" + EXIT_HELP  # \b: click keeps these lines as they are, one per code
     ),
     no_args_is_help=True,
     add_completion=True,
@@ -72,7 +72,8 @@ sync_commands()
 
 def _config_default_map(args: list[str]) -> dict[str, Any] | None:
     """``--config FILE`` for the subcommand on the line, as Click's ``default_map``: options
-    from the file act as defaults, so the command line wins."""
+    from the file act as defaults, so the command line wins. When the file names the model and
+    the line's first positional names images, the model is put in front of them (in ``args``)."""
     path = None
     for i, a in enumerate(args):
         if a == "--":
@@ -89,11 +90,34 @@ def _config_default_map(args: list[str]) -> dict[str, Any] | None:
     command = next((a for a in args if not a.startswith("-")), None)
     if command is None or command not in COMMANDS:
         return None
-    from inspect_model.config import load_config
+    from inspect_model.config import check_no_code, is_image_argument, load_config
 
     group = typer.main.get_command(app)
     params = {name: _command_params(name, group) for name in COMMANDS}
-    return {command: load_config(path, command, params[command], all_params=params)}
+    defaults = load_config(path, command, params[command], all_params=params)
+    at = _first_positional(args, command, params[command])
+    model = args[at] if at is not None else defaults.get("model")
+    if at is not None and "model" in defaults and "images" in params[command] and is_image_argument(args[at]):
+        args.insert(at, str(defaults["model"]))  # issue 29: `cam --config c.toml cat.jpg`
+        model = defaults["model"]
+    check_no_code(path, defaults, model)
+    return {command: defaults}
+
+
+def _first_positional(args: list[str], command: str, params: dict[str, Any]) -> int | None:
+    """The index in ``args`` of the first positional argument after ``command``, or None."""
+    takes_value = {name for p in params.values() if not getattr(p, "is_flag", True) or getattr(p, "nargs", 1) > 1
+                   for name in (*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ()))
+                   if name.startswith("-")} | {"--config"}
+    i = args.index(command) + 1
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            return i + 1 if i + 1 < len(args) else None
+        if not a.startswith("-") or a == "-":
+            return i
+        i += 2 if a in takes_value else 1
+    return None
 
 
 def _command_params(command: str, group: Any = None) -> dict[str, Any]:

@@ -51,8 +51,17 @@ TrustOpt = Annotated[
         help="Allow full unpickling of checkpoints (runs code from the file: only for files you trust).",
     ),
 ]
+TrustRemoteCodeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--trust-remote-code",
+        help="Let a Hugging Face model run its own code (the repo's modeling_*.py): only for repos you trust. "
+        "Command line only.",
+    ),
+]
 DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N, mps or auto.",
                                         autocompletion=completion.complete_device)]
+
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32, float16, bfloat16 or float64.")]
 InputSizeOpt = Annotated[
     list[str] | None,
@@ -127,13 +136,16 @@ def routed_warnings(quiet: bool = False) -> Iterator[None]:
     still apply; those that show it once per place become "count every one"."""
     import warnings
 
+    from inspect_model.loading.hub_models import hub_quiet
+
     seen: list[str] = []  # in order; collapsed with counts by the pipeline's Warnings at the end
 
     def collect(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
                 line: Any = None) -> None:
         seen.append(str(message).strip() or getattr(category, "__name__", "warning"))
 
-    with warnings.catch_warnings():
+    # --quiet also silences the hub libraries' progress bars and logs while loading (issue 28).
+    with warnings.catch_warnings(), hub_quiet(quiet):
         warnings.filters[:] = [("always", *f[1:]) if f[0] in ("default", "module", "once") else f
                                for f in warnings.filters]
         warnings.simplefilter("always", append=True)  # was the default action: once per place

@@ -42,7 +42,7 @@ def layer_names(model: str) -> list[str]:
     cache = _cache_dir() / f"{safe_name(model)}.txt"
     if cache.exists():
         return cache.read_text().split()
-    from inspect_model.loading.models import load_torchvision
+    from inspect_model.loading.sources.torchvision import load_torchvision
 
     names = [n for n, _ in load_torchvision(model, device="meta").model.named_modules() if n]
     try:

@@ -65,13 +65,28 @@ def build(spec: CommandSpec) -> Callable[..., Any]:
                                                                                  else value)
         request = request_cls(**values)
         run_opts.check(save_raw=bool(getattr(request, "save_raw", False)))
-        run_api(spec.name, spec.api_function(), opts, inputs, run_opts, streams=spec.streams, request=request)
+        api_fn = spec.api_function()
+        extra = {"on_stuck": stuck_exit} if "on_stuck" in inspect.signature(api_fn).parameters else {}
+        run_api(spec.name, api_fn, opts, inputs, run_opts, streams=spec.streams, request=request, **extra)
 
     body.__name__ = spec.api_name
     body.__doc__ = command_help(spec)
     body.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     body.__annotations__ = {p.name: p.annotation for p in params}
     return shared_options(labels=spec.labels, images=spec.images, run=spec.run)(body)
+
+
+def stuck_exit(message: str) -> None:
+    """A budget spent with the model stuck where it cannot be stopped (in C code: ``check
+    --max-seconds``): one line on stderr and exit at once, with the failed check's code."""
+    import os
+    import sys
+
+    from inspect_model.errors import CheckFailed
+
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+    os._exit(CheckFailed.exit_code)
 
 
 def _is_multiple(param: str, fields: list[tuple[str, Any, Flag]]) -> bool:

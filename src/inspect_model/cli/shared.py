@@ -49,6 +49,7 @@ MODEL_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("model_arg", c.ModelArgOpt, None),
     ("non_strict", c.NonStrictOpt, False),
     ("trust_checkpoint", c.TrustOpt, False),
+    ("trust_remote_code", c.TrustRemoteCodeOpt, False),
     ("device", c.DeviceOpt, "cpu"),
     ("dtype", c.DtypeOpt, "float32"),
 )
@@ -137,7 +138,8 @@ def shared_options(*, labels: bool = True, images: bool = True,
             mo = {n: kw.pop(n) for n, _, _ in MODEL_OPTIONS}
             opts = ModelOptions(kw["model"], weights=mo["weights"], checkpoint=mo["checkpoint"],
                                 model_args=mo["model_arg"], non_strict=mo["non_strict"],
-                                trust_checkpoint=mo["trust_checkpoint"], device=mo["device"], dtype=mo["dtype"])
+                                trust_checkpoint=mo["trust_checkpoint"], device=mo["device"], dtype=mo["dtype"],
+                                trust_remote_code=mo["trust_remote_code"])
             check_dtype(opts.dtype)
             given = {n: kw.pop(n) for n, _, _ in input_options}
             given["skip_bad"] = given.pop("skip_bad_inputs", False)
@@ -185,7 +187,10 @@ def run_api(command: str, api_fn: Callable[..., Any], opts: ModelOptions, inputs
         return result
     speed = result.payload.get("throughput") if isinstance(result.payload, dict) else None
     if speed and speed.get("images_per_second") is not None:
-        msgs.info(f"{speed['images']} image(s) in {speed['seconds']:.2f} s: {speed['images_per_second']:.1f} images/s")
+        from inspect_model.cli.progress import format_rate
+
+        msgs.info(f"{speed['images']} image(s) in {speed['seconds']:.2f} s: "
+                  f"{format_rate(speed['images'], speed['seconds'])}")
     deliver(result, run_opts, msgs)
     if result.failures:
         raise CheckFailed("; ".join(result.failures))

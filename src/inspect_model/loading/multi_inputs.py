@@ -127,6 +127,9 @@ def _load_inputs_file(path: Path) -> dict[Key, Any]:
 
     if not path.is_file():
         raise InputError(f"inputs file '{path}' does not exist")
+    from inspect_model.loading.archive_guard import check_sizes
+
+    check_sizes(str(path), what="inputs file")  # a zip bomb is refused before torch inflates it
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:

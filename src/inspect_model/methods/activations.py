@@ -192,8 +192,11 @@ class ActivationCapture:
         names = list(names) if names is not None else [f"input-{self._images + i}" for i in range(n)]
         engine = self._engine
         engine.reset()
+        # Copies: a model may change its input in place (x /= 255); the caller's tensor stays
+        # as it was, as in every other command (issue 28). One copy of the input per batch.
+        fed = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
         with torch.no_grad():
-            run_forward(engine, lambda: self.model(*args))
+            run_forward(engine, lambda: self.model(*fed))
         records = engine.finalize()
         start = self._images
         images = [ImageActivations(start + i, names[i] if i < len(names) else f"input-{start + i}", [])

@@ -87,7 +87,8 @@ def capture(model: nn.Module, x: torch.Tensor, layers: list[str], *, grads: bool
     )
     missing: list[str] = []
     with HookEngine(model, hooked, opts) as eng:
-        out = run_forward(eng, lambda: model(x))
+        # A copy: the model may change its input in place (x /= 255), and ``x`` is used again.
+        out = run_forward(eng, lambda: model(x.clone()))
         scores = scores_of(out, output_key)
         idx = resolve_classes(scores, target) if classes is None else classes
         recs: dict[str, Any] = {}

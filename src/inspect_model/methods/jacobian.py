@@ -118,7 +118,7 @@ def jacobian(
         xin = x.detach().clone().requires_grad_(wrt_layer is None)
         out = None
         try:
-            out = run_forward(eng, lambda: model(xin))
+            out = run_forward(eng, lambda: model(xin.clone()))  # a non-leaf: x /= 255 is allowed
         except ModelRuntimeError as exc:
             if not isinstance(exc.__cause__, _Stop):
                 raise

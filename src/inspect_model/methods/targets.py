@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import InputError, ModelRuntimeError, UsageError, suggest
+from inspect_model.loading.parsing import check_depth
 
 if TYPE_CHECKING:
     import torch
@@ -123,8 +124,27 @@ def resolve_targets(spec: TargetSpec, scores: torch.Tensor) -> list[list[int]]:
                              f"(0..{n_classes - 1})")
         return [[i] for i in spec.indices]
     k = 1 if spec.kind == "predicted" else min(spec.k, n_classes)
-    top = flat.detach().float().topk(k, dim=1).indices
-    return [row.tolist() for row in top]
+    return top_classes(flat, k).tolist()
+
+
+def top_classes(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k`` best classes of each row of (N, classes) ``scores``, best first; equal
+    scores in class order, lowest index first, as ``argmax`` breaks ties. The one ranking
+    of every prediction list and every ``predicted``/``top:K`` target (issue 29: an
+    untrained ViT's tied output was listed from class 3 by ``topk`` and explained for 0)."""
+    import torch
+
+    return torch.sort(scores.detach().float(), dim=1, descending=True, stable=True).indices[:, :k]
+
+
+def top_k_warning(spec: Any, n_classes: int) -> str | None:
+    """The one warning for ``--target top:K`` with K above the model's class count: the run
+    explains every class, K is cut to it (issue 28: top:100000 ran 1000 backward passes
+    per image without a word)."""
+    if getattr(spec, "kind", None) != "top" or spec.k <= n_classes:
+        return None
+    return (f"--target {spec.text or f'top:{spec.k}'} asks for {spec.k} classes but the model has {n_classes}: "
+            f"explaining all {n_classes} (one backward pass each per image)")
 
 
 def require_float(y: torch.Tensor) -> None:
@@ -173,7 +193,9 @@ def load_labels(path: str | Path) -> LabelNames:
     stripped = text.strip()
     if stripped.startswith(("[", "{")):
         try:
-            data = json.loads(stripped)
+            data = check_depth(json.loads(stripped), f"labels file '{p}'")
+        except RecursionError:
+            raise InputError(f"labels file '{p}' nests lists or objects too deeply to read") from None
         except json.JSONDecodeError as exc:
             raise InputError(f"labels file '{p}' is not valid JSON: {exc.msg} (line {exc.lineno})") from exc
         if isinstance(data, list):

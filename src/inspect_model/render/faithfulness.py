@@ -101,7 +101,9 @@ def curves_figure(series: list[dict[str, Any]], title: str) -> Any:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
     axes[0].set_ylabel("target class probability")
-    fig.suptitle(title, fontsize=10)
+    from inspect_model.render.table import one_line
+
+    fig.suptitle(one_line(title), fontsize=10)  # names escaped: matplotlib fails on a lone surrogate
     fig.tight_layout()
     return fig
 
