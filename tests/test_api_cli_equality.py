@@ -56,8 +56,11 @@ CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
     "guided-backprop": (["--target", "1"], {"target": "1"}),
     "cam": (["--method", "gradcam", "--method", "eigencam", "--layer", "features.3"],
             {"methods": ["gradcam", "eigencam"], "layers": ["features.3"]}),
+    "attributions": (["--method", "saliency,integrated-gradients", "-m", "occlusion", "--steps", "4", "--window", "8"],
+                     {"methods": ["saliency", "integrated-gradients", "occlusion"], "steps": 4, "window": "8"}),
 }
-API = {"activations": "activations", "grads": "grads", "guided-backprop": "guided_backprop", "cam": "cam"}
+API = {"activations": "activations", "grads": "grads", "guided-backprop": "guided_backprop", "cam": "cam",
+       "attributions": "attributions"}
 PRE = ["--resize", "16", "--crop", "16", "--batch-size", "2"]
 
 

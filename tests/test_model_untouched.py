@@ -24,8 +24,8 @@ from fixtures.models import TinyCNN
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
-COMMANDS = ("summary", "activations", "grads", "guided-backprop", "cam", "check")
-WRITES_FILES = ("summary", "activations", "grads", "guided-backprop", "cam")
+COMMANDS = ("summary", "activations", "grads", "guided-backprop", "cam", "attributions", "check")
+WRITES_FILES = ("summary", "activations", "grads", "guided-backprop", "cam", "attributions")
 
 
 class _BackwardBoom(torch.autograd.Function):
@@ -77,6 +77,9 @@ EXTRA = {  # per command: options that exercise more of it
     "cam": [["--method", "all", "--save-raw"], ["--method", "scorecam", "--method", "eigencam",
                                                  "--layer", "features.3", "--layer", "features.4", "--fuse"],
             ["--dtype", "float64", "--batch-size", "2"]],
+    "attributions": [["--method", "all", "--steps", "4", "--samples", "2", "--window", "4", "--save-raw"],
+                     ["--method", "ig", "--smooth", "--sanity", "--samples", "2", "--steps", "3"],
+                     ["--dtype", "float64", "-m", "occlusion,guided", "--window", "4"]],
     "check": [["--deterministic", "--max-dead-fraction", "1.0"], ["--dtype", "float64"]],
 }
 
@@ -118,7 +121,7 @@ def test_runs_failing_in_the_model_leave_it_alone(command: str, fail: str, tmp_p
     before, relus = snapshot(model), relu_functions()
     res = cli(_argv(command, spec, [], tmp_path / "out"))
     assert "Traceback" not in res.stderr
-    needs_backward = command in ("grads", "guided-backprop", "cam", "check")
+    needs_backward = command in ("grads", "guided-backprop", "cam", "attributions", "check")
     if fail == "forward" or needs_backward:
         assert res.exit_code == 6, res.stderr
         line = res.stderr.strip().splitlines()[-1]

@@ -24,6 +24,7 @@ COMMANDS = {
     "grads": [],
     "guided-backprop": [],
     "cam": ["--method", "gradcam", "--method", "gradcam++"],
+    "attributions": ["-m", "ig,smoothgrad,occlusion", "--steps", "4", "--samples", "2", "--window", "8"],
 }
 DRIVER = """
 import json, os, sys

@@ -33,6 +33,8 @@ _LAZY = {
     "sanity_check": ("inspect_model.methods.guided", "sanity_check"),
     "compute_cams": ("inspect_model.methods.cam", "compute_cams"),
     "gradcam": ("inspect_model.methods.cam", "gradcam"),
+    "attribute": ("inspect_model.methods.attributions", "attribute"),
+    "AttributionSettings": ("inspect_model.methods.attributions", "AttributionSettings"),
     "run_checks": ("inspect_model.methods.checks", "run_checks"),
 }
 

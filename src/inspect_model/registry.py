@@ -173,6 +173,24 @@ register(CommandSpec(
     schema="cam.json",
 ))
 register(CommandSpec(
+    name="attributions", usage="attributions MODEL IMAGE...",
+    summary="saliency, gradient, input x gradient, integrated gradients, SmoothGrad, VarGrad, occlusion, guided "
+            "backprop (equal to captum's), batched and bounded in memory",
+    help="Input attributions: saliency, gradient, input x gradient, integrated gradients, SmoothGrad, VarGrad, "
+         "occlusion and guided backprop, equal to captum's.\n\n"
+         "Integrated-gradients steps, SmoothGrad samples and occlusion windows run through the model in chunks of "
+         "--batch-size rows (memory does not grow with --steps or --samples); saliency, gradient and input x "
+         "gradient share one backward pass. Token ids are attributed at the output of the embedding layer that "
+         "reads them. With --output-dir: per map a heat map (signed maps on a diverging colormap centred on 0) "
+         "and an overlay, contact sheets of images x methods, and in the report each map's positive and negative "
+         "mass and, for integrated gradients, the completeness gap. --evaluate ranks the methods by "
+         "faithfulness; --sanity runs the weight-randomisation test for every method.",
+    example="inspect-model attributions resnet50 cat.jpg --method saliency --method integrated-gradients "
+            "--steps 64 -o attr",
+    api="inspect_model.api.attributions:attributions", request="inspect_model.api.attributions:AttributionsRequest",
+    renderer="inspect_model.render.attributions:render_result", schema="attributions.json", hooks=False,
+))
+register(CommandSpec(
     name="check", usage="check MODEL",
     summary="a one-line CI smoke check: output shape, parameter count, finite outputs and gradients, dead "
             "layers, determinism, time and memory budgets",

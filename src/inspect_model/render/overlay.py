@@ -49,13 +49,16 @@ def colorize(m: np.ndarray, cmap: str = "jet") -> np.ndarray:
 
 
 def overlay(image: Image.Image, m: np.ndarray, box: Sequence[float] | None = None, *,
-            alpha: float = 0.5, cmap: str = "jet", dim_outside: float = 0.45) -> Image.Image:
+            alpha: float = 0.5, cmap: str = "jet", dim_outside: float = 0.45,
+            opacity: np.ndarray | None = None) -> Image.Image:
     """The map ``m`` (H, W) in [0, 1] blended over ``image`` (RGB or L), reduced to
     :data:`OVERLAY_SIDE` pixels on its long side when larger.
 
     ``box`` (left, top, right, bottom) in ``image`` pixels is where the model input came
     from; ``None`` means the whole image. Pixels outside the box are dimmed by
-    ``dim_outside`` (the model did not see them); the box may reach past the image edges."""
+    ``dim_outside`` (the model did not see them); the box may reach past the image edges.
+    ``opacity`` (H, W) in [0, 1], optional, scales ``alpha`` per pixel (attribution maps:
+    their magnitude, so that where there is no evidence the picture shows through)."""
     import numpy as np
     from PIL import Image
 
@@ -74,8 +77,12 @@ def overlay(image: Image.Image, m: np.ndarray, box: Sequence[float] | None = Non
     # box meets the image (the box may reach past its edges).
     resized = Image.fromarray(np.asarray(m, dtype=np.float32), mode="F").resize((bw, bh), Image.BILINEAR)
     v = np.asarray(resized)[y0 - oy:y1 - oy, x0 - ox:x1 - ox]
-    blended = np.asarray(img.crop((x0, y0, x1, y1)), dtype=np.float32) * (1.0 - alpha)
-    blended += colorize(v, cmap) * np.float32(alpha)
+    a: Any = np.float32(alpha)
+    if opacity is not None:
+        op = Image.fromarray(np.asarray(opacity, dtype=np.float32), mode="F").resize((bw, bh), Image.BILINEAR)
+        a = (np.clip(np.asarray(op)[y0 - oy:y1 - oy, x0 - ox:x1 - ox], 0.0, 1.0) * np.float32(alpha))[..., None]
+    blended = np.asarray(img.crop((x0, y0, x1, y1)), dtype=np.float32) * (1.0 - a)
+    blended += colorize(v, cmap) * a
     blended += 0.5
     np.clip(blended, 0, 255, out=blended)
     out.paste(Image.fromarray(blended.astype(np.uint8), mode="RGB"), (x0, y0))

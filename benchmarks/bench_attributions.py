@@ -1,0 +1,187 @@
+"""Integrated gradients: ours vs the floor and vs captum, and peak memory vs --steps.
+
+Speed (issue 27): IG with 32 steps on resnet18 (weights none) for a batch of 8 images, 8
+rows per model call, against
+- the floor: 32 forward + backward passes to the input done by hand in this process (the
+  path points b + a (x - b) built, parameters frozen, one ``autograd.grad`` per step, the
+  weighted gradients summed): the least any IG must do; target <= 1.1x;
+- captum's ``IntegratedGradients`` at the same settings (``n_steps=32``,
+  ``internal_batch_size=8``, Gauss-Legendre), on the model as users hand it over
+  (parameters requiring grad), without and with its convergence delta (ours always reports
+  the completeness gap, which costs a forward pass of the inputs and one of the baselines);
+  target: ours faster.
+Runs are interleaved (floor, ours, captum, ...) so that load from other processes hits all
+alike; reported: the minimum over repeats of wall and process CPU time, and the ratios.
+
+Memory: the peak of ours at ``--steps 256`` against ``--steps 32`` (target <= 1.2x), each
+in a fresh subprocess: CUDA's ``max_memory_allocated``, or on the CPU the peak resident
+set above the level before the call (a sampling thread, every 2 ms).
+
+    python benchmarks/bench_attributions.py [--batch 8] [--size 224] [--repeats 3] [--device cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import warnings
+from typing import Any
+
+
+def build(args: argparse.Namespace) -> tuple[Any, Any, list[int]]:
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None).eval().to(args.device)
+    x = torch.randn(args.batch, 3, args.size, args.size, device=args.device)
+    return model, x, [i * 7 % 1000 for i in range(args.batch)]
+
+
+def floor_ig(model: Any, x: Any, targets: list[int], steps: int) -> Any:
+    """IG by hand: Gauss-Legendre points, one forward + backward per step."""
+    import numpy as np
+    import torch
+
+    nodes, weights = np.polynomial.legendre.leggauss(steps)
+    flags = [p.requires_grad for p in model.parameters()]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    try:
+        idx = torch.tensor(targets, device=x.device)
+        rows = torch.arange(x.shape[0], device=x.device)
+        base = torch.zeros_like(x)
+        total = torch.zeros_like(x)
+        for a, w in zip(0.5 * (1 + nodes), 0.5 * weights):
+            z = (base + float(a) * (x - base)).requires_grad_(True)
+            (g,) = torch.autograd.grad(model(z)[rows, idx].sum(), z)
+            total += float(w) * g
+        return total * (x - base)
+    finally:
+        for p, f in zip(model.parameters(), flags):
+            p.requires_grad_(f)
+
+
+def ours(model: Any, x: Any, targets: list[int], steps: int, batch: int) -> Any:
+    from inspect_model.methods.attributions import AttributionSettings, attribute
+
+    st = AttributionSettings(methods=("integrated-gradients",), steps=steps, rule="gauss-legendre", batch_size=batch)
+    return attribute(model, x, targets, st).maps["integrated-gradients"][:, 0]
+
+
+def speed(args: argparse.Namespace) -> None:
+    import torch
+
+    try:
+        from captum.attr import IntegratedGradients
+    except ImportError:
+        IntegratedGradients = None
+        print("captum not installed: skipping the captum comparison (pip install 'inspect-model[test]')")
+    model, x, targets = build(args)
+
+    def sync() -> None:
+        if x.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def captum_ig(delta: bool) -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return IntegratedGradients(model).attribute(x, target=targets, n_steps=args.steps,
+                                                        internal_batch_size=args.batch, method="gausslegendre",
+                                                        return_convergence_delta=delta)
+
+    runs = {"floor": lambda: floor_ig(model, x, targets, args.steps),
+            "ours": lambda: ours(model, x, targets, args.steps, args.batch)}
+    if IntegratedGradients is not None:
+        runs["captum"] = lambda: captum_ig(False)
+        runs["captum+delta"] = lambda: captum_ig(True)  # ours reports the gap too: the same outputs
+    a, b = runs["ours"]().cpu(), runs["floor"]().cpu()
+    print(f"ours vs floor: max |diff| {float((a - b).abs().max()):.2e} (scale {float(b.abs().max()):.2e})")
+    best: dict[str, list[float]] = {k: [float("inf"), float("inf")] for k in runs}
+    for _ in range(args.repeats):
+        for name, fn in runs.items():
+            sync()
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            sync()
+            best[name][0] = min(best[name][0], time.perf_counter() - t0)
+            best[name][1] = min(best[name][1], time.process_time() - c0)
+    for name, (wall, cpu) in best.items():
+        print(f"{name:14s} wall {wall:7.3f} s  cpu {cpu:7.3f} s  "
+              f"ours/{name} wall {best['ours'][0] / wall:.3f}x cpu {best['ours'][1] / cpu:.3f}x")
+
+
+def memory_child(args: argparse.Namespace) -> None:
+    """One measurement in this (fresh) process: print the peak bytes as JSON."""
+    import threading
+
+    import torch
+
+    model, x, targets = build(args)
+    ours(model, x[:1], targets[:1], 2, args.batch)  # warm up: allocator pools, lazy inits
+    if x.device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        ours(model, x, targets, args.child_steps, args.batch)
+        torch.cuda.synchronize()
+        print(json.dumps({"peak": torch.cuda.max_memory_allocated() - before}))
+        return
+
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * 4096
+
+    before, peak, stop = rss(), [0], threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], rss())
+            time.sleep(0.002)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    ours(model, x, targets, args.child_steps, args.batch)
+    stop.set()
+    t.join()
+    print(json.dumps({"peak": max(peak[0], rss()) - before}))
+
+
+def memory(args: argparse.Namespace) -> None:
+    peaks = {}
+    for steps in (32, 256):
+        cmd = [sys.executable, __file__, "--child-steps", str(steps), "--batch", str(args.batch), "--size",
+               str(args.size), "--device", args.device]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        peaks[steps] = json.loads(out.strip().splitlines()[-1])["peak"]
+        print(f"peak memory above the start, --steps {steps:3d}: {peaks[steps] / 2**20:8.1f} MiB")
+    print(f"peak(256) / peak(32) = {peaks[256] / max(peaks[32], 1):.3f}")
+
+
+def main() -> None:
+    import torch
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--steps", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--skip-memory", action="store_true")
+    p.add_argument("--child-steps", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child_steps:
+        memory_child(args)
+        return
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {args.device}, resnet18, "
+          f"batch {args.batch}, {args.size}x{args.size}, IG {args.steps} steps, best of {args.repeats}")
+    speed(args)
+    if not args.skip_memory:
+        memory(args)
+
+
+if __name__ == "__main__":
+    main()

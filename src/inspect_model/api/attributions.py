@@ -1,0 +1,311 @@
+"""``attributions``: saliency, gradient, input x gradient, integrated gradients, SmoothGrad,
+VarGrad, occlusion and guided backprop maps per image and target, as a session.
+
+Files per image (``images/NNNN-stem/``): ``<method>.<class>.heatmap.png`` (signed maps on
+a diverging colormap centred on 0), ``<method>.<class>.overlay.png`` (on the original
+picture), with ``save_raw`` the raw maps (``.npy``); at the top ``contact_sheet_NNN.png``
+(rows: image x target, columns: input and methods), with ``evaluate`` the deletion and
+insertion curves. The report holds per map its positive and negative mass, its sum and,
+for integrated gradients, f(baseline) and the completeness gap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from inspect_model.api.options import InputOptions, ModelOptions, check_target_syntax
+from inspect_model.api.pipeline import execute, prepare, tracked
+from inspect_model.api.request import (
+    OUTPUT_KEY_HELP,
+    SAVE_RAW_HELP,
+    TARGET_HELP,
+    Request,
+    api_command,
+    check_target_value,
+    option,
+)
+from inspect_model.api.session import ImageItem, Result, Session, Warnings, input_outcome
+from inspect_model.errors import InputError, UsageError
+
+METHOD_HELP = ("saliency, gradient, input-x-gradient, integrated-gradients (ig), smoothgrad, vargrad, occlusion, "
+               "guided, or all; repeatable or comma-separated (default: saliency).")
+
+
+@dataclass(frozen=True)
+class AttributionsRequest(Request):
+    """The options of ``attributions`` (README "attributions"); validated once, here, without torch."""
+
+    command: ClassVar[str] = "attributions"
+
+    methods: tuple[str, ...] = option(("saliency",), "--method", "-m", help=METHOD_HELP, multiple=True,
+                                      param="method")
+    target: str | tuple[str, ...] | None = option("predicted", "--target", "-t", type=str, help=TARGET_HELP,
+                                                  complete="target")
+    steps: int = option(32, "--steps", help="integrated-gradients: points on the path from the baseline.")
+    rule: str = option("gauss-legendre", "--rule", help="integrated-gradients: gauss-legendre, riemann-left, "
+                       "riemann-right, riemann-middle or riemann-trapezoid.")
+    baseline: Any = option("zeros", "--baseline", type=str, help="integrated-gradients and occlusion: zeros, blur, "
+                           "blur:SIGMA (pixels), uniform (seeded), a number, or a .pt/.npy file of one input's "
+                           "shape.")
+    samples: int = option(16, "--samples", help="smoothgrad, vargrad and --smooth: noisy copies per input.")
+    noise: float = option(0.15, "--noise", help="Noise standard deviation: a fraction of each input's value range "
+                          "(SmoothGrad: 0.1-0.2), or absolute with --noise-mode absolute.")
+    noise_mode: str = option("fraction", "--noise-mode", help="fraction (of the input's range) or absolute.")
+    window: str = option("16", "--window", type=str, help="occlusion: window size, 16 (16x16 over all channels), "
+                         "16,24 or 3,16,16; on token embeddings, tokens.")
+    stride: str | None = option(None, "--stride", type=str, help="occlusion: window step (default: half the "
+                                "window).")
+    smooth: bool = option(False, "--smooth", help="Average every gradient method over --samples noisy copies "
+                          "(SmoothGrad around it, as captum's NoiseTunnel).")
+    activations: bool = option(False, "--activations", help="guided: also guide relu6, leaky_relu, silu, gelu and "
+                               "prelu.")
+    output_key: str | None = option(None, "--output-key", type=str, help=OUTPUT_KEY_HELP)
+    evaluate: bool = option(False, "--evaluate", help="Score every map's faithfulness (deletion/insertion AUC, "
+                            "ROAD, confidence) and rank the methods, as cam --evaluate.")
+    metrics: tuple[str, ...] = option((), "--metric", help="With --evaluate: deletion, insertion, road, confidence "
+                                      "or all (default); repeatable.", multiple=True, param="metric")
+    eval_steps: int = option(32, "--eval-steps", help="Steps of the deletion and insertion curves.")
+    eval_batch: int = option(64, "--eval-batch", help="Perturbed inputs per forward pass (--evaluate).")
+    sanity: bool = option(False, "--sanity", help="Cascading weight randomisation (Adebayo et al. 2018) on a copy "
+                          "of the model, for every method: Spearman rank correlation with the original maps.")
+    save_raw: bool = option(False, "--save-raw", help=SAVE_RAW_HELP)
+    overlays: bool = option(True, "--overlays/--no-overlays", help="With --output-dir: maps blended over the "
+                            "original image.")
+
+    def validate(self) -> None:  # no torch here: a bad option fails at once
+        from inspect_model.api.cam_evaluate import check_evaluate_request
+        from inspect_model.methods import attribution_options as ao
+
+        self._set("target", check_target_value(self.target))
+        check_target_syntax(self.target)
+        self._set("methods", ao.parse_methods(self.methods or ("saliency",)))
+        check_evaluate_request(evaluate=self.evaluate, metrics=list(self.metrics) or None, boxes=None,
+                               steps=self.eval_steps, batch=self.eval_batch)
+        ao.check_settings(steps=self.steps, rule=self.rule, samples=self.samples, noise=self.noise,
+                          noise_mode=self.noise_mode, batch_size=1, smooth=self.smooth, methods=self.methods)
+        self._set("baseline", ao.parse_baseline(self.baseline))
+        self._set("window", str(self.window))
+        ao.parse_sizes(self.window, "--window")
+        ao.parse_sizes(self.stride, "--stride")
+
+    def settings(self, *, batch_size: int, seed: int = 0) -> Any:
+        from inspect_model.methods.attributions import AttributionSettings
+
+        return AttributionSettings(
+            methods=self.methods, steps=self.steps, rule=self.rule, baseline=self.baseline, samples=self.samples,
+            noise=self.noise, noise_mode=self.noise_mode, window=self.window, stride=self.stride, smooth=self.smooth,
+            batch_size=batch_size, seed=seed, activations=self.activations)
+
+    def resolved(self) -> dict[str, Any]:
+        out = super().resolved()
+        if hasattr(self.baseline, "shape"):
+            out["baseline"] = "tensor"  # a tensor given through the API
+        return out
+
+
+@dataclass
+class Found:
+    """What the run found out on its first batch: the attribution space (``input`` or
+    ``embedding``), the embedding layer, the guided activation sites."""
+
+    space: str | None = None
+    embedding_layer: str | None = None
+    sites: dict[str, int] | None = None
+
+
+class AttributionsSession(Session):
+    command = "attributions"
+    streams_files = True
+
+    def __init__(self, prep: Any, mopts: ModelOptions, request: AttributionsRequest, *, keep_maps: bool = False,
+                 notes: Any = None, progress: Any = None) -> None:
+        from inspect_model.methods.targets import parse_target
+
+        self.prep, self.mopts, self.request = prep, mopts, request
+        self.spec = parse_target(request.target, prep.categories)
+        self.settings = request.settings(batch_size=prep.plan.batch_size, seed=int(prep.plan.seed))
+        from inspect_model.api.cam_evaluate import _takes_label
+
+        # Long work reports (done, total, label); a two-argument callback sees the images only.
+        self.keep_maps, self.progress = keep_maps, progress if progress and _takes_label(progress) else None
+        self.maps: list[dict[str, Any]] = []
+        self.entries: list[dict[str, Any]] = []
+        self.warnings = Warnings()
+        self.found = Found()
+        self.options_record = request.resolved()  # plain data: part of the --resume fingerprint
+        self.sanity_acc: dict[str, Any] | None = None
+        self.evaluator = None
+        if request.evaluate:
+            from inspect_model.api.cam_evaluate import Evaluator
+            from inspect_model.methods.faithfulness import parse_metrics
+
+            self.evaluator = Evaluator(prep, parse_metrics(list(request.metrics or []), boxes=False),
+                                       steps=request.eval_steps, batch=request.eval_batch,
+                                       output_key=request.output_key, notes=notes, progress=progress)
+        from inspect_model.render.draw_attributions import AttributionsDrawer
+
+        self.drawer = AttributionsDrawer(categories=prep.categories, preprocess=prep.plan.preprocess,
+                                         methods=list(request.methods), save_raw=request.save_raw,
+                                         overlays=request.overlays, curves=request.evaluate)
+
+    # ------------------------------------------------------------------ computing
+    def feed(self, batch: Any) -> list[ImageItem]:
+        from inspect_model.methods.attributions import attribute
+
+        from inspect_model.methods.targets import for_batch
+
+        model, x = self.prep.loaded.model, batch.tensor
+        first = self.index_base + len(self.entries)
+        spec = for_batch(self.spec, first, int(x.shape[0]))
+        res = attribute(model, x, spec, self.settings, output_key=self.request.output_key,
+                        categories=self.prep.categories, first_index=first, progress=self.progress)
+        self.found.space, self.found.embedding_layer = res.space, res.embedding_layer
+        self.found.sites = self.found.sites or res.guided_sites
+        self.warnings.extend(res.warnings)
+        if self.request.sanity:
+            from inspect_model.methods import attribution_sanity as san
+
+            self.sanity_acc = san.merge(self.sanity_acc, san.sanity_check(
+                model, x, res, self.settings, seed=int(self.prep.plan.seed), output_key=self.request.output_key,
+                first_index=first, progress=self.progress))
+        if self.keep_maps:
+            self.maps.append(res.maps)
+        items, start = [], len(self.entries)
+        for i in range(x.shape[0]):
+            img = batch.images[i] if batch.images is not None else None
+            entry = self._entry(first + i, batch.names[i], res, i, img, x)
+            self.entries.append(entry)
+            maps = {m: res.maps[m][i] for m in res.maps}
+            items.append(ImageItem(entry, (img, x[i].detach().float().cpu(), maps)))
+        if self.evaluator is not None:
+            self._evaluate(res, batch, self.entries[start:])
+        return items
+
+    def _entry(self, index: int, name: str, res: Any, i: int, img: Any, ids: Any) -> dict[str, Any]:
+        from inspect_model.methods.attributions import UNSIGNED, map_statistics
+        from inspect_model.render.attributions import map_record
+        from inspect_model.render.cam_report import class_name
+
+        records = []
+        for k, cls in enumerate(res.targets[i]):
+            for method, maps in res.maps.items():
+                ig = method == "integrated-gradients" and res.deltas is not None
+                rec = map_record(method, map_statistics(maps[i, k]), signed=method not in UNSIGNED,
+                                 smoothed=method in res.smoothed, target=int(cls),
+                                 label=class_name(int(cls), self.prep.categories), score=res.scores[i][k],
+                                 baseline_score=res.baseline_scores[i][k] if ig else None,
+                                 delta=res.deltas[i][k] if ig else None)
+                rec["target"]["probability"] = res.probabilities[i][k]
+                rec["rank"], rec["layer"] = k, res.embedding_layer or "input"
+                if res.space == "embedding":  # (L, D): one number per token, the sum over D
+                    rec["tokens"] = maps[i, k].double().sum(-1).tolist()
+                records.append(rec)
+        size = list(img.image.size) if img is not None else None
+        entry = {"index": index, "image": name, "size": size, "targets": [int(t) for t in res.targets[i]],
+                 "maps": records, "files": {}}
+        if res.space == "embedding":
+            entry["token_ids"] = [int(t) for t in ids[i].reshape(-1).tolist()]
+        return entry
+
+    def _evaluate(self, res: Any, batch: Any, entries: list[dict[str, Any]]) -> None:
+        """Deletion/insertion/ROAD of every map (cam's Evaluator), on the relevance each map
+        claims: its channel sum, min-max scaled (higher = more evidence for the target)."""
+        from types import SimpleNamespace
+
+        import torch
+
+        if res.space != "input" or batch.tensor.dim() != 4:
+            raise UsageError("--evaluate perturbs image pixels; it needs image inputs (N, C, H, W)")
+        maps, probs = [], []
+        for i, entry in enumerate(entries):
+            probs.append({t: p for t, p in zip(res.targets[i], res.probabilities[i])})
+            for rec in entry["maps"]:
+                rel = res.maps[rec["method"]][i, rec["rank"]].sum(0)
+                lo, hi = rel.min(), rel.max()
+                rel = (rel - lo) / (hi - lo) if hi > lo else torch.zeros_like(rel)
+                maps.append(SimpleNamespace(sample=i, target=rec["target"]["class"], map=rel))
+        assert self.evaluator is not None
+        self.evaluator.feed(SimpleNamespace(maps=maps, probabilities=probs), batch, entries)
+
+    def finish(self) -> Result:
+        from inspect_model.methods import attribution_sanity as san
+
+        skipped = input_outcome(self.prep.plan, self.warnings)
+        if not self.entries:
+            raise InputError("no input could be read; nothing to do")
+        st = self.settings
+        payload: dict[str, Any] = {
+            "model": self.prep.loaded.name,
+            "methods": list(st.methods),
+            "smoothed": list(st.smoothed),
+            "space": self.found.space,
+            "embedding_layer": self.found.embedding_layer,
+            "guided_sites": self.found.sites or {},
+            "images": self.entries,
+            "image_count": len(self.entries),
+            "sanity": san.finish(self.sanity_acc),
+            "skipped": skipped,
+        }
+        if self.evaluator is not None:
+            payload["evaluation"] = self.evaluator.summary(self.entries, [(m, self.found.embedding_layer or "input")
+                                                                          for m in st.methods])
+        options = self.resolved_options()
+        record = _MapsRecord(self.maps) if self.keep_maps else None
+        return Result("attributions", options, payload, self.warnings.to_list(), record=record)
+
+    def resolved_options(self) -> dict[str, Any]:
+        return self.prep.options(self.mopts, **self.options_record)
+
+    # --------------------------------------------------------- resume and torchrun
+    def state_dict(self) -> dict[str, Any]:
+        return {"entries": self.entries, "warnings": self.warnings, "sanity_acc": self.sanity_acc,
+                "found": self.found,
+                "drawer": self.drawer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.entries, self.warnings, self.sanity_acc = list(state["entries"]), state["warnings"], state["sanity_acc"]
+        self.found = state["found"]
+        self.drawer.load_state_dict(state["drawer"])
+
+    def merge(self, states: list[dict[str, Any]]) -> None:
+        from inspect_model.methods import attribution_sanity as san
+
+        self.entries = [e for s in states for e in s["entries"]]
+        self.warnings.merge(s["warnings"] for s in states[1:])
+        self.found = next((s["found"] for s in states if s["found"].space is not None), self.found)
+        acc = None
+        for s in states:
+            if s.get("sanity_acc"):
+                acc = san.merge(acc, s["sanity_acc"])
+        self.sanity_acc = acc
+        self.drawer.merge([s["drawer"] for s in states])
+
+
+class _MapsRecord:
+    """What the API result adds for Python users: the maps, method -> (N, K, *sample)."""
+
+    def __init__(self, parts: list[dict[str, Any]]) -> None:
+        import torch
+
+        self.maps = {m: torch.cat([p[m] for p in parts]) for m in parts[0]} if parts else {}
+
+
+@api_command(AttributionsRequest, positional=("target",))
+def attributions(model: Any, images: Any, request: AttributionsRequest, *, model_options: ModelOptions | None = None,
+                 inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,
+                 tensorboard: Any = None, keep: bool | None = None, on_item: Any = None, notes: Any = None,
+                 progress: Any = None) -> Result:
+    """Attribution maps of ``images`` (paths, or a tensor (N, C, H, W), or token ids) under
+    ``model``, with the options of :class:`AttributionsRequest` (``methods=["saliency",
+    "integrated-gradients"]``, ``steps=64``, ...; ``target`` may come third). The result has
+    ``maps`` (method -> (N, K, *sample)) when kept (the API default), ``to_dict()`` and
+    ``save(dir)``."""
+    mopts = model_options or ModelOptions(model)
+    inputs = inputs or InputOptions(images)
+    prep = prepare("attributions", mopts, inputs, hooks=False, notes=notes)
+    keep = output_dir is None if keep is None else keep
+    session = AttributionsSession(prep, mopts, request, keep_maps=keep, notes=notes, progress=progress)
+    total = len(prep.plan.paths) if prep.plan.paths else 0
+    return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
+                   keep=keep, tensorboard=tensorboard, on_item=on_item)

@@ -1,0 +1,115 @@
+"""The names and checks of the ``attributions`` options, without torch: method names,
+integration rules, noise modes, baselines and window sizes. The request (api/) and
+:class:`methods.attributions.AttributionSettings` both validate through here, so that a bad
+option fails before torch is imported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from inspect_model.errors import UsageError, suggest
+
+METHODS = ("saliency", "gradient", "input-x-gradient", "integrated-gradients", "smoothgrad", "vargrad",
+           "occlusion", "guided")
+SMOOTHABLE = ("saliency", "gradient", "input-x-gradient", "integrated-gradients", "guided")
+UNSIGNED = ("saliency", "vargrad")  # maps that are >= 0 everywhere
+RULES = ("riemann-left", "riemann-right", "riemann-middle", "riemann-trapezoid", "gauss-legendre")
+NOISE_MODES = ("fraction", "absolute")
+ALIASES = {"ig": "integrated-gradients", "ixg": "input-x-gradient", "guided-backprop": "guided",
+           "gradients": "gradient", "input-x-gradients": "input-x-gradient", "gausslegendre": "gauss-legendre"}
+
+
+def parse_methods(methods: str | Sequence[str]) -> tuple[str, ...]:
+    """``"saliency,integrated-gradients"``, a list (items may hold commas), or ``all``:
+    known names, in the order of :data:`METHODS`, each once."""
+    items = [methods] if isinstance(methods, str) else list(methods)
+    names = [n.strip().lower() for item in items for n in str(item).split(",") if n.strip()]
+    if "all" in names:
+        return METHODS
+    names = [ALIASES.get(n, n) for n in names]
+    for n in names:
+        if n not in METHODS:
+            raise UsageError(f"--method '{n}' is not an attribution method; methods: {', '.join(METHODS)}, all"
+                             + suggest(n, list(METHODS)))
+    if not names:
+        raise UsageError("--method names no method; give one or more of " + ", ".join(METHODS))
+    return tuple(m for m in METHODS if m in names)
+
+
+def parse_baseline(spec: Any) -> Any:
+    """A baseline given as ``zeros``, ``blur``, ``blur:SIGMA``, ``uniform``, a number or a
+    ``.pt``/``.npy`` file path, normalised (a tensor passes through unchanged)."""
+    if hasattr(spec, "shape") and hasattr(spec, "dtype"):  # a tensor or an array
+        return spec
+    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+        if not math.isfinite(spec):
+            raise UsageError(f"--baseline {spec}: give a finite number")
+        return float(spec)
+    text = str(spec).strip()
+    if text in ("zeros", "zero", "0"):
+        return "zeros"
+    if text in ("uniform", "blur"):
+        return text
+    if text.startswith("blur:"):
+        try:
+            sigma = float(text[5:])
+        except ValueError as exc:
+            raise UsageError(f"--baseline '{text}': blur:SIGMA needs a number of pixels") from exc
+        if not sigma > 0 or not math.isfinite(sigma):
+            raise UsageError(f"--baseline '{text}': the blur sigma must be a positive number of pixels")
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        pass
+    else:
+        return parse_baseline(value)
+    path = Path(text)
+    if not path.is_file():
+        raise UsageError(f"--baseline '{text}' is not zeros, blur, blur:SIGMA, uniform, a number or an existing "
+                         ".pt/.npy file")
+    return path
+
+
+def parse_sizes(value: Any, flag: str) -> tuple[int, ...] | None:
+    """``"16"``, ``"3,16,16"``, ``"16x16"``, an int or a sequence: a tuple of sizes >= 1."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        items: list[Any] = [value]
+    elif isinstance(value, str):
+        items = value.replace("x", ",").split(",")
+    else:
+        items = list(value)
+    try:
+        sizes = tuple(int(str(v).strip()) for v in items if str(v).strip())
+    except ValueError as exc:
+        raise UsageError(f"{flag} '{value}' must be sizes such as 16, 16,16 or 3,16,16") from exc
+    if not sizes or any(v < 1 for v in sizes):
+        raise UsageError(f"{flag} '{value}': sizes must be 1 or more")
+    return sizes
+
+
+def check_settings(*, steps: int, rule: str, samples: int, noise: float, noise_mode: str, batch_size: int,
+                   smooth: bool, methods: Sequence[str]) -> None:
+    """The numeric and named options (UsageError naming the option)."""
+    if steps < 1:
+        raise UsageError(f"--steps {steps}: integrated gradients needs at least 1 step")
+    if rule not in RULES:
+        raise UsageError(f"--rule '{rule}' is not one of {', '.join(RULES)}" + suggest(rule, list(RULES)))
+    if rule == "riemann-trapezoid" and steps < 2:
+        raise UsageError("--steps 1: the trapezoid rule needs at least 2 steps (both ends)")
+    if samples < 1:
+        raise UsageError(f"--samples {samples}: SmoothGrad needs at least 1 noise sample")
+    if noise_mode not in NOISE_MODES:
+        raise UsageError(f"--noise-mode '{noise_mode}' is not one of {', '.join(NOISE_MODES)}")
+    if not (noise >= 0 and math.isfinite(noise)):
+        raise UsageError(f"--noise {noise}: give a level of 0 or more (a fraction of the input range)")
+    if batch_size < 1:
+        raise UsageError(f"--batch-size {batch_size}: give 1 or more rows per pass")
+    if smooth and not any(m in SMOOTHABLE for m in methods):
+        raise UsageError("--smooth applies to " + ", ".join(SMOOTHABLE) + "; none of them is selected")

@@ -1,0 +1,258 @@
+"""Attribution pictures and records: heat maps (signed maps on a diverging colormap centred
+on 0, unsigned ones on a sequential one), overlays on the input, a contact sheet of images
+x methods, and the per-map statistics of the report. Pure functions: tensors and dicts in,
+PIL images and dicts out (``render.raster`` and ``render.overlay`` draw).
+
+A map of an image input (C, H, W) is shown as its channel sum (captum's
+``visualize_image_attr`` sign "all"), scaled by the 99.5th percentile of its magnitude
+so that a few extreme pixels do not wash the rest out (the colour bar says the scale, in
+the map's own units). A map of token embeddings (L, D) is shown as one cell per token (the
+sum over D).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from inspect_model.render.table import Column, plain_table, rich_table, warning_text
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from PIL import Image
+
+SIGNED_CMAP = "RdBu_r"  # red: raises the score, blue: lowers it, white: 0
+UNSIGNED_CMAP = "inferno"
+PERCENTILE = 99.5
+
+
+def reduce_map(m: torch.Tensor) -> np.ndarray:
+    """(C, H, W) -> (H, W) channel sum; (L, D) -> (1, L) per-token sum; (F,) -> (1, F)."""
+    import numpy as np
+
+    a = m.detach().double().cpu().numpy()
+    if a.ndim == 3:
+        return a.sum(0)
+    if a.ndim == 2 and a.shape[0] > 1 and a.shape[1] > 1 and a.shape[0] < a.shape[1]:
+        return a.sum(1)[None, :]  # (L, D): a row of tokens
+    if a.ndim >= 2:
+        return a.reshape(a.shape[0], -1).sum(1)[None, :]
+    return a.reshape(1, -1)
+
+
+def scale_of(a: np.ndarray) -> float:
+    """The display scale: the 99.5th percentile of |a| (its maximum when that is 0)."""
+    import numpy as np
+
+    mag = np.abs(a[np.isfinite(a)])
+    if mag.size == 0:
+        return 0.0
+    s = float(np.percentile(mag, PERCENTILE))
+    return s if s > 0 else float(mag.max())
+
+
+def normalised(a: np.ndarray, signed: bool) -> tuple[np.ndarray, float]:
+    """Values in [0, 1] for a colormap, and the scale: signed maps map [-s, s] onto [0, 1]
+    (0 at 0.5, the colormap's centre), unsigned ones [0, s]."""
+    import numpy as np
+
+    s = scale_of(a)
+    if s <= 0:
+        return np.full(a.shape, 0.5 if signed else 0.0, dtype=np.float32), 0.0
+    v = np.clip(a / s, -1.0 if signed else 0.0, 1.0)
+    return ((v + 1.0) / 2.0 if signed else v).astype(np.float32), s
+
+
+def heatmap(m: torch.Tensor, title: str, *, signed: bool, side: int = 224) -> Image.Image:
+    """The bare map, titled, with a colour bar in the map's units."""
+    from PIL import Image
+
+    from inspect_model.render import raster
+
+    a = reduce_map(m)
+    v, s = normalised(a, signed)
+    cmap = SIGNED_CMAP if signed else UNSIGNED_CMAP
+    body = Image.fromarray(raster.colorize(v, cmap), "RGB")
+    h, w = a.shape
+    if h == 1:  # tokens: cells of at least 24 px, a strip 40 px tall
+        cell = max(24, math.ceil(side / max(w, 1)))
+        body = body.resize((w * cell, 40), Image.NEAREST)
+    else:
+        k = max(1, math.ceil(side / max(h, w, 1)))
+        if k > 1:
+            body = body.resize((w * k, h * k), Image.NEAREST)
+    note = raster.constant_note(a)
+    if note:
+        right = raster.message_panel(110, max(body.size[1], 60), "no colour scale: the map is constant")
+    else:
+        label = "attribution (sum over channels)" if a.shape[0] > 1 else "attribution per token"
+        # A token strip is short: the bar is taller than it, so that its label fits.
+        right = raster.colorbar(max(body.size[1], 150 if h == 1 else 60), -s if signed else 0.0, s, cmap, label)
+    return raster.titled(body, title.split("\n"), right=right, note=note)
+
+
+def overlay(image: Image.Image, m: torch.Tensor, box: Sequence[float] | None = None, *,
+            signed: bool) -> Image.Image | None:
+    """The map blended over the original picture (``render.overlay.overlay``); None for
+    maps that are not images."""
+    from inspect_model.render.overlay import overlay as blend
+
+    a = reduce_map(m)
+    if a.shape[0] == 1 or m.dim() != 3:
+        return None
+    v, _ = normalised(a, signed)
+    # Opacity follows the magnitude: no evidence, no colour (a fixed alpha would wash the
+    # whole picture with the colour of 0).
+    opacity = (abs(2.0 * v - 1.0) if signed else v) ** 0.5
+    return blend(image, v, box, cmap=SIGNED_CMAP if signed else UNSIGNED_CMAP, alpha=0.9, opacity=opacity)
+
+
+def sheet_cell(m: torch.Tensor, signed: bool) -> Image.Image:
+    """A contact-sheet thumbnail of one map (kept instead of the map until the page is drawn)."""
+    from PIL import Image
+
+    from inspect_model.render import raster
+    from inspect_model.render.overlay import THUMB, thumbnail
+
+    v, _ = normalised(reduce_map(m), signed)
+    img = Image.fromarray(raster.colorize(v, SIGNED_CMAP if signed else UNSIGNED_CMAP), "RGB")
+    if img.size[1] == 1:  # tokens: a strip
+        return img.resize((THUMB, 24), Image.NEAREST)
+    return thumbnail(img.resize((THUMB, max(1, round(THUMB * img.size[1] / img.size[0]))), Image.NEAREST))
+
+
+def sheet_picture(picture: Image.Image) -> Image.Image:
+    """The input's thumbnail; small inputs are enlarged, pixels kept."""
+    from PIL import Image
+
+    from inspect_model.render.overlay import THUMB, thumbnail
+
+    if max(picture.size) < THUMB:
+        k = THUMB // max(picture.size)
+        picture = picture.resize((picture.size[0] * k, picture.size[1] * k), Image.NEAREST)
+    return thumbnail(picture)
+
+
+def sheet(rows: Sequence[tuple[str, Image.Image | None, Sequence[tuple[Image.Image, str]]]],
+          methods: Sequence[str], title: str = "") -> Image.Image:
+    """A contact sheet: one row per (image, target), the input then one column per method;
+    cells are (thumbnail, caption) from :func:`sheet_cell`."""
+    from inspect_model.render.overlay import SheetCell, contact_sheet
+
+    out_rows = []
+    for label, picture, cells in rows:
+        row: list[SheetCell | None] = [SheetCell(picture, "input") if picture is not None else None]
+        row += [SheetCell(thumb, caption) for thumb, caption in cells]
+        out_rows.append((label, row))
+    return contact_sheet(out_rows, ["input", *methods], title=title)
+
+
+# ------------------------------------------------------------------------- records
+def _num(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    a = abs(v)
+    return "0" if a == 0 else (f"{v:.4g}" if 1e-3 <= a < 1e5 else f"{v:.2e}")
+
+
+def map_record(method: str, stats: dict[str, float], *, signed: bool, smoothed: bool, target: int,
+               label: str | None, score: float, baseline_score: float | None = None,
+               delta: float | None = None) -> dict[str, Any]:
+    """One map's entry in the report: what it is, its statistics, and for integrated
+    gradients f(x), f(baseline) and the completeness gap sum(map) - (f(x) - f(baseline))."""
+    rec: dict[str, Any] = {
+        "method": method, "smoothed": smoothed, "signed": signed,
+        "target": {"class": target, "label": label, "score": score},
+        "positive_mass": stats["positive"], "negative_mass": stats["negative"], "sum": stats["sum"],
+        "abs_mass": stats["abs"], "max_abs": stats["max_abs"], "files": {},
+    }
+    if delta is not None:
+        rec["baseline_score"] = baseline_score
+        rec["completeness_gap"] = delta
+        rec["relative_gap"] = (abs(delta) / abs(score - baseline_score)
+                               if baseline_score is not None and score != baseline_score else None)
+    return rec
+
+
+MAP_COLUMNS = (Column("Image"), Column("Target"), Column("Method"), Column("Positive", "right"),
+               Column("Negative", "right"), Column("Sum", "right"), Column("Gap", "right"))
+
+
+def caption(rec: dict[str, Any]) -> str:
+    """A cell caption: the map's sum, and IG's gap."""
+    text = f"sum {_num(rec['sum'])}"
+    if rec.get("completeness_gap") is not None:
+        text += f" gap {_num(rec['completeness_gap'])}"
+    return text
+
+
+def map_rows(payload: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    for img in payload.get("images", []):
+        for rec in img.get("maps", []):
+            t = rec["target"]
+            tgt = f"{t['class']} {t['label']}" if t.get("label") else str(t["class"])
+            name = rec["method"] + (" (smoothed)" if rec.get("smoothed") else "")
+            rows.append([img.get("image", str(img.get("index"))), tgt, name, _num(rec["positive_mass"]),
+                         _num(rec["negative_mass"]), _num(rec["sum"]), _num(rec.get("completeness_gap"))])
+    return rows
+
+
+def sanity_table(sanity: dict[str, Any]) -> tuple[list[Column], list[list[str]]]:
+    """Per randomisation step, each method's mean Spearman rho with the original maps
+    (magnitudes): near 1 means the maps do not depend on those weights."""
+    methods = list(sanity["steps"][0]["methods"]) if sanity["steps"] else []
+    cols = [Column("Randomised", "right"), Column("Down to")] + [Column(m, "right") for m in methods]
+    rows = [[str(st["randomized"]), st["down_to"]]
+            + [_num(st["methods"][m].get("spearman_abs_mean")) for m in methods] for st in sanity["steps"]]
+    return cols, rows
+
+
+def _tables(payload: dict[str, Any]) -> list[tuple[str, list[Column], list[list[str]]]]:
+    from inspect_model.render import faithfulness as rf
+
+    out = [("", list(MAP_COLUMNS), map_rows(payload))]
+    ev = payload.get("evaluation")
+    if ev is not None and ev.get("average"):
+        cols, rows = rf.average_table(ev)
+        out.append((f"{rf.header(ev)}\naverage over {payload['image_count']} image(s):", cols, rows))
+    san = payload.get("sanity")
+    if san:
+        cols, rows = sanity_table(san)
+        out.append(("sanity (Adebayo et al. 2018): mean Spearman rho of |map| with the original, top layers "
+                    "randomised", cols, rows))
+    return out
+
+
+def _title(payload: dict[str, Any]) -> str:
+    where = (f"the output of embedding layer '{payload['embedding_layer']}'" if payload.get("embedding_layer")
+             else "the input")
+    return f"Attributions: {', '.join(payload.get('methods', []))} (to {where})"
+
+
+def render_text(payload: dict[str, Any]) -> str:
+    lines = [_title(payload)]
+    for title, cols, rows in _tables(payload):
+        lines += ([title] if title else []) + [plain_table(cols, rows)]
+    sheets = payload.get("contact_sheets") or []
+    if sheets:
+        lines.append("contact sheets: " + ", ".join(sheets))
+    lines.extend(warning_text(payload))
+    return "\n".join(lines)
+
+
+def render_rich(payload: dict[str, Any]) -> list[Any]:
+    parts: list[Any] = []
+    for i, (title, cols, rows) in enumerate(_tables(payload)):
+        parts.append(rich_table(cols, rows, title=_title(payload) if i == 0 else title))
+    return [*parts, *warning_text(payload)]
+
+
+def render_result(result: Any, rich: bool) -> Any:
+    """The registry's renderer: the report of an ``attributions`` result (text or rich)."""
+    doc = result.to_dict()
+    return render_rich(doc) if rich else render_text(doc) + "\n"

@@ -1,0 +1,139 @@
+"""The files of ``attributions``: per image (``images/NNNN-stem/``)
+``<method>.<class>.heatmap.png`` (the map with a colour bar in its own units; signed maps on a
+diverging colormap centred on 0), ``<method>.<class>.overlay.png`` (on the original picture),
+with ``save_raw`` ``<method>.<class>.npy``, with evaluation ``evaluation_curves.png``; contact
+sheets (rows: image x target, columns: input and methods) at the top as
+``contact_sheet_NNN.png``, pages of :data:`SHEET_ROWS` rows.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from inspect_model.render import attributions as ra
+from inspect_model.render.files import class_tag, image_dir
+from inspect_model.render.sink import Drawer, Sink
+
+SHEET_ROWS = 16  # rows per contact-sheet page: memory stays bounded for any number of images
+RANK_PAGES = 100000  # a rank's pages are numbered from rank * RANK_PAGES, renumbered after a merge
+
+
+class AttributionsDrawer(Drawer):
+    """Draws what :class:`inspect_model.api.attributions.AttributionsSession` records; an
+    item's data is (loaded image or None, model input (C, ...), {method: (K, *sample)})."""
+
+    def __init__(self, *, categories: list[str] | None, preprocess: Any, methods: list[str], save_raw: bool,
+                 overlays: bool, curves: bool) -> None:
+        self.categories, self.preprocess, self.methods = categories, preprocess, methods
+        self.save_raw, self.overlays, self.curves = save_raw, overlays, curves
+        self.page_base = 0
+        self.reset()
+
+    def reset(self) -> None:
+        self.sheet_rows: list[Any] = []  # (label, input thumbnail, [(map thumbnail, caption)])
+        self.sheets: list[str] = []
+
+    def start(self, rank: int) -> None:
+        self.page_base = rank * RANK_PAGES
+
+    def draw(self, item: Any, sink: Sink) -> dict[str, Any]:
+        from inspect_model.render import overlay as ov
+
+        if item.data is None:
+            return item.entry.get("files", {})
+        if sink.out is None:
+            return {}
+        img, x, maps = item.data
+        entry, pre = item.entry, self.preprocess
+        picture, box = None, None
+        if img is not None:
+            picture, box = ov.viewable(img.image, pre.uncrop_box(*img.image.size) if pre is not None else None)
+        elif x.dim() == 3:
+            picture = ov.input_picture(x)
+        seen = None
+        if x.dim() == 3:
+            seen = ra.sheet_picture(ov.input_picture(x, getattr(pre, "mean", None), getattr(pre, "std", None)))
+        base = image_dir(entry["index"], entry["image"])
+        rows: dict[int, list[Any]] = {}
+        for rec in entry["maps"]:
+            k, method, signed = rec["rank"], rec["method"], rec["signed"]
+            m = maps[method][k]
+            stem = f"{base}/{method}.{class_tag(rec['target']['class'], self.categories)}"
+            title = f"{method}{' (smoothed)' if rec['smoothed'] else ''}\n{Path(entry['image']).name}: " \
+                    f"{_label(rec['target'])}, score {rec['target']['score']:.4g}"
+            files = {"heatmap": sink.image(f"{stem}.heatmap.png",
+                                           lambda m=m, t=title, s=signed: ra.heatmap(m, t, signed=s))}
+            if self.overlays and picture is not None and m.dim() == 3:
+                files["overlay"] = sink.image(f"{stem}.overlay.png", lambda m=m, s=signed: ra.overlay(
+                    picture, m, box, signed=s), photo=True)
+            if self.save_raw:
+                files["raw"] = sink.npy(f"{stem}.npy", m.numpy())
+            rec["files"] = {key: v for key, v in files.items() if v is not None}
+            rows.setdefault(k, []).append((ra.sheet_cell(m, signed), ra.caption(rec)))
+        for k in sorted(rows):
+            target = next(r["target"] for r in entry["maps"] if r["rank"] == k)
+            self.sheet_rows.append((f"{Path(entry['image']).name}: {_label(target)}", seen, rows[k]))
+        self._flush_sheet(sink, final=False)
+        return self._curves(entry, sink)
+
+    def _curves(self, entry: dict[str, Any], sink: Sink) -> dict[str, Any]:
+        if not self.curves:
+            return {}
+        from inspect_model.render import faithfulness as rf
+
+        series = rf.image_series(entry)
+        if not series:
+            return {}
+        title = f"[{entry['index']}] {Path(entry['image']).name}: deletion and insertion curves"
+        name = sink.figure(f"{image_dir(entry['index'], entry['image'])}/evaluation_curves.png",
+                           rf.curves_figure(series, title))
+        return {"evaluation_curves": name} if name else {}
+
+    def draw_summary(self, sink: Sink, result: Any) -> None:
+        self._flush_sheet(sink, final=True)
+        result.payload["contact_sheets"] = list(self.sheets)
+        ev = result.payload.get("evaluation")
+        if ev is not None and sink.out is not None and ev["average"]:
+            from inspect_model.render import faithfulness as rf
+
+            n = result.payload["image_count"]
+            fig = rf.curves_figure(rf.average_series(ev), f"deletion and insertion curves, mean over {n} image(s)")
+            name = sink.figure("evaluation_curves.png", fig)
+            ev["plots"] = [name] if name else []
+
+    def flush(self, sink: Sink) -> None:
+        self._flush_sheet(sink, final=True)
+
+    def _flush_sheet(self, sink: Sink, *, final: bool) -> None:
+        if sink.out is None or not self.sheet_rows or (not final and len(self.sheet_rows) < SHEET_ROWS):
+            return
+        while self.sheet_rows and (final or len(self.sheet_rows) >= SHEET_ROWS):
+            rows, self.sheet_rows = self.sheet_rows[:SHEET_ROWS], self.sheet_rows[SHEET_ROWS:]
+            page = self.page_base + len(self.sheets) + 1
+            methods = list(self.methods)
+            name = sink.image(f"contact_sheet_{page:03d}.png", lambda rows=rows, page=page: ra.sheet(
+                rows, methods, title=f"attributions (page {page})"))
+            if name is not None:
+                self.sheets.append(name)
+
+    # ------------------------------------------------------------------ resumable state
+    def state_dict(self) -> dict[str, Any]:
+        return {"sheets": list(self.sheets), "sheet_rows": list(self.sheet_rows)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sheets = [str(s) for s in state["sheets"]]
+        self.sheet_rows = list(state["sheet_rows"])
+
+    def merge(self, states: list[dict[str, Any]]) -> None:
+        self.sheets = [str(p) for st in states for p in st["sheets"]]
+
+    def renames(self) -> dict[str, str]:
+        """Every rank's pages, numbered 1, 2, ... in rank order."""
+        new = {old: f"contact_sheet_{i + 1:03d}.png" for i, old in enumerate(self.sheets)}
+        self.sheets = list(new.values())
+        return new
+
+
+def _label(target: dict[str, Any]) -> str:
+    return f"{target['class']} {target['label']}" if target.get("label") else str(target["class"])
