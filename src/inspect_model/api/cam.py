@@ -31,13 +31,13 @@ SHEET_ROWS = 16  # rows per contact-sheet page: memory stays bounded for any num
 
 
 def check_cam_request(*, methods: list[str] | None, layers: list[str] | None, reshape: str | None, fuse: bool,
-                      scorecam_batch: int, colormap: str, alpha: float, top: int) -> tuple[list[str], Any]:
+                      scorecam_batch: int | None, colormap: str, alpha: float, top: int) -> tuple[list[str], Any]:
     """The cam options that need no model, checked before anything loads."""
     from inspect_model.methods.cam import parse_methods, parse_reshape
 
     if not 0.0 <= alpha <= 1.0:
         raise UsageError(f"--alpha must be between 0 and 1, got {alpha}")
-    if scorecam_batch < 1:
+    if scorecam_batch is not None and scorecam_batch < 1:
         raise UsageError(f"--scorecam-batch must be 1 or more, got {scorecam_batch}")
     if top < 1:
         raise UsageError(f"--top must be 1 or more, got {top}")
@@ -60,7 +60,7 @@ class CamSession(Session):
 
     def __init__(self, prep: Any, mopts: ModelOptions, *, methods: list[str] | None = None,
                  layers: list[str] | None = None, reshape: str | None = None, fuse: bool = False,
-                 target: str = "predicted", output_key: str | None = None, scorecam_batch: int = 32,
+                 target: str = "predicted", output_key: str | None = None, scorecam_batch: int | None = None,
                  colormap: str = "jet", alpha: float = 0.5, top: int = 5, save_raw: bool = False,
                  notes: Any = None, evaluate: bool = False, metrics: list[str] | None = None, boxes: Any = None,
                  eval_steps: int = 32, eval_batch: int = 64, progress: Any = None) -> None:
@@ -109,9 +109,12 @@ class CamSession(Session):
             plan = self.prep.plan
             n_images = len(plan.paths) if plan.paths else int(x.shape[0])
             per = sum(lay.layout.channels for lay in self.cam_layers)
-            runs = sum(-(-lay.layout.channels // self.scorecam_batch) for lay in self.cam_layers) * n_images
+            from inspect_model.methods.cam_passes import scorecam_batch_size
+
+            size = scorecam_batch_size(x, per * n_images, self.scorecam_batch)
+            how = "--scorecam-batch" if self.scorecam_batch else "the memory budget; --scorecam-batch to set"
             self.notes(f"scorecam: {per} masked inputs per image ({n_images} image(s): {per * n_images} in all), "
-                       f"run as {runs} forward passes of up to {self.scorecam_batch} (--scorecam-batch)")
+                       f"in forward passes of up to {size} across images and channels ({how})")
         names = [lay.name for lay in self.cam_layers]
         if self.fuse and len(names) > 1:
             names.append("fused:" + "+".join(names))
@@ -311,7 +314,7 @@ def _draw_map_job(sink: Sink, names: dict[str, Any], picture: Any, arr: Any, box
 
 def cam(model: Any, images: Any = None, *, methods: list[str] | None = None, layers: list[str] | None = None,
         target: str = "predicted", reshape: str | None = None, fuse: bool = False, output_key: str | None = None,
-        scorecam_batch: int = 32, colormap: str = "jet", alpha: float = 0.5, top: int = 5,
+        scorecam_batch: int | None = None, colormap: str = "jet", alpha: float = 0.5, top: int = 5,
         save_raw: bool = False, evaluate: bool = False, metrics: list[str] | None = None, boxes: Any = None,
         eval_steps: int = 32, eval_batch: int = 64,
         model_options: ModelOptions | None = None, inputs: InputOptions | None = None,

@@ -32,7 +32,9 @@ FuseOpt = Annotated[
                        "normalised maps).")
 ]
 ScoreBatchOpt = Annotated[
-    int, typer.Option("--scorecam-batch", help="Masked inputs per forward pass for scorecam.")
+    int | None, typer.Option("--scorecam-batch", help="Masked inputs per forward pass for scorecam (across "
+                             "images and channels). Default: the largest that fits the memory budget (half "
+                             "the free GPU memory, 1 GiB on a CPU).", show_default=False)
 ]
 AlphaOpt = Annotated[float, typer.Option("--alpha", help="Heat-map opacity in overlays, 0..1.")]
 TopOpt = Annotated[int, typer.Option("--top", help="Predicted classes listed per image.")]
@@ -64,7 +66,7 @@ def cam(
     fuse: FuseOpt = False,
     target: c.TargetOpt = "predicted",
     output_key: c.OutputKeyOpt = None,
-    scorecam_batch: ScoreBatchOpt = 32,
+    scorecam_batch: ScoreBatchOpt = None,
     colormap: c.ColormapOpt = "jet",
     alpha: AlphaOpt = 0.5,
     top: TopOpt = 5,
