@@ -61,6 +61,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def pick_device(name: str | None) -> Any:
+    """``name``, else CUDA when ``torch.cuda.is_available()``, else the CPU."""
+    import torch
+
+    return torch.device(name or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
 def machine(device: Any) -> dict[str, Any]:
     import torch
 
@@ -79,11 +86,9 @@ def machine(device: Any) -> dict[str, Any]:
 
 def run(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    import torch
-
     from common import PEERS, Context, Row, Target, have, sizes_for
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = pick_device(args.device)
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     repeats = args.repeats or {"full": 3, "quick": 2, "smoke": 1}[mode]
     ctx = Context(device, mode, repeats, sizes_for(device.type, mode), {p: have(p) for p in PEERS})
