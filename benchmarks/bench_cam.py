@@ -181,7 +181,9 @@ def scorecam_row(ctx):  # type: ignore[no-untyped-def]
                 cam.activations_and_grads.release()
 
         fns["peer"] = peer
-    t = ctx.time(fns, repeats=1 if ctx.mode != "smoke" else None)  # each run is minutes on a CPU
+    # Each run is minutes on a CPU: no warm-up beyond one batch of the floor, one run each.
+    floor_batch()
+    t = ctx.time(fns, repeats=1, warm=False)
     floor_s = t["floor"] * rows_in / 64
     note = f"{rows_in} masked inputs"
     if "r" in peer_maps:

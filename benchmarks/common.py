@@ -102,10 +102,12 @@ class Context:
         elif self.device.type == "mps":
             torch.mps.synchronize()
 
-    def time(self, fns: dict[str, Callable[[], object]], repeats: int | None = None) -> dict[str, float]:
-        """Best-of-``repeats`` seconds per function, interleaved, warm-up excluded (smoke mode
+    def time(self, fns: dict[str, Callable[[], object]], repeats: int | None = None,
+             warm: bool = True) -> dict[str, float]:
+        """Best-of-``repeats`` seconds per function, interleaved, after one warm-up run each
+        (``warm=False``: none, for runs of minutes where lazy start-up is noise; smoke mode
         only checks that everything runs: no warm-up)."""
-        for fn in fns.values() if self.mode != "smoke" else ():
+        for fn in fns.values() if warm and self.mode != "smoke" else ():
             fn()
             self.sync()
         runs: dict[str, list[float]] = {k: [] for k in fns}

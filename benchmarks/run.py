@@ -26,6 +26,7 @@ import importlib
 import json
 import os
 import platform
+import resource
 import sys
 import time
 import traceback
@@ -94,7 +95,7 @@ def run(argv: list[str] | None = None) -> int:
     ctx = Context(device, mode, repeats, sizes_for(device.type, mode), {p: have(p) for p in PEERS})
     wanted = {w.strip() for w in args.only.split(",") if w.strip()}
     load0 = os.getloadavg()
-    start = time.perf_counter()
+    start, cpu0 = time.perf_counter(), time.process_time()
     rows: list[Row] = []
     errors = 0
     for name in BENCHES:
@@ -111,7 +112,10 @@ def run(argv: list[str] | None = None) -> int:
                             float("nan"), None, Target("info", text="ran")))
             rows[-1].result = False
     elapsed = time.perf_counter() - start
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_s = time.process_time() - cpu0 + kids.ru_utime + kids.ru_stime
     meta = machine(device) | {"mode": mode, "repeats": repeats, "seconds": round(elapsed, 1),
+                              "cpu_seconds": round(cpu_s, 1),
                               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                               "load_average": [round(v, 1) for v in (load0[0], os.getloadavg()[0])],
                               "peers": {p: ok for p, ok in ctx.peers.items()}}
@@ -162,7 +166,8 @@ def render(rows: list[Any], meta: dict[str, Any], *, markdown: bool) -> str:
     missing = [p for p, ok in meta["peers"].items() if not ok]
     where = (f"Measured {meta['date']} on {meta['device']}" + (f" ({meta['gpu']})" if "gpu" in meta else "")
              + f", {meta['cpu']}, {meta['cores']} cores, torch {meta['torch']} ({meta['threads']} threads), "
-             f"{meta['mode']} mode, best of {meta['repeats']} interleaved runs, {meta['seconds']:.0f} s in all; "
+             f"{meta['mode']} mode, best of {meta['repeats']} interleaved runs, {meta['seconds']:.0f} s in all "
+             f"({meta.get('cpu_seconds', 0):.0f} s of CPU time); "
              f"load average {meta['load_average'][0]} at the start, {meta['load_average'][1]} at the end"
              + (f"; peers not installed (columns empty): {', '.join(missing)}" if missing else "") + ".")
     if markdown:

@@ -50,7 +50,7 @@ def test_targets_and_peer_columns() -> None:
     assert b.result is True and b.peer_ratio == 6.0  # 3x the peer's speed
     assert c.result is None  # no peer installed: nothing to compare, not a failure
     meta = {"peers": {"p": True}, "date": "d", "device": "cpu", "cpu": "x", "cores": 2, "torch": "t",
-            "threads": 2, "mode": "quick", "repeats": 2, "seconds": 1.0, "load_average": [1.0, 1.0]}
+            "threads": 2, "mode": "quick", "repeats": 2, "seconds": 1.0, "cpu_seconds": 1.0, "load_average": [1.0, 1.0]}
     text = run.render(rows(), meta, markdown=False)
     assert "peer ratio" in text.splitlines()[0] and "3.00x p" in text
     meta["peers"] = {"p": False}
