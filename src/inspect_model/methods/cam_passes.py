@@ -206,7 +206,9 @@ def scorecam(model: nn.Module, x: torch.Tensor, A: torch.Tensor, classes: torch.
 
 SCORECAM_MAX_BATCH = 256
 CPU_BUDGET = 1 << 30  # bytes of masked inputs and their activations in flight on a CPU
-PER_INPUT = 24  # a no-grad CNN forward holds ~24x its input's bytes per sample (resnet50 at 224 px: ~20x)
+# Bytes per masked input, in units of one input's bytes: a no-grad forward of resnet50 at 224 px
+# peaks at 17x (torch's allocator; resnet18 11x), plus the masked input and its mask; headroom.
+PER_INPUT = 24
 
 
 def scorecam_batch_size(x: torch.Tensor, rows: int, requested: int | None) -> int:
