@@ -50,7 +50,7 @@ BENCHES = [
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="small sizes: under 3 minutes on a 2-core CPU")
