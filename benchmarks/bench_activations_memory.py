@@ -166,5 +166,67 @@ def main() -> int:
     return 0 if ok else 1
 
 
+TITLE = "activations"
+
+
+def measure(ctx):  # type: ignore[no-untyped-def]
+    """Statistics of every leaf layer against a plain no-grad forward: time (issue 16: the
+    throughput at least 0.8x the floor's, i.e. <= 1.25x its time) and peak memory (issue 4:
+    <= 1.3x; process RSS on a CPU, the allocator's peak on CUDA; resnet152 in full mode)."""
+    import torch
+
+    from common import Row, Target
+    from inspect_model.engine.selection import select_layers
+    from inspect_model.methods.activations import ActivationCapture
+
+    rows = []
+    for name in ctx.sizes.models:
+        model = ctx.model(name)
+        x = ctx.images(ctx.sizes.batch, 224 if name.startswith("vit") else None)
+        cap = ActivationCapture(model, select_layers(model))
+
+        def plain(model=model, x=x) -> None:  # type: ignore[no-untyped-def]
+            with torch.no_grad():
+                model(x)
+
+        def hooked(cap=cap, x=x) -> None:  # type: ignore[no-untyped-def]
+            with cap:
+                cap.run(x)
+
+        t = ctx.time({"floor": plain, "ours": hooked})
+        rows.append(Row("activations", f"activations statistics, every leaf, {name} batch {x.shape[0]}", t["ours"],
+                        t["floor"], Target("ratio", 1.25, "<= 1.25x floor (0.8x img/s)"), floor_what="no-grad forward"))
+    name = "resnet152" if ctx.mode == "full" else ctx.sizes.cnn
+    model = ctx.model(name)
+    x = ctx.images(2 if ctx.mode == "full" else ctx.sizes.batch)
+    cap = ActivationCapture(model, select_layers(model))
+
+    def plain_m() -> None:
+        with torch.no_grad():
+            model(x)
+
+    def hooked_m() -> None:
+        with cap:
+            cap.run(x)
+
+    peaks = {}
+    for label, fn in (("floor", plain_m), ("ours", hooked_m)):
+        fn()
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(ctx.device)
+            fn()
+            torch.cuda.synchronize()
+            peaks[label] = torch.cuda.max_memory_allocated(ctx.device) / 2**20
+        elif _reset_peak():
+            peaks[label] = min(rss_peak(fn)[0] for _ in range(ctx.repeats)) / 2**20
+    if peaks:
+        what = "CUDA allocator peak" if ctx.device.type == "cuda" else "process peak RSS"
+        rows.append(Row("memory", f"activations statistics, every leaf, {name} batch {x.shape[0]}: {what}",
+                        peaks["ours"], peaks["floor"], Target("ratio", 1.3, "<= 1.3x floor"), unit="MiB",
+                        floor_what="no-grad forward"))
+    return rows
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -89,5 +89,112 @@ def main() -> None:
         print(f"throughput vs pytorch-grad-cam: {speedup:5.2f}x   (target >= 2.5x: {'PASS' if speedup >= 2.5 else 'FAIL'})")
 
 
+TITLE = "cam"
+
+
+def measure(ctx):  # type: ignore[no-untyped-def]
+    """Grad-CAM against one forward (peer: pytorch-grad-cam's GradCAM; issue 7: >= 2.5x its
+    throughput), `--method all` against Grad-CAM alone (<= 1.2x), and Score-CAM against
+    pytorch-grad-cam's ScoreCAM at the same settings (issue 30: >= 1.3x faster)."""
+    import torch
+
+    from common import Row, Target
+    from inspect_model.methods.cam import compute_cams
+
+    rows = []
+    for name in ctx.sizes.models:
+        vit = name.startswith("vit")
+        model = ctx.model(name)
+        x = ctx.images(ctx.sizes.batch, 224 if vit else None)
+        layer = "encoder.layers.encoder_layer_11.ln_1" if vit else "layer4"
+
+        def floor(model=model, x=x) -> None:  # type: ignore[no-untyped-def]
+            with torch.no_grad():
+                model(x)
+
+        def ours(methods, model=model, x=x, layer=layer):  # type: ignore[no-untyped-def]
+            return lambda: compute_cams(model, x, layers=[layer], methods=methods)
+
+        fns = {"floor": floor, "ours": ours(["gradcam"]), "all": ours(["all"])}
+        peer = None
+        if ctx.peers["pytorch-grad-cam"] and not vit:
+            from pytorch_grad_cam import GradCAM
+
+            peer = GradCAM(model=model, target_layers=[dict(model.named_modules())[layer]])
+            fns["peer"] = lambda peer=peer, x=x: peer(input_tensor=x, targets=None)
+        try:
+            t = ctx.time(fns)
+        finally:
+            if peer is not None:
+                peer.activations_and_grads.release()  # its hooks stay on the model otherwise
+        rows.append(Row("cam", f"cam gradcam {name} batch {x.shape[0]}", t["ours"], t["floor"],
+                        Target("speedup", 2.5, ">= 2.5x pytorch-grad-cam"), peer=t.get("peer"),
+                        peer_name="pytorch-grad-cam", floor_what="no-grad forward"))
+        rows.append(Row("cam", f"cam --method all (6 methods) {name}", t["all"], t["ours"],
+                        Target("ratio", 1.2, "<= 1.2x Grad-CAM alone"), floor_what="Grad-CAM alone"))
+    rows.append(scorecam_row(ctx))
+    return rows
+
+
+def scorecam_row(ctx):  # type: ignore[no-untyped-def]
+    """Score-CAM on ctx.sizes.scorecam. Floor: plain no-grad forwards of as many inputs as
+    there are masked inputs (one batch of 64 timed, scaled). The peer runs its own default
+    (16 masked inputs per pass, one image at a time), its progress bar silenced."""
+    import contextlib
+    import io
+
+    import torch
+
+    from common import Row, Target
+    from inspect_model.methods.cam import compute_cams
+
+    name, batch, size = ctx.sizes.scorecam
+    model = ctx.model(name)
+    x = ctx.images(batch, size)
+    channels = model.fc.in_features  # a torchvision ResNet: layer4's channels
+    rows_in = batch * channels
+    probe = ctx.images(64, size, seed=1)
+
+    def floor_batch() -> None:
+        with torch.no_grad():
+            model(probe)
+
+    ours_maps: dict[str, object] = {}
+
+    def ours() -> None:
+        ours_maps["r"] = compute_cams(model, x, layers=["layer4"], methods=["scorecam"])
+
+    fns = {"floor": floor_batch, "ours": ours}
+    peer_maps: dict[str, object] = {}
+    if ctx.peers["pytorch-grad-cam"]:
+        from pytorch_grad_cam import ScoreCAM
+        from pytorch_grad_cam.utils.model_targets import ClassifierOutputTarget
+
+        def peer() -> None:
+            with torch.no_grad():
+                cls = model(x).argmax(1).tolist()
+            cam = ScoreCAM(model=model, target_layers=[model.layer4])
+            try:
+                with contextlib.redirect_stderr(io.StringIO()):
+                    peer_maps["r"] = cam(input_tensor=x, targets=[ClassifierOutputTarget(c) for c in cls])
+            finally:
+                cam.activations_and_grads.release()
+
+        fns["peer"] = peer
+    # Each run is minutes on a CPU: no warm-up beyond one batch of the floor, one run each.
+    floor_batch()
+    t = ctx.time(fns, repeats=1, warm=False)
+    floor_s = t["floor"] * rows_in / 64
+    note = f"{rows_in} masked inputs"
+    if "r" in peer_maps:
+        ours_m = torch.stack([m.map for m in sorted(ours_maps["r"].maps, key=lambda m: m.sample)]).reshape(batch, -1).cpu().float()  # type: ignore[attr-defined]
+        theirs = torch.as_tensor(peer_maps["r"]).reshape(batch, -1).float()
+        corr = torch.stack([torch.corrcoef(torch.stack([a, b]))[0, 1] for a, b in zip(ours_m, theirs)])
+        note += f"; map correlation with the peer's {float(corr.min()):.3f}-{float(corr.max()):.3f}"
+    return Row("cam", f"Score-CAM {name} batch {batch} ({size} px, layer4)", t["ours"], floor_s,
+               Target("speedup", 1.3, ">= 1.3x pytorch-grad-cam"), peer=t.get("peer"), peer_name="pytorch-grad-cam",
+               floor_what="no-grad forwards of the masked inputs", note=note)
+
+
 if __name__ == "__main__":
     main()

@@ -107,5 +107,35 @@ def main() -> int:
     return 0 if ok else 1
 
 
+TITLE = "dataset"
+
+
+def measure(ctx):  # type: ignore[no-untyped-def]
+    """Seconds per image of `activations` (statistics) and `cam --json` over a folder of
+    JPEGs, against decode + preprocess + plain forward of the same images (issue 16: the
+    throughput at least 0.8x the floor's, i.e. <= 1.25x its time), at --workers 0 and 2."""
+    from common import Row, Target
+
+    rows = []
+    dev = str(ctx.device)
+    with tempfile.TemporaryDirectory(prefix="bench-dataset-") as tmp:
+        folder = Path(tmp)
+        make_images(folder, ctx.sizes.images, ctx.sizes.size)
+        batch = min(32, ctx.sizes.images)
+        for workers in (0, 2):
+            best = {"floor": 0.0, "activations": 0.0, "cam": 0.0}
+            for _ in range(ctx.repeats):
+                best["floor"] = max(best["floor"], floor(ctx.sizes.cnn, folder, workers, batch, ctx.sizes.size, dev))
+                for name in ("activations", "cam"):
+                    ips = command(name, ctx.sizes.cnn, folder, workers, batch, ctx.sizes.size, dev)
+                    best[name] = max(best[name], ips)
+            for name in ("activations", "cam"):
+                rows.append(Row("dataset", f"{name}{' --json' if name == 'cam' else ''} --workers {workers}, "
+                                f"{ctx.sizes.images} images {ctx.sizes.size} px", 1 / best[name], 1 / best["floor"],
+                                Target("ratio", 1.25, "<= 1.25x floor (0.8x img/s)"), unit="s/img",
+                                floor_what="decode + no-grad forward"))
+    return rows
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -159,5 +159,71 @@ def main() -> None:
     road_vs_grad_cam(model, x, args)
 
 
+TITLE = "faithfulness"
+
+
+def measure(ctx):  # type: ignore[no-untyped-def]
+    """ROAD's imputation of 18 masks (MoRF + LeRF, 10..90 %) of one image against
+    pytorch-grad-cam's NoisyLinearImputer on the same masks (issue 30: >= 3x faster, images
+    within 1e-3; floor: the forward pass of the 18 imputed images), and `cam --evaluate`
+    with every metric against the Grad-CAM run it judges (issue 30: <= 10x)."""
+    import torch
+
+    from common import Row, Target
+    from inspect_model.api.cam import cam
+    from inspect_model.methods import faithfulness as fa
+    from inspect_model.methods.cam import gradcam
+
+    size = 224 if ctx.mode == "full" or ctx.device.type != "cpu" else (112 if ctx.mode == "quick" else 64)
+    model = ctx.model(ctx.sizes.cnn)
+    x = ctx.images(1, size)
+    with torch.no_grad():
+        cls = int(model(x).argmax(1)[0])
+    sal = gradcam(model, x, "layer4", [cls])[0, 0].cpu()
+    sal = sal + 1e-6 * torch.rand(sal.shape, generator=torch.Generator().manual_seed(0))  # no ties
+    order = fa.pixel_order(sal)
+    masks = torch.cat([fa.road_masks(order, (size, size), fa.ROAD_FRACTIONS, first) for first in (True, False)])
+    xi = x[0]
+    out: dict[str, torch.Tensor] = {}
+
+    def ours() -> None:
+        out["ours"] = fa.impute(xi, masks.to(ctx.device))
+
+    def floor() -> None:
+        with torch.no_grad():
+            model(out["ours"])
+
+    fns = {"ours": ours, "floor": floor}
+    if ctx.peers["pytorch-grad-cam"]:
+        from pytorch_grad_cam.metrics.road import NoisyLinearImputer
+
+        imp = NoisyLinearImputer(noise=0.0)
+        xc = xi.cpu().float()
+
+        def peer() -> None:
+            out["peer"] = torch.stack([imp(xc, (~m).float()) for m in masks])
+
+        fns["peer"] = peer
+    t = ctx.time(fns, repeats=1 if ctx.mode == "full" else None)
+    note = f"{len(masks)} masks"
+    if "peer" in out:
+        note += f"; largest difference to the peer {float((out['ours'].cpu() - out['peer']).abs().max()):.1e}"
+    rows = [Row("faithfulness", f"ROAD imputation, 18 masks of {size}x{size}", t["ours"], t["floor"],
+                Target("speedup", 3.0, ">= 3x pytorch-grad-cam"), peer=t.get("peer"), peer_name="pytorch-grad-cam",
+                floor_what="forward of the 18 imputed images", note=note)]
+    xs = ctx.images(2, size)
+    steps = 32 if ctx.mode != "smoke" else 8
+
+    def run(metrics):  # type: ignore[no-untyped-def]
+        return lambda: cam(model, xs, methods=["gradcam"], layers=["layer4"], evaluate=metrics is not None,
+                           metrics=metrics, eval_steps=steps)
+
+    t = ctx.time({"floor": run(None), "ours": run(["all"])}, repeats=1 if ctx.mode == "full" else None)
+    rows.append(Row("faithfulness", f"cam --evaluate (all metrics, {steps} steps), {ctx.sizes.cnn} 2 images "
+                    f"{size} px", t["ours"], t["floor"], Target("ratio", 10.0, "<= 10x the maps"),
+                    floor_what="cam gradcam (the maps judged)"))
+    return rows
+
+
 if __name__ == "__main__":
     main()

@@ -63,5 +63,34 @@ def main() -> None:
         print(f"{name:12s} floor {f * 1000:8.1f} ms   ours {o * 1000:8.1f} ms   ratio {o / f:5.2f}x")
 
 
+TITLE = "grads"
+
+
+def measure(ctx):  # type: ignore[no-untyped-def]
+    """`grads` (every leaf hooked, statistics, parameter statistics) against one forward and
+    one backward with weight gradients, per model."""
+    import torch
+
+    from common import Row, Target
+    from inspect_model.methods.gradients import gradients
+
+    rows = []
+    for name in ctx.sizes.models:
+        model = ctx.model(name)
+        x = ctx.images(ctx.sizes.batch, 224 if name.startswith("vit") else None)
+
+        def floor() -> None:
+            y = model(x.clone().requires_grad_(True))
+            seed = torch.zeros_like(y)
+            seed[torch.arange(y.shape[0]), y.argmax(1)] = 1.0
+            y.backward(seed)
+            model.zero_grad(set_to_none=True)
+
+        t = ctx.time({"floor": floor, "ours": lambda: gradients(model, x)})
+        rows.append(Row("grads", f"grads {name} batch {x.shape[0]}", t["ours"], t["floor"],
+                        Target("info", text="(none set)"), floor_what="forward + backward"))
+    return rows
+
+
 if __name__ == "__main__":
     main()

@@ -112,5 +112,56 @@ def bench_model(name: str, args: argparse.Namespace, dev: Any, GuidedBackprop: A
         print(f"{'':10s} max |ours - captum| / max |captum| = {rel:.2e}")
 
 
+TITLE = "guided-backprop"
+
+
+def measure(ctx):  # type: ignore[no-untyped-def]
+    """Guided backprop against one forward + backward to the input (parameters frozen), and
+    captum's GuidedBackprop as the peer (issue 6: <= 1.1x the floor, no slower than captum)."""
+    import torch
+
+    from common import Row, Target
+    from inspect_model.methods.guided import guided_backprop
+
+    rows = []
+    for name in ctx.sizes.models:
+        model = ctx.model(name)
+        x = ctx.images(ctx.sizes.batch, 224 if name.startswith("vit") else None)
+        targets = [[i * 7 % 1000] for i in range(x.shape[0])]
+        flat = [t[0] for t in targets]
+
+        def floor() -> None:
+            req = [p.requires_grad for p in model.parameters()]
+            for p in model.parameters():
+                p.requires_grad_(False)
+            try:
+                leaf = x.detach().requires_grad_(True)
+                out = model(leaf.clone())
+                onehot = torch.zeros_like(out)
+                onehot[torch.arange(x.shape[0]), flat] = 1.0
+                torch.autograd.grad(out, leaf, grad_outputs=onehot)
+            finally:
+                for p, r in zip(model.parameters(), req):
+                    p.requires_grad_(r)
+
+        fns = {"floor": floor, "ours": lambda: guided_backprop(model, x, targets)}
+        if ctx.peers["captum"] and not name.startswith("vit"):
+            from captum.attr import GuidedBackprop
+
+            gbp = GuidedBackprop(model)
+
+            def peer() -> None:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    gbp.attribute(x.clone(), target=flat)
+
+            fns["peer"] = peer
+        t = ctx.time(fns)
+        rows.append(Row("guided-backprop", f"guided-backprop {name} batch {x.shape[0]}", t["ours"], t["floor"],
+                        Target("ratio", 1.1, "<= 1.1x floor"), peer=t.get("peer"), peer_name="captum",
+                        floor_what="forward + backward to input"))
+    return rows
+
+
 if __name__ == "__main__":
     main()

@@ -77,7 +77,7 @@ def build(name: str):  # type: ignore[no-untyped-def]
     return getattr(torchvision.models, name)(weights=None).eval()
 
 
-def measure(label: str, fn, runs: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def rss_growth(label: str, fn, runs: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
     gc.collect()
     start = rss_mb()
     base = None
@@ -128,7 +128,7 @@ def main() -> None:
 
     results = {}
     for label, fn in (("cam (5 gradient methods)", cam_once), ("grads (with histograms)", grads_once)):
-        results[label] = measure(label, fn, args.runs)
+        results[label] = rss_growth(label, fn, args.runs)
         left = lingering(model)
         print(f"{'':<26} after: {left['graphs']} tensors with a grad_fn, {left['grad_tensors']} non-parameter "
               f"tensors requiring grad, {left['hooks'] - hooks_before} hooks left, {left['engines']} HookEngines alive")
@@ -138,6 +138,35 @@ def main() -> None:
     worst = max(r["per_run_kb"] for r in results.values())
     print(f"worst growth per run after the first 10: {worst:+.2f} KiB "
           f"({'within noise' if worst < 64 else 'GROWS: look for a leak'}; noise here is about +-64 KiB/run)")
+
+
+TITLE = "leaks"
+
+
+def measure(ctx):  # type: ignore[no-untyped-def]
+    """Memory after many `cam` runs in one process against memory after the first 10
+    (flat: <= 1.05x). RSS on a CPU, allocated bytes on CUDA."""
+    import torch
+
+    from common import Row, Target
+    from inspect_model.methods.cam import compute_cams
+
+    runs = {"full": 200, "quick": 30, "smoke": 11}[ctx.mode]
+    model = ctx.model(ctx.sizes.cnn)
+    x = ctx.images(2, 64)
+
+    def used() -> float:
+        gc.collect()
+        return torch.cuda.memory_allocated() / 2**20 if ctx.device.type == "cuda" else rss_mb()
+
+    base = 0.0
+    for i in range(runs):
+        compute_cams(model, x, methods=["gradients"], target="top:2")
+        if i == 9:
+            base = used()
+    end = used()
+    return [Row("memory", f"cam (5 gradient methods) x {runs} runs: memory after the last / after run 10",
+                end, base, Target("ratio", 1.05, "<= 1.05x (flat)"), unit="MiB", floor_what="after 10 runs")]
 
 
 if __name__ == "__main__":

@@ -194,5 +194,59 @@ def main() -> int:
     return 1 if failed else 0
 
 
+TITLE = "pictures"
+
+
+def measure(ctx):  # type: ignore[no-untyped-def]
+    """`cam -o` (overlays, heat maps, contact sheets, report.html) against `cam --json`
+    (issue 15: <= 1.3x), and one activation grid PNG against make_grid + save_image (<= 1.0x)."""
+    import torch
+    from torchvision.utils import make_grid, save_image
+
+    import inspect_model as im
+    from common import Row, Target
+    from inspect_model.api.options import InputOptions, ModelOptions
+    from inspect_model.loading.models import load_model
+    from inspect_model.render.files import png_bytes
+    from inspect_model.render.grids import render_activation
+
+    rows = []
+    n = {"full": 64, "quick": 8, "smoke": 2}[ctx.mode]
+    tmp = Path(tempfile.mkdtemp(prefix="bench-pictures-"))
+    try:
+        paths = make_images(tmp, n)
+        loaded = load_model(ctx.sizes.cnn, weights=None, device=str(ctx.device))
+        mopts = ModelOptions(loaded, weights=None, device=str(ctx.device))
+        inputs = InputOptions(paths, batch_size=min(16, n))
+        count = {"n": 0}
+
+        def out_dir() -> Path:
+            count["n"] += 1
+            return tmp / f"out{count['n']}"
+
+        t = ctx.time({"floor": lambda: im.cam(loaded, model_options=mopts, inputs=inputs, keep=False).to_dict(),
+                      "ours": lambda: im.cam(loaded, model_options=mopts, inputs=inputs, output_dir=out_dir())})
+        rows.append(Row("pictures", f"cam -o, {n} images 451x300", t["ours"], t["floor"],
+                        Target("ratio", 1.3, "<= 1.3x cam --json"), floor_what="cam --json"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    x = torch.randn(64, 56, 56)
+    a = x.numpy()
+
+    def ours() -> bytes:
+        img, _ = render_activation(a, 0, title="layer1.0.conv1 (Conv2d) - img0000.jpg")
+        return png_bytes(img)
+
+    def tv() -> bytes:
+        buf = io.BytesIO()
+        save_image(make_grid(x[:, None], nrow=8, normalize=True), buf, format="png")
+        return buf.getvalue()
+
+    t = ctx.time({"floor": tv, "ours": ours}, repeats=max(3, ctx.repeats * 3))
+    rows.append(Row("pictures", "activation grid PNG (64 channels 56x56)", t["ours"], t["floor"],
+                    Target("ratio", 1.0, "<= 1.0x torchvision"), floor_what="make_grid + save_image"))
+    return rows
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -106,5 +106,41 @@ def main() -> None:
     print(f"--help: {median(helps):.3f} s; summary --help: {median(sub):.3f} s (target < 0.3 s)")
 
 
+TITLE = "summary"
+
+
+def measure(ctx):  # type: ignore[no-untyped-def]
+    """summary of a model against torchinfo on the same model (issue 2: >= 20x, on vit_h_14);
+    `--help` wall time. Floor: one plain forward at batch 1 (what torchinfo runs)."""
+    import torch
+
+    import inspect_model as im
+    from common import Row, Target
+
+    name = "vit_h_14" if ctx.mode == "full" else ctx.sizes.cnn
+    size = 224 if name.startswith("vit") else ctx.sizes.size
+    model = ctx.model(name)
+    x = ctx.images(1, size)
+
+    def floor() -> None:
+        with torch.no_grad():
+            model(x)
+
+    fns = {"floor": floor, "ours": lambda: im.summary(model, input_size=[[3, size, size]])}
+    if ctx.peers["torchinfo"]:
+        import torchinfo
+
+        fns["peer"] = lambda: torchinfo.summary(model, input_size=(1, 3, size, size), verbose=0, device=ctx.device)
+    t = ctx.time(fns, repeats=1 if name.startswith("vit") else None)
+    rows = [Row("summary", f"summary {name} ({size} px)", t["ours"], t["floor"],
+                Target("speedup", 20, ">= 20x torchinfo"), peer=t.get("peer"), peer_name="torchinfo",
+                floor_what="forward, batch 1")]
+    helps = [wall([BIN, "--help"]) for _ in range(ctx.repeats)]
+    bare = [wall([PY, "-c", "pass"]) for _ in range(ctx.repeats)]
+    rows.append(Row("summary", "inspect-model --help (wall)", min(helps), min(bare), Target("max", 0.3, "<= 0.3 s"),
+                    floor_what="python -c pass"))
+    return rows
+
+
 if __name__ == "__main__":
     main()

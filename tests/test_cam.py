@@ -119,7 +119,7 @@ def test_eigencam_and_scorecam_equal_their_definitions() -> None:
                        scorecam_batch=3)
     A, _ = pieces(model, x, [1, 3])
     maps = by_key(res)
-    assert res.passes["scorecam_forward"] == 2 * 3  # 8 channels in batches of 3, per image
+    assert res.passes["scorecam_forward"] == 6  # 2 images x 8 channels in batches of 3, across images
     for n, cls in enumerate([1, 3]):
         # Eigen-CAM: first principal component of the (hw, C) activation matrix.
         X = A[n].reshape(A.shape[1], -1).T

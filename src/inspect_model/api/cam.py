@@ -47,7 +47,9 @@ class CamRequest(Request):
     target: str | tuple[str, ...] | None = option("predicted", "--target", "-t", type=str, help=TARGET_HELP,
                                                   complete="target")
     output_key: str | None = option(None, "--output-key", type=str, help=OUTPUT_KEY_HELP)
-    scorecam_batch: int = option(32, "--scorecam-batch", help="Masked inputs per forward pass for scorecam.")
+    scorecam_batch: int | None = option(None, "--scorecam-batch", type=int, help="Masked inputs per forward pass "
+                                        "for scorecam (across images and channels). Default: the largest that fits "
+                                        "the memory budget (half the free GPU memory, 1 GiB on a CPU).")
     colormap: str = option("jet", "--colormap", "--cmap", help=COLORMAP_HELP, complete="colormap")
     alpha: float = option(0.5, "--alpha", help="Heat-map opacity in overlays, 0..1.")
     top: int = option(5, "--top", help="Predicted classes listed per image.")
@@ -142,9 +144,12 @@ class CamSession(Session):
             plan = self.prep.plan
             n_images = len(plan.paths) if plan.paths else int(x.shape[0])
             per = sum(lay.layout.channels for lay in self.cam_layers)
-            runs = sum(-(-lay.layout.channels // self.scorecam_batch) for lay in self.cam_layers) * n_images
+            from inspect_model.methods.cam_passes import scorecam_batch_size
+
+            size = scorecam_batch_size(x, per * n_images, self.scorecam_batch)
+            how = "--scorecam-batch" if self.scorecam_batch else "the memory budget; --scorecam-batch to set"
             self.notes(f"scorecam: {per} masked inputs per image ({n_images} image(s): {per * n_images} in all), "
-                       f"run as {runs} forward passes of up to {self.scorecam_batch} (--scorecam-batch)")
+                       f"in forward passes of up to {size} across images and channels ({how})")
         names = [lay.name for lay in self.cam_layers]
         if self.fuse and len(names) > 1:
             names.append("fused:" + "+".join(names))
@@ -159,7 +164,8 @@ class CamSession(Session):
 
         start = self.index_base + len(self.entries)
         res = compute_cams(self.prep.loaded.model, batch.tensor, layers=self.cam_layers, methods=self.method_items,
-                           target=for_batch(self.spec, start, int(batch.tensor.shape[0])), output_key=self.output_key, scorecam_batch=self.scorecam_batch,
+                           target=for_batch(self.spec, start, int(batch.tensor.shape[0])),
+                           output_key=self.output_key, scorecam_batch=self.scorecam_batch,
                            fuse=self.fuse, progress=self.progress)
         for key in self.passes:
             self.passes[key] += res.passes[key]

@@ -147,7 +147,7 @@ def compute_cams(
     target: str | TargetSpec | Sequence[int] | Sequence[Sequence[int]] = "predicted",
     output_key: str | None = None,
     reshape: tuple[int, int] | None = None,
-    scorecam_batch: int = 32,
+    scorecam_batch: int | None = None,
     fuse: bool = False,
     progress: Any = None,
 ) -> CamResult:
@@ -162,7 +162,7 @@ def compute_cams(
     optional_cam = cam_is_optional(list(methods))
     methods = parse_methods(list(methods))
     notes: list[str] = []
-    if scorecam_batch < 1:
+    if scorecam_batch is not None and scorecam_batch < 1:
         raise UsageError(f"--scorecam-batch must be 1 or more, got {scorecam_batch}")
     x = x.detach()
     hw = (int(x.shape[-2]), int(x.shape[-1]))

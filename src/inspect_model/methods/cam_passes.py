@@ -170,29 +170,65 @@ def check_cam(model: nn.Module, fc: str | None, layer: str, A: torch.Tensor, cap
 
 
 def scorecam(model: nn.Module, x: torch.Tensor, A: torch.Tensor, classes: torch.Tensor,
-              output_key: str | None, batch: int, progress: Any = None) -> tuple[torch.Tensor, int]:
+             output_key: str | None, batch: int | None, progress: Any = None) -> tuple[torch.Tensor, int]:
     """Score-CAM's channel weights (N, K, C), the target's softmax probability on each
-    masked input, and the number of masked forward passes run. ``progress(done, total,
-    label)`` is called after each pass (a bar on the CLI: these passes are the long part)."""
+    masked input, and the number of masked forward passes run. The N x C masked inputs are
+    one queue, cut into passes of ``batch`` (default :func:`scorecam_batch_size`) across
+    images as well as channels, run on an inference copy of the model
+    (:mod:`.inference_copy`). ``progress(done, total, label)`` is called after each pass (a
+    bar on the CLI: these passes are the long part)."""
     import torch
 
     from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
+    from inspect_model.methods.inference_copy import InferenceRunner
 
     n, c = A.shape[0], A.shape[1]
     hw = (x.shape[-2], x.shape[-1])
+    rows = n * c
+    batch = scorecam_batch_size(x, rows, batch)
     weights = torch.empty(n, classes.shape[1], c, dtype=torch.float32, device=A.device)
-    passes = 0
-    total = n * -(-c // batch)
+    total = -(-rows // batch)
     # No hooks: the engine only puts the model in eval mode without grad, and restores it.
     with HookEngine(model, [], CaptureOptions(outputs=False, grad_enabled=False)) as eng:
-        for i in range(n):
-            for c0 in range(0, c, batch):
-                masks = cm.scorecam_masks(A[i, c0:c0 + batch], hw).to(x.dtype)  # (B, H, W)
-                masked = x[i:i + 1] * masks[:, None]  # (B, Cin, H, W)
-                out = run_forward(eng, lambda m=masked: model(m))
-                probs = scores_of(out, output_key).float().softmax(dim=1)  # (B, classes)
-                weights[i, :, c0:c0 + batch] = probs[:, classes[i]].T
-                passes += 1
-                if progress is not None:
-                    progress(passes, total, "scorecam: masked forward passes")
-    return weights, passes
+        runner = InferenceRunner(model, lambda m: run_forward(eng, lambda: model(m)),
+                                 lambda out: scores_of(out, output_key), total)
+        for passes, start in enumerate(range(0, rows, batch), 1):
+            idx = torch.arange(start, min(start + batch, rows), device=A.device)
+            img, ch = idx // c, idx % c
+            masks = cm.scorecam_masks(A[img, ch], hw).to(x.dtype)  # (B, H, W), rows independent
+            masked = x[img.to(x.device)] * masks[:, None].to(x.device)  # (B, Cin, H, W)
+            probs = runner.probs(masked)  # (B, classes)
+            picked = probs.gather(1, classes[img.to(classes.device)].to(probs.device))  # (B, K)
+            weights[img, :, ch] = picked.to(weights.device)
+            if progress is not None:
+                progress(passes, total, "scorecam: masked forward passes")
+    return weights, total
+
+
+SCORECAM_MAX_BATCH = 256
+CPU_BUDGET = 1 << 30  # bytes of masked inputs and their activations in flight on a CPU
+# Bytes per masked input, in units of one input's bytes: a no-grad forward of resnet50 at 224 px
+# peaks at 17x (torch's allocator; resnet18 11x), plus the masked input and its mask; headroom.
+PER_INPUT = 24
+
+
+def scorecam_batch_size(x: torch.Tensor, rows: int, requested: int | None) -> int:
+    """Masked inputs per pass: ``requested`` (--scorecam-batch), else the largest batch that
+    fits the memory budget: half the free memory of an accelerator (``mem_get_info``) or
+    1 GiB on a CPU, over an estimated PER_INPUT x the bytes of one input per masked input;
+    between 1 and SCORECAM_MAX_BATCH, and no more than there are masked inputs."""
+    if requested is not None:
+        return requested
+    per = PER_INPUT * x[0].numel() * x.element_size()
+    return max(1, min(SCORECAM_MAX_BATCH, rows, memory_budget(x.device) // max(per, 1)))
+
+
+def memory_budget(device: torch.device) -> int:
+    """Bytes a batch of masked passes may take: half the free memory of a CUDA device, else
+    CPU_BUDGET (a CPU gains nothing from larger batches, and its free memory is shared)."""
+    import torch
+
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free) // 2
+    return CPU_BUDGET

@@ -10,7 +10,8 @@ passes that score the perturbed inputs live in :mod:`.faithfulness_passes`.
 - ROAD (Rong et al. 2022): the most relevant (MoRF) or least relevant (LeRF) fraction of
   the pixels is removed and filled by noisy linear imputation: each removed pixel is the
   weighted mean of its 8 neighbours (1/6 edge, 1/12 corner), solved as one sparse linear
-  system per channel (here by conjugate gradients), plus N(0, 0.01^2) noise. Lower MoRF and
+  system per channel (multigrid-preconditioned conjugate gradients, all masks and channels
+  of an image in one batch: :mod:`.faithfulness_impute`), plus N(0, 0.01^2) noise. Lower MoRF and
   higher LeRF are better; ``road`` = mean(LeRF - MoRF) / 2 as pytorch-grad-cam's ROADCombined.
 - Average drop and increase in confidence (Chattopadhyay et al. 2018): the input times the
   map; drop = max(0, Y - O) / Y in percent, increase = 100 when O > Y else 0 (averaged, the
@@ -27,6 +28,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import UsageError
+from inspect_model.methods.faithfulness_impute import impute  # noqa: F401  (ROAD's imputation, re-exported)
 
 if TYPE_CHECKING:
     import torch
@@ -145,98 +147,6 @@ def road_masks(order: torch.Tensor, hw: tuple[int, int], fractions: Sequence[flo
         rank = n - 1 - rank
     counts = torch.tensor([round(f * n) for f in fractions]).reshape(-1, 1)
     return (rank[None] < counts).reshape(len(fractions), h, w)
-
-
-# Weights of the 8 neighbours in the imputation (Rong et al. 2022): edges 1/6, corners 1/12.
-NEIGHBOUR_WEIGHTS = ((1 / 12, 1 / 6, 1 / 12), (1 / 6, 0.0, 1 / 6), (1 / 12, 1 / 6, 1 / 12))
-
-
-def impute(x: torch.Tensor, remove: torch.Tensor, *, noise: float = 0.0, generator: torch.Generator | None = None,
-           tol: float = 1e-5, max_iter: int | None = None) -> torch.Tensor:
-    """Noisy linear imputation: removed pixels become the weighted mean of their in-image
-    neighbours (removed or not), solved jointly, then ``noise`` * N(0, 1) is added to them.
-
-    x (C, H, W) or (B, C, H, W); remove (B, H, W) bool -> (B, C, H, W). The system
-    (D - W_uu) u = W_uk x_k is symmetric positive (semi-)definite: conjugate gradients solve
-    it matrix-free, all B x C systems at once, started from the solution of the same problem
-    on a half-resolution grid (cascadic CG); at most ``max_iter`` iterations per level
-    (default H + W of that level: measured against scipy's exact solve, an error below the
-    0.01 noise that follows; see benchmarks/bench_evaluate.py)."""
-    import torch
-
-    b_, h, w = remove.shape
-    if x.dim() == 3:
-        x = x[None].expand(b_, -1, -1, -1)
-    work = torch.float64 if x.dtype == torch.float64 else torch.float32
-    xs = x.to(work)
-    c = xs.shape[1]
-    m = remove[:, None].to(device=xs.device, dtype=work)  # (B, 1, H, W) 1 = unknown
-    known = xs * (1 - m)
-    out = known + m * _cascade(known, m, tol, max_iter)
-    if noise:
-        eps = torch.randn((b_, c, h, w), generator=generator, dtype=work).to(xs.device)
-        out = out + m * noise * eps
-    return out.to(x.dtype)
-
-
-def _neighbours(t: torch.Tensor) -> torch.Tensor:
-    """The weighted sum of each pixel's 8 neighbours (zero outside the image) over the last
-    two dims: shifted slices, far faster on a CPU than a one-channel convolution."""
-    import torch.nn.functional as F
-
-    h, w = t.shape[-2:]
-    p = F.pad(t, (1, 1, 1, 1))
-    edges = p[..., 0:h, 1:w + 1] + p[..., 2:h + 2, 1:w + 1] + p[..., 1:h + 1, 0:w] + p[..., 1:h + 1, 2:w + 2]
-    corners = p[..., 0:h, 0:w] + p[..., 0:h, 2:w + 2] + p[..., 2:h + 2, 0:w] + p[..., 2:h + 2, 2:w + 2]
-    return edges * NEIGHBOUR_WEIGHTS[0][1] + corners * NEIGHBOUR_WEIGHTS[0][0]
-
-
-def _cascade(known: torch.Tensor, m: torch.Tensor, tol: float, iters: int | None) -> torch.Tensor:
-    """The removed pixels' values (0 elsewhere). known (B, C, H, W), 0 at removed pixels;
-    m (B, 1, H, W), 1 at removed pixels."""
-    import torch.nn.functional as F
-
-    h, w = known.shape[-2:]
-    have = 1 - m
-    if min(h, w) <= 8:
-        mean = known.sum(dim=(2, 3), keepdim=True) / have.sum(dim=(2, 3), keepdim=True).clamp_min(1)
-        return _cg(known, m, m * mean, tol, 2 * (h + w) + 50)
-    ck = F.avg_pool2d(known, 2, ceil_mode=True)
-    ch = F.avg_pool2d(have, 2, ceil_mode=True)
-    coarse_known = ck / ch.clamp_min(1e-12) * (ch > 0)
-    cm = (ch == 0).to(m.dtype)
-    coarse = coarse_known + _cascade(coarse_known, cm, tol, iters)
-    up = F.interpolate(coarse, scale_factor=2, mode="bilinear", align_corners=False)[..., :h, :w]
-    return _cg(known, m, m * up, tol, iters or h + w)
-
-
-def _cg(known: torch.Tensor, m: torch.Tensor, u: torch.Tensor, tol: float, iters: int) -> torch.Tensor:
-    """Conjugate gradients on (D - W_uu) u = W_uk x_k from ``u``; per (image, channel)."""
-    import torch
-
-    h, w = known.shape[-2:]
-    d = _neighbours(torch.ones(1, 1, h, w, dtype=known.dtype, device=known.device))  # in-image weight
-    rhs = m * _neighbours(known)
-
-    def op(v: torch.Tensor) -> torch.Tensor:
-        return m * (d * v - _neighbours(v))
-
-    r = rhs - op(u)
-    p = r.clone()
-    rs = (r * r).sum(dim=(2, 3), keepdim=True)
-    bound = (tol * rhs.norm(dim=(2, 3), keepdim=True)) ** 2 + 1e-30
-    for _ in range(iters):
-        if bool((rs <= bound).all()):
-            break
-        ap = op(p)
-        denom = (p * ap).sum(dim=(2, 3), keepdim=True)
-        alpha = torch.where(denom > 0, rs / denom.clamp_min(1e-30), torch.zeros_like(rs))
-        u = u + alpha * p
-        r = r - alpha * ap
-        rs_new = (r * r).sum(dim=(2, 3), keepdim=True)
-        p = r + (rs_new / rs.clamp_min(1e-30)) * p
-        rs = rs_new
-    return u
 
 
 # ----------------------------------------------------------------------------- scores

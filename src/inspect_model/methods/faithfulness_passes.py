@@ -53,12 +53,18 @@ class Scorer:
     ``batch`` inputs; ``probs[key]`` are the target probabilities in the order added."""
 
     def __init__(self, model: nn.Module, output_key: str | None, batch: int,
-                 progress: Callable[[int], None] | None = None) -> None:
+                 progress: Callable[[int], None] | None = None, expected: int = 0) -> None:
+        """``expected``: how many inputs will be added (decides whether the passes run on an
+        inference copy of the model, :mod:`.inference_copy`)."""
+        from inspect_model.methods.cam_passes import scores_of
+        from inspect_model.methods.inference_copy import InferenceRunner
+
         self.model, self.output_key, self.batch, self.progress = model, output_key, batch, progress
         self.pending: list[tuple[Any, torch.Tensor, int]] = []  # (key, input (C, H, W), class)
         self.probs: dict[Any, list[float]] = {}
         self.passes = 0
         self.done = 0
+        self.runner = InferenceRunner(model, model, lambda out: scores_of(out, output_key), -(-expected // batch))
 
     def add(self, key: Any, inputs: torch.Tensor, cls: int) -> None:
         for t in inputs:
@@ -70,7 +76,6 @@ class Scorer:
         import torch
 
         from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
-        from inspect_model.methods.cam_passes import scores_of
 
         if not self.pending:
             return
@@ -78,8 +83,8 @@ class Scorer:
         x = torch.stack([t for _, t, _ in chunk])  # (B, C, H, W)
         # No hooks: the engine only puts the model in eval mode without grad, and restores it.
         with HookEngine(self.model, [], CaptureOptions(outputs=False, grad_enabled=False)) as eng:
-            out = run_forward(eng, lambda: self.model(x))
-        probs = scores_of(out, self.output_key).float().softmax(dim=1)  # (B, classes)
+            self.runner.forward = lambda t: run_forward(eng, lambda: self.model(t))
+            probs = self.runner.probs(x)  # (B, classes)
         cls = torch.tensor([c for _, _, c in chunk], device=probs.device)
         picked = probs.gather(1, cls[:, None])[:, 0].tolist()
         for (key, _, _), p in zip(chunk, picked):
@@ -102,7 +107,7 @@ def evaluate_maps(model: nn.Module, x: torch.Tensor, jobs: Sequence[MapJob], *, 
     hw = (int(x.shape[-2]), int(x.shape[-1]))
     n_pix = hw[0] * hw[1]
     x = x.detach()
-    scorer = Scorer(model, output_key, batch, progress)
+    scorer = Scorer(model, output_key, batch, progress, len(jobs) * inputs_per_map(metrics, steps))
     blurred = fa.gaussian_blur(x.float()).to(x.dtype) if "insertion" in metrics else None
     counts = fa.step_counts(n_pix, steps)
     for j, job in enumerate(jobs):
@@ -115,10 +120,12 @@ def evaluate_maps(model: nn.Module, x: torch.Tensor, jobs: Sequence[MapJob], *, 
             assert blurred is not None
             scorer.add((j, "insertion"), fa.causal_inputs(blurred[job.sample], xi, order, counts), job.target)
         if "road" in metrics:
-            for first, name in ((True, "road_morf"), (False, "road_lerf")):
-                masks = fa.road_masks(order, hw, fa.ROAD_FRACTIONS, first).to(x.device)
-                imputed = fa.impute(xi, masks, noise=fa.ROAD_NOISE, generator=gen)
-                scorer.add((j, name), imputed, job.target)
+            # MoRF and LeRF masks in one batch: one multigrid hierarchy build, one solve.
+            masks = torch.cat([fa.road_masks(order, hw, fa.ROAD_FRACTIONS, first) for first in (True, False)])
+            imputed = fa.impute(xi, masks.to(x.device), noise=fa.ROAD_NOISE, generator=gen)
+            k = len(fa.ROAD_FRACTIONS)
+            scorer.add((j, "road_morf"), imputed[:k], job.target)
+            scorer.add((j, "road_lerf"), imputed[k:], job.target)
         if "confidence" in metrics:
             if original is None:
                 scorer.add((j, "original"), xi[None], job.target)
