@@ -59,6 +59,8 @@ class Request:
             value = getattr(self, f.name)
             if isinstance(value, list):
                 self._set(f.name, tuple(value))
+            elif value is None and isinstance(f.default, tuple):  # None for a repeatable option: none given
+                self._set(f.name, ())
         self.validate()
 
     def _set(self, name: str, value: Any) -> None:
