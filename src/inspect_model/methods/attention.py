@@ -61,9 +61,10 @@ def parse_methods(items: Sequence[str] | str | None) -> tuple[str, ...]:
 
 
 def parse_heads(text: str) -> str | tuple[int, ...]:
-    """``--heads``: ``mean|max|min`` or a comma list of head indices (checked against the model later)."""
+    """``--heads``: ``mean|max|min``, ``all``, or a comma list of head indices (checked against
+    the model later)."""
     low = str(text).strip().lower()
-    if low in FUSIONS:
+    if low in FUSIONS or low == "all":
         return low
     try:
         heads = tuple(int(t) for t in low.split(",") if t.strip())
@@ -95,6 +96,7 @@ class AttentionOptions:
     query: str = "cls"
     head_fusion: str = "mean"
     discard_ratio: float = 0.0
+    mosaic: bool = False  # keep every layer's and head's query row (the layer-by-head mosaic)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "methods", parse_methods(self.methods))
@@ -128,6 +130,7 @@ class AttentionResult:
     targets: list[int] | None = None
     passes: dict[str, int] = field(default_factory=dict)
     calls: list[Any] = field(default_factory=list)
+    mosaic: torch.Tensor | None = None  # (B, layers, heads, rows, cols) with options.mosaic
 
 
 def select_layers(specs: Sequence[str], names: Sequence[str]) -> list[str]:

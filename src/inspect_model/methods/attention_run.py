@@ -39,6 +39,7 @@ class _State:
     legrad: Any = None  # (B, Nk) running sum
     legrad_count: int = 0
     phase: str = ""
+    mosaic: list[Any] = field(default_factory=list)  # per call: (B, h, Nk)
 
 
 def _check_call(st: _State, call: Any, model: nn.Module) -> None:
@@ -64,8 +65,12 @@ def _check_call(st: _State, call: Any, model: nn.Module) -> None:
 def _on_forward(st: _State, model: nn.Module) -> Any:
     def fn(call: Any) -> None:
         _check_call(st, call, model)
-        if call.name in st.raw_layers:
-            st.raw[call.name] = am.query_rows(call.probs(), st.query, st.prefix or 0).float()
+        if call.name in st.raw_layers or st.opts.mosaic:
+            rows = am.query_rows(call.probs(), st.query, st.prefix or 0).float()
+            if call.name in st.raw_layers:
+                st.raw[call.name] = rows
+            if st.opts.mosaic:
+                st.mosaic.append(rows)
         if "rollout" in st.opts.methods:
             st.rollout = am.rollout_step(st.rollout, call.probs(), st.opts.head_fusion, st.opts.discard_ratio)
     return fn
@@ -111,7 +116,7 @@ def run(model: nn.Module, x: torch.Tensor, opts: am.AttentionOptions, target: An
     raw_layers = am.select_layers(opts.layers or ["-1"], names) if "raw" in methods and names else []
     legrad_layers = am.select_layers(opts.layers or ["all"], names) if "legrad" in methods and names else []
     st = _State(int(x.shape[0]), opts, set(raw_layers), set(legrad_layers), am.parse_query(opts.query))
-    all_layers = not names or any(m in methods for m in ("rollout", "grad-rollout"))
+    all_layers = not names or opts.mosaic or any(m in methods for m in ("rollout", "grad-rollout"))
     wanted = None if all_layers else st.raw_layers | st.legrad_layers
     blocks: dict[str, Any] = {}
     handles: list[Any] = []
@@ -210,7 +215,8 @@ def _finish(st: _State, calls: list[Any], hw: tuple[int, int], raw_layers: list[
     return am.AttentionResult(maps=maps, raw=raw, head_labels=labels, layers=layer_names, heads=st.heads,
                               tokens=n, prefix=p, grid=grid, input_hw=hw,
                               scores=None if scores is None else scores.detach().float().cpu(),
-                              targets=classes, passes=passes, calls=calls)
+                              targets=classes, passes=passes, calls=calls,
+                              mosaic=to_grid(torch.stack(st.mosaic, dim=1)) if st.mosaic else None)
 
 
 def _raw_maps(st: _State, layers: list[str], to_grid: Any) -> tuple[dict[str, Any], list[str]]:
@@ -221,7 +227,10 @@ def _raw_maps(st: _State, layers: list[str], to_grid: Any) -> tuple[dict[str, An
         if name not in st.raw:
             raise LayerSelectionError(f"attention layer '{name}' did not run in the forward pass")
         rows = st.raw[name]  # (B, h, Nk)
-        if isinstance(heads, str):
+        if heads == "all":
+            raw[name] = to_grid(rows)
+            labels = [f"head {h}" for h in range(rows.shape[1])]
+        elif isinstance(heads, str):
             raw[name] = to_grid(am.fuse_heads(rows, heads).unsqueeze(1))
             labels = [f"{heads} of {rows.shape[1]} heads"]
         else:

@@ -1,0 +1,207 @@
+"""Attention pictures: head grids on the patch grid, the layer-by-head mosaic, method overlays
+on the image, and token heat strips for text. Arrays in, PIL images out (Pillow and the
+colormap tables of ``render.raster``; the same arrays give the same bytes).
+
+- :func:`head_grid`: one layer, one cell per head (or per fused map), each the chosen query's
+  attention over the patch grid, one colour scale for the layer (0 .. its largest value);
+- :func:`mosaic`: layers as rows, heads as columns, each row on its own scale (its maximum is
+  written beside it: early layers attend more uniformly than late ones);
+- :func:`method_overlay`: a rollout / grad-rollout / LeGrad map normalised to [0, 1], blown up
+  from the patch grid to the input and laid over the original image (``render.overlay``);
+- :func:`token_strip`: tokens as boxes coloured by a value per token (attention or relevance).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+    from PIL import Image
+
+CELL = 96  # a patch-grid cell's side, pixels
+
+
+def _cell(m: np.ndarray, vmax: float, cmap: str, side: int = CELL) -> Image.Image:
+    """(rows, cols) values -> a colour cell ``side`` px on its long side (nearest: patches stay square)."""
+    import numpy as np
+    from PIL import Image
+
+    from inspect_model.render import raster
+
+    a = np.asarray(m, dtype=np.float32) / (vmax if vmax > 0 else 1.0)
+    img = Image.fromarray(raster.colorize(a, cmap), "RGB")
+    h, w = a.shape
+    s = max(1, side // max(h, w))
+    return img.resize((w * s, h * s), Image.NEAREST)
+
+
+def _label(text: str, width: int, height: int, size: int = 11, bold: bool = False) -> Image.Image:
+    from PIL import Image, ImageDraw
+
+    from inspect_model.render import raster
+
+    img = Image.new("RGB", (width, height), raster.BG)
+    lines = raster.wrap_text(text, size, width - 4, max_lines=3)
+    d = ImageDraw.Draw(img)
+    y0 = height // 2 - len(lines) * (size + 3) // 2
+    for i, t in enumerate(lines):
+        d.text((width // 2, y0 + i * (size + 3)), t, font=raster.font(size, bold), fill=raster.FG, anchor="ma")
+    return img
+
+
+def head_grid(maps: np.ndarray, labels: Sequence[str], title: Sequence[str], *, cmap: str = "viridis",
+              columns: int = 6) -> Image.Image:
+    """``maps`` (heads, rows, cols) of one layer -> a grid of cells with one colour bar."""
+    import numpy as np
+    from PIL import Image
+
+    from inspect_model.render import raster
+
+    maps = np.asarray(maps, dtype=np.float32)
+    vmax = float(np.nanmax(maps)) if maps.size else 0.0
+    cells = [_cell(m, vmax, cmap) for m in maps]
+    cw, ch = cells[0].size
+    lab_h, pad = 16, 4
+    cols = min(columns, len(cells))
+    rows = -(-len(cells) // cols)
+    body = Image.new("RGB", (cols * (cw + pad), rows * (ch + lab_h + pad)), raster.BG)
+    for i, (c, lab) in enumerate(zip(cells, labels, strict=False)):
+        x, y = (i % cols) * (cw + pad), (i // cols) * (ch + lab_h + pad)
+        body.paste(_label(lab, cw, lab_h), (x, y))
+        body.paste(c, (x, y + lab_h))
+    bar = raster.colorbar(body.size[1], 0.0, vmax, cmap, "attention probability")
+    return raster.titled(body, list(title), right=bar, note=raster.constant_note(maps))
+
+
+def mosaic(maps: np.ndarray, layers: Sequence[str], title: Sequence[str], *, cmap: str = "viridis",
+           side: int = 48) -> Image.Image:
+    """``maps`` (layers, heads, rows, cols) -> rows of layers, columns of heads; each row
+    scaled to its own maximum, written at its end."""
+    import numpy as np
+    from PIL import Image
+
+    from inspect_model.render import raster
+
+    maps = np.asarray(maps, dtype=np.float32)
+    n_layers, n_heads = maps.shape[:2]
+    first = _cell(maps[0, 0], 1.0, cmap, side)
+    cw, ch = first.size
+    pad, lab_w, max_w, head_h = 2, 150, 70, 16
+    body = Image.new("RGB", (lab_w + n_heads * (cw + pad) + max_w, head_h + n_layers * (ch + pad)), raster.BG)
+    for h in range(n_heads):
+        body.paste(_label(f"h{h}", cw, head_h, 10), (lab_w + h * (cw + pad), 0))
+    short = distinct(layers)
+    for li in range(n_layers):
+        y = head_h + li * (ch + pad)
+        vmax = float(np.nanmax(maps[li])) if maps[li].size else 0.0
+        body.paste(_label(f"{li}: {_short(short[li])}", lab_w, ch, 10), (0, y))
+        for h in range(n_heads):
+            body.paste(_cell(maps[li, h], vmax, cmap, side), (lab_w + h * (cw + pad), y))
+        body.paste(_label(f"max {raster.tick_label(vmax)}", max_w, ch, 10), (lab_w + n_heads * (cw + pad), y))
+    bar = raster.colorbar(body.size[1], 0.0, 1.0, cmap, "/ row's max")
+    return raster.titled(body, list(title), right=bar)
+
+
+def distinct(names: Sequence[str]) -> list[str]:
+    """Layer names less the dotted parts they all share at either end
+    (``encoder.layers.encoder_layer_3.self_attention`` -> ``encoder_layer_3``)."""
+    parts = [n.split(".") for n in names]
+    if len(parts) < 2:
+        return list(names)
+    lead = 0
+    while all(len(p) > lead + 1 for p in parts) and len({p[lead] for p in parts}) == 1:
+        lead += 1
+    tail = 0
+    while all(len(p) > lead + tail + 1 for p in parts) and len({p[-1 - tail] for p in parts}) == 1:
+        tail += 1
+    return [".".join(p[lead:len(p) - tail]) for p in parts]
+
+
+def _short(name: str, most: int = 22) -> str:
+    return name if len(name) <= most else "…" + name[-(most - 1):]
+
+
+def normalise(m: np.ndarray) -> np.ndarray:
+    """Min-max to [0, 1] (a constant map -> zeros)."""
+    import numpy as np
+
+    a = np.asarray(m, dtype=np.float32)
+    lo, hi = float(np.nanmin(a)), float(np.nanmax(a))
+    return (a - lo) / (hi - lo) if hi > lo else np.zeros_like(a)
+
+
+def upsample(m: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+    """A patch-grid map blown up to the input's ``hw`` (bilinear)."""
+    import numpy as np
+    from PIL import Image
+
+    img = Image.fromarray(np.asarray(m, dtype=np.float32), mode="F").resize((hw[1], hw[0]), Image.BILINEAR)
+    return np.asarray(img)
+
+
+def method_overlay(image: Image.Image, m: np.ndarray, hw: tuple[int, int], title: Sequence[str], *,
+                   box: Sequence[float] | None = None, cmap: str = "jet", alpha: float = 0.5) -> Image.Image:
+    """A method's patch-grid map, normalised and blown up to the input, over ``image``."""
+    from inspect_model.render import raster
+    from inspect_model.render.overlay import overlay
+
+    norm = normalise(m)
+    body = overlay(image, upsample(norm, hw), box, alpha=alpha, cmap=cmap)
+    if max(body.size) > 512:
+        body.thumbnail((512, 512))
+    bar = raster.colorbar(body.size[1], 0.0, 1.0, cmap, "relevance (normalised)")
+    return raster.titled(body, list(title), right=bar, note=raster.constant_note(m))
+
+
+def token_strip(tokens: Sequence[str], values: Sequence[float], title: Sequence[str], *, cmap: str = "Reds",
+                width: int = 720) -> Image.Image:
+    """Tokens as boxes coloured by ``values`` (scaled to [0, their maximum]), wrapped to ``width``."""
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    from inspect_model.render import raster
+
+    v = np.asarray(values, dtype=np.float32)
+    vmax = float(np.nanmax(v)) if v.size else 0.0
+    levels = v / vmax if vmax > 0 else np.zeros_like(v)
+    colours = raster.colorize(levels, cmap)
+    size, pad, line_h = 13, 4, 22
+    placed, x, y = [], 0, 0
+    for tok in tokens:
+        w = raster.text_size(tok or " ", size)[0] + 2 * pad
+        if x + w > width and x:
+            x, y = 0, y + line_h + pad
+        placed.append((x, y, w))
+        x += w + pad
+    body = Image.new("RGB", (width, y + line_h), raster.BG)
+    d = ImageDraw.Draw(body)
+    for (bx, by, w), tok, c, lv in zip(placed, tokens, colours, levels, strict=True):
+        d.rectangle((bx, by, bx + w, by + line_h), fill=tuple(int(t) for t in c))
+        fg = (255, 255, 255) if lv > 0.6 else raster.FG
+        d.text((bx + pad, by + line_h // 2), tok, font=raster.font(size), fill=fg, anchor="lm")
+    bar = raster.colorbar(max(body.size[1], 80), 0.0, vmax, cmap, "value")
+    return raster.titled(body, list(title), right=bar)
+
+
+def report_text(doc: dict) -> str:  # type: ignore[type-arg]
+    """The plain-text report of an ``attention`` run (the ``--json`` document in)."""
+    lines = [f"attention of {doc.get('model')}: {', '.join(doc.get('methods', []))}"]
+    layers = doc.get("layers") or []
+    if layers:
+        lines.append(f"{len(layers)} attention layers ({layers[0]} .. {layers[-1]}), {doc.get('heads')} heads, "
+                     f"{doc.get('tokens')} tokens = {doc.get('prefix_tokens')} prefix + "
+                     f"{'x'.join(str(g) for g in doc.get('grid') or [])} patches")
+    for img in doc.get("images", []):
+        t = img.get("target")
+        what = f"  class {t['class']}{' ' + t['label'] if t['label'] else ''} p={t['probability']:.3f}" if t else ""
+        lines.append(f"[{img['index']}] {img['image']}{what}")
+        for m in img.get("maps", []):
+            if m["method"] == "raw":
+                lines.append(f"    raw {m['layer']}: query {m['query']}, {', '.join(m['heads'])}, max {m['max']:.3g}")
+            else:
+                lines.append(f"    {m['method']:<13} peak at patch (row {m['peak_cell'][0]}, col {m['peak_cell'][1]})")
+    for w in doc.get("warnings", []):
+        lines.append(f"warning: {w.get('message', w)}")
+    return "\n".join(lines) + "\n"
