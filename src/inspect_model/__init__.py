@@ -17,6 +17,7 @@ _LAZY = {
     "grads": ("inspect_model.api", "grads"),
     "guided_backprop": ("inspect_model.api", "guided_backprop"),
     "cam": ("inspect_model.api", "cam"),
+    "attention": ("inspect_model.api", "attention"),
     "check": ("inspect_model.api", "check"),
     "Result": ("inspect_model.api", "Result"),
     "ModelOptions": ("inspect_model.api", "ModelOptions"),
@@ -34,6 +35,8 @@ _LAZY = {
     "sanity_check": ("inspect_model.methods.guided", "sanity_check"),
     "compute_cams": ("inspect_model.methods.cam", "compute_cams"),
     "gradcam": ("inspect_model.methods.cam", "gradcam"),
+    "compute_attention": ("inspect_model.methods.attention", "compute_attention"),
+    "AttentionCapture": ("inspect_model.engine.attention", "AttentionCapture"),
     "run_checks": ("inspect_model.methods.checks", "run_checks"),
 }
 

@@ -11,6 +11,7 @@ given back as it was (hooks, flags, weights).
 from __future__ import annotations
 
 from inspect_model.api.activations import activations
+from inspect_model.api.attention import attention
 from inspect_model.api.cam import cam
 from inspect_model.api.check import check
 from inspect_model.api.grads import grads
@@ -19,5 +20,5 @@ from inspect_model.api.options import InputOptions, ModelOptions
 from inspect_model.api.pipeline import Result
 from inspect_model.api.summary import summary
 
-__all__ = ["InputOptions", "ModelOptions", "Result", "activations", "cam", "check", "grads", "guided_backprop",
+__all__ = ["InputOptions", "ModelOptions", "Result", "activations", "attention", "cam", "check", "grads", "guided_backprop",
            "summary"]

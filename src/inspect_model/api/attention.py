@@ -39,6 +39,10 @@ class AttentionSession(Session):
         self.target_text = target
         self.spec = parse_target(target, prep.categories)
         self.colormap, self.save_raw, self.keep_maps = colormap, save_raw, keep_maps
+        # The request as plain values: the --resume fingerprint reads them.
+        self.request = {"methods": list(options.methods), "layers": list(options.layers), "heads": options.heads,
+                        "query": options.query, "head_fusion": options.head_fusion,
+                        "discard_ratio": options.discard_ratio, "mosaic": options.mosaic}
         self.entries: list[dict[str, Any]] = []
         self.maps: list[Any] = []
         self.info: dict[str, Any] | None = None

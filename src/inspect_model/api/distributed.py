@@ -144,7 +144,7 @@ def _merge_warnings(target: Any, others: Iterable[Any]) -> None:
 class PerImage:
     """Sessions whose result is one entry per image plus counters (cam, guided-backprop)."""
 
-    FIRST = ("cam_layers", "columns", "cam_layer", "sites", "unguided")  # equal on every rank
+    FIRST = ("cam_layers", "columns", "cam_layer", "sites", "unguided", "info")  # equal on every rank
 
     def state(self, s: Any) -> dict[str, Any]:
         keys = ("entries", "passes", "warnings", "sanity_acc", "sheets", "sheet_rows", *self.FIRST)
@@ -287,7 +287,7 @@ class Grads:
 
 
 ADAPTERS: dict[str, Any] = {"ActivationsSession": Activations(), "CamSession": PerImage(),
-                            "GuidedSession": PerImage(), "GradsSession": Grads()}
+                            "GuidedSession": PerImage(), "GradsSession": Grads(), "AttentionSession": PerImage()}
 
 
 def adapter(session: Session) -> Any:

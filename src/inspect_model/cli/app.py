@@ -17,6 +17,7 @@ import typer
 from inspect_model import errors
 from inspect_model.cli import completion
 from inspect_model.cli.activations import activations
+from inspect_model.cli.attention import attention
 from inspect_model.cli.cam import cam
 from inspect_model.cli.check import check
 from inspect_model.cli.common import routed_warnings
@@ -68,6 +69,7 @@ COMMANDS: dict[str, Any] = {  # in the order `inspect-model --help` lists them
     "grads": grads,
     "guided-backprop": guided_backprop,
     "cam": cam,
+    "attention": attention,
     "check": check,
 }
 

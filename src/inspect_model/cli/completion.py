@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 # The subcommands, in the order `inspect-model --help` lists them (cli/app.py registers these).
-COMMAND_NAMES = ("summary", "models", "activations", "grads", "guided-backprop", "cam", "check")
+COMMAND_NAMES = ("summary", "models", "activations", "grads", "guided-backprop", "cam", "attention", "check")
 
 
 def model_names() -> list[str]:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 SCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".jit", ".torchscript", ".pt2", ".ep", ".bin")
 
 # Commands that need forward hooks on inner modules (all but `models` today).
-HOOK_COMMANDS = ("summary", "activations", "grads", "guided-backprop", "cam", "check")
+HOOK_COMMANDS = ("summary", "activations", "grads", "guided-backprop", "cam", "attention", "check")
 
 
 def load_archive(path: str, *, device: str = "cpu", trust: bool = False) -> LoadedModel:
