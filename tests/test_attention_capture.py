@@ -321,3 +321,18 @@ def test_model_given_back():
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
     assert prefix_tokens(model) == 1
+
+
+def test_native_fast_path_recompute_equals_need_weights():
+    """Off the CPU the fast path's probabilities are recomputed from its inputs: same numbers."""
+    from inspect_model.engine.attention import _native_probs
+
+    torch.manual_seed(0)
+    m = nn.MultiheadAttention(16, 4, batch_first=True).eval().double()
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[1, 5:] = True
+    bound = {"query": x, "key": x, "qkv_weight": m.in_proj_weight, "qkv_bias": m.in_proj_bias, "embed_dim": 16,
+             "mask": pad, "mask_type": 1}
+    ref = m(x, x, x, key_padding_mask=pad, need_weights=True, average_attn_weights=False)[1]
+    torch.testing.assert_close(_native_probs(bound, 4), ref)

@@ -157,26 +157,29 @@ def _as_heads(t: torch.Tensor, batch: int) -> torch.Tensor:
 
 
 class _KernelWatch(TorchDispatchMode):
-    """Inside ``F.multi_head_attention_forward``: the first attention kernel's Q, K, V, mask
-    and scale, or the first last-dimension softmax and the value it multiplies."""
+    """Inside an ``nn.MultiheadAttention``: the first attention kernel's Q, K, V, mask and
+    scale, or the first last-dimension softmax and the value it multiplies.
 
-    def __init__(self) -> None:
+    The native fast-path kernel on the CPU is asked for its per-head weights when the layer is
+    wanted (``grab``): it computes them anyway, and its output is bit for bit the same (checked
+    in the tests); elsewhere Q and K are recomputed from its inputs."""
+
+    def __init__(self, grab: bool = False) -> None:
         super().__init__()
+        self.grab = grab
         self.qkv: dict[str, Any] | None = None
         self.softmax: torch.Tensor | None = None
         self.value: torch.Tensor | None = None
+        self.weights: torch.Tensor | None = None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
         name = func.__name__
         if self.qkv is None and self.softmax is None and name.startswith("_native_multi_head_attention"):
-            bound = {a.name: v for a, v in zip(func._schema.arguments, args, strict=False)}
-            bound.update(kwargs)
-            self.qkv = {"native": bound}
-        elif self.qkv is None and self.softmax is None and name.startswith("_scaled_dot_product"):
-            bound = {a.name: v for a, v in zip(func._schema.arguments, args, strict=False)}
-            bound.update(kwargs)
+            return self._native(func, args, kwargs)
+        out = func(*args, **kwargs)
+        if self.qkv is None and self.softmax is None and name.startswith("_scaled_dot_product"):
+            bound = _bind(func, args, kwargs)
             self.qkv = {"q": bound["query"], "k": bound["key"], "v": bound["value"],
                         "mask": bound.get("attn_mask", bound.get("attn_bias")),
                         "is_causal": bool(bound.get("is_causal", False)), "scale": bound.get("scale")}
@@ -188,6 +191,25 @@ class _KernelWatch(TorchDispatchMode):
               and args[0].data_ptr() == self.softmax.data_ptr()):
             self.value = args[1]
         return out
+
+    def _native(self, func: Any, args: Any, kwargs: Any) -> Any:
+        bound = _bind(func, args, kwargs)
+        self.qkv = {"native": bound}
+        if not self.grab or bound["query"].device.type != "cpu" or bound.get("need_weights"):
+            return func(*args, **kwargs)
+        asked = dict(bound, need_weights=True, average_attn_weights=False)
+        out, weights = func(*[asked[a.name] for a in func._schema.arguments])
+        self.weights = weights
+        return out, None  # what the kernel returns for need_weights=False
+
+
+def _bind(func: Any, args: Any, kwargs: Any) -> dict[str, Any]:
+    bound = {a.name: v for a, v in zip(func._schema.arguments, args, strict=False)}
+    for a in func._schema.arguments[len(args):]:
+        if a.name not in kwargs and a.has_default_value():
+            bound[a.name] = a.default_value
+    bound.update(kwargs)
+    return bound
 
 
 class AttentionCapture:
@@ -263,7 +285,8 @@ class AttentionCapture:
         # pick without capture (the native fast path in inference): outputs bit-identical.
         disabled = torch._C.DisableTorchFunction()
         disabled.__enter__()
-        watch = _KernelWatch()
+        name = self._stack[-1][0] if self._stack else ""
+        watch = _KernelWatch(grab=self.wanted is None or self.wanted(name))
         watch.__enter__()
         self._mha_open.append((watch, disabled))
 
@@ -356,10 +379,15 @@ class AttentionCapture:
         batch = (query.shape[0] if first else query.shape[1]) if query.dim() == 3 else 1
         heads = int(module.num_heads)
         v: torch.Tensor | None = None
-        if watch.qkv is not None and "native" in watch.qkv:
-            probs = _native_probs(watch.qkv["native"], heads)
-            shape = (batch, heads, probs.shape[-2], probs.shape[-1])
-            get = lambda: probs  # noqa: E731
+        if watch.weights is not None:
+            weights = watch.weights
+            shape = tuple(weights.shape)  # type: ignore[assignment]
+            get = lambda: _float(weights)  # noqa: E731
+        elif watch.qkv is not None and "native" in watch.qkv:
+            native = watch.qkv["native"]
+            lq, lk = native["query"].shape[-2], native["key"].shape[-2]
+            shape = (batch, heads, lq, lk)
+            get = lambda: _native_probs(native, heads)  # noqa: E731
         elif watch.qkv is not None:
             info = watch.qkv
             q, k, v = info["q"], info["k"], info["v"]
