@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -299,13 +300,70 @@ def test_heads_out_of_range():
         compute_attention(hf_vit("sdpa"), x_batch(), AttentionOptions(methods=("raw",), layers=("7",)))
 
 
-def test_windowed_attention_refused():
+def tv_swin() -> nn.Module:
     from torchvision.models.swin_transformer import SwinTransformer
 
-    model = SwinTransformer(patch_size=[4, 4], embed_dim=8, depths=[1, 1], num_heads=[1, 1], window_size=[2, 2],
-                            num_classes=3).eval()
-    with pytest.raises(ModelRuntimeError, match="windowed attention"):
-        compute_attention(model, torch.randn(1, 3, 32, 32))
+    torch.manual_seed(0)
+    return SwinTransformer(patch_size=[4, 4], embed_dim=8, depths=[2, 2], num_heads=[2, 2], window_size=[3, 3],
+                           num_classes=3).eval().double()
+
+
+def timm_swin() -> nn.Module:
+    torch.manual_seed(0)
+    return timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, img_size=40, patch_size=4,
+                             window_size=3, depths=(2, 2), num_heads=(2, 2), embed_dim=8, num_classes=3).eval().double()
+
+
+def received_by_token_ids(model: nn.Module, x: torch.Tensor, torchvision: bool) -> dict[str, torch.Tensor]:
+    """Independent of the tool's inverse: the window code run forwards on a map of token ids,
+    and each window token's received attention (mean over queries) scattered to its id."""
+    import torch.nn.functional as F
+
+    geo: dict[str, tuple] = {}
+    probs: dict[str, torch.Tensor] = {}
+    owners = {n: m for n, m in model.named_modules() if hasattr(m, "window_size") and hasattr(m, "shift_size")}
+    for n, m in owners.items():
+        m.register_forward_pre_hook(lambda _m, a, n=n: geo.__setitem__(n, tuple(a[0].shape[1:3])))
+    with AttentionCapture(model, forward=lambda c: probs.__setitem__(c.name, c.probs().clone())):
+        model(x)
+    out = {}
+    for name, p in probs.items():
+        owner = name if name in owners else name.rsplit(".", 1)[0]
+        m, (h, w) = owners[owner], geo[owner]
+        ws, sh = [int(v) for v in np.atleast_1d(m.window_size)], [int(v) for v in np.atleast_1d(m.shift_size)]
+        ws, sh = (ws * 2)[:2], (sh * 2)[:2]
+        ids = torch.arange(h * w, dtype=torch.float64).reshape(1, h, w, 1) + 1  # 0 marks padding
+        if torchvision:
+            ids = F.pad(ids, (0, 0, 0, (ws[1] - w % ws[1]) % ws[1], 0, (ws[0] - h % ws[0]) % ws[0]))
+            sh = [0 if ws[i] >= ids.shape[1 + i] else sh[i] for i in range(2)]
+            ids = torch.roll(ids, (-sh[0], -sh[1]), (1, 2))
+        else:
+            ids = torch.roll(ids, (-sh[0], -sh[1]), (1, 2))
+            ids = F.pad(ids, (0, 0, 0, (ws[1] - w % ws[1]) % ws[1], 0, (ws[0] - h % ws[0]) % ws[0]))
+        ph, pw = ids.shape[1:3]
+        win = ids.view(1, ph // ws[0], ws[0], pw // ws[1], ws[1]).permute(0, 1, 3, 2, 4).reshape(-1)
+        rec = p.mean(dim=2)  # (windows, heads, N)
+        flat = torch.zeros(rec.shape[1], h * w + 1, dtype=torch.float64)
+        flat[:, win.long()] = rec.permute(1, 0, 2).reshape(rec.shape[1], -1)
+        out[name] = flat[:, 1:].reshape(-1, h, w)
+    return out
+
+
+@pytest.mark.parametrize("family", ["torchvision", "timm"])
+def test_swin_windows_mapped_back(family):
+    model = tv_swin() if family == "torchvision" else timm_swin()
+    x = torch.randn(1, 3, 40, 40, dtype=torch.float64)
+    ref = received_by_token_ids(model, x, family == "torchvision")
+    res = compute_attention(model, x, AttentionOptions(methods=("raw",), layers=("all",), heads="all"))
+    assert list(res.raw) == list(ref) and len(ref) == 4
+    shifted = 0
+    for name, r in ref.items():
+        torch.testing.assert_close(res.raw[name][0].double(), r, rtol=1e-6, atol=1e-8)
+        shifted += int(any(v for v in np.atleast_1d(model.get_submodule(
+            name if hasattr(model.get_submodule(name), "shift_size") else name.rsplit(".", 1)[0]).shift_size)))
+    assert shifted >= 1  # a shifted window was mapped back too
+    with pytest.raises(ModelRuntimeError, match=r"need one token sequence .* \(Swin\): use --method raw"):
+        compute_attention(model, x, AttentionOptions(methods=("rollout",)))
 
 
 def test_model_given_back():

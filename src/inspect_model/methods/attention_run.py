@@ -40,15 +40,23 @@ class _State:
     legrad_count: int = 0
     phase: str = ""
     mosaic: list[Any] = field(default_factory=list)  # per call: (B, h, Nk)
+    owners: dict[str, Any] = field(default_factory=dict)  # windowed layer -> its WindowOwner
+    windowed: set[str] = field(default_factory=set)
 
 
 def _check_call(st: _State, call: Any, model: nn.Module) -> None:
     from inspect_model.engine.attention import prefix_tokens
 
     if call.batch != st.batch:
-        raise ModelRuntimeError(
-            f"attention in '{call.name}' runs over {call.batch} groups of {call.queries} tokens for {st.batch} "
-            "image(s): windowed attention (Swin/MaxViT-style) has no global token map for these methods")
+        what = f"'{call.name}' attends within {call.batch} windows of {call.queries} tokens for {st.batch} image(s)"
+        if call.name not in st.owners:
+            raise ModelRuntimeError(f"attention in {what}, in a layout this tool cannot map back to the image "
+                                    "(windowed or grid attention that is not Swin's, e.g. MaxViT)")
+        if st.opts.methods != ("raw",):
+            raise ModelRuntimeError(f"rollout, grad-rollout and legrad need one token sequence through every "
+                                    f"layer; {what} (Swin): use --method raw")
+        st.windowed.add(call.name)
+        return
     if call.queries != call.keys:
         raise ModelRuntimeError(
             f"attention in '{call.name}' maps {call.queries} queries to {call.keys} keys: these methods need "
@@ -65,6 +73,13 @@ def _check_call(st: _State, call: Any, model: nn.Module) -> None:
 def _on_forward(st: _State, model: nn.Module) -> Any:
     def fn(call: Any) -> None:
         _check_call(st, call, model)
+        if call.name in st.windowed:
+            if call.name in st.raw_layers:  # what each token receives in its window, put back in place
+                from inspect_model.methods.attention_windows import unpartition
+
+                rows = call.probs().mean(dim=2)  # (B * windows, heads, N): mean over the window's queries
+                st.raw[call.name] = unpartition(rows.float(), st.batch, st.owners[call.name]).cpu()
+            return
         if call.name in st.raw_layers or st.opts.mosaic:
             rows = am.query_rows(call.probs(), st.query, st.prefix or 0).float()
             if call.name in st.raw_layers:
@@ -125,6 +140,7 @@ def run(model: nn.Module, x: torch.Tensor, opts: am.AttentionOptions, target: An
     with HookEngine(model, [], options) as eng:
         try:
             modules = dict(model.named_modules())
+            _hook_windows(model, names, st, handles)
             for name in legrad_layers:
                 block = block_of(model, name)
                 handles.append(modules[block].register_forward_hook(
@@ -159,6 +175,22 @@ def run(model: nn.Module, x: torch.Tensor, opts: am.AttentionOptions, target: An
     return _finish(st, capture.calls, hw, raw_layers, scores, classes, passes)
 
 
+def _hook_windows(model: nn.Module, names: list[str], st: _State, handles: list[Any]) -> None:
+    """A pre-hook on each Swin window owner that notes its feature map's (H, W)."""
+    from inspect_model.methods.attention_windows import window_owner
+
+    for name in names:
+        owner = window_owner(model, name)
+        if owner is None:
+            continue
+        st.owners[name] = owner
+
+        def note(_m: Any, args: Any, owner: Any = owner) -> None:
+            if args and hasattr(args[0], "shape") and args[0].dim() == 4:
+                owner.hw = (int(args[0].shape[1]), int(args[0].shape[2]))  # (B, H, W, C)
+        handles.append(owner.module.register_forward_pre_hook(note))
+
+
 def _legrad_backward(model: nn.Module, tokens: list[torch.Tensor], idx: torch.Tensor, xin: torch.Tensor) -> None:
     """One backward pass that brings ∂s^l/∂A^l to every chosen layer l (module docstring of
     ``methods.attention``): the gradient at each block's output is replaced by ∂s^l/∂x^l."""
@@ -186,10 +218,13 @@ def _finish(st: _State, calls: list[Any], hw: tuple[int, int], raw_layers: list[
             scores: Any, classes: list[int] | None, passes: dict[str, int]) -> am.AttentionResult:
     import torch
 
-    assert st.tokens is not None and st.heads is not None and st.prefix is not None
+    b = st.batch
+    if st.tokens is None:  # windowed attention only (Swin): maps are already on their feature maps
+        first = st.raw[raw_layers[0]]
+        st.tokens, st.prefix, st.heads = int(first.shape[-2] * first.shape[-1]), 0, int(first.shape[1])
+    assert st.heads is not None and st.prefix is not None
     p, n = st.prefix, st.tokens
     grid = patch_grid(n - p, hw)
-    b = st.batch
 
     def to_grid(row: torch.Tensor) -> torch.Tensor:  # (..., N) -> (..., rows, cols)
         return row[..., p:].reshape(*row.shape[:-1], *grid).float().cpu()
@@ -227,17 +262,23 @@ def _raw_maps(st: _State, layers: list[str], to_grid: Any) -> tuple[dict[str, An
         if name not in st.raw:
             raise LayerSelectionError(f"attention layer '{name}' did not run in the forward pass")
         rows = st.raw[name]  # (B, h, Nk)
+        if name in st.windowed:
+            grid_of = rows.shape[-2:]
+            rows = rows.flatten(2)  # (B, heads, H*W): heads picked below as for any layer
+            to_layer = lambda r, g=grid_of: r.reshape(*r.shape[:-1], *g).float().cpu()  # noqa: E731
+        else:
+            to_layer = to_grid
         if heads == "all":
-            raw[name] = to_grid(rows)
+            raw[name] = to_layer(rows)
             labels = [f"head {h}" for h in range(rows.shape[1])]
         elif isinstance(heads, str):
-            raw[name] = to_grid(am.fuse_heads(rows, heads).unsqueeze(1))
+            raw[name] = to_layer(am.fuse_heads(rows, heads).unsqueeze(1))
             labels = [f"{heads} of {rows.shape[1]} heads"]
         else:
             bad = [h for h in heads if not -rows.shape[1] <= h < rows.shape[1]]
             if bad:
                 raise UsageError(f"--heads {bad[0]} is out of range: '{name}' has {rows.shape[1]} heads "
                                  f"(0..{rows.shape[1] - 1})")
-            raw[name] = to_grid(rows[:, list(heads)])
+            raw[name] = to_layer(rows[:, list(heads)])
             labels = [f"head {h % rows.shape[1]}" for h in heads]
     return raw, labels
