@@ -394,3 +394,27 @@ def test_native_fast_path_recompute_equals_need_weights():
              "mask": pad, "mask_type": 1}
     ref = m(x, x, x, key_padding_mask=pad, need_weights=True, average_attn_weights=False)[1]
     torch.testing.assert_close(_native_probs(bound, 4), ref)
+
+
+def test_maxvit_block_and_grid_attention_mapped_back():
+    """MaxViT's own partition code run on a map of token ids gives where each token came from."""
+    from torchvision.models.maxvit import MaxVit
+
+    torch.manual_seed(0)
+    model = MaxVit(input_size=(32, 32), stem_channels=8, partition_size=2, block_channels=[8, 16],
+                   block_layers=[1, 1], head_dim=4, stochastic_depth_prob=0.0, num_classes=3).eval().double()
+    x = torch.randn(1, 3, 32, 32, dtype=torch.float64)
+    probs: dict[str, torch.Tensor] = {}
+    with AttentionCapture(model, forward=lambda c: probs.__setitem__(c.name, c.probs().clone())):
+        model(x)
+    res = compute_attention(model, x, AttentionOptions(methods=("raw",), layers=("all",), heads="all"))
+    assert len(probs) == 4 and {n.split(".")[-3] for n in probs} == {"window_attention", "grid_attention"}
+    for name, p in probs.items():
+        layer = model.get_submodule(name.rsplit(".", 2)[0])
+        h, w = layer.grid_size
+        ids = torch.arange(h * w, dtype=torch.float64).reshape(1, 1, h, w)
+        ids = layer.partition_swap(layer.partition_op(ids, layer.p)).reshape(-1)  # (groups * tokens,)
+        rec = p.mean(dim=2)  # (groups, heads, N)
+        flat = torch.zeros(rec.shape[1], h * w, dtype=torch.float64)
+        flat[:, ids.long()] = rec.permute(1, 0, 2).reshape(rec.shape[1], -1)
+        torch.testing.assert_close(res.raw[name][0].double(), flat.reshape(-1, h, w), rtol=1e-6, atol=1e-8)

@@ -51,10 +51,10 @@ def _check_call(st: _State, call: Any, model: nn.Module) -> None:
         what = f"'{call.name}' attends within {call.batch} windows of {call.queries} tokens for {st.batch} image(s)"
         if call.name not in st.owners:
             raise ModelRuntimeError(f"attention in {what}, in a layout this tool cannot map back to the image "
-                                    "(windowed or grid attention that is not Swin's, e.g. MaxViT)")
+                                    "(windowed or grid attention of neither Swin nor MaxViT)")
         if st.opts.methods != ("raw",):
             raise ModelRuntimeError(f"rollout, grad-rollout and legrad need one token sequence through every "
-                                    f"layer; {what} (Swin): use --method raw")
+                                    f"layer; {what} (Swin/MaxViT): use --method raw")
         st.windowed.add(call.name)
         return
     if call.queries != call.keys:
@@ -186,7 +186,7 @@ def _hook_windows(model: nn.Module, names: list[str], st: _State, handles: list[
         st.owners[name] = owner
 
         def note(_m: Any, args: Any, owner: Any = owner) -> None:
-            if args and hasattr(args[0], "shape") and args[0].dim() == 4:
+            if not owner.maxvit and args and hasattr(args[0], "shape") and args[0].dim() == 4:
                 owner.hw = (int(args[0].shape[1]), int(args[0].shape[2]))  # (B, H, W, C)
         handles.append(owner.module.register_forward_pre_hook(note))
 

@@ -1,5 +1,9 @@
 """Windowed attention (Swin) mapped back onto the feature map.
 
+MaxViT (torchvision) cuts its (B, C, H, W) map into P x P windows and attends within each
+window ("block" attention) or, with the two axes swapped, across windows among the tokens
+at one place of every window ("grid" attention); both are put back the same way.
+
 A Swin block pads its (B, H, W, C) feature map to whole windows, shifts it cyclically by
 ``shift_size``, cuts it into windows of ``window_size`` and attends within each window: the
 attention op sees (B * windows, heads, N, N) with N = window area. What a token receives,
@@ -27,17 +31,23 @@ class WindowOwner:
     module: Any
     torchvision: bool
     hw: tuple[int, int] | None = None  # the feature map of its latest call
+    maxvit: str = ""  # "window" or "grid" for a torchvision MaxViT PartitionAttentionLayer
 
 
 def window_owner(model: nn.Module, attn_name: str) -> WindowOwner | None:
     """The module holding ``window_size``/``shift_size`` for the attention module ``attn_name``:
     the module itself (torchvision) or its parent (timm); ``None`` when neither does."""
     modules = dict(model.named_modules())
-    parent = attn_name.rsplit(".", 1)[0] if "." in attn_name else ""
+    parts = attn_name.split(".")
+    parent, grand = ".".join(parts[:-1]), ".".join(parts[:-2])
     for name in (attn_name, parent):
         m = modules.get(name)
         if m is not None and hasattr(m, "window_size") and hasattr(m, "shift_size"):
             return WindowOwner(name, m, name == attn_name)
+    m = modules.get(grand)
+    if m is not None and hasattr(m, "partition_swap") and hasattr(m, "grid_size") and hasattr(m, "p"):
+        grid = type(m.partition_swap).__name__ == "SwapAxes"
+        return WindowOwner(grand, m, True, hw=tuple(m.grid_size), maxvit="grid" if grid else "window")
     return None
 
 
@@ -53,6 +63,8 @@ def unpartition(rows: torch.Tensor, batch: int, owner: WindowOwner) -> torch.Ten
 
     assert owner.hw is not None
     h, w = owner.hw
+    if owner.maxvit:
+        return _maxvit(rows, batch, owner.module.p, h, w, owner.maxvit)
     wh, ww = _pair(owner.module.window_size)
     sh, sw = _pair(owner.module.shift_size)
     ph, pw = h + (wh - h % wh) % wh, w + (ww - w % ww) % ww
@@ -66,3 +78,14 @@ def unpartition(rows: torch.Tensor, batch: int, owner: WindowOwner) -> torch.Ten
         return x[:, :, :h, :w]
     x = x[:, :, :h, :w]  # timm: shifted, then padded: crop, then unshift
     return torch.roll(x, shifts=(sh, sw), dims=(2, 3))
+
+
+def _maxvit(rows: torch.Tensor, batch: int, p: int, h: int, w: int, kind: str) -> torch.Tensor:
+    """MaxViT: block attention within P x P windows (token (pi, pj) of window (gi, gj)), grid
+    attention across windows (group (pi, pj), token (gi, gj)); pixel (gi P + pi, gj P + pj)."""
+    heads = rows.shape[1]
+    if kind == "window":  # (B * G, heads, P*P)
+        x = rows.reshape(batch, h // p, w // p, heads, p, p).permute(0, 3, 1, 4, 2, 5)
+    else:  # (B * P*P, heads, G)
+        x = rows.reshape(batch, p, p, heads, h // p, w // p).permute(0, 3, 4, 1, 5, 2)
+    return x.reshape(batch, heads, h, w)
