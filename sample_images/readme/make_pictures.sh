@@ -39,4 +39,9 @@ cp "$tmp"/gb/*.overview.png "$out/guided_backprop.png"
 inspect-model cam resnet50 sample_images/cat.jpg sample_images/coffee.jpg --weights none \
   --method gradcam --method gradcam++ --method layercam --output-dir "$tmp/cam" --quiet > /dev/null
 cp "$tmp/cam/contact_sheet_001.png" "$out/cam_contact_sheet.png"
+
+inspect-model attention vit_b_16 sample_images/cat.jpg --weights none --method rollout --method raw --heads all \
+  --mosaic --output-dir "$tmp/attn" --quiet > /dev/null
+cp "$tmp"/attn/images/0000-cat/rollout.*.png "$out/attention_rollout.png"
+cp "$tmp"/attn/images/0000-cat/mosaic.png "$out/attention_mosaic.png"
 echo "pictures written to $out"

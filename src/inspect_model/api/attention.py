@@ -77,6 +77,10 @@ class AttentionSession(Session):
         maps: list[dict[str, Any]] = []
         for method, m in res.maps.items():
             a = m[i]
+            if float(a.max()) == float(a.min()):
+                self.warnings.add(f"{method}: the map of {name} is constant ({float(a.max()):.3g}): nothing to "
+                                  "show; a gradient map is flat when the class score does not depend on the input "
+                                  "(torchvision starts ViT's head at zero, so with --weights none every score is 0)")
             r, c = divmod(int(a.argmax()), a.shape[1])
             layer = "+".join(self.options.layers) if method == "legrad" and self.options.layers else "all"
             maps.append({"method": method, "layer": layer, "target": target, "peak_cell": [r, c],

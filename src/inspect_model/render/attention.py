@@ -100,7 +100,7 @@ def mosaic(maps: np.ndarray, layers: Sequence[str], title: Sequence[str], *, cma
         for h in range(n_heads):
             body.paste(_cell(maps[li, h], vmax, cmap, side), (lab_w + h * (cw + pad), y))
         body.paste(_label(f"max {raster.tick_label(vmax)}", max_w, ch, 10), (lab_w + n_heads * (cw + pad), y))
-    bar = raster.colorbar(body.size[1], 0.0, 1.0, cmap, "/ row's max")
+    bar = raster.colorbar(body.size[1], 0.0, 1.0, cmap, "attention / row max")
     return raster.titled(body, list(title), right=bar)
 
 
