@@ -80,3 +80,16 @@ def test_resume_equals_plain_run(cli, spec: str, tmp_path: Path) -> None:
     assert plain.exit_code == 0 and resumed.exit_code == 0, resumed.stderr
     a, b = json.loads(plain.stdout), json.loads(resumed.stdout)
     assert a["images"] == b["images"] and sorted(a["files"]) == sorted(b["files"])
+
+
+def test_evaluate_ranks_the_maps(cli, spec: str) -> None:
+    r = cli(["attention", spec, IMAGES[0], "--input-size", "3x32x32", "-m", "all", "--evaluate", "--metric",
+             "deletion,insertion", "--eval-steps", "4", "--json", "-q"])
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    jsonschema.Draft202012Validator(load_schema("attention")).validate(doc)
+    rows = doc["evaluation"]["average"]
+    assert sorted(row["method"] for row in rows) == ["grad-rollout", "legrad", "rollout"]
+    assert all(set(row["scores"]) >= {"deletion", "insertion"} for row in rows)
+    scored = [m for m in doc["images"][0]["maps"] if m["method"] != "raw"]
+    assert all(len(m["evaluation"]["curves"]["deletion"]) == 5 for m in scored)

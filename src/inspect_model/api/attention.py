@@ -32,7 +32,8 @@ class AttentionSession(Session):
     streams_files = True
 
     def __init__(self, prep: Any, mopts: ModelOptions, options: Any, *, target: str = "predicted",
-                 colormap: str = "jet", save_raw: bool = False, keep_maps: bool = False) -> None:
+                 colormap: str = "jet", save_raw: bool = False, keep_maps: bool = False,
+                 evaluate: dict[str, Any] | None = None, notes: Any = None, progress: Any = None) -> None:
         from inspect_model.methods.targets import parse_target
 
         self.prep, self.mopts, self.options = prep, mopts, options
@@ -47,6 +48,17 @@ class AttentionSession(Session):
         self.maps: list[Any] = []
         self.info: dict[str, Any] | None = None
         self.warnings = Warnings()
+        self.eval_options = dict(evaluate or {"evaluate": False})
+        self.evaluator = None
+        if self.eval_options.get("evaluate"):
+            from inspect_model.api.cam_evaluate import Evaluator, check_evaluate_request
+
+            ev = self.eval_options
+            parsed = check_evaluate_request(evaluate=True, metrics=ev.get("metrics"), boxes=ev.get("boxes"),
+                                            steps=ev["eval_steps"], batch=ev["eval_batch"])
+            self.eval_options["metrics"] = parsed
+            self.evaluator = Evaluator(prep, parsed, steps=ev["eval_steps"], batch=ev["eval_batch"],
+                                       boxes=ev.get("boxes"), notes=notes, progress=progress)
 
     def feed(self, batch: Any) -> list[ImageItem]:
         from inspect_model.methods.attention import compute_attention
@@ -64,6 +76,10 @@ class AttentionSession(Session):
             self.entries.append(entry)
             img = batch.images[i] if batch.images is not None else None
             items.append(ImageItem(entry, (img, x[i].detach().float().cpu(), res, i)))
+        if self.evaluator is not None and any(m != "raw" for m in self.options.methods):
+            if res.targets is None:
+                raise InputError("--evaluate needs class scores: the model's output is no (N, classes) tensor")
+            self.evaluator.feed(_EvalView(res), batch, [_scored(it.entry) for it in items])
         return items
 
     def _entry(self, index: int, name: str, res: Any, i: int) -> dict[str, Any]:
@@ -83,7 +99,7 @@ class AttentionSession(Session):
                                   "(torchvision starts ViT's head at zero, so with --weights none every score is 0)")
             r, c = divmod(int(a.argmax()), a.shape[1])
             layer = "+".join(self.options.layers) if method == "legrad" and self.options.layers else "all"
-            maps.append({"method": method, "layer": layer, "target": target, "peak_cell": [r, c],
+            maps.append({"method": method, "layer": layer, "target": target, "rank": 0, "peak_cell": [r, c],
                          "max": float(a.max()), "min": float(a.min()), "files": {}})
         for layer, v in res.raw.items():
             maps.append({"method": "raw", "layer": layer, "target": None, "heads": res.head_labels,
@@ -100,10 +116,14 @@ class AttentionSession(Session):
         o = self.options
         payload = {"model": self.prep.loaded.name, "methods": list(o.methods), **(self.info or {}),
                    "images": self.entries, "image_count": len(self.entries), "skipped": skipped}
+        if self.evaluator is not None:
+            columns = list(dict.fromkeys((m["method"], m["layer"]) for e in self.entries for m in e["maps"]
+                                         if m["method"] != "raw"))
+            payload["evaluation"] = self.evaluator.summary(self.entries, columns)
         options = self.prep.options(
             self.mopts, methods=list(o.methods), layers=list(o.layers), heads=o.heads, query=o.query,
             head_fusion=o.head_fusion, discard_ratio=o.discard_ratio, mosaic=o.mosaic, target=self.target_text,
-            colormap=self.colormap, save_raw=self.save_raw)
+            colormap=self.colormap, save_raw=self.save_raw, **self.eval_options)
         record = _AttentionRecord(self.maps) if self.keep_maps else None
         return Result("attention", options, payload, self.warnings.to_list(), record=record,
                       render_text=lambda r: render.report_text(r.to_dict()),
@@ -150,6 +170,28 @@ class AttentionSession(Session):
         return out
 
 
+class _EvalView:
+    """An attention batch as ``cam --evaluate`` reads a cam batch: maps at the input's size in
+    [0, 1], one per image and method, and the class probabilities."""
+
+    def __init__(self, res: Any) -> None:
+        from types import SimpleNamespace
+
+        import torch
+
+        from inspect_model.render.attention import normalise, upsample
+
+        self.probabilities = res.scores.softmax(dim=1)
+        self.maps = [SimpleNamespace(sample=i, target=int(res.targets[i]),
+                                     map=torch.from_numpy(upsample(normalise(m[i].numpy()), res.input_hw).copy()))
+                     for i in range(len(res.targets)) for m in res.maps.values()]
+
+
+def _scored(entry: dict[str, Any]) -> dict[str, Any]:
+    """The entry as the evaluator sees it: its method maps (the same records, scored in place)."""
+    return {"index": entry["index"], "image": entry["image"], "maps": [m for m in entry["maps"] if m["method"] != "raw"]}
+
+
 class _AttentionRecord:
     """What the API result adds for Python users: the maps as tensors."""
 
@@ -164,6 +206,8 @@ class _AttentionRecord:
 def attention(model: Any, images: Any = None, methods: Any = ("rollout",), *, layers: Any = (),
               heads: str = "mean", query: str = "cls", head_fusion: str = "mean", discard_ratio: float = 0.0,
               mosaic: bool = False, target: Any = "predicted", colormap: str = "jet", save_raw: bool = False,
+              evaluate: bool = False, metrics: list[str] | None = None, boxes: Any = None, eval_steps: int = 32,
+              eval_batch: int = 64,
               model_options: ModelOptions | None = None, inputs: InputOptions | None = None,
               output_dir: Any = None, force: bool = False, tensorboard: Any = None, keep: bool | None = None,
               on_item: Any = None, notes: Any = None, progress: Any = None) -> Result:
@@ -180,12 +224,17 @@ def attention(model: Any, images: Any = None, methods: Any = ("rollout",), *, la
                             layers=tuple(str(s) for s in layers), heads=heads, query=query,
                             head_fusion=head_fusion, discard_ratio=discard_ratio, mosaic=mosaic)
     check_colormap(colormap)
+    from inspect_model.api.cam_evaluate import check_evaluate_request
+
+    check_evaluate_request(evaluate=evaluate, metrics=metrics, boxes=boxes, steps=eval_steps, batch=eval_batch)
     mopts = model_options or ModelOptions(model)
     inputs = inputs or InputOptions(images)
     prep = prepare("attention", mopts, inputs, hooks=True, notes=notes)
     keep = output_dir is None if keep is None else keep
+    ev = {"evaluate": evaluate, "metrics": metrics, "boxes": str(boxes) if boxes else None, "eval_steps": eval_steps,
+          "eval_batch": eval_batch}
     session = AttentionSession(prep, mopts, opts, target=str(target), colormap=colormap, save_raw=save_raw,
-                               keep_maps=keep)
+                               keep_maps=keep, evaluate=ev if evaluate else None, notes=notes, progress=progress)
     total = len(prep.plan.paths) if prep.plan.paths else 0
     return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
                    keep=keep, tensorboard=tensorboard, on_item=on_item)

@@ -8,6 +8,7 @@ import typer
 
 from inspect_model.api.options import InputOptions, ModelOptions
 from inspect_model.cli import common as c
+from inspect_model.cli.cam import BoxesOpt, EvalBatchOpt, EvalStepsOpt, EvaluateOpt, MetricOpt
 from inspect_model.cli.shared import RunOptions, run_api, shared_options
 
 EXAMPLE = "inspect-model attention vit_b_16 cat.jpg --method rollout,grad-rollout,legrad --output-dir attn"
@@ -45,6 +46,11 @@ def attention(
     target: c.TargetOpt = "predicted",
     colormap: c.ColormapOpt = "jet",
     save_raw: c.SaveRawOpt = False,
+    evaluate: EvaluateOpt = False,
+    metric: MetricOpt = None,
+    boxes: BoxesOpt = None,
+    eval_steps: EvalStepsOpt = 32,
+    eval_batch: EvalBatchOpt = 64,
     *,
     opts: ModelOptions,
     inputs: InputOptions,
@@ -67,6 +73,10 @@ def attention(
     AttentionOptions(methods=tuple(method or ["rollout"]), layers=tuple(layers or ()), heads=heads, query=query,
                      head_fusion=head_fusion, discard_ratio=discard_ratio, mosaic=mosaic)
     check_colormap(colormap)
+    from inspect_model.api.cam_evaluate import check_evaluate_request
+
+    check_evaluate_request(evaluate=evaluate, metrics=metric, boxes=boxes, steps=eval_steps, batch=eval_batch)
     run_api("attention", api_attention, opts, inputs, run_opts, methods=list(method or ["rollout"]),
             layers=list(layers or []), heads=heads, query=query, head_fusion=head_fusion,
-            discard_ratio=discard_ratio, mosaic=mosaic, target=target, colormap=colormap, save_raw=save_raw)
+            discard_ratio=discard_ratio, mosaic=mosaic, target=target, colormap=colormap, save_raw=save_raw,
+            evaluate=evaluate, metrics=metric, boxes=boxes, eval_steps=eval_steps, eval_batch=eval_batch)

@@ -119,6 +119,20 @@ def _targets(target: Any, scores: torch.Tensor) -> list[int]:
     return [r[0] for r in resolve_targets(target, scores)]
 
 
+def _scores_and_targets(out: Any, target: Any, *, required: bool) -> tuple[Any, list[int] | None]:
+    """The class scores and one target per image; without a gradient method a model whose
+    output is no (N, classes) tensor just has none."""
+    from inspect_model.errors import InspectModelError
+
+    try:
+        scores = model_scores(out)
+        return scores, _targets(target, scores.detach())
+    except InspectModelError:
+        if required:
+            raise
+        return None, None
+
+
 def run(model: nn.Module, x: torch.Tensor, opts: am.AttentionOptions, target: Any) -> am.AttentionResult:
     import torch
 
@@ -156,10 +170,9 @@ def run(model: nn.Module, x: torch.Tensor, opts: am.AttentionOptions, target: An
                     raise LayerSelectionError(
                         f"no attention found in {type(model).__name__}: no nn.MultiheadAttention, "
                         "scaled_dot_product_attention or softmax attention ran in the forward pass")
-                scores, classes = None, None
+                scores, classes = _scores_and_targets(out, target, required=opts.needs_grad)
                 if opts.needs_grad:
-                    scores = model_scores(out)
-                    classes = _targets(target, scores.detach())
+                    assert scores is not None and classes is not None
                     idx = torch.tensor(classes, device=scores.device).view(-1, 1)
                     if "grad-rollout" in methods:
                         st.phase = "grad-rollout"

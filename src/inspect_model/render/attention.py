@@ -202,6 +202,17 @@ def report_text(doc: dict) -> str:  # type: ignore[type-arg]
                 lines.append(f"    raw {m['layer']}: query {m['query']}, {', '.join(m['heads'])}, max {m['max']:.3g}")
             else:
                 lines.append(f"    {m['method']:<13} peak at patch (row {m['peak_cell'][0]}, col {m['peak_cell'][1]})")
+    ev = doc.get("evaluation")
+    if ev and ev.get("average"):
+        names = [k for k in ("deletion", "insertion", "road", "drop", "increase", "pointing", "energy")
+                 if any(k in row["scores"] for row in ev["average"])]
+        lines.append(f"faithfulness (mean over images; deletion and drop: lower is better, the rest higher): "
+                     f"{', '.join(names)}")
+        for row in ev["average"]:
+            vals = "  ".join(f"{k} {row['scores'][k]:.3f}" if row["scores"].get(k) is not None else f"{k} -"
+                             for k in names)
+            lines.append(f"  #{row['rank']:.1f} {row['method']:<13} {vals}" if row.get("rank") is not None
+                         else f"  {row['method']:<13} {vals}")
     for w in doc.get("warnings", []):
         lines.append(f"warning: {w.get('message', w)}")
     return "\n".join(lines) + "\n"
