@@ -160,7 +160,7 @@ def test_causal_and_masked_sdpa():
     for kw in ({"is_causal": True}, {"attn_mask": mask}, {"attn_mask": torch.randn(5, 5, dtype=torch.float64)},
                {"scale": 0.3}):
         got: list[torch.Tensor] = []
-        with AttentionCapture(model, forward=lambda c: got.append(c.probs())):
+        with AttentionCapture(model, forward=lambda c, got=got: got.append(c.probs())):
             out = model(**kw)
         logits = q @ k.transpose(-2, -1) * kw.get("scale", 0.5)
         if kw.get("is_causal"):
@@ -383,7 +383,7 @@ def test_model_given_back():
 
 def test_native_fast_path_recompute_equals_need_weights():
     """Off the CPU the fast path's probabilities are recomputed from its inputs: same numbers."""
-    from inspect_model.engine.attention import _native_probs
+    from inspect_model.engine.attention_ops import native_probs as _native_probs
 
     torch.manual_seed(0)
     m = nn.MultiheadAttention(16, 4, batch_first=True).eval().double()
@@ -418,3 +418,36 @@ def test_maxvit_block_and_grid_attention_mapped_back():
         flat = torch.zeros(rec.shape[1], h * w, dtype=torch.float64)
         flat[:, ids.long()] = rec.permute(1, 0, 2).reshape(rec.shape[1], -1)
         torch.testing.assert_close(res.raw[name][0].double(), flat.reshape(-1, h, w), rtol=1e-6, atol=1e-8)
+
+
+def test_failing_forward_gives_the_model_back():
+    """A model that raises after its attention (and inside an nn.MultiheadAttention): every hook,
+    torch-function mode and dispatch mode is gone, flags restored, the error is one line."""
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    class Boom(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+            self.head = nn.Linear(8, 3)
+            self.head.register_forward_hook(lambda *_: 1 / 0)
+
+        def forward(self, x):
+            t = x.flatten(2).transpose(1, 2)[..., :8]
+            t = self.attn(t, t, t, need_weights=False)[0]
+            bad = torch.zeros(3, 3, dtype=torch.bool)  # a key padding mask of the wrong shape
+            t = t + self.attn(t, t, t, key_padding_mask=bad)[0] if x.shape[0] > 1 else t
+            return self.head(t.mean(1))
+
+    model = Boom().train()
+    opts = AttentionOptions(methods=("raw", "rollout", "grad-rollout"))
+    for n, where in ((1, "head': ZeroDivisionError"), (2, "attn': ")):
+        with pytest.raises(ModelRuntimeError, match=f"forward pass failed in layer '{where}"):
+            compute_attention(model, torch.randn(n, 8, 4, 4), opts)
+    assert model.training and all(m.training for m in model.modules())
+    assert all(p.requires_grad and p.grad is None for p in model.parameters())
+    handles = [m for m in model.modules() if m._forward_pre_hooks or (m._forward_hooks and m is not model.head)]
+    assert not handles and len(model.head._forward_hooks) == 1  # the model's own hook stays
+    assert not _get_current_function_mode_stack() and not _get_current_dispatch_mode_stack()
+    assert torch._C._is_torch_function_enabled()

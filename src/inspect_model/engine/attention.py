@@ -27,7 +27,6 @@ op it is dS/dO V^T (O = A V, so this is exact), read off a tensor hook on the op
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -37,8 +36,15 @@ from typing import TYPE_CHECKING, Any, Self
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from inspect_model.engine.attention_ops import (
+    KernelWatch,
+    as_float,
+    as_heads,
+    mask4,
+    native_probs,
+    recompute,
+)
 from inspect_model.errors import ModelRuntimeError
 
 if TYPE_CHECKING:
@@ -121,97 +127,6 @@ def prefix_tokens(model: nn.Module, tokens: int | None = None) -> int:
     return tokens - side * side if tokens - side * side <= 8 else 0
 
 
-def recompute(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
-              scale: float | None) -> torch.Tensor:
-    """softmax(Q K^T * scale + mask) as ``F.scaled_dot_product_attention`` defines it.
-
-    ``q`` (B, h, L, E), ``k`` (B, hk, S, E) with hk dividing h (grouped-query attention);
-    computed in float32 (float64 kept). Returns (B, h, L, S)."""
-    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    q, k = q.detach().to(dtype), k.detach().to(dtype)
-    if k.shape[-3] != q.shape[-3] and q.dim() >= 3:
-        k = k.repeat_interleave(q.shape[-3] // k.shape[-3], dim=-3)
-    s = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    logits = torch.matmul(q, k.transpose(-2, -1)).mul_(s)
-    L, S = logits.shape[-2], logits.shape[-1]
-    if is_causal:
-        causal = torch.ones(L, S, dtype=torch.bool, device=q.device).tril()
-        logits.masked_fill_(~causal, float("-inf"))
-    if mask is not None:
-        mask = mask.detach()
-        if mask.dtype == torch.bool:
-            logits.masked_fill_(~mask, float("-inf"))
-        else:
-            logits.add_(mask.to(dtype))
-    # A fully masked row gives NaN in softmax; SDPA's kernels give zeros: match them.
-    return torch.softmax(logits, dim=-1).nan_to_num_(0.0)
-
-
-def _as_heads(t: torch.Tensor, batch: int) -> torch.Tensor:
-    """(B*h, L, S) or (B, h, L, S) or (L, S) -> (B, h, L, S)."""
-    if t.dim() == 4:
-        return t
-    if t.dim() == 3:
-        return t.reshape(batch, t.shape[0] // batch, *t.shape[1:])
-    return t.reshape(1, 1, *t.shape[-2:])
-
-
-class _KernelWatch(TorchDispatchMode):
-    """Inside an ``nn.MultiheadAttention``: the first attention kernel's Q, K, V, mask and
-    scale, or the first last-dimension softmax and the value it multiplies.
-
-    The native fast-path kernel on the CPU is asked for its per-head weights when the layer is
-    wanted (``grab``): it computes them anyway, and its output is bit for bit the same (checked
-    in the tests); elsewhere Q and K are recomputed from its inputs."""
-
-    def __init__(self, grab: bool = False) -> None:
-        super().__init__()
-        self.grab = grab
-        self.qkv: dict[str, Any] | None = None
-        self.softmax: torch.Tensor | None = None
-        self.value: torch.Tensor | None = None
-        self.weights: torch.Tensor | None = None
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        name = func.__name__
-        if self.qkv is None and self.softmax is None and name.startswith("_native_multi_head_attention"):
-            return self._native(func, args, kwargs)
-        out = func(*args, **kwargs)
-        if self.qkv is None and self.softmax is None and name.startswith("_scaled_dot_product"):
-            bound = _bind(func, args, kwargs)
-            self.qkv = {"q": bound["query"], "k": bound["key"], "v": bound["value"],
-                        "mask": bound.get("attn_mask", bound.get("attn_bias")),
-                        "is_causal": bool(bound.get("is_causal", False)), "scale": bound.get("scale")}
-        elif self.qkv is None and self.softmax is None and name.split(".")[0] in ("_softmax", "_safe_softmax"):
-            dim = args[1] if len(args) > 1 else kwargs.get("dim", -1)
-            if dim in (-1, args[0].dim() - 1):
-                self.softmax = out
-        elif (self.softmax is not None and self.value is None and name.split(".")[0] in ("bmm", "mm")
-              and args[0].data_ptr() == self.softmax.data_ptr()):
-            self.value = args[1]
-        return out
-
-    def _native(self, func: Any, args: Any, kwargs: Any) -> Any:
-        bound = _bind(func, args, kwargs)
-        self.qkv = {"native": bound}
-        if not self.grab or bound["query"].device.type != "cpu" or bound.get("need_weights"):
-            return func(*args, **kwargs)
-        asked = dict(bound, need_weights=True, average_attn_weights=False)
-        out, weights = func(*[asked[a.name] for a in func._schema.arguments])
-        self.weights = weights
-        return out, None  # what the kernel returns for need_weights=False
-
-
-def _bind(func: Any, args: Any, kwargs: Any) -> dict[str, Any]:
-    bound = {a.name: v for a, v in zip(func._schema.arguments, args, strict=False)}
-    for a in func._schema.arguments[len(args):]:
-        if a.name not in kwargs and a.has_default_value():
-            bound[a.name] = a.default_value
-    bound.update(kwargs)
-    return bound
-
-
 class AttentionCapture:
     """Context manager: while active, every attention op of ``model`` is seen (module docstring).
 
@@ -231,7 +146,7 @@ class AttentionCapture:
         self._stack: list[tuple[str, Any]] = []
         self._handles: list[Any] = []
         self._mode: _Mode | None = None
-        self._mha_open: list[tuple[_KernelWatch, Any]] = []
+        self._mha_open: list[tuple[KernelWatch, Any]] = []
 
     # -- borrowing the model ---------------------------------------------------------------
     def __enter__(self) -> Self:
@@ -286,7 +201,7 @@ class AttentionCapture:
         disabled = torch._C.DisableTorchFunction()
         disabled.__enter__()
         name = self._stack[-1][0] if self._stack else ""
-        watch = _KernelWatch(grab=self.wanted is None or self.wanted(name))
+        watch = KernelWatch(grab=self.wanted is None or self.wanted(name))
         watch.__enter__()
         self._mha_open.append((watch, disabled))
 
@@ -344,14 +259,14 @@ class AttentionCapture:
         q4 = q if q.dim() == 4 else q.reshape(-1, *q.shape[-3:]) if q.dim() > 4 else q.unsqueeze(0)
         shape = (q4.shape[0], q4.shape[1], q.shape[-2], k.shape[-2])
         call = self._record("sdpa", caller, shape,
-                            lambda: _as_heads(recompute(q, k, mask, causal, scale), shape[0]))
+                            lambda: as_heads(recompute(q, k, mask, causal, scale), shape[0]))
         if call is not None and self._want_grad(out):
             def grad_hook(g: torch.Tensor, call: AttentionCall = call) -> None:
                 vv = v.detach()
                 if vv.shape[-3] != g.shape[-3]:
                     vv = vv.repeat_interleave(g.shape[-3] // vv.shape[-3], dim=-3)
                 ga = torch.matmul(g.detach().to(call.probs().dtype), vv.to(call.probs().dtype).transpose(-2, -1))
-                self._backward(call, _as_heads(ga, shape[0]))
+                self._backward(call, as_heads(ga, shape[0]))
             out.register_hook(grad_hook)
 
     def on_softmax(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
@@ -365,13 +280,13 @@ class AttentionCapture:
             return
         p = out.detach()
         batch = p.shape[0] if p.dim() == 4 else 1
-        p4 = _as_heads(p, batch) if p.dim() <= 4 else p.reshape(-1, *p.shape[-3:])
-        call = self._record("softmax", caller, tuple(p4.shape), lambda: _float(p4))  # type: ignore[arg-type]
+        p4 = as_heads(p, batch) if p.dim() <= 4 else p.reshape(-1, *p.shape[-3:])
+        call = self._record("softmax", caller, tuple(p4.shape), lambda: as_float(p4))  # type: ignore[arg-type]
         if call is not None and self._want_grad(out):
-            out.register_hook(lambda g, call=call: self._backward(call, _float(g.reshape(p4.shape))))
+            out.register_hook(lambda g, call=call: self._backward(call, as_float(g.reshape(p4.shape))))
 
     def on_mha(self, caller: tuple[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-               watch: _KernelWatch, out: Any) -> None:
+               watch: KernelWatch, out: Any) -> None:
         module = caller[1]
         attn_out = out[0] if isinstance(out, tuple) else out
         query = args[0] if args else kwargs["query"]
@@ -382,24 +297,24 @@ class AttentionCapture:
         if watch.weights is not None:
             weights = watch.weights
             shape = tuple(weights.shape)  # type: ignore[assignment]
-            get = lambda: _float(weights)  # noqa: E731
+            get = lambda: as_float(weights)
         elif watch.qkv is not None and "native" in watch.qkv:
             native = watch.qkv["native"]
             lq, lk = native["query"].shape[-2], native["key"].shape[-2]
             shape = (batch, heads, lq, lk)
-            get = lambda: _native_probs(native, heads)  # noqa: E731
+            get = lambda: native_probs(native, heads)
         elif watch.qkv is not None:
             info = watch.qkv
             q, k, v = info["q"], info["k"], info["v"]
             shape = (batch, heads, q.shape[-2], k.shape[-2])
-            get = lambda: _as_heads(recompute(  # noqa: E731
+            get = lambda: as_heads(recompute(
                 q.reshape(batch, heads, *q.shape[-2:]), k.reshape(batch, heads, *k.shape[-2:]),
-                _mask4(info["mask"], batch, heads), info["is_causal"], info["scale"]), batch)
+                mask4(info["mask"], batch, heads), info["is_causal"], info["scale"]), batch)
         elif watch.softmax is not None:
-            p = _as_heads(watch.softmax, batch)
+            p = as_heads(watch.softmax, batch)
             v = watch.value
             shape = tuple(p.shape)  # type: ignore[assignment]
-            get = lambda: _float(p)  # noqa: E731
+            get = lambda: as_float(p)
         else:
             raise ModelRuntimeError(f"attention op of '{caller[0]}' not recognised (no attention kernel ran)")
         call = self._record("mha", caller, shape, get)
@@ -421,37 +336,6 @@ class AttentionCapture:
     def _backward(self, call: AttentionCall, grad: torch.Tensor) -> None:
         assert self.backward_fn is not None
         self.backward_fn(call, grad)
-
-
-def _float(t: torch.Tensor) -> torch.Tensor:
-    return t if t.dtype in (torch.float32, torch.float64) else t.float()
-
-
-def _native_probs(bound: dict[str, Any], heads: int) -> torch.Tensor:
-    """Probabilities of a ``_native_multi_head_attention`` call (the fast path, inference
-    only): Q and K recomputed from its inputs and packed in-projection. (B, h, L, S)."""
-    w, b = bound["qkv_weight"].detach(), bound["qkv_bias"]
-    e = int(bound["embed_dim"])
-    q = F.linear(bound["query"].detach(), w[:e], None if b is None else b[:e].detach())
-    k = F.linear(bound["key"].detach(), w[e:2 * e], None if b is None else b[e:2 * e].detach())
-    q = q.reshape(*q.shape[:-1], heads, e // heads).transpose(-3, -2)
-    k = k.reshape(*k.shape[:-1], heads, e // heads).transpose(-3, -2)
-    mask = bound.get("mask")
-    if isinstance(mask, torch.Tensor):
-        if mask.dtype == torch.bool:  # MHA's convention: True = not attended
-            mask = ~mask
-        if int(bound.get("mask_type") or 0) == 1 and mask.dim() == 2:  # key padding (B, S)
-            mask = mask[:, None, None, :]
-    return recompute(q, k, mask, False, None)
-
-
-def _mask4(mask: Any, batch: int, heads: int) -> Any:
-    """An MHA kernel mask (B*h or B, ..., S) reshaped to broadcast against (B, h, L, S)."""
-    if not isinstance(mask, torch.Tensor) or mask.dim() < 3:
-        return mask
-    if mask.dim() == 3 and mask.shape[0] == batch * heads:
-        return mask.reshape(batch, heads, *mask.shape[1:])
-    return mask
 
 
 def _once(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
@@ -484,12 +368,3 @@ class _Mode(TorchFunctionMode):
             self.capture.on_softmax(args, kwargs, out)
             return out
         return func(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def math_attention() -> Any:
-    """SDPA forced to its math backend (the independent path the tests compare with)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    with sdpa_kernel(SDPBackend.MATH):
-        yield

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.errors import LayerSelectionError, ModelRuntimeError, UsageError, suggest
+from inspect_model.errors import LayerSelectionError, UsageError, suggest
 
 if TYPE_CHECKING:
     import torch

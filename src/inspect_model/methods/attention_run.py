@@ -278,7 +278,7 @@ def _raw_maps(st: _State, layers: list[str], to_grid: Any) -> tuple[dict[str, An
         if name in st.windowed:
             grid_of = rows.shape[-2:]
             rows = rows.flatten(2)  # (B, heads, H*W): heads picked below as for any layer
-            to_layer = lambda r, g=grid_of: r.reshape(*r.shape[:-1], *g).float().cpu()  # noqa: E731
+            to_layer = lambda r, g=grid_of: r.reshape(*r.shape[:-1], *g).float().cpu()
         else:
             to_layer = to_grid
         if heads == "all":
