@@ -93,3 +93,21 @@ def test_evaluate_ranks_the_maps(cli, spec: str) -> None:
     assert all(set(row["scores"]) >= {"deletion", "insertion"} for row in rows)
     scored = [m for m in doc["images"][0]["maps"] if m["method"] != "raw"]
     assert all(len(m["evaluation"]["curves"]["deletion"]) == 5 for m in scored)
+
+
+def test_torchrun_two_ranks_equal_one_process(cli, spec: str, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    common = [spec, *IMAGES, str(ROOT / "sample_images" / "coffee.jpg"), "--input-size", "3x32x32", "-m", "all",
+              "--batch-size", "1", "--json", "-q"]
+    one = cli(["attention", *common, "-o", str(tmp_path / "one")])
+    env = dict(os.environ, OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                          "-m", "inspect_model", "attention", *common, "-o", str(tmp_path / "two")],
+                         capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert one.exit_code == 0 and two.returncode == 0, two.stderr[-2000:]
+    a, b = json.loads(one.stdout), json.loads(two.stdout)
+    assert a["images"] == b["images"] and sorted(a["files"]) == sorted(b["files"])
