@@ -276,7 +276,7 @@ def test_raw_heads_and_query():
     res = compute_attention(model, x, AttentionOptions(methods=("raw",), layers=("0", "-1"), heads="1,0",
                                                        query="3"))
     assert list(res.raw) == ["vit.layers.0.attention", "vit.layers.1.attention"]
-    assert res.head_labels == ["head 1", "head 0"]
+    assert res.head_labels["vit.layers.0.attention"] == ["head 1", "head 0"]
     torch.testing.assert_close(res.raw["vit.layers.0.attention"].double(),
                                atts[0][:, [1, 0], 3, 1:].reshape(2, 2, 4, 4), rtol=1e-6, atol=1e-8)
     res = compute_attention(model, x, AttentionOptions(methods=("raw",), heads="max", query="mean"))

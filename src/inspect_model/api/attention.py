@@ -67,7 +67,8 @@ class AttentionSession(Session):
         res = compute_attention(self.prep.loaded.model, x, self.options, target=self.spec)
         if self.info is None:
             self.info = {"layers": res.layers, "heads": res.heads, "tokens": res.tokens, "prefix_tokens": res.prefix,
-                         "grid": list(res.grid), "passes_per_batch": dict(res.passes)}
+                         "grid": list(res.grid), "windowed": bool(res.windowed),
+                         "passes_per_batch": dict(res.passes)}
         if self.keep_maps:
             self.maps.append(res)
         items = []
@@ -102,8 +103,9 @@ class AttentionSession(Session):
             maps.append({"method": method, "layer": layer, "target": target, "rank": 0, "peak_cell": [r, c],
                          "max": float(a.max()), "min": float(a.min()), "files": {}})
         for layer, v in res.raw.items():
-            maps.append({"method": "raw", "layer": layer, "target": None, "heads": res.head_labels,
-                         "query": self.options.query, "max": float(v[i].max()), "min": float(v[i].min()),
+            maps.append({"method": "raw", "layer": layer, "target": None, "heads": res.head_labels[layer],
+                         "query": "mean (over each window)" if layer in res.windowed else self.options.query,
+                         "grid": list(v.shape[-2:]), "max": float(v[i].max()), "min": float(v[i].min()),
                          "files": {}})
         return {"index": index, "image": name, "target": target, "maps": maps, "files": {}}
 
@@ -155,9 +157,10 @@ class AttentionSession(Session):
                 rec["files"]["overlay"] = sink.image(f"{base}/{method}.{tag}.png", fig)
             else:
                 m = res.raw[layer][i].numpy()
-                fig = ra.head_grid(m, res.head_labels, [
-                    f"attention of {layer}",
-                    f"query {self.options.query}, {res.grid[0]}x{res.grid[1]} patches: {entry['image']}"])
+                what = ("attention received, mean over each window's queries" if layer in res.windowed
+                        else f"attention of query {self.options.query}")
+                fig = ra.head_grid(m, res.head_labels[layer], [
+                    f"{layer}", f"{what}, {m.shape[-2]}x{m.shape[-1]} tokens: {entry['image']}"])
                 rec["files"]["grid"] = sink.image(f"{base}/raw.{safe_name(layer)}.png", fig)
             if self.save_raw:
                 stem = f"{base}/{method}.{tag}" if method != "raw" else f"{base}/raw.{safe_name(layer)}"

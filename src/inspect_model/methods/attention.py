@@ -119,7 +119,7 @@ class AttentionResult:
 
     maps: dict[str, torch.Tensor]  # method -> (B, rows, cols), for rollout/grad-rollout/legrad
     raw: dict[str, torch.Tensor]  # layer -> (B, heads shown, rows, cols)
-    head_labels: list[str]  # labels of the raw maps' second axis ("head 0", "mean of 12 heads")
+    head_labels: dict[str, list[str]]  # layer -> labels of its raw maps' second axis ("head 0", "mean of 12 heads")
     layers: list[str]  # attention layers, in call order
     heads: int
     tokens: int
@@ -131,6 +131,7 @@ class AttentionResult:
     passes: dict[str, int] = field(default_factory=dict)
     calls: list[Any] = field(default_factory=list)
     mosaic: torch.Tensor | None = None  # (B, layers, heads, rows, cols) with options.mosaic
+    windowed: list[str] = field(default_factory=list)  # raw layers of windowed attention (Swin, MaxViT)
 
 
 def select_layers(specs: Sequence[str], names: Sequence[str]) -> list[str]:

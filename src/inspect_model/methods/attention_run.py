@@ -47,7 +47,7 @@ class _State:
 def _check_call(st: _State, call: Any, model: nn.Module) -> None:
     from inspect_model.engine.attention import prefix_tokens
 
-    if call.batch != st.batch:
+    if call.batch != st.batch or call.name in st.owners:  # a Swin stage of one window is windowed too
         what = f"'{call.name}' attends within {call.batch} windows of {call.queries} tokens for {st.batch} image(s)"
         if call.name not in st.owners:
             raise ModelRuntimeError(f"attention in {what}, in a layout this tool cannot map back to the image "
@@ -264,13 +264,14 @@ def _finish(st: _State, calls: list[Any], hw: tuple[int, int], raw_layers: list[
                               tokens=n, prefix=p, grid=grid, input_hw=hw,
                               scores=None if scores is None else scores.detach().float().cpu(),
                               targets=classes, passes=passes, calls=calls,
-                              mosaic=to_grid(torch.stack(st.mosaic, dim=1)) if st.mosaic else None)
+                              mosaic=to_grid(torch.stack(st.mosaic, dim=1)) if st.mosaic else None,
+                              windowed=[n for n in raw_layers if n in st.windowed])
 
 
-def _raw_maps(st: _State, layers: list[str], to_grid: Any) -> tuple[dict[str, Any], list[str]]:
+def _raw_maps(st: _State, layers: list[str], to_grid: Any) -> tuple[dict[str, Any], dict[str, list[str]]]:
     heads = am.parse_heads(st.opts.heads)
     raw: dict[str, Any] = {}
-    labels: list[str] = []
+    labels: dict[str, list[str]] = {}
     for name in layers:
         if name not in st.raw:
             raise LayerSelectionError(f"attention layer '{name}' did not run in the forward pass")
@@ -283,15 +284,15 @@ def _raw_maps(st: _State, layers: list[str], to_grid: Any) -> tuple[dict[str, An
             to_layer = to_grid
         if heads == "all":
             raw[name] = to_layer(rows)
-            labels = [f"head {h}" for h in range(rows.shape[1])]
+            labels[name] = [f"head {h}" for h in range(rows.shape[1])]
         elif isinstance(heads, str):
             raw[name] = to_layer(am.fuse_heads(rows, heads).unsqueeze(1))
-            labels = [f"{heads} of {rows.shape[1]} heads"]
+            labels[name] = [f"{heads} of {rows.shape[1]} heads"]
         else:
             bad = [h for h in heads if not -rows.shape[1] <= h < rows.shape[1]]
             if bad:
                 raise UsageError(f"--heads {bad[0]} is out of range: '{name}' has {rows.shape[1]} heads "
                                  f"(0..{rows.shape[1] - 1})")
             raw[name] = to_layer(rows[:, list(heads)])
-            labels = [f"head {h % rows.shape[1]}" for h in heads]
+            labels[name] = [f"head {h % rows.shape[1]}" for h in heads]
     return raw, labels

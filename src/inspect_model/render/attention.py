@@ -23,18 +23,18 @@ if TYPE_CHECKING:
 CELL = 96  # a patch-grid cell's side, pixels
 
 
-def _cell(m: np.ndarray, vmax: float, cmap: str, side: int = CELL) -> Image.Image:
+def _cell(m: np.ndarray, vmax: float, cmap: str, side: int = CELL, vmin: float = 0.0) -> Image.Image:
     """(rows, cols) values -> a colour cell ``side`` px on its long side (nearest: patches stay square)."""
     import numpy as np
     from PIL import Image
 
     from inspect_model.render import raster
 
-    a = np.asarray(m, dtype=np.float32) / (vmax if vmax > 0 else 1.0)
+    a = (np.asarray(m, dtype=np.float32) - vmin) / (vmax - vmin if vmax > vmin else 1.0)
     img = Image.fromarray(raster.colorize(a, cmap), "RGB")
     h, w = a.shape
-    s = max(1, side // max(h, w))
-    return img.resize((w * s, h * s), Image.NEAREST)
+    s = side / max(h, w)
+    return img.resize((max(1, round(w * s)), max(1, round(h * s))), Image.NEAREST)
 
 
 def _label(text: str, width: int, height: int, size: int = 11, bold: bool = False) -> Image.Image:
@@ -53,7 +53,9 @@ def _label(text: str, width: int, height: int, size: int = 11, bold: bool = Fals
 
 def head_grid(maps: np.ndarray, labels: Sequence[str], title: Sequence[str], *, cmap: str = "viridis",
               columns: int = 6) -> Image.Image:
-    """``maps`` (heads, rows, cols) of one layer -> a grid of cells with one colour bar."""
+    """``maps`` (heads, rows, cols) of one layer -> a grid of cells with one colour bar, from
+    the layer's smallest to its largest value (windowed attention received is close to
+    1 / window everywhere: a scale from 0 would show one flat colour)."""
     import numpy as np
     from PIL import Image
 
@@ -61,7 +63,8 @@ def head_grid(maps: np.ndarray, labels: Sequence[str], title: Sequence[str], *, 
 
     maps = np.asarray(maps, dtype=np.float32)
     vmax = float(np.nanmax(maps)) if maps.size else 0.0
-    cells = [_cell(m, vmax, cmap) for m in maps]
+    vmin = float(np.nanmin(maps)) if maps.size else 0.0
+    cells = [_cell(m, vmax, cmap, vmin=vmin) for m in maps]
     cw, ch = cells[0].size
     lab_h, pad = 16, 4
     cols = min(columns, len(cells))
@@ -71,7 +74,7 @@ def head_grid(maps: np.ndarray, labels: Sequence[str], title: Sequence[str], *, 
         x, y = (i % cols) * (cw + pad), (i // cols) * (ch + lab_h + pad)
         body.paste(_label(lab, cw, lab_h), (x, y))
         body.paste(c, (x, y + lab_h))
-    bar = raster.colorbar(body.size[1], 0.0, vmax, cmap, "attention probability")
+    bar = raster.colorbar(max(body.size[1], 120), vmin, vmax, cmap, "attention probability")
     return raster.titled(body, list(title), right=bar, note=raster.constant_note(maps))
 
 
@@ -189,7 +192,10 @@ def report_text(doc: dict) -> str:  # type: ignore[type-arg]
     """The plain-text report of an ``attention`` run (the ``--json`` document in)."""
     lines = [f"attention of {doc.get('model')}: {', '.join(doc.get('methods', []))}"]
     layers = doc.get("layers") or []
-    if layers:
+    if layers and doc.get("windowed"):
+        lines.append(f"{len(layers)} attention layers ({layers[0]} .. {layers[-1]}), windowed (Swin/MaxViT): "
+                     "what each token receives in its window, on each stage's feature map")
+    elif layers:
         lines.append(f"{len(layers)} attention layers ({layers[0]} .. {layers[-1]}), {doc.get('heads')} heads, "
                      f"{doc.get('tokens')} tokens = {doc.get('prefix_tokens')} prefix + "
                      f"{'x'.join(str(g) for g in doc.get('grid') or [])} patches")
@@ -199,7 +205,9 @@ def report_text(doc: dict) -> str:  # type: ignore[type-arg]
         lines.append(f"[{img['index']}] {img['image']}{what}")
         for m in img.get("maps", []):
             if m["method"] == "raw":
-                lines.append(f"    raw {m['layer']}: query {m['query']}, {', '.join(m['heads'])}, max {m['max']:.3g}")
+                heads = ", ".join(m["heads"]) if len(m["heads"]) <= 4 else f"{len(m['heads'])} heads"
+                lines.append(f"    raw {m['layer']}: query {m['query']}, {heads}, "
+                             f"{m['grid'][0]}x{m['grid'][1]} tokens, max {m['max']:.3g}")
             else:
                 lines.append(f"    {m['method']:<13} peak at patch (row {m['peak_cell'][0]}, col {m['peak_cell'][1]})")
     ev = doc.get("evaluation")
