@@ -6,7 +6,6 @@ the softmax it computes), and reshaping helpers. Imports only torch.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any
 
@@ -14,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["KernelWatch", "as_float", "as_heads", "mask4", "math_attention", "native_probs", "recompute"]
+__all__ = ["KernelWatch", "as_float", "as_heads", "mask4", "native_probs", "recompute"]
 
 
 def recompute(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
@@ -137,12 +136,3 @@ def mask4(mask: Any, batch: int, heads: int) -> Any:
     if mask.dim() == 3 and mask.shape[0] == batch * heads:
         return mask.reshape(batch, heads, *mask.shape[1:])
     return mask
-
-
-@contextlib.contextmanager
-def math_attention() -> Any:
-    """SDPA forced to its math backend (the independent path the tests compare with)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    with sdpa_kernel(SDPBackend.MATH):
-        yield

@@ -1,14 +1,13 @@
-"""Attention pictures: head grids on the patch grid, the layer-by-head mosaic, method overlays
-on the image, and token heat strips for text. Arrays in, PIL images out (Pillow and the
+"""Attention pictures: head grids on the patch grid, the layer-by-head mosaic and method
+overlays on the image. Arrays in, PIL images out (Pillow and the
 colormap tables of ``render.raster``; the same arrays give the same bytes).
 
 - :func:`head_grid`: one layer, one cell per head (or per fused map), each the chosen query's
-  attention over the patch grid, one colour scale for the layer (0 .. its largest value);
+  attention over the patch grid, one colour scale for the layer (its smallest .. largest value);
 - :func:`mosaic`: layers as rows, heads as columns, each row on its own scale (its maximum is
   written beside it: early layers attend more uniformly than late ones);
 - :func:`method_overlay`: a rollout / grad-rollout / LeGrad map normalised to [0, 1], blown up
-  from the patch grid to the input and laid over the original image (``render.overlay``);
-- :func:`token_strip`: tokens as boxes coloured by a value per token (attention or relevance).
+  from the patch grid to the input and laid over the original image (``render.overlay``).
 """
 
 from __future__ import annotations
@@ -156,36 +155,6 @@ def method_overlay(image: Image.Image, m: np.ndarray, hw: tuple[int, int], title
         body.thumbnail((512, 512))
     bar = raster.colorbar(body.size[1], 0.0, 1.0, cmap, "relevance (normalised)")
     return raster.titled(body, list(title), right=bar, note=raster.constant_note(m))
-
-
-def token_strip(tokens: Sequence[str], values: Sequence[float], title: Sequence[str], *, cmap: str = "Reds",
-                width: int = 720) -> Image.Image:
-    """Tokens as boxes coloured by ``values`` (scaled to [0, their maximum]), wrapped to ``width``."""
-    import numpy as np
-    from PIL import Image, ImageDraw
-
-    from inspect_model.render import raster
-
-    v = np.asarray(values, dtype=np.float32)
-    vmax = float(np.nanmax(v)) if v.size else 0.0
-    levels = v / vmax if vmax > 0 else np.zeros_like(v)
-    colours = raster.colorize(levels, cmap)
-    size, pad, line_h = 13, 4, 22
-    placed, x, y = [], 0, 0
-    for tok in tokens:
-        w = raster.text_size(tok or " ", size)[0] + 2 * pad
-        if x + w > width and x:
-            x, y = 0, y + line_h + pad
-        placed.append((x, y, w))
-        x += w + pad
-    body = Image.new("RGB", (width, y + line_h), raster.BG)
-    d = ImageDraw.Draw(body)
-    for (bx, by, w), tok, c, lv in zip(placed, tokens, colours, levels, strict=True):
-        d.rectangle((bx, by, bx + w, by + line_h), fill=tuple(int(t) for t in c))
-        fg = (255, 255, 255) if lv > 0.6 else raster.FG
-        d.text((bx + pad, by + line_h // 2), tok, font=raster.font(size), fill=fg, anchor="lm")
-    bar = raster.colorbar(max(body.size[1], 80), 0.0, vmax, cmap, "value")
-    return raster.titled(body, list(title), right=bar)
 
 
 def report_text(doc: dict) -> str:  # type: ignore[type-arg]
