@@ -69,9 +69,9 @@ def parse_heads(text: str) -> str | tuple[int, ...]:
     try:
         heads = tuple(int(t) for t in low.split(",") if t.strip())
     except ValueError as exc:
-        raise UsageError(f"--heads '{text}': give head indices like 0,3 or one of mean, max, min") from exc
+        raise UsageError(f"--heads '{text}': give head indices like 0,3, all, or one of mean, max, min") from exc
     if not heads:
-        raise UsageError("--heads is empty: give head indices like 0,3 or one of mean, max, min")
+        raise UsageError("--heads is empty: give head indices like 0,3, all, or one of mean, max, min")
     return heads
 
 
