@@ -82,7 +82,7 @@ def main() -> int:
 
     import inspect_model as im
     from inspect_model.api.options import InputOptions, ModelOptions
-    from inspect_model.loading.models import load_model
+    from inspect_model.loading.sources import load_model
     from inspect_model.render.files import png_bytes
     from inspect_model.render.grids import render_activation
 

@@ -431,7 +431,7 @@ def test_channel_out_of_range_names_the_layer(cli, user_py, tmp_path):
 
 
 def test_cli_module_does_not_import_torch():
-    code = "import sys, inspect_model.cli.activations; print('torch' in sys.modules)"
+    code = "import sys, inspect_model.cli.app; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

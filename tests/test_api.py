@@ -36,7 +36,7 @@ def test_api_round_trip_on_a_model_object(capsys: pytest.CaptureFixture[str]) ->
     acts = im.capture_activations(model, x, layers=["type:Conv2d"])
     assert [r.name for r in acts.layers] == ["features.0", "features.3"]
 
-    grads = im.gradients(model, x, target="predicted", fail_on="nan,inf")
+    grads = im.compute_gradients(model, x, target="predicted", fail_on="nan,inf")
     assert not grads.failures()
     total = sum(float(p.norm) ** 2 for p in grads.params if p.has_grad) ** 0.5
     assert grads.global_norm == pytest.approx(total, rel=1e-5)

@@ -360,7 +360,7 @@ CASES = [
          model=IntOut),
     Case("forward-raises-memory-error", lambda e: ["activations", e.spec, "--weights", "none", "--input-size", "4",
                                                    "--quiet"],
-         E.EXIT_RUNTIME, ("out of memory", "--batch-size"), model=OutOfMemory),
+         E.EXIT_RUNTIME, ("out of CPU memory", "--batch-size"), model=OutOfMemory),
     Case("config-not-toml", lambda e: ["activations", e.spec, *IN, "--config", _config(e, "this is = = not toml\n")],
          E.EXIT_USAGE, ("cfg.toml",)),
 ]

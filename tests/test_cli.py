@@ -80,7 +80,7 @@ def test_layer_name_completion_is_cached(tmp_path: Path) -> None:
 
 def test_shipped_model_list_matches_torchvision_registry() -> None:
     from inspect_model.cli.completion import model_names
-    from inspect_model.loading.models import registry
+    from inspect_model.loading.sources.torchvision import registry
 
     assert set(model_names()) == set(registry())
 

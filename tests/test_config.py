@@ -46,11 +46,11 @@ def test_top_level_table_and_command_line_precedence(tmp_path: Path, models_py: 
 
 
 def test_model_from_config(tmp_path: Path, models_py: Path, cli) -> None:
-    cfg = write(tmp_path, f'model = "{models_py}:TwoLayer"\ninput-size = "3"\n')
+    cfg = write(tmp_path, 'model = "resnet18"\nweights = "none"\ninput-size = "3x32x32"\n')
     opts = summary_options(cli, ["--config", str(cfg)])
-    assert opts["model"].endswith(":TwoLayer")
+    assert opts["model"] == "resnet18"
     opts = summary_options(cli, [f"{models_py}:TinyCNN", "--config", str(cfg), "--input-size", "3x8x8"])
-    assert opts["model"].endswith(":TinyCNN")
+    assert opts["model"].endswith(":TinyCNN")  # a model on the command line wins
 
 
 def test_keys_for_other_commands_are_ignored_at_top_level(tmp_path: Path, models_py: Path, cli) -> None:
@@ -211,3 +211,82 @@ def test_config_runs_end_to_end_on_a_tiny_model(path: Path, tmp_path: Path, cli)
     assert res.exit_code == 0, res.stderr
     doc = json.loads(res.stdout)
     assert doc["command"] == command
+
+
+# ---------------------------------------------------------------- positionals fill what the config leaves open
+def test_config_model_with_images_on_the_command_line(tmp_path: Path, cli) -> None:
+    """Issue 29 (4): `cam --config c.toml cat.jpg` said "unknown model 'cat.jpg'"."""
+    from conftest import SAMPLE_IMAGES
+
+    image = str(min(SAMPLE_IMAGES.glob("*.jpg")))
+    cfg = write(tmp_path, 'command = "cam"\nmodel = "resnet18"\n[cam]\nweights = "none"\nlayer = ["layer4"]\n')
+    res = cli(["cam", "--config", str(cfg), image, "--json", "--quiet"])
+    assert res.exit_code == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["model"] == "resnet18" and [i["image"] for i in doc["images"]] == [image]
+    res = cli(["cam", "--config", str(cfg), str(tmp_path / "missing.jpg")])
+    assert res.exit_code == 4 and "image" in res.stderr and "missing.jpg" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["cam", "--config", "{cfg}", "cat.jpg"], ["cam", "--config", "{cfg}", "resnet50", "cat.jpg"]),
+    (["cam", "--config", "{cfg}", "-", "--json"], ["cam", "--config", "{cfg}", "resnet50", "-", "--json"]),
+    (["cam", "-t", "3", "--config", "{cfg}", "photos/*.png"],
+     ["cam", "-t", "3", "--config", "{cfg}", "resnet50", "photos/*.png"]),
+    (["cam", "--config", "{cfg}", "vgg16", "cat.jpg"], ["cam", "--config", "{cfg}", "vgg16", "cat.jpg"]),
+    (["cam", "--config", "{cfg}"], ["cam", "--config", "{cfg}"]),
+])
+def test_positionals_after_a_config_that_names_the_model(args: list[str], expected: list[str]) -> None:
+    from inspect_model.cli.app import _config_default_map
+
+    cfg = str(ROOT / "configs" / "resnet50-gradcam.toml")
+    line = [a.replace("{cfg}", cfg) for a in args]
+    defaults = _config_default_map(line)
+    assert line == [a.replace("{cfg}", cfg) for a in expected]
+    assert defaults is not None and defaults["cam"]["model"] == "resnet50"
+
+
+# ---------------------------------------------------------------- a config never runs code (issue 28, item 2)
+def test_config_may_not_name_code_running_models(tmp_path: Path, models_py: Path, cli) -> None:
+    import torch
+    from torch import nn
+
+    script = tmp_path / "net.ts"
+    torch.jit.save(torch.jit.script(nn.Linear(2, 2)), str(script))
+    marker = tmp_path / "ran"
+    evil = tmp_path / "evil.py"
+    evil.write_text(f"open({str(marker)!r}, 'w').write('x')\nimport torch\nbuild = lambda: torch.nn.Linear(2, 2)\n")
+    for model, source in ((f"{evil}:build", "file"), ("subprocess:run", "module"), (str(script), "torchscript")):
+        cfg = write(tmp_path, f"model = {json.dumps(model)}\n")
+        res = cli(["summary", "--config", str(cfg)])
+        assert res.exit_code == EXIT_USAGE, res.stderr
+        line = res.stderr.strip()
+        assert "\n" not in line and f"runs code ({source} source)" in line and "command line" in line, line
+    assert not marker.exists()
+    # The same specs on the command line are the user's own choice.
+    res = cli(["summary", f"{evil}:build", "--input-size", "2"])
+    assert res.exit_code == 0 and marker.exists()
+
+
+def test_config_model_args_only_for_timm(tmp_path: Path, models_py: Path, cli) -> None:
+    from inspect_model.cli.app import _config_default_map
+
+    cfg = write(tmp_path, 'model-arg = ["cmd=\'touch /tmp/x\'"]\n')
+    res = cli(["summary", f"{models_py}:TinyCNN", "--config", str(cfg)])
+    assert res.exit_code == EXIT_USAGE and "model-arg" in res.stderr and "timm" in res.stderr, res.stderr
+    timm_cfg = write(tmp_path, 'model = "timm:resnet18"\nmodel-arg = ["num_classes=10"]\n', "t.toml")
+    assert _config_default_map(["summary", "--config", str(timm_cfg)])["summary"]["model_arg"] == ["num_classes=10"]
+    line = ["summary", f"{models_py}:TinyCNN", "--config", str(timm_cfg)]
+    with pytest.raises(UsageError, match="model-arg"):
+        _config_default_map(line)  # the config's model-args would reach the command line's code
+
+
+# ---------------------------------------------------------------- deep nesting (issue 28, item 9)
+@pytest.mark.parametrize("text", ["x = " + "[" * 100000 + "]" * 100000, "x = " + "[" * 80 + "]" * 80,
+                                  "x = " + "{a = " * 5000 + "1" + "}" * 5000])
+def test_deeply_nested_config_is_one_line(tmp_path: Path, models_py: Path, cli, text: str) -> None:
+    cfg = write(tmp_path, text + "\n")
+    res = cli(["summary", f"{models_py}:TinyCNN", "--config", str(cfg)])
+    assert res.exit_code == EXIT_USAGE, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: config file '{cfg}'"), res.stderr

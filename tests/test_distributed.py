@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+KILL_AFTER = [sys.executable, str(ROOT / "tests" / "fixtures" / "faulty_run.py")]  # test-only faults
 COMMON = ["--crop", "16", "--resize", "16", "--batch-size", "3", "--weights", "none"]
 
 DRIVER = '''
@@ -26,7 +27,7 @@ from inspect_model.api.cam import cam
 from inspect_model.api.grads import grads
 from inspect_model.api.guided import guided_backprop
 from inspect_model.api.options import InputOptions, ModelOptions
-from inspect_model.api.distributed import is_secondary
+from inspect_model.api.world import is_secondary
 model, images, out, labels = sys.argv[1:5]
 def inputs():
     return InputOptions([images], batch_size=3, crop=16, resize=16)
@@ -201,9 +202,8 @@ def test_resume_after_kill_equals_uninterrupted_run(data: dict[str, Path], cli) 
     spec = f"{data['model']}:TinyCNN"
     out = data["root"] / "resumed"
     args = ["cam", spec, str(data["imgs"]), *COMMON, "-o", str(out), "--json", "-q", "--resume"]
-    env = {**_env(), "INSPECT_MODEL_FAIL_AFTER": "6"}  # SIGKILL once 6 images are checkpointed
-    r = subprocess.run([sys.executable, "-m", "inspect_model", *args], capture_output=True, text=True, env=env, check=False,
-                       timeout=120)
+    r = subprocess.run([*KILL_AFTER, "kill:6", *args], capture_output=True, text=True, env=_env(), check=False,
+                       timeout=120)  # SIGKILL once 6 images are checkpointed
     assert r.returncode == -9, r.stderr
     staging = out / ".inspect-model-staging-resume"
     manifest = json.loads((staging / "manifest-0.json").read_text())
@@ -236,8 +236,7 @@ def test_grads_resume_after_kill_equals_uninterrupted_run(data: dict[str, Path],
     args = ["grads", f"{data['model']}:TinyCNN", str(data["imgs"]), *COMMON, "--loss", "cross-entropy",
             "--labels-file", str(data["labels"]), "--fail-on", "vanishing", "--vanishing-below", "2",
             "--clip-norm", "0.01", "-o", str(out), "--json", "-q", "--resume"]
-    env = {**_env(), "INSPECT_MODEL_FAIL_AFTER": "6"}
-    r = subprocess.run([sys.executable, "-m", "inspect_model", *args], capture_output=True, text=True, env=env,
+    r = subprocess.run([*KILL_AFTER, "kill:6", *args], capture_output=True, text=True, env=_env(),
                        check=False, timeout=120)
     assert r.returncode == -9, r.stderr
     staging = out / ".inspect-model-staging-resume"
@@ -255,7 +254,7 @@ def test_grads_resume_after_kill_equals_uninterrupted_run(data: dict[str, Path],
 
 def test_workers_give_the_same_batches(data: dict[str, Path]) -> None:
     from inspect_model.api.activations import activations
-    from inspect_model.api.distributed import scaled
+    from inspect_model.api.world import scaled
     from inspect_model.api.options import InputOptions, ModelOptions
 
     spec = f"{data['model']}:TinyCNN"
@@ -281,7 +280,7 @@ def test_bad_options(data: dict[str, Path], cli) -> None:
 
 
 def test_shards_are_whole_batches() -> None:
-    from inspect_model.api.distributed import shard
+    from inspect_model.api.world import shard
 
     assert [shard(10, 3, 2, r) for r in range(2)] == [(0, 6, 0), (6, 10, 2)]
     assert [shard(2, 8, 3, r) for r in range(3)] == [(0, 2, 0), (2, 2, 1), (2, 2, 1)]
@@ -304,7 +303,7 @@ def test_a_planted_resume_state_never_runs_code(tmp_path: Path) -> None:
 
     import torch
 
-    from inspect_model.api.distributed import _load_state
+    from inspect_model.api.resume import load_state as _load_state
     from inspect_model.errors import OutputError
 
     marker = tmp_path / "pwned"
@@ -324,7 +323,7 @@ def test_grads_parts_merge_into_one_run(tmp_path: Path) -> None:
     import torch
     from torch import nn
 
-    from inspect_model.api.distributed import _load_state, _save_state
+    from inspect_model.api.resume import load_state as _load_state, save_state as _save_state
     from inspect_model.methods.gradients import GradRun, gradients, merge_partials
 
     class Sqrt(nn.Module):

@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 
 from conftest import run_cli
 from inspect_model.errors import ModelLoadError
-from inspect_model.loading.models import load_model
+from inspect_model.loading.sources import load_model
 
 LABELS = {0: "cat", 1: "dog", 2: "fox"}
 # The PIL-based ViT processor (transformers 5 splits it out; in 4.x it is ViTImageProcessor).
@@ -174,3 +174,115 @@ def test_without_transformers_a_one_line_install_hint(bert_dir, monkeypatch):
     res = run_cli(["summary", str(bert_dir)])
     assert res.exit_code == 3
     assert res.stderr.strip().startswith('error: transformers is not installed; `pip install "inspect-model[hf]"`')
+
+
+def _remote_code_dir(root):
+    """A save_pretrained-style folder whose config names its own code (auto_map), for a model
+    type transformers does not know: loading it runs configuration_evil.py."""
+    path = root / "evil"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({
+        "model_type": "evilnet", "architectures": ["EvilModel"],
+        "auto_map": {"AutoConfig": "configuration_evil.EvilConfig", "AutoModel": "modeling_evil.EvilModel"}}))
+    (path / "configuration_evil.py").write_text(
+        "import os, pathlib\nfrom transformers import PretrainedConfig\n"
+        "pathlib.Path(os.environ['EVIL_MARKER']).write_text('ran')\n"
+        "class EvilConfig(PretrainedConfig):\n    model_type = 'evilnet'\n")
+    (path / "modeling_evil.py").write_text(
+        "import torch\nfrom transformers import PreTrainedModel\nfrom .configuration_evil import EvilConfig\n"
+        "class EvilModel(PreTrainedModel):\n    config_class = EvilConfig\n"
+        "    def __init__(self, config):\n        super().__init__(config)\n"
+        "        self.conv = torch.nn.Conv2d(3, 4, 3)\n        self.fc = torch.nn.Linear(4, 2)\n        self.post_init()\n"
+        "    def forward(self, pixel_values):\n        return self.fc(self.conv(pixel_values).mean((2, 3)))\n")
+    return path
+
+
+def test_remote_code_never_runs_without_the_flag_even_with_yes_on_stdin(tmp_path, monkeypatch):
+    """Issue 28 (3): transformers would ask on stdin; images on stdin ('-') held 'y'. Now
+    trust_remote_code=False is always passed: one line, exit 3, nothing run, nothing on stdout."""
+    from conftest import SAMPLE_IMAGES
+
+    marker = tmp_path / "marker"
+    monkeypatch.setenv("EVIL_MARKER", str(marker))
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))
+    path = _remote_code_dir(tmp_path)
+    image = min(SAMPLE_IMAGES.glob("*.jpg"))
+    for answer in ("y", "yes", "1"):
+        r = run_cli(["cam", str(path), "-", "--weights", "none", "--json"], stdin=f"{answer}\n{image}\n")
+        assert r.exit_code == 3, r.stderr
+        assert r.stdout == "" and not marker.exists()
+        line = r.stderr.strip()
+        assert "\n" not in line and "--trust-remote-code" in line and "configuration_evil.py" in line, line
+    with pytest.raises(ModelLoadError, match="trust-remote-code"):
+        load_model(str(path), weights="none")
+    assert not marker.exists()
+    # With the flag on the command line, the repo's code runs and the model works.
+    r = run_cli(["summary", str(path), "--weights", "none", "--trust-remote-code", "--input-size", "3x16x16",
+                 "--device", "cpu"])
+    assert r.exit_code == 0, r.stderr
+    assert marker.exists() and "EvilModel" in r.stdout
+
+
+def test_trust_remote_code_is_refused_in_a_config(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('trust-remote-code = true\n')
+    r = run_cli(["summary", "resnet18", "--config", str(cfg)])
+    assert r.exit_code == 2 and "trust-remote-code" in r.stderr and "command line" in r.stderr
+
+
+def test_quiet_silences_transformers_loading_output(vit_dir):
+    """Issue 28 (13): --quiet leaves stderr empty (no "Loading weights" bar, no logs); the
+    libraries' own settings are put back afterwards."""
+    from transformers.utils import logging as tf_logging
+
+    path, _ = vit_dir
+    before = (tf_logging.is_progress_bar_enabled(), tf_logging.get_verbosity())
+    loud = run_cli(["summary", str(path), "--weights", "DEFAULT", "--device", "cpu"])
+    assert loud.exit_code == 0, loud.stderr
+    quiet = run_cli(["summary", str(path), "--weights", "DEFAULT", "--device", "cpu", "--quiet"])
+    assert quiet.exit_code == 0 and quiet.stderr == "", quiet.stderr
+    assert quiet.stdout == loud.stdout
+    if before[0]:  # the bar is on in this environment: without --quiet it shows
+        assert "Loading weights" in loud.stderr
+    assert (tf_logging.is_progress_bar_enabled(), tf_logging.get_verbosity()) == before
+
+
+def test_task_and_head_follow_the_config_architectures(tmp_path):
+    from types import SimpleNamespace
+
+    from inspect_model.loading.sources.hf import _auto_class
+
+    for arch, auto, task in (("ViTForImageClassification", "AutoModelForImageClassification", "classification"),
+                             ("DetrForObjectDetection", "AutoModelForObjectDetection", "detection"),
+                             ("SegformerForSemanticSegmentation", "AutoModelForSemanticSegmentation",
+                              "segmentation"),
+                             ("Mask2FormerForUniversalSegmentation", "AutoModelForUniversalSegmentation",
+                              "segmentation"),
+                             ("VideoMAEForVideoClassification", "AutoModelForVideoClassification", "video"),
+                             ("ViTModel", "AutoModel", "custom")):
+        cls, got = _auto_class(transformers, SimpleNamespace(architectures=[arch]))
+        assert (cls.__name__, got) == (auto, task), arch
+    cfg = transformers.SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[8, 16],
+                                       patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2],
+                                       mlp_ratios=[2, 2], decoder_hidden_size=8, num_labels=3, id2label=LABELS,
+                                       label2id={v: k for k, v in LABELS.items()})
+    path = tmp_path / "seg"
+    transformers.SegformerForSemanticSegmentation(cfg).save_pretrained(path)
+    loaded = load_model(str(path), weights="DEFAULT")
+    assert type(loaded.model).__name__ == "SegformerForSemanticSegmentation"
+    assert loaded.task == "segmentation" and loaded.categories == ["cat", "dog", "fox"]
+    assert loaded.config is not None and loaded.config.model_type == "segformer"
+
+
+def test_remote_code_of_a_hub_repo_from_the_cache(tmp_path, hf_home, monkeypatch):
+    """hf:ORG/NAME with auto_map: refused without the flag; with it, the code files named in
+    auto_map come from the cache (offline) and run."""
+    marker = tmp_path / "marker"
+    monkeypatch.setenv("EVIL_MARKER", str(marker))
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))
+    _cache_repo(hf_home, "acme/evil", _remote_code_dir(tmp_path))
+    r = run_cli(["summary", "hf:acme/evil", "--input-size", "3x16x16"])
+    assert r.exit_code == 3 and "--trust-remote-code" in r.stderr and not marker.exists(), r.stderr
+    r = run_cli(["summary", "hf:acme/evil", "--input-size", "3x16x16", "--trust-remote-code", "--device", "cpu"])
+    assert r.exit_code == 0, r.stderr
+    assert marker.exists() and "EvilModel" in r.stdout

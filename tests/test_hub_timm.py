@@ -16,7 +16,7 @@ pytest.importorskip("safetensors")
 
 from conftest import run_cli
 from inspect_model.errors import ModelLoadError, UsageError
-from inspect_model.loading.models import load_model
+from inspect_model.loading.sources import load_model
 
 ARCH, TAG = "test_convnext", "r160_in1k"  # timm's own tiny test model (~40k parameters)
 

@@ -18,7 +18,7 @@ from fixtures.models import TinyCNN
 from inspect_model.errors import EXIT_INPUT, InputError, UsageError
 from inspect_model.loading.images import collect_paths, load_image
 from inspect_model.loading.inputs import Preprocess, build_preprocess, model_channels, plan_inputs
-from inspect_model.loading.models import LoadedModel
+from inspect_model.loading.loaded import LoadedModel
 
 
 def rgb(path: Path, size=(40, 30), color=(200, 30, 30), fmt: str | None = None) -> Path:

@@ -15,7 +15,8 @@ from torch import nn
 from fixtures.models import TinyCNN, assert_unchanged, model_state
 from inspect_model.errors import EXIT_MODEL_LOAD, InputError, ModelLoadError, UsageError
 from inspect_model.loading import checkpoints
-from inspect_model.loading.models import load_model, require_hookable
+from inspect_model.loading.loaded import require_hookable
+from inspect_model.loading.sources import load_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.jit deprecation notices
 
@@ -418,7 +419,7 @@ def cached_squeezenet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """squeezenet1_1's DEFAULT weights file, written where torch's hub cache expects it."""
     from torchvision.models import SqueezeNet1_1_Weights, squeezenet1_1
 
-    from inspect_model.loading.models import weights_cache_path
+    from inspect_model.loading.sources.torchvision import weights_cache_path
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))
     torch.manual_seed(3)
@@ -454,7 +455,7 @@ def test_missing_weights_offline_names_cache_path(tmp_path: Path, monkeypatch: p
 
     from torchvision.models import SqueezeNet1_1_Weights
 
-    from inspect_model.loading.models import weights_cache_path
+    from inspect_model.loading.sources.torchvision import weights_cache_path
 
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "empty_home"))
 

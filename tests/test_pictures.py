@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from inspect_model.api.pipeline import MAX_PENDING, Sink
+from inspect_model.render.sink import MAX_PENDING, Sink
 from inspect_model.errors import OutputError
 from inspect_model.render import raster
 from inspect_model.render.files import OutputDir, png_bytes
@@ -113,26 +113,26 @@ def test_sink_writes_in_parallel_with_a_bounded_queue(tmp_path: Path) -> None:
 
 
 def test_sink_raises_a_workers_error_and_leaves_nothing(tmp_path: Path) -> None:
-    from inspect_model.api.pipeline import Session, execute
+    from inspect_model.api.pipeline import execute
+    from inspect_model.api.session import ImageItem, Result, Session
+    from inspect_model.render.sink import Drawer
 
-    class Failing(Session):
-        command = "x"
-
-        def run(self, batches, handle):  # type: ignore[no-untyped-def]
-            from inspect_model.api.pipeline import ImageItem
-
-            handle(ImageItem({"index": 0}))
-
+    class Boom(Drawer):
         def draw(self, item, sink):  # type: ignore[no-untyped-def]
             def boom() -> Image.Image:
                 raise OutputError("cannot draw")
 
             return {"f": sink.image("a.png", boom)}
 
-        def finish(self):  # type: ignore[no-untyped-def]
-            from inspect_model.api.pipeline import Result
+    class Failing(Session):
+        command = "x"
+        drawer = Boom()
 
-            return Result("x", {}, {}, render_text=lambda r: "")
+        def run(self, batches, handle):  # type: ignore[no-untyped-def]
+            handle(ImageItem({"index": 0}))
+
+        def finish(self):  # type: ignore[no-untyped-def]
+            return Result("x", {}, {})
 
     with pytest.raises(OutputError, match="cannot draw"):
         execute(Failing(), [], output_dir=tmp_path / "run")
@@ -225,7 +225,7 @@ def test_render_threads_run_at_a_lower_priority_than_the_model(tmp_path: Path) -
     import os
     import sys
 
-    from inspect_model.api.pipeline import RENDER_NICE
+    from inspect_model.render.sink import RENDER_NICE
 
     out = OutputDir(tmp_path / "o").prepare()
     sink = Sink(out, workers=1)

@@ -68,3 +68,75 @@ def test_cli_bar_has_one_task_per_label(monkeypatch: Any) -> None:
         assert [t.description for t in p._bar.tasks] == ["cam", "scorecam: masked forward passes"]
         assert p._bar.tasks[1].completed == 1
         p._bar.console.file = io.StringIO()
+
+
+# ----------------------------------------------------------------- off a terminal (issue 29)
+SLOW = '''
+import time
+import torch
+from torch import nn
+
+
+class Slow(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        time.sleep(0.15)
+        return self.fc(self.conv(x).mean((2, 3)))
+'''
+
+
+def test_off_a_terminal_a_progress_line_every_interval(cli, tmp_path: Any, monkeypatch: Any) -> None:
+    """CliRunner's stderr is no terminal: progress lines appear at the interval, with
+    done/total, the rate and an ETA (slow rates as s/image: test_rates_read_well_when_slow)."""
+    import numpy as np
+    from PIL import Image
+
+    model = tmp_path / "slow.py"
+    model.write_text(SLOW)
+    images = []
+    for i in range(4):
+        p = tmp_path / f"i{i}.png"
+        Image.fromarray(np.full((12, 12, 3), 40 * i, dtype=np.uint8)).save(p)
+        images.append(str(p))
+    monkeypatch.setenv("INSPECT_MODEL_PROGRESS_SECONDS", "0.1")
+    res = cli(["activations", f"{model}:Slow", *images, "--weights", "none", "--resize", "12", "--crop", "12",
+               "--batch-size", "1"])
+    assert res.exit_code == 0, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("progress: ")]
+    assert lines, res.stderr
+    assert any("activations: 1/4 images" in ln or "activations: 2/4 images" in ln for ln in lines), lines
+    assert all(("images/s" in ln or "s/image" in ln) and "elapsed" in ln for ln in lines), lines
+    assert any("ETA" in ln for ln in lines), lines
+    final = [ln for ln in res.stderr.splitlines() if ln.startswith("4 image(s) in")]
+    assert final and "0.0 images/s" not in res.stderr
+    quiet = cli(["activations", f"{model}:Slow", *images[:2], "--weights", "none", "--resize", "12",
+                 "--crop", "12", "--batch-size", "1", "-q"])
+    assert quiet.exit_code == 0 and "progress:" not in quiet.stderr
+
+
+def test_default_interval_prints_nothing_for_short_runs(cli, models_py: Any) -> None:
+    res = cli(["activations", f"{models_py}:TinyCNN", "--weights", "none", "--input-size", "3x8x8"])
+    assert res.exit_code == 0 and "progress:" not in res.stderr
+
+
+def test_bad_interval_is_a_usage_error(cli, models_py: Any, monkeypatch: Any) -> None:
+    for bad in ("abc", "0", "-3", "nan", "inf"):
+        monkeypatch.setenv("INSPECT_MODEL_PROGRESS_SECONDS", bad)
+        res = cli(["activations", f"{models_py}:TinyCNN", "--weights", "none", "--input-size", "3x8x8"])
+        assert res.exit_code == 2, (bad, res.stderr)
+        assert res.stderr.strip().splitlines() == [
+            f"error: INSPECT_MODEL_PROGRESS_SECONDS={bad!r} is not a number of seconds > 0; unset it or give e.g. 30"]
+
+
+def test_rates_read_well_when_slow() -> None:
+    from inspect_model.cli.progress import format_duration, format_rate
+
+    assert format_rate(1, 2760.0) == "2760.0 s/image"  # 46 minutes for one image, not "0.0 images/s"
+    assert format_rate(3, 10.0) == "0.30 images/s (3.3 s/image)"
+    assert format_rate(50, 2.0) == "25.0 images/s"
+    assert format_rate(7, 140.0, "step") == "20.0 s/step"
+    assert format_duration(2760) == "46m00s" and format_duration(42) == "42s" and format_duration(7322) == "2h02m"

@@ -239,7 +239,7 @@ def test_models_command_lists_and_filters(cli) -> None:
 
 
 def _classification_models() -> list[str]:
-    from inspect_model.loading.models import registry
+    from inspect_model.loading.sources.torchvision import registry
 
     return [n for n, fam in registry().items() if fam == "classification"]
 
@@ -253,7 +253,7 @@ def test_summary_runs_on_every_classification_model() -> None:
 
     from torchvision import models
 
-    from inspect_model.loading.models import load_torchvision
+    from inspect_model.loading.sources.torchvision import load_torchvision
 
     names = _classification_models()
     assert len(names) >= 80
@@ -346,4 +346,5 @@ def test_memory_error_in_summary_is_a_clear_exit_6(monkeypatch: pytest.MonkeyPat
     res = cli(["summary", register_model(monkeypatch, OutOfMemory()), "--input-size", "4", "--device", "cpu", "-q"])
     assert res.exit_code == 6
     assert res.stderr.strip().splitlines() == [
-        "error: forward pass failed: out of memory (MemoryError); use a smaller --batch-size or --input-size"]
+        "error: forward pass failed: out of CPU memory; use a smaller --batch-size or --input-size, "
+        "or fewer/smaller images"]

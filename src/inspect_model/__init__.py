@@ -10,33 +10,29 @@ from typing import Any
 
 from inspect_model._version import __version__
 
+from inspect_model.registry import COMMANDS
+
 _LAZY = {
-    # one function per command: a request in, a Result out (to_dict(), save(dir))
-    "summary": ("inspect_model.api", "summary"),
-    "activations": ("inspect_model.api", "activations"),
-    "grads": ("inspect_model.api", "grads"),
-    "guided_backprop": ("inspect_model.api", "guided_backprop"),
-    "cam": ("inspect_model.api", "cam"),
-    "attention": ("inspect_model.api", "attention"),
-    "check": ("inspect_model.api", "check"),
-    "Result": ("inspect_model.api", "Result"),
-    "ModelOptions": ("inspect_model.api", "ModelOptions"),
-    "InputOptions": ("inspect_model.api", "InputOptions"),
+    # one function per command (from the command registry): a request in, a Result out
+    **{spec.api_name: tuple(spec.api.split(":")) for spec in COMMANDS.values()},
+    "Result": ("inspect_model.api.pipeline", "Result"),
+    "ModelOptions": ("inspect_model.api.options", "ModelOptions"),
+    "InputOptions": ("inspect_model.api.options", "InputOptions"),
     # loading and the hook engine
-    "load_model": ("inspect_model.loading.models", "load_model"),
+    "load_model": ("inspect_model.loading.sources", "load_model"),
+    "register_source": ("inspect_model.loading.sources", "register_source"),
+    "LoadedModel": ("inspect_model.loading.loaded", "LoadedModel"),
     "HookEngine": ("inspect_model.engine.hooks", "HookEngine"),
     "CaptureOptions": ("inspect_model.engine.hooks", "CaptureOptions"),
     "select_layers": ("inspect_model.engine.selection", "select_layers"),
     # the bare methods, each taking a model object and returning records/tensors
     "tensor_stats": ("inspect_model.methods.stats", "tensor_stats"),
     "capture_activations": ("inspect_model.methods.activations", "capture_activations"),
-    "gradients": ("inspect_model.methods.gradients", "gradients"),
+    "compute_gradients": ("inspect_model.methods.gradients", "gradients"),
     "jacobian": ("inspect_model.methods.jacobian", "jacobian"),
     "sanity_check": ("inspect_model.methods.guided", "sanity_check"),
     "compute_cams": ("inspect_model.methods.cam", "compute_cams"),
     "gradcam": ("inspect_model.methods.cam", "gradcam"),
-    "compute_attention": ("inspect_model.methods.attention", "compute_attention"),
-    "AttentionCapture": ("inspect_model.engine.attention", "AttentionCapture"),
     "run_checks": ("inspect_model.methods.checks", "run_checks"),
 }
 
@@ -51,4 +47,13 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(mod), attr)
         globals()[name] = value
         return value
+    spec = next((s for s in COMMANDS.values() if s.api_name == name), None)
+    if spec is not None:  # a command registered after import (a plugin, a test's toy command)
+        value = spec.api_function()
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'inspect_model' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, *(s.api_name for s in COMMANDS.values())})

@@ -8,11 +8,18 @@ from the left). A top-level key that only other commands know is ignored, so one
 serve several commands; a key no command knows, a ``[table]`` that names no command, or a
 value of the wrong type is a usage error (exit 2) that names it, before any work starts.
 Relative paths in values are relative to the working directory, as on the command line.
+
+A config that names the model takes the command line's positionals as images
+(``cam --config resnet50-gradcam.toml cat.jpg``), unless the first one is itself a model
+(:func:`is_image_argument`). A config file may come from anywhere, so it never runs code:
+it may name torchvision, timm and Hugging Face models and data files, but a model whose
+loading runs code (``FILE.py:NAME``, ``package.module:NAME``, TorchScript, pickled models),
+``model-arg`` for anything but a timm model, and the trust options come only from the
+command line (:func:`check_no_code`).
 """
 
 from __future__ import annotations
 
-import tomllib
 from typing import Any
 
 from inspect_model.errors import UsageError, suggest
@@ -22,19 +29,57 @@ _META_KEYS = {"command", "description"}
 
 
 def read_toml(path: str) -> dict[str, Any]:
+    """The TOML document at ``path``; every failure (deep nesting too) one usage-error line."""
+    from inspect_model.loading.parsing import loads_toml
+
     try:
         with open(path, "rb") as fh:
-            return tomllib.load(fh)
+            text = fh.read().decode("utf-8")
     except FileNotFoundError as exc:
         raise UsageError(f"config file '{path}' does not exist") from exc
     except IsADirectoryError as exc:
         raise UsageError(f"config file '{path}' is a directory") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"config file '{path}' is not valid TOML: {exc}") from exc
     except UnicodeDecodeError as exc:
         raise UsageError(f"config file '{path}' is not UTF-8 text") from exc
     except OSError as exc:
         raise UsageError(f"config file '{path}' cannot be read: {exc.strerror or exc}") from exc
+    return loads_toml(text, f"config file '{path}'", error=UsageError)
+
+
+_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm", ".pbm",
+                   ".pnm", ".ico", ".tga", ".jp2", ".jfif", ".dib", ".pcx", ".sgi", ".im")
+
+
+def is_image_argument(text: str) -> bool:
+    """Whether a positional argument names images (``-``, a glob, an image file, a folder that
+    is not a Hugging Face model) rather than a model: with a config that names the model,
+    such positionals are the images."""
+    import os
+
+    if text == "-" or any(c in text for c in "*?["):
+        return True
+    if os.path.isdir(text):
+        return not os.path.isfile(os.path.join(text, "config.json"))
+    return text.lower().endswith(_IMAGE_SUFFIXES)
+
+
+def check_no_code(path: str, defaults: dict[str, Any], model: str | None) -> None:
+    """Refuse a config that would run code: a code-running model spec, or ``model-arg``
+    values for a model other than timm's (``model``: the model the run loads)."""
+    from inspect_model.loading.sources import code_running
+
+    named = defaults.get("model")
+    if isinstance(named, str) and named.strip():
+        source = code_running(named)
+        if source is not None:
+            raise UsageError(
+                f"config file '{path}' names the model '{named}', whose loading runs code ({source} source); "
+                "a config may name torchvision, timm:NAME and hf:ORG/NAME models: give code-running models "
+                "(FILE.py:NAME, package.module:NAME, TorchScript and pickled files) on the command line")
+    if defaults.get("model_arg") and not str(model or "").strip().startswith("timm:"):
+        raise UsageError(
+            f"config file '{path}' sets 'model-arg', which is passed to the model's own code; it is honoured "
+            "in a config only for timm:NAME models: give --model-arg on the command line")
 
 
 # Options that run code or overwrite data: a config file (which may come from anywhere)
@@ -43,6 +88,7 @@ def read_toml(path: str) -> dict[str, Any]:
 COMMAND_LINE_ONLY = {
     "trust_checkpoint": "lets a checkpoint run code",
     "force": "lets a run overwrite files",
+    "trust_remote_code": "lets a Hugging Face repo run its own code",
 }
 
 

@@ -115,6 +115,54 @@ class Interrupted(BaseException):
     130 by Typer, so that the edge can say what happened."""
 
 
+ONE_LINE_MAX = 200  # characters of an exception's text in a one-line message
+
+
+def one_line(exc: BaseException | str, limit: int = ONE_LINE_MAX) -> str:
+    """An exception (or a text) as one line: its first non-empty line, spaces collapsed, cut
+    at ``limit`` characters (``...`` says so); the exception's type when it has no text.
+    The one way an exception becomes part of a message (C++ errors add stack frames on
+    later lines)."""
+    text = exc if isinstance(exc, str) else str(exc)
+    first = " ".join(next((ln for ln in text.splitlines() if ln.strip()), "").split())
+    if not first:
+        return "" if isinstance(exc, str) else type(exc).__name__
+    return first if len(first) <= limit else first[: limit - 3] + "..."
+
+
+def out_of_memory(exc: BaseException, where: str = "") -> str | None:
+    """The one-line message for an allocation that failed (``MemoryError``, torch's CPU
+    allocator's RuntimeError "DefaultCPUAllocator: not enough memory: you tried to allocate
+    N bytes", CUDA's ``OutOfMemoryError``), saying how much was asked for (and ``where``:
+    " in the forward pass"); None otherwise."""
+    import re
+
+    text = str(exc)
+    cuda = type(exc).__name__ == "OutOfMemoryError" or "CUDA out of memory" in text
+    cpu = "DefaultCPUAllocator" in text and "not enough memory" in text
+    if not (isinstance(exc, MemoryError) or cuda or cpu):
+        return None
+    device = "GPU" if cuda else "CPU"
+    asked = ""
+    m = re.search(r"allocate (\d+) bytes", text)
+    if m:
+        asked = f" (an allocation of {_size(int(m.group(1)))} failed)"
+    else:
+        m = re.search(r"allocate ([\d.]+ [KMGT]?i?B)", text)
+        if m:
+            asked = f" (an allocation of {m.group(1)} failed)"
+    return (f"out of {device} memory{asked}{where}; use a smaller --batch-size or --input-size, "
+            "or fewer/smaller images")
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n} bytes" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} bytes"
+
+
 def suggest(name: str, candidates: list[str] | tuple[str, ...], n: int = 3) -> str:
     """Return ``"; did you mean 'a', 'b'?"`` for the closest candidates, or ``""``."""
     import difflib

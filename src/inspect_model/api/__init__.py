@@ -10,15 +10,22 @@ given back as it was (hooks, flags, weights).
 
 from __future__ import annotations
 
-from inspect_model.api.activations import activations
-from inspect_model.api.attention import attention
-from inspect_model.api.cam import cam
-from inspect_model.api.check import check
-from inspect_model.api.grads import grads
-from inspect_model.api.guided import guided_backprop
-from inspect_model.api.options import InputOptions, ModelOptions
-from inspect_model.api.pipeline import Result
-from inspect_model.api.summary import summary
+from typing import Any
 
-__all__ = ["InputOptions", "ModelOptions", "Result", "activations", "attention", "cam", "check", "grads", "guided_backprop",
-           "summary"]
+from inspect_model.api.options import InputOptions, ModelOptions
+from inspect_model.api.session import Result
+from inspect_model.registry import COMMANDS
+
+# One function per command, from the command registry (eager: ``from inspect_model.api
+# import cam`` gives the function, not the module).
+for _spec in COMMANDS.values():
+    globals()[_spec.api_name] = _spec.api_function()
+
+__all__ = ["InputOptions", "ModelOptions", "Result", *(s.api_name for s in COMMANDS.values())]
+
+
+def __getattr__(name: str) -> Any:
+    spec = next((s for s in COMMANDS.values() if s.api_name == name), None)
+    if spec is None:
+        raise AttributeError(f"module 'inspect_model.api' has no attribute {name!r}")
+    return spec.api_function()

@@ -8,57 +8,104 @@ the maps as ``.npy``.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
 
-from inspect_model.api.options import InputOptions, ModelOptions
-from inspect_model.api.pipeline import (
-    ImageItem,
-    Result,
-    Session,
-    Sink,
-    Warnings,
-    class_tag,
-    execute,
-    image_dir,
-    input_outcome,
-    prepare,
-    tracked,
+from inspect_model.api.options import InputOptions, ModelOptions, check_target_syntax
+from inspect_model.api.pipeline import execute, prepare, tracked
+from inspect_model.api.request import (
+    COLORMAP_HELP,
+    SAVE_RAW_HELP,
+    TARGET_HELP,
+    Request,
+    api_command,
+    check_target_value,
 )
+from inspect_model.api.request import option as opt
+from inspect_model.api.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError
+
+
+@dataclass(frozen=True)
+class AttentionRequest(Request):
+    """The options of ``attention``; validated once, here."""
+
+    command: ClassVar[str] = "attention"
+
+    methods: tuple[str, ...] = opt(("rollout",), "--method", "-m", help="raw, rollout, grad-rollout, legrad or all; "
+                                   "repeat or comma-separate.", multiple=True, param="method")
+    layers: tuple[str, ...] = opt((), "--layers", "--layer", "-l", help="Attention layers for raw and legrad: "
+                                  "indices (-1 = last), module names or all (default: raw the last, legrad all).",
+                                  multiple=True, param="layers")
+    heads: str = opt("mean", "--heads", help="raw: head indices like 0,3, all, or a fusion: mean, max, min.")
+    query: str = opt("cls", "--query", help="raw: the query token: cls, mean, or a token index.")
+    head_fusion: str = opt("mean", "--head-fusion", help="rollout: how heads are fused: mean, max, min.")
+    discard_ratio: float = opt(0.0, "--discard-ratio", help="rollout: the fraction of lowest attentions dropped "
+                               "per layer.")
+    mosaic: bool = opt(False, "--mosaic", help="Also draw every layer by every head (mosaic.png).")
+    target: str | tuple[str, ...] | None = opt("predicted", "--target", "-t", type=str, help=TARGET_HELP,
+                                               complete="target")
+    colormap: str = opt("jet", "--colormap", "--cmap", help=COLORMAP_HELP, complete="colormap")
+    save_raw: bool = opt(False, "--save-raw", help=SAVE_RAW_HELP)
+    evaluate: bool = opt(False, "--evaluate", help="Score the rollout, grad-rollout and LeGrad maps for "
+                         "faithfulness as cam --evaluate does, and rank them.")
+    metrics: tuple[str, ...] = opt((), "--metric", help="With --evaluate: deletion, insertion, road, confidence, "
+                                   "pointing, energy or all; repeatable.", multiple=True, param="metric")
+    boxes: Any = opt(None, "--boxes", type=Path, help="With --evaluate: JSON or CSV of boxes image,x0,y0,x1,y1 "
+                     "in original-image pixels, for the pointing and energy games.")
+    eval_steps: int = opt(32, "--eval-steps", help="Steps of the deletion and insertion curves.")
+    eval_batch: int = opt(64, "--eval-batch", help="Perturbed inputs per forward pass (--evaluate).")
+
+    def validate(self) -> None:
+        from inspect_model.api.cam_evaluate import check_evaluate_request
+        from inspect_model.render.overlay import check_colormap
+
+        self._set("target", check_target_value(self.target))
+        check_target_syntax(self.target)
+        o = self.options()
+        self._set("methods", o.methods)
+        self._set("layers", o.layers)
+        check_colormap(self.colormap)
+        check_evaluate_request(evaluate=self.evaluate, metrics=list(self.metrics) or None, boxes=self.boxes,
+                               steps=self.eval_steps, batch=self.eval_batch)
+
+    def options(self) -> Any:
+        from inspect_model.methods.attention import AttentionOptions
+
+        return AttentionOptions(methods=self.methods or ("rollout",), layers=self.layers, heads=self.heads,
+                                query=self.query, head_fusion=self.head_fusion, discard_ratio=self.discard_ratio,
+                                mosaic=self.mosaic)
 
 
 class AttentionSession(Session):
     command = "attention"
     streams_files = True
 
-    def __init__(self, prep: Any, mopts: ModelOptions, options: Any, *, target: str = "predicted",
-                 colormap: str = "jet", save_raw: bool = False, keep_maps: bool = False,
-                 evaluate: dict[str, Any] | None = None, notes: Any = None, progress: Any = None) -> None:
+    def __init__(self, prep: Any, mopts: ModelOptions, request: AttentionRequest, *, keep_maps: bool = False,
+                 notes: Any = None, progress: Any = None) -> None:
         from inspect_model.methods.targets import parse_target
+        from inspect_model.render.attention import AttentionDrawer
 
-        self.prep, self.mopts, self.options = prep, mopts, options
-        self.target_text = target
-        self.spec = parse_target(target, prep.categories)
-        self.colormap, self.save_raw, self.keep_maps = colormap, save_raw, keep_maps
-        # The request as plain values: the --resume fingerprint reads them.
-        self.request = {"methods": list(options.methods), "layers": list(options.layers), "heads": options.heads,
-                        "query": options.query, "head_fusion": options.head_fusion,
-                        "discard_ratio": options.discard_ratio, "mosaic": options.mosaic}
+        self.prep, self.mopts, self.request = prep, mopts, request
+        self.options = request.options()
+        self.spec = parse_target(request.target, prep.categories)
+        self.keep_maps = keep_maps
         self.entries: list[dict[str, Any]] = []
         self.maps: list[Any] = []
         self.info: dict[str, Any] | None = None
         self.warnings = Warnings()
-        self.eval_options = dict(evaluate or {"evaluate": False})
         self.evaluator = None
-        if self.eval_options.get("evaluate"):
+        if request.evaluate:
             from inspect_model.api.cam_evaluate import Evaluator, check_evaluate_request
 
-            ev = self.eval_options
-            parsed = check_evaluate_request(evaluate=True, metrics=ev.get("metrics"), boxes=ev.get("boxes"),
-                                            steps=ev["eval_steps"], batch=ev["eval_batch"])
-            self.eval_options["metrics"] = parsed
-            self.evaluator = Evaluator(prep, parsed, steps=ev["eval_steps"], batch=ev["eval_batch"],
-                                       boxes=ev.get("boxes"), notes=notes, progress=progress)
+            parsed = check_evaluate_request(evaluate=True, metrics=list(request.metrics) or None,
+                                            boxes=request.boxes, steps=request.eval_steps, batch=request.eval_batch)
+            self.metrics = parsed
+            self.evaluator = Evaluator(prep, parsed, steps=request.eval_steps, batch=request.eval_batch,
+                                       boxes=request.boxes, notes=notes, progress=progress)
+        self.drawer = AttentionDrawer(categories=prep.categories, preprocess=prep.plan.preprocess,
+                                      colormap=request.colormap, save_raw=request.save_raw, query=request.query)
 
     def feed(self, batch: Any) -> list[ImageItem]:
         from inspect_model.methods.attention import compute_attention
@@ -110,67 +157,46 @@ class AttentionSession(Session):
         return {"index": index, "image": name, "target": target, "maps": maps, "files": {}}
 
     def finish(self) -> Result:
-        from inspect_model.render import attention as render
-
         skipped = input_outcome(self.prep.plan, self.warnings)
         if not self.entries:
             raise InputError("no input could be read; nothing to do")
-        o = self.options
-        payload = {"model": self.prep.loaded.name, "methods": list(o.methods), **(self.info or {}),
+        payload = {"model": self.prep.loaded.name, "methods": list(self.options.methods), **(self.info or {}),
                    "images": self.entries, "image_count": len(self.entries), "skipped": skipped}
         if self.evaluator is not None:
             columns = list(dict.fromkeys((m["method"], m["layer"]) for e in self.entries for m in e["maps"]
                                          if m["method"] != "raw"))
             payload["evaluation"] = self.evaluator.summary(self.entries, columns)
-        options = self.prep.options(
-            self.mopts, methods=list(o.methods), layers=list(o.layers), heads=o.heads, query=o.query,
-            head_fusion=o.head_fusion, discard_ratio=o.discard_ratio, mosaic=o.mosaic, target=self.target_text,
-            colormap=self.colormap, save_raw=self.save_raw, **self.eval_options)
         record = _AttentionRecord(self.maps) if self.keep_maps else None
-        return Result("attention", options, payload, self.warnings.to_list(), record=record,
-                      render_text=lambda r: render.report_text(r.to_dict()),
-                      render_rich=lambda r: [render.report_text(r.to_dict())])
+        return Result("attention", self.resolved_options(), payload, self.warnings.to_list(), record=record)
 
-    def draw(self, item: ImageItem, sink: Sink) -> dict[str, Any]:
-        from inspect_model.render import attention as ra
-        from inspect_model.render import overlay as ov
-        from inspect_model.render.files import safe_name
+    def resolved_options(self) -> dict[str, Any]:
+        r, o = self.request, self.options
+        return self.prep.options(
+            self.mopts, methods=list(o.methods), layers=list(o.layers), heads=o.heads, query=o.query,
+            head_fusion=o.head_fusion, discard_ratio=o.discard_ratio, mosaic=o.mosaic,
+            target=list(r.target) if isinstance(r.target, tuple) else r.target, colormap=r.colormap,
+            save_raw=r.save_raw, evaluate=r.evaluate, metrics=list(getattr(self, "metrics", r.metrics)),
+            boxes=str(r.boxes) if r.boxes else None, eval_steps=r.eval_steps, eval_batch=r.eval_batch)
 
-        if item.data is None or sink.out is None:
-            return item.entry.get("files", {})
-        img, x, res, i = item.data
-        entry, pre = item.entry, self.prep.plan.preprocess
-        if img is not None:
-            picture, box = ov.viewable(img.image, pre.uncrop_box(*img.image.size) if pre is not None else None)
-        else:
-            picture, box = ov.input_picture(x), None
-        base = image_dir(entry["index"], entry["image"])
-        t = entry["target"]
-        what = f"class {t['class']}{' ' + t['label'] if t['label'] else ''} (p={t['probability']:.3f})" if t else ""
-        tag = class_tag(t["class"], self.prep.categories) if t else "all"
-        for rec in entry["maps"]:
-            method, layer = rec["method"], rec["layer"]
-            if method != "raw":
-                m = res.maps[method][i].numpy()
-                fig = ra.method_overlay(picture, m, res.input_hw, [f"{method}: {entry['image']}", what], box=box,
-                                        cmap=self.colormap)
-                rec["files"]["overlay"] = sink.image(f"{base}/{method}.{tag}.png", fig)
-            else:
-                m = res.raw[layer][i].numpy()
-                what = ("attention received, mean over each window's queries" if layer in res.windowed
-                        else f"attention of query {self.options.query}")
-                fig = ra.head_grid(m, res.head_labels[layer], [
-                    f"{layer}", f"{what}, {m.shape[-2]}x{m.shape[-1]} tokens: {entry['image']}"])
-                rec["files"]["grid"] = sink.image(f"{base}/raw.{safe_name(layer)}.png", fig)
-            if self.save_raw:
-                stem = f"{base}/{method}.{tag}" if method != "raw" else f"{base}/raw.{safe_name(layer)}"
-                rec["files"]["raw"] = sink.npy(f"{stem}.npy", m)
-        out: dict[str, Any] = {}
-        if res.mosaic is not None:
-            fig = ra.mosaic(res.mosaic[i].numpy(), res.layers,
-                            [f"attention of query {self.options.query}, every layer by every head", entry["image"]])
-            out["mosaic"] = sink.image(f"{base}/mosaic.png", fig)
-        return out
+    # ------------------------------------------------------------------ resumable, mergeable
+    def state_dict(self) -> dict[str, Any]:
+        return {"entries": self.entries, "warnings": self.warnings, "info": self.info,
+                "passes": self.evaluator.passes if self.evaluator is not None else 0,
+                "inputs": self.evaluator.inputs if self.evaluator is not None else 0}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.entries, self.warnings, self.info = list(state["entries"]), state["warnings"], state["info"]
+        if self.evaluator is not None:
+            self.evaluator.passes, self.evaluator.inputs = state["passes"], state["inputs"]
+
+    def merge(self, states: list[dict[str, Any]]) -> None:
+        self.entries = [e for st in states for e in st["entries"]]
+        self.warnings.merge(st["warnings"] for st in states[1:])
+        if self.info is None:
+            self.info = next((st["info"] for st in states if st["info"] is not None), None)
+        if self.evaluator is not None:
+            self.evaluator.passes = sum(st["passes"] for st in states)
+            self.evaluator.inputs = sum(st["inputs"] for st in states)
 
 
 class _EvalView:
@@ -206,38 +232,21 @@ class _AttentionRecord:
         self.grid = parts[0].grid if parts else None
 
 
-def attention(model: Any, images: Any = None, methods: Any = ("rollout",), *, layers: Any = (),
-              heads: str = "mean", query: str = "cls", head_fusion: str = "mean", discard_ratio: float = 0.0,
-              mosaic: bool = False, target: Any = "predicted", colormap: str = "jet", save_raw: bool = False,
-              evaluate: bool = False, metrics: list[str] | None = None, boxes: Any = None, eval_steps: int = 32,
-              eval_batch: int = 64,
-              model_options: ModelOptions | None = None, inputs: InputOptions | None = None,
-              output_dir: Any = None, force: bool = False, tensorboard: Any = None, keep: bool | None = None,
-              on_item: Any = None, notes: Any = None, progress: Any = None) -> Result:
-    """Attention maps of ``images`` (paths or a tensor (N, C, H, W)) for a vision transformer:
-    ``raw``, ``rollout``, ``grad-rollout``, ``legrad`` (see ``methods.attention``). The result
-    has ``maps`` (method -> (N, rows, cols)) and ``raw`` (layer -> (N, heads, rows, cols))
-    when kept (the API default), ``to_dict()`` and ``save(dir)``."""
-    from inspect_model.methods.attention import AttentionOptions
-    from inspect_model.render.overlay import check_colormap
-
-    if isinstance(layers, str):
-        layers = [layers]
-    opts = AttentionOptions(methods=methods if not isinstance(methods, str) else (methods,),
-                            layers=tuple(str(s) for s in layers), heads=heads, query=query,
-                            head_fusion=head_fusion, discard_ratio=discard_ratio, mosaic=mosaic)
-    check_colormap(colormap)
-    from inspect_model.api.cam_evaluate import check_evaluate_request
-
-    check_evaluate_request(evaluate=evaluate, metrics=metrics, boxes=boxes, steps=eval_steps, batch=eval_batch)
+@api_command(AttentionRequest)
+def attention(model: Any, images: Any, request: AttentionRequest, *, model_options: ModelOptions | None = None,
+              inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,
+              tensorboard: Any = None, keep: bool | None = None, on_item: Any = None, notes: Any = None,
+              progress: Any = None) -> Result:
+    """Attention maps of ``images`` (paths or a tensor (N, C, H, W)) for a vision transformer,
+    with the options of :class:`AttentionRequest`: ``raw``, ``rollout``, ``grad-rollout``,
+    ``legrad`` (see ``methods.attention``). The result has ``maps`` (method -> (N, rows,
+    cols)) and ``raw`` (layer -> (N, heads, rows, cols)) when kept (the API default),
+    ``to_dict()`` and ``save(dir)``."""
     mopts = model_options or ModelOptions(model)
     inputs = inputs or InputOptions(images)
     prep = prepare("attention", mopts, inputs, hooks=True, notes=notes)
     keep = output_dir is None if keep is None else keep
-    ev = {"evaluate": evaluate, "metrics": metrics, "boxes": str(boxes) if boxes else None, "eval_steps": eval_steps,
-          "eval_batch": eval_batch}
-    session = AttentionSession(prep, mopts, opts, target=str(target), colormap=colormap, save_raw=save_raw,
-                               keep_maps=keep, evaluate=ev if evaluate else None, notes=notes, progress=progress)
+    session = AttentionSession(prep, mopts, request, keep_maps=keep, notes=notes, progress=progress)
     total = len(prep.plan.paths) if prep.plan.paths else 0
     return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
                    keep=keep, tensorboard=tensorboard, on_item=on_item)

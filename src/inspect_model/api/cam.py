@@ -1,54 +1,92 @@
 """``cam``: class activation maps per image, target, method and layer, as a session.
 
-Files per image (``images/NNNN-stem/``): ``<method>.<layer>.<class>.overlay.png`` (the map
-on the original image), ``.heatmap.png`` (the bare map with a colour bar) and, with
-``save_raw``, ``.input.npy`` / ``.layer.npy``; contact sheets (rows: image x target,
-columns: method x layer) at the top as ``contact_sheet_NNN.png``.
+Files (drawn by :mod:`inspect_model.render.draw_cam`): per image and map an overlay and a
+heat map, contact sheets at the top. Resumable and mergeable: one entry per image, pass counts.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from inspect_model.api.options import InputOptions, ModelOptions
-from inspect_model.api.pipeline import (
-    ImageItem,
-    Result,
-    Session,
-    Sink,
-    Warnings,
-    class_tag,
-    execute,
-    image_dir,
-    input_outcome,
-    prepare,
-    tracked,
+from inspect_model.api.options import InputOptions, ModelOptions, check_target_syntax
+from inspect_model.api.pipeline import execute, prepare, tracked
+from inspect_model.api.request import (
+    COLORMAP_HELP,
+    OUTPUT_KEY_HELP,
+    SAVE_RAW_HELP,
+    TARGET_HELP,
+    Request,
+    api_command,
+    check_target_value,
+    option,
+    positive,
 )
+from inspect_model.api.resume import count
+from inspect_model.api.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
+from inspect_model.methods.cam_methods import method_help
 
-SHEET_ROWS = 16  # rows per contact-sheet page: memory stays bounded for any number of images
+
+@dataclass(frozen=True)
+class CamRequest(Request):
+    """The options of ``cam`` (see README "cam"); validated once, here."""
+
+    command: ClassVar[str] = "cam"
+
+    methods: tuple[str, ...] = option(("gradcam",), "--method", "-m", help=method_help(), multiple=True,
+                                      param="method", complete="method")
+    layers: tuple[str, ...] = option((), "--layer", "--layers", "-l", help="auto (last spatial layer; ViT/Swin: "
+                                     "last block as a patch grid) or a layer spec; repeat for one map per layer.",
+                                     multiple=True, param="layer", complete="layer")
+    reshape: str | None = option(None, "--reshape", type=str, help="Patch grid HxW for a token layer (N, tokens, "
+                                 "D); leading class/register tokens are dropped.")
+    fuse: bool = option(False, "--fuse", help="With several --layer: also a fused map (element-wise max of the "
+                        "normalised maps).")
+    target: str | tuple[str, ...] | None = option("predicted", "--target", "-t", type=str, help=TARGET_HELP,
+                                                  complete="target")
+    output_key: str | None = option(None, "--output-key", type=str, help=OUTPUT_KEY_HELP)
+    scorecam_batch: int = option(32, "--scorecam-batch", help="Masked inputs per forward pass for scorecam.")
+    colormap: str = option("jet", "--colormap", "--cmap", help=COLORMAP_HELP, complete="colormap")
+    alpha: float = option(0.5, "--alpha", help="Heat-map opacity in overlays, 0..1.")
+    top: int = option(5, "--top", help="Predicted classes listed per image.")
+    save_raw: bool = option(False, "--save-raw", help=SAVE_RAW_HELP)
+    evaluate: bool = option(False, "--evaluate", help="Score every map's faithfulness: deletion/insertion AUC, "
+                            "ROAD, average drop/increase in confidence, and with --boxes the pointing and energy "
+                            "games; methods ranked per image and on average.")
+    metrics: tuple[str, ...] = option((), "--metric", help="With --evaluate: deletion, insertion, road, confidence, "
+                                      "pointing, energy or all (default: all; pointing and energy only with "
+                                      "--boxes); repeatable.", multiple=True, param="metric")
+    boxes: Any = option(None, "--boxes", type=Path, help="With --evaluate: JSON or CSV of boxes "
+                        "image,x0,y0,x1,y1 in original-image pixels, for the pointing and energy games.")
+    eval_steps: int = option(32, "--eval-steps", help="Steps of the deletion and insertion curves.")
+    eval_batch: int = option(64, "--eval-batch", help="Perturbed inputs per forward pass (--evaluate).")
+
+    def validate(self) -> None:
+        from inspect_model.api.cam_evaluate import check_evaluate_request
+        from inspect_model.methods.cam import parse_methods, parse_reshape
+        from inspect_model.render.overlay import check_colormap
+
+        self._set("target", check_target_value(self.target))
+        check_target_syntax(self.target)
+        if not 0.0 <= self.alpha <= 1.0:
+            raise UsageError(f"--alpha must be between 0 and 1, got {self.alpha}")
+        positive(self.scorecam_batch, "--scorecam-batch")
+        positive(self.top, "--top")
+        self._set("parsed_methods", tuple(parse_methods(list(self.methods or ("gradcam",)))))
+        self._set("grid", parse_reshape(self.reshape))
+        if self.fuse and len(self.layers) < 2:
+            raise UsageError("--fuse combines several layers; give --layer at least twice")
+        check_colormap(self.colormap)
+        self._set("parsed_metrics", tuple(check_evaluate_request(
+            evaluate=self.evaluate, metrics=list(self.metrics) or None, boxes=self.boxes, steps=self.eval_steps,
+            batch=self.eval_batch)))
 
 
-def check_cam_request(*, methods: list[str] | None, layers: list[str] | None, reshape: str | None, fuse: bool,
-                      scorecam_batch: int, colormap: str, alpha: float, top: int) -> tuple[list[str], Any]:
-    """The cam options that need no model, checked before anything loads."""
-    from inspect_model.methods.cam import parse_methods, parse_reshape
-
-    if not 0.0 <= alpha <= 1.0:
-        raise UsageError(f"--alpha must be between 0 and 1, got {alpha}")
-    if scorecam_batch < 1:
-        raise UsageError(f"--scorecam-batch must be 1 or more, got {scorecam_batch}")
-    if top < 1:
-        raise UsageError(f"--top must be 1 or more, got {top}")
-    parsed = parse_methods(methods)
-    grid = parse_reshape(reshape)
-    if fuse and len(layers or []) < 2:
-        raise UsageError("--fuse combines several layers; give --layer at least twice")
-    from inspect_model.render.overlay import check_colormap
-
-    check_colormap(colormap)
-    return parsed, grid
+def check_cam_request(**options: Any) -> CamRequest:
+    """The cam options that need no model, checked before anything loads (as the request)."""
+    return CamRequest(**options)
 
 
 class CamSession(Session):
@@ -56,25 +94,18 @@ class CamSession(Session):
 
     command = "cam"
     streams_files = True
-    page_base = 0  # first contact-sheet page number - 1 (another rank's pages come first)
 
-    def __init__(self, prep: Any, mopts: ModelOptions, *, methods: list[str] | None = None,
-                 layers: list[str] | None = None, reshape: str | None = None, fuse: bool = False,
-                 target: str = "predicted", output_key: str | None = None, scorecam_batch: int = 32,
-                 colormap: str = "jet", alpha: float = 0.5, top: int = 5, save_raw: bool = False,
-                 notes: Any = None, evaluate: bool = False, metrics: list[str] | None = None, boxes: Any = None,
-                 eval_steps: int = 32, eval_batch: int = 64, progress: Any = None) -> None:
+    def __init__(self, prep: Any, mopts: ModelOptions, request: CamRequest, *, notes: Any = None,
+                 progress: Any = None) -> None:
         from inspect_model.methods.targets import parse_target
 
-        self.method_items = list(methods or ["gradcam"])  # as typed: `all` makes CAM optional
-        self.methods, self.reshape = check_cam_request(
-            methods=self.method_items, layers=layers, reshape=reshape, fuse=fuse, scorecam_batch=scorecam_batch,
-            colormap=colormap, alpha=alpha, top=top)
-        self.prep, self.mopts, self.layer_specs = prep, mopts, list(layers or [])
-        self.fuse, self.output_key, self.scorecam_batch = fuse, output_key, scorecam_batch
-        self.colormap, self.alpha, self.top, self.save_raw = colormap, alpha, top, save_raw
-        self.target_text = target
-        self.spec = parse_target(target, prep.categories)
+        r = self.request = request
+        self.method_items = list(r.methods or ("gradcam",))  # as typed: `all` makes CAM optional
+        self.methods, self.reshape = list(r.parsed_methods), r.grid
+        self.prep, self.mopts, self.layer_specs = prep, mopts, list(r.layers)
+        self.fuse, self.output_key, self.scorecam_batch = r.fuse, r.output_key, r.scorecam_batch
+        self.colormap, self.alpha, self.top, self.save_raw = r.colormap, r.alpha, r.top, r.save_raw
+        self.spec = parse_target(r.target, prep.categories)
         self.notes = notes or (lambda text: None)
         self.progress = progress  # progress(done, total, label) for the long inner loops
         self.warnings = Warnings()
@@ -82,18 +113,19 @@ class CamSession(Session):
         self.entries: list[dict[str, Any]] = []
         self.passes = {"forward": 0, "backward": 0, "scorecam_forward": 0}
         self.columns: list[tuple[str, str]] = []
-        self.eval_options = {"evaluate": evaluate, "metrics": None, "boxes": str(boxes) if boxes else None,
-                             "eval_steps": eval_steps, "eval_batch": eval_batch}
+        self.eval_options = {"evaluate": r.evaluate, "metrics": list(r.parsed_metrics) or None,
+                             "boxes": str(r.boxes) if r.boxes else None, "eval_steps": r.eval_steps,
+                             "eval_batch": r.eval_batch}
         self.evaluator: Any = None
-        if evaluate or metrics or boxes:
-            from inspect_model.api.cam_evaluate import Evaluator, check_evaluate_request
+        if r.evaluate:
+            from inspect_model.api.cam_evaluate import Evaluator
 
-            parsed = check_evaluate_request(evaluate=evaluate, metrics=metrics, boxes=boxes, steps=eval_steps,
-                                            batch=eval_batch)
-            self.eval_options["metrics"] = parsed
-            self.evaluator = Evaluator(prep, parsed, steps=eval_steps, batch=eval_batch, boxes=boxes,
-                                       output_key=output_key, notes=self.notes, progress=progress)
-        self.reset_drawing()
+            self.evaluator = Evaluator(prep, list(r.parsed_metrics), steps=r.eval_steps, batch=r.eval_batch,
+                                       boxes=r.boxes, output_key=r.output_key, notes=self.notes, progress=progress)
+        from inspect_model.render.draw_cam import CamDrawer
+
+        self.drawer = CamDrawer(categories=prep.categories, preprocess=prep.plan.preprocess, alpha=r.alpha,
+                                colormap=r.colormap, save_raw=r.save_raw, curves=self.evaluator is not None)
 
     # ------------------------------------------------------------------ computing
     def _resolve(self, x: Any) -> None:
@@ -101,7 +133,8 @@ class CamSession(Session):
 
         net = self.prep.loaded.model
         self.cam_layers = resolve_layers(net, x, self.layer_specs or None, self.reshape, self.output_key,
-                                         probe=getattr(self.prep.loaded, "static_batch", None) or 1)
+                                         probe=getattr(self.prep.loaded, "static_batch", None) or 1,
+                                         declared=getattr(self.prep.loaded, "cam_layer", None))
         for lay in self.cam_layers:
             g = lay.layout.grid
             self.notes(f"layer: {lay.name} ({lay.layout.kind}, {g[0]}x{g[1]} grid, {lay.layout.channels} channels)")
@@ -115,19 +148,28 @@ class CamSession(Session):
         names = [lay.name for lay in self.cam_layers]
         if self.fuse and len(names) > 1:
             names.append("fused:" + "+".join(names))
-        self.columns = [(m, n) for n in names for m in self.methods]
+        self.columns = self.drawer.columns = [(m, n) for n in names for m in self.methods]
 
     def feed(self, batch: Any) -> list[ImageItem]:
         from inspect_model.methods.cam import compute_cams
 
         if self.cam_layers is None:
             self._resolve(batch.tensor)
+        from inspect_model.methods.targets import for_batch
+
+        start = self.index_base + len(self.entries)
         res = compute_cams(self.prep.loaded.model, batch.tensor, layers=self.cam_layers, methods=self.method_items,
-                           target=self.spec, output_key=self.output_key, scorecam_batch=self.scorecam_batch,
+                           target=for_batch(self.spec, start, int(batch.tensor.shape[0])), output_key=self.output_key, scorecam_batch=self.scorecam_batch,
                            fuse=self.fuse, progress=self.progress)
         for key in self.passes:
             self.passes[key] += res.passes[key]
         self.warnings.extend(res.notes)
+        if not self.entries:  # the class count is the same for every batch: say it once
+            from inspect_model.methods.targets import top_k_warning
+
+            cut = top_k_warning(self.spec, int(res.probabilities.shape[-1]))
+            if cut:
+                self.warnings.add(cut)
         items = []
         first = len(self.entries)
         for i in range(batch.tensor.shape[0]):
@@ -154,8 +196,6 @@ class CamSession(Session):
                             top=self.top)
 
     def finish(self) -> Result:
-        from inspect_model.render import cam_report as render
-
         plan = self.prep.plan
         if not self.entries:
             raise InputError("no input could be read; nothing to do")
@@ -174,172 +214,58 @@ class CamSession(Session):
         }
         if self.evaluator is not None:
             payload["evaluation"] = self.evaluator.summary(self.entries, self.columns)
-        options = self.prep.options(
-            self.mopts, layers=[lay.name for lay in layers], layer_specs=self.layer_specs or ["auto"],
-            reshape=list(self.reshape) if self.reshape else None, target=self.target_text,
+        return Result("cam", self.resolved_options(), payload, self.warnings.to_list(), record=None)
+
+    def resolved_options(self) -> dict[str, Any]:
+        return self.prep.options(
+            self.mopts, layers=[lay.name for lay in self.cam_layers or []], layer_specs=self.layer_specs or ["auto"],
+            reshape=list(self.reshape) if self.reshape else None, target=_target_option(self.request.target),
             methods=list(self.methods), fuse=self.fuse, output_key=self.output_key,
             scorecam_batch=self.scorecam_batch, colormap=self.colormap, alpha=self.alpha, top=self.top,
             save_raw=self.save_raw, **self.eval_options)
-        return Result("cam", options, payload, self.warnings.to_list(), record=None,
-                      render_text=lambda r: render.render_text(r.to_dict()),
-                      render_rich=lambda r: render.render_rich(r.to_dict()))
 
-    # ------------------------------------------------------------------ drawing
-    def reset_drawing(self) -> None:
-        self.sheet_rows: list[Any] = []
-        self.sheets: list[str] = []
+    # ------------------------------------------------------------------ resumable, mergeable
+    def state_dict(self) -> dict[str, Any]:
+        return {"entries": self.entries, "passes": dict(self.passes), "warnings": self.warnings,
+                "cam_layers": self.cam_layers, "columns": list(self.columns), "drawer": self.drawer.state_dict()}
 
-    def draw(self, item: ImageItem, sink: Sink) -> dict[str, Any]:
-        from inspect_model.render import overlay as ov
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.entries = list(state["entries"])
+        self.passes = {k: count(state["passes"][k], f"the {k} pass count") for k in self.passes}
+        self.warnings = state["warnings"]
+        self.cam_layers = state["cam_layers"]
+        self.columns = self.drawer.columns = [(str(m), str(n)) for m, n in state["columns"]]
+        self.drawer.load_state_dict(state["drawer"])
 
-        if item.data is None:
-            return item.entry.get("files", {})
-        img, x, maps, probs = item.data
-        entry = item.entry
-        cats = self.prep.categories
-        pre = self.prep.plan.preprocess
-        if img is not None:
-            # Reduced here, once per image: the queued jobs hold at most OVERLAY_SIDE pixels a side.
-            picture, box = ov.viewable(img.image, pre.uncrop_box(*img.image.size) if pre is not None else None)
-        else:
-            picture = ov.input_picture(x.detach().float().cpu())
-            box = None
-        base = image_dir(entry["index"], entry["image"])
-        rows: dict[int, dict[tuple[str, str], Any]] = {}
-        for m, rec in zip(maps, entry["maps"]):
-            cls = m.target
-            cname = cats[cls] if cats and 0 <= cls < len(cats) else None
-            arr = m.map.numpy()
-            title = f"{cls}{' ' + cname if cname else ''} p={float(probs[cls]):.3f}"
-            names: dict[str, Any] = {}
-            if sink.out is not None:
-                from inspect_model.render.files import safe_name
+    def merge(self, states: list[dict[str, Any]]) -> None:
+        self.entries = [e for st in states for e in st["entries"]]
+        self.passes = {k: sum(st["passes"][k] for st in states) for k in self.passes}
+        self.warnings.merge(st["warnings"] for st in states[1:])
+        first = next((st for st in states if st["cam_layers"]), None)  # the same on every rank that ran
+        if self.cam_layers is None and first is not None:
+            self.cam_layers = first["cam_layers"]
+            self.columns = self.drawer.columns = [(str(m), str(n)) for m, n in first["columns"]]
+        self.drawer.merge([st["drawer"] for st in states])
 
-                stem = f"{base}/{safe_name(m.method)}.{safe_name(m.layer)}.{class_tag(cls, cats)}"
-                names = {"overlay": sink.out.reserve(f"{stem}.overlay.png"),
-                         "heatmap": sink.out.reserve(f"{stem}.heatmap.png")}
-                rec["files"] = {k: sink._rel(str(final)) for k, (_, final) in names.items()}
-                if self.save_raw:
-                    rec["files"]["raw_input"] = sink.npy(f"{stem}.input.npy", arr)
-                    if m.raw is not None:
-                        rec["files"]["raw_layer"] = sink.npy(f"{stem}.layer.npy", m.raw.numpy())
-            # Drawing and encoding run on the sink's workers while the model computes on.
-            job = _draw_map_job(sink, names, picture, arr, box, self.alpha, self.colormap,
-                                f"{m.method} @ {m.layer}\n{title}", keep=sink.writer is not None)
-            fut = sink.defer(job)
-            if sink.writer is not None:
-                import numpy as np
-
-                sink.writer.add_image(f"cam/{m.method}/{m.layer}/rank{m.rank}", np.asarray(fut.result()[1]),
-                                      entry["index"], dataformats="HWC")
-            rows.setdefault(m.rank, {})[(m.method, m.layer)] = (fut, title)
-        if sink.out is not None:
-            for rank in sorted(rows):
-                cells = [rows[rank].get(col) for col in self.columns]
-                self.sheet_rows.append((f"{Path(entry['image']).name} #{rank + 1}", cells))
-            self._flush_sheet(sink, final=False)
-        if sink.out is not None and self.evaluator is not None:
-            from inspect_model.api.cam_evaluate import curve_plot_name
-            from inspect_model.render import faithfulness as rf
-
-            series = rf.image_series(entry)
-            if series:
-                title = f"[{entry['index']}] {Path(entry['image']).name}: deletion and insertion curves"
-                name = sink.figure(curve_plot_name(entry), rf.curves_figure(series, title))
-                return {"evaluation_curves": name} if name else {}
-        return {}
-
-    def draw_summary(self, sink: Sink, result: Result) -> None:
-        self._flush_sheet(sink, final=True)
-        result.payload["contact_sheets"] = list(self.sheets)
-        ev = result.payload.get("evaluation")
-        if ev is not None and sink.out is not None and ev["average"]:
-            from inspect_model.render import faithfulness as rf
-
-            n = result.payload["image_count"]
-            fig = rf.curves_figure(rf.average_series(ev), f"deletion and insertion curves, mean over {n} image(s)")
-            name = sink.figure("evaluation_curves.png", fig)
-            ev["plots"] = [name] if name else []
-
-    def _flush_sheet(self, sink: Sink, *, final: bool) -> None:
-        """A contact-sheet page when it is full (or at the end), when there are several
-        images or several columns."""
-        if sink.out is None or not self.sheet_rows:
-            return
-        if not final and len(self.sheet_rows) < SHEET_ROWS:
-            return
-        several = len(self.columns) > 1 or len(self.sheet_rows) > 1 or self.sheets
-        if not several:
-            self.sheet_rows = []
-            return
-        from inspect_model.render.overlay import SheetCell, contact_sheet
-
-        while self.sheet_rows and (final or len(self.sheet_rows) >= SHEET_ROWS):
-            rows, self.sheet_rows = self.sheet_rows[:SHEET_ROWS], self.sheet_rows[SHEET_ROWS:]
-            cols = [f"{m} @ {lay}" for m, lay in self.columns]
-            page = self.page_base + len(self.sheets) + 1
-
-            def draw(rows: list[Any] = rows, cols: list[str] = cols, page: int = page) -> Any:
-                # The cells are thumbnails that jobs queued before this one draw: a worker
-                # waits for them (the queue is first in, first out, so they have started),
-                # and the model computes on meanwhile.
-                cells = [(label, [None if c is None else SheetCell(_thumb(c[0]), c[1]) for c in row])
-                         for label, row in rows]
-                return contact_sheet(cells, cols, title=f"class activation maps (page {page})")
-
-            name = sink.image(f"contact_sheet_{page:03d}.png", draw, photo=True)
-            if name is not None:
-                self.sheets.append(name)
-
-
-def _draw_map_job(sink: Sink, names: dict[str, Any], picture: Any, arr: Any, box: Any, alpha: float, cmap: str,
-                  title: str, *, keep: bool) -> Any:
-    """The work of one map, for a worker: the overlay and the heat map, drawn and written;
-    gives (contact-sheet thumbnail, the overlay when ``keep``)."""
-    from inspect_model.render import overlay as ov
-    from inspect_model.render.files import png_bytes
-
-    def job() -> tuple[Any, Any]:
-        over = ov.overlay(picture, arr, box, alpha=alpha, cmap=cmap)
-        if names and sink.out is not None:
-            sink.out.write_staged(*names["overlay"], png_bytes(over, photo=True))
-            sink.out.write_staged(*names["heatmap"], png_bytes(ov.heatmap_image(arr, title, cmap=cmap)))
-        return ov.thumbnail(over), over if keep else None
-
-    return job
-
-
-def cam(model: Any, images: Any = None, *, methods: list[str] | None = None, layers: list[str] | None = None,
-        target: str = "predicted", reshape: str | None = None, fuse: bool = False, output_key: str | None = None,
-        scorecam_batch: int = 32, colormap: str = "jet", alpha: float = 0.5, top: int = 5,
-        save_raw: bool = False, evaluate: bool = False, metrics: list[str] | None = None, boxes: Any = None,
-        eval_steps: int = 32, eval_batch: int = 64,
-        model_options: ModelOptions | None = None, inputs: InputOptions | None = None,
-        output_dir: Any = None, force: bool = False, tensorboard: Any = None, keep: bool | None = None,
-        on_item: Any = None, notes: Any = None, progress: Any = None) -> Result:
+@api_command(CamRequest)
+def cam(model: Any, images: Any, request: CamRequest, *, model_options: ModelOptions | None = None,
+        inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False, tensorboard: Any = None,
+        keep: bool | None = None, on_item: Any = None, notes: Any = None, progress: Any = None) -> Result:
     """Class activation maps of ``images`` (paths, or a tensor (N, C, H, W)) under ``model``
-    (a spec, an ``nn.Module`` or a ``LoadedModel``). The result's ``to_dict()`` is the CLI's
-    ``--json``; ``save(dir)`` (or ``output_dir=``) writes the CLI's files. ``evaluate=True``
-    adds faithfulness scores (``metrics``, default all; ``boxes``: a boxes file for the
-    pointing and energy games; see :mod:`inspect_model.api.cam_evaluate`)."""
+    (a spec, an ``nn.Module`` or a ``LoadedModel``), with the options of :class:`CamRequest`
+    as keywords (``methods=["gradcam"]``, ``target=3``...). The result's ``to_dict()`` is the
+    CLI's ``--json``; ``save(dir)`` (or ``output_dir=``) writes the CLI's files.
+    ``evaluate=True`` adds faithfulness scores (see :mod:`inspect_model.api.cam_evaluate`)."""
     mopts = model_options or ModelOptions(model)
     inputs = inputs or InputOptions(images)
-    check_cam_request(methods=methods or ["gradcam"], layers=layers, reshape=reshape, fuse=fuse,
-                      scorecam_batch=scorecam_batch, colormap=colormap, alpha=alpha, top=top)
-    from inspect_model.api.cam_evaluate import check_evaluate_request
-
-    check_evaluate_request(evaluate=evaluate, metrics=metrics, boxes=boxes, steps=eval_steps, batch=eval_batch)
     prep = prepare("cam", mopts, inputs, notes=notes)
-    session = CamSession(prep, mopts, methods=methods, layers=layers, reshape=reshape, fuse=fuse, target=target,
-                         output_key=output_key, scorecam_batch=scorecam_batch, colormap=colormap, alpha=alpha,
-                         top=top, save_raw=save_raw, notes=notes, evaluate=evaluate, metrics=metrics, boxes=boxes,
-                         eval_steps=eval_steps, eval_batch=eval_batch, progress=progress)
+    session = CamSession(prep, mopts, request, notes=notes, progress=progress)
     total = len(prep.plan.paths) if prep.plan.paths else 0
     return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
                    keep=keep, tensorboard=tensorboard, on_item=on_item)
 
 
-def _thumb(cell: Any) -> Any:
-    """A contact-sheet thumbnail: a worker's future (its result's first item) or, after a
-    resume, the image itself."""
-    return cell.result()[0] if hasattr(cell, "result") else cell
+
+def _target_option(target: Any) -> Any:
+    """A request's target as the report's options record it: its text, or the per-sample list."""
+    return list(target) if isinstance(target, tuple) else target

@@ -187,11 +187,3 @@ def _takes_label(fn: Any) -> bool:
     except (TypeError, ValueError):
         return False
     return any(p.kind == p.VAR_POSITIONAL for p in params) or len(params) >= 3
-
-
-def curve_plot_name(entry: dict[str, Any]) -> str:
-    from inspect_model.api.pipeline import image_dir
-
-    return f"{image_dir(entry['index'], entry['image'])}/evaluation_curves.png"
-
-

@@ -6,42 +6,64 @@ exits 1). ``save(dir)`` writes report.txt/report.json.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from inspect_model.api.options import InputOptions, ModelOptions
-from inspect_model.api.pipeline import Result, prepare
+from inspect_model.api.pipeline import prepare
+from inspect_model.api.request import OUTPUT_KEY_HELP, Request, api_command, option
+from inspect_model.api.session import Result
 from inspect_model.errors import UsageError
 
 
-def check_check_request(*, max_dead_fraction: float | None, max_seconds: float | None,
-                        max_memory: float | None, expect_output_shape: str | None,
-                        expect_params: str | None) -> tuple[Any, Any]:
-    from inspect_model.methods import checks
+@dataclass(frozen=True)
+class CheckRequest(Request):
+    """The options of ``check``; validated once, here."""
 
-    if max_dead_fraction is not None and not 0.0 < max_dead_fraction <= 1.0:
-        raise UsageError(f"--max-dead-fraction must be in (0, 1], got {max_dead_fraction}")
-    for flag, v in (("--max-seconds", max_seconds), ("--max-memory", max_memory)):
-        if v is not None and not v > 0:
-            raise UsageError(f"{flag} must be > 0, got {v:g}")
-    shape = checks.parse_shape(expect_output_shape) if expect_output_shape else None
-    params = checks.parse_count_range(expect_params) if expect_params else None
-    return shape, params
+    command: ClassVar[str] = "check"
+
+    expect_output_shape: str | None = option(None, "--expect-output-shape", type=str,
+                                             help="Expected output shape, e.g. 1x1000.")
+    expect_params: str | None = option(None, "--expect-params", type=str, help="Parameter count: exact (25557032), "
+                                       "as summary prints it (11.7M or '11.69 M': any count that rounds to it; K, M, "
+                                       "G) or a range (25e6..26e6, 11M..12M).")
+    finite: bool = option(True, "--finite/--no-finite", help="Outputs and gradients must be finite.")
+    max_dead_fraction: float | None = option(1.0, "--max-dead-fraction", type=float, help="Fail if a layer's output "
+                                             "has at least this fraction of zeros.")
+    deterministic: bool = option(False, "--deterministic", help="Fail unless two forward passes give identical "
+                                 "outputs.")
+    max_seconds: float | None = option(None, "--max-seconds", type=float, help="Budget for forward + backward, in "
+                                       "seconds: a timeout (a model that hangs fails the check when it is spent).")
+    max_memory: float | None = option(None, "--max-memory", type=float, help="Budget for peak memory growth, in "
+                                      "MB.")
+    output_key: str | None = option(None, "--output-key", type=str, help=OUTPUT_KEY_HELP)
+
+    def validate(self) -> None:
+        from inspect_model.methods import checks
+
+        if self.max_dead_fraction is not None and not 0.0 < self.max_dead_fraction <= 1.0:
+            raise UsageError(f"--max-dead-fraction must be in (0, 1], got {self.max_dead_fraction}")
+        for flag, v in (("--max-seconds", self.max_seconds), ("--max-memory", self.max_memory)):
+            if v is not None and not v > 0:
+                raise UsageError(f"{flag} must be > 0, got {v:g}")
+        self._set("shape", checks.parse_shape(self.expect_output_shape) if self.expect_output_shape else None)
+        self._set("param_range", checks.parse_count_range(self.expect_params) if self.expect_params else None)
 
 
-def check(model: Any, images: Any = None, *, expect_output_shape: str | None = None,
-          expect_params: str | None = None, finite: bool = True, max_dead_fraction: float | None = 1.0,
-          deterministic: bool = False, max_seconds: float | None = None, max_memory: float | None = None,
-          output_key: str | None = None, model_options: ModelOptions | None = None,
+@api_command(CheckRequest)
+def check(model: Any, images: Any, request: CheckRequest, *, model_options: ModelOptions | None = None,
           inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,
-          notes: Any = None) -> Result:
-    """Build the model, run a forward and a backward pass, and check what is asked."""
+          notes: Any = None, on_stuck: Any = None) -> Result:
+    """Build the model, run a forward and a backward pass, and check what is asked (the
+    options of :class:`CheckRequest` as keywords). ``max_seconds`` is a timeout where the
+    platform allows (SIGALRM in the main thread): the passes stop at the budget and the time
+    check fails. ``on_stuck(message)`` is called from a watchdog thread if they cannot be
+    stopped (the CLI prints it and exits)."""
     from inspect_model.engine.selection import select_layers
     from inspect_model.methods import checks
     from inspect_model.methods.targets import select_output
 
-    shape, params = check_check_request(max_dead_fraction=max_dead_fraction, max_seconds=max_seconds,
-                                        max_memory=max_memory, expect_output_shape=expect_output_shape,
-                                        expect_params=expect_params)
+    r = request
     mopts = model_options or ModelOptions(model)
     inputs = inputs or InputOptions(images)
     prep = prepare("check", mopts, inputs, notes=notes, default_batch=1)
@@ -51,23 +73,21 @@ def check(model: Any, images: Any = None, *, expect_output_shape: str | None = N
 
     with prep.binding.bound(net) if prep.binding is not None else contextlib.nullcontext():
         results = checks.run_checks(
-            net, (batch.tensor,), layers=select_layers(net), select=lambda out: select_output(out, output_key),
-            expect_output_shape=shape, expect_params=params, finite=finite, max_dead_fraction=max_dead_fraction,
-            deterministic=deterministic, max_seconds=max_seconds, max_memory_mb=max_memory)
-    failed = [r for r in results if not r.passed]
+            net, (batch.tensor,), layers=select_layers(net), select=lambda out: select_output(out, r.output_key),
+            expect_output_shape=r.shape, expect_params=r.param_range, finite=r.finite,
+            max_dead_fraction=r.max_dead_fraction, deterministic=r.deterministic, max_seconds=r.max_seconds,
+            max_memory_mb=r.max_memory, on_stuck=on_stuck)
+    failed = [x for x in results if not x.passed]
     payload = {
         "model": prep.loaded.name,
         "passed": not failed,
-        "checks": [{"name": r.name, "status": r.status, "passed": r.passed, "value": r.value,
-                    "expected": r.expected, "detail": r.detail} for r in results],
+        "checks": [x.to_dict() for x in results],
     }
-    options = prep.options(mopts, output_key=output_key, expect_output_shape=expect_output_shape,
-                           expect_params=expect_params, finite=finite, max_dead_fraction=max_dead_fraction,
-                           deterministic=deterministic, max_seconds=max_seconds, max_memory=max_memory)
-    failures = ["check failed: " + "; ".join(f"{r.name} {r.value_text} (expected {r.expected})" for r in failed)
+    options = prep.options(mopts, **{k: v for k, v in r.resolved().items() if k != "output_key"},
+                           output_key=r.output_key)
+    failures = ["check failed: " + "; ".join(f"{x.name} {x.value_text} (expected {x.expected})" for x in failed)
                 ] if failed else []
-    result = Result("check", options, payload, [], failures=failures, record=_Checks(results),
-                    render_text=lambda r: _text(results))
+    result = Result("check", options, payload, [], failures=failures, record=_Checks(results))
     if output_dir is not None:
         result.save(output_dir, force=force)
     return result
@@ -76,16 +96,3 @@ def check(model: Any, images: Any = None, *, expect_output_shape: str | None = N
 class _Checks:
     def __init__(self, results: list[Any]) -> None:
         self.checks = results
-
-
-def _text(results: list[Any]) -> str:
-    from inspect_model.render.table import clean
-
-    lines = []
-    failed = 0
-    for r in results:
-        failed += not r.passed
-        extra = f" ({r.detail})" if r.detail else ""
-        lines.append(clean(f"{r.status.upper()}  {r.name}: {r.value_text} (expected {r.expected}){extra}"))
-    lines.append(f"{len(results) - failed} passed, {failed} failed")
-    return "\n".join(lines) + "\n"

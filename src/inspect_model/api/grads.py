@@ -1,52 +1,98 @@
 """``grads``: gradient flow, gradient-health checks, and gradients between layers, as a session.
 
-Files: ``grad_flow.png`` and ``grad_histograms_NNN.png`` (every layer, paginated) at the
-top; with ``of``/``wrt``, ``jacobian_<of>_wrt_<wrt>_NNNN.png`` per batch. Failed checks of
-``fail_on`` are listed in ``Result.failures`` (the CLI exits 1).
+Files (drawn by :mod:`inspect_model.render.draw_gradients`): ``grad_flow.png`` and
+``grad_histograms_NNN.png`` at the top; with ``of``/``wrt``, one Jacobian figure per batch.
+Failed checks of ``fail_on`` are listed in ``Result.failures`` (the CLI exits 1).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from inspect_model.api.options import InputOptions, ModelOptions
-from inspect_model.api.pipeline import (
-    ImageItem,
-    Result,
-    Session,
-    Sink,
-    Warnings,
-    execute,
-    input_outcome,
-    prepare,
-    tracked,
+from inspect_model.api.options import InputOptions, ModelOptions, check_target_syntax
+from inspect_model.api.pipeline import execute, prepare, tracked
+from inspect_model.api.request import (
+    DEPTH_HELP,
+    LAYERS_HELP,
+    OUTPUT_KEY_HELP,
+    Request,
+    api_command,
+    check_target_value,
+    option,
+    positive,
 )
-from inspect_model.errors import UsageError
-from inspect_model.render.files import safe_name
+from inspect_model.api.resume import count
+from inspect_model.api.session import ImageItem, Result, Session, Warnings, input_outcome
+from inspect_model.errors import InputError, UsageError
 
 
-def check_grads_request(*, target: str | None, loss: str | None, label: str | None, labels_file: Any,
-                        clip_norm: float | None, vanishing_below: float, exploding_above: float,
-                        fail_on: str | None, layers: list[str] | None, of: str | None, wrt: str | None,
-                        jacobian_norm: bool, probes: int, tensorboard: Any = None) -> None:
-    if of is not None or wrt is not None:
-        for flag, on in (("--loss", loss), ("--label", label), ("--labels-file", labels_file),
-                         ("--clip-norm", clip_norm), ("--fail-on", fail_on), ("--layer", layers),
-                         ("--tensorboard", tensorboard)):
-            if on:
-                raise UsageError(f"{flag} does not apply with --of/--wrt (gradients between layers); drop it")
-    else:
-        if jacobian_norm:
-            raise UsageError("--jacobian-norm needs --of LAYER and/or --wrt LAYER")
-        from inspect_model.methods.gradients import validate_request
+@dataclass(frozen=True)
+class GradsRequest(Request):
+    """The options of ``grads``; validated once, here."""
 
-        validate_request(target=target, loss=loss, has_labels=label is not None or labels_file is not None,
-                         clip_norm=clip_norm, vanishing_below=vanishing_below, exploding_above=exploding_above,
-                         fail_on=fail_on)
-    if probes < 2:
-        raise UsageError(f"--probes must be 2 or more, got {probes}")
+    command: ClassVar[str] = "grads"
+
+    target: str | tuple[str, ...] | None = option(None, "--target", "-t", type=str, complete="target",
+                         help="Differentiate a class score: predicted (default), a class index or name, or top:K "
+                         "(the sum of the K best scores), as output.backward(one_hot).")
+    loss: str | None = option(None, "--loss", type=str, help="Differentiate a loss instead, summed over inputs: "
+                              "cross-entropy (needs --true-label/--true-labels), mse (against the label's one-hot, "
+                              "or zeros without a label), or sum (of every output element).")
+    label: str | None = option(None, "--true-label", "--label", type=str, help="True class (index or name) of "
+                               "every input, for --loss.")
+    labels_file: Any = option(None, "--true-labels", "--labels-file", type=Path, help="File with one true class "
+                              "per image (index or name per line), for --loss.")
+    output_key: str | None = option(None, "--output-key", type=str, help=OUTPUT_KEY_HELP)
+    layers: tuple[str, ...] = option((), "--layer", "--layers", "-l", help=LAYERS_HELP, multiple=True,
+                                     complete="layer")
+    depth: int | None = option(None, "--depth", type=int, help=DEPTH_HELP)
+    clip_norm: float | None = option(None, "--clip-norm", type=float, help="Report what "
+                                     "clip_grad_norm_(max_norm=X) would do.")
+    vanishing_below: float = option(1e-5, "--vanishing-below", help="Vanishing: a layer's output-gradient norm / "
+                                    "the largest layer's is below this.")
+    exploding_above: float = option(1e4, "--exploding-above", help="Exploding: a layer's output-gradient norm / "
+                                    "the model output's gradient norm is above this.")
+    fail_on: str | None = option(None, "--fail-on", type=str, help="Exit 1 if one of these checks fails: "
+                                 "nan,inf,vanishing,exploding (comma-separated) or all.")
+    of: str | None = option(None, "--of", type=str, help="Gradient of: a layer's output (ones vector), 'output' "
+                            "(the model output) or 'score' (the --target score). Default with --wrt: score.")
+    wrt: str | None = option(None, "--wrt", type=str, help="... with respect to: a layer's output or 'input'. "
+                             "Default with --of: input.")
+    jacobian_norm: bool = option(False, "--jacobian-norm", help="Estimate ||d(of)/d(wrt)||_F with Gaussian "
+                                 "probes, with its standard error.")
+    probes: int = option(16, "--probes", help="Number of random probes for --jacobian-norm.")
+
+    def validate(self) -> None:
+        self._set("target", check_target_value(self.target))
+        check_target_syntax(self.target)
+        if isinstance(self.label, int) and not isinstance(self.label, bool):
+            self._set("label", str(self.label))
+        positive(self.depth, "--depth", zero=True)
+        if self.between:
+            for flag, on in (("--loss", self.loss), ("--true-label", self.label),
+                             ("--true-labels", self.labels_file), ("--clip-norm", self.clip_norm),
+                             ("--fail-on", self.fail_on), ("--layer", self.layers)):
+                if on:
+                    raise UsageError(f"{flag} does not apply with --of/--wrt (gradients between layers); drop it")
+        else:
+            if self.jacobian_norm:
+                raise UsageError("--jacobian-norm needs --of LAYER and/or --wrt LAYER")
+            from inspect_model.methods.gradients import validate_request
+
+            validate_request(target=self.target, loss=self.loss,
+                             has_labels=self.label is not None or self.labels_file is not None,
+                             clip_norm=self.clip_norm, vanishing_below=self.vanishing_below,
+                             exploding_above=self.exploding_above, fail_on=self.fail_on)
+        if self.probes < 2:
+            raise UsageError(f"--probes must be 2 or more, got {self.probes}")
+
+    @property
+    def between(self) -> bool:
+        """Gradients between layers (``--of``/``--wrt``) rather than the gradient report."""
+        return self.of is not None or self.wrt is not None
 
 
 class GradsSession(Session):
@@ -54,17 +100,14 @@ class GradsSession(Session):
 
     command = "grads"
 
-    def __init__(self, prep: Any, mopts: ModelOptions, *, target: str | None = None, loss: str | None = None,
-                 label: str | None = None, labels_file: Any = None, output_key: str | None = None,
-                 layers: list[str] | None = None, depth: int | None = None, clip_norm: float | None = None,
-                 vanishing_below: float = 1e-5, exploding_above: float = 1e4, fail_on: str | None = None,
-                 histograms: bool = False, notes: Any = None, progress: Any = None) -> None:
-        if depth is not None and depth < 0:
-            raise UsageError(f"--depth must be 0 or more, got {depth}")
+    def __init__(self, prep: Any, mopts: ModelOptions, request: GradsRequest, *, histograms: bool = False,
+                 notes: Any = None, progress: Any = None) -> None:
+        r = self.request = request
+        label, labels_file = r.label, r.labels_file
         self.prep, self.mopts = prep, mopts
-        self.kw = dict(layers=layers, depth=depth, target=target, loss=loss, output_key=output_key,
-                       clip_norm=clip_norm, vanishing_below=vanishing_below, exploding_above=exploding_above,
-                       fail_on=fail_on, histograms=histograms)
+        self.kw = dict(layers=list(r.layers) or None, depth=r.depth, target=r.target, loss=r.loss,
+                       output_key=r.output_key, clip_norm=r.clip_norm, vanishing_below=r.vanishing_below,
+                       exploding_above=r.exploding_above, fail_on=r.fail_on, histograms=histograms)
         self.label, self.labels_file = label, labels_file
         self.labels_source = None if labels_file is None else str(labels_file)  # in --resume's options hash
         self.progress = progress
@@ -74,6 +117,9 @@ class GradsSession(Session):
         self.partial: Any = None  # a GradPartial to go on from (a resumed run, or the merge of every shard)
         self.count = 0
         self.warnings = Warnings()
+        from inspect_model.render.draw_gradients import GradsDrawer
+
+        self.drawer = GradsDrawer()
 
     def run(self, batches: Iterable[Any], handle: Callable[[ImageItem], None]) -> None:
         self.grad_run = self._grad_run(handle)
@@ -95,7 +141,7 @@ class GradsSession(Session):
                     handle(ImageItem(sample_payload(s, self.count)))
                 self.count += 1
 
-        # Under torchrun or --resume (api/distributed.py), ``partial`` holds what this shard
+        # Under torchrun or --resume (api/runner.py), ``partial`` holds what this shard
         # or the killed run had summed, and ``index_base`` is the run index of its first image.
         return GradRun(self.prep.loaded.model, labels=lab, categories=cats, on_batch=on_batch,
                        partial=self.partial, label_base=self.index_base, progress=self.progress, **self.kw)
@@ -110,43 +156,82 @@ class GradsSession(Session):
 
     def finish(self) -> Result:
         from inspect_model.render import gradients as render
-        from inspect_model.render.table import warning_text
 
         self.grad_run = self.grad_run or self._grad_run()
-        if self.partial is not None:  # resumed, or every shard's merged on rank 0 (api/distributed.py)
+        if self.partial is not None:  # resumed, or every shard's merged on rank 0 (api/runner.py)
             self.grad_run.partial = self.partial
         self.report = rep = self.grad_run.report()
         for note in rep.notes:
             self.notes(note)
-        plan = self.prep.plan
-        skipped = input_outcome(plan, self.warnings)
-        kw = self.kw
-        options = self.prep.options(
-            self.mopts, layers=kw["layers"] or [], depth=kw["depth"], target=kw["target"], loss=kw["loss"],
-            label=self.label, labels_file=str(self.labels_file) if self.labels_file else None,
-            output_key=kw["output_key"], clip_norm=kw["clip_norm"], vanishing_below=kw["vanishing_below"],
-            exploding_above=kw["exploding_above"], fail_on=kw["fail_on"])
+        self.warnings.extend(rep.warnings)
+        skipped = input_outcome(self.prep.plan, self.warnings)
         failed = rep.failures()
         failures = []
         if failed:
             more = f" (also failed: {', '.join(f.name for f in failed[1:])})" if len(failed) > 1 else ""
             failures = [f"gradient check '{failed[0].name}' failed: {failed[0].detail}{more}"]
-        return Result("grads", options, {**render.to_payload(rep), "skipped": skipped}, self.warnings.to_list(), failures=failures,
-                      record=rep,
-                      render_text=lambda r: render.render_text(rep) + _lines(warning_text({"warnings": r.warnings})),
-                      render_rich=lambda r: [*render.render_rich(rep), *warning_text({"warnings": r.warnings})])
+        return Result("grads", self.resolved_options(), {**render.to_payload(rep), "skipped": skipped},
+                      self.warnings.to_list(), failures=failures, record=rep)
 
-    def draw_summary(self, sink: Sink, result: Result) -> None:
-        from inspect_model.render import gradients as render
+    def resolved_options(self) -> dict[str, Any]:
+        kw = self.kw
+        return self.prep.options(
+            self.mopts, layers=kw["layers"] or [], depth=kw["depth"],
+            target=list(kw["target"]) if isinstance(kw["target"], tuple) else kw["target"], loss=kw["loss"],
+            label=self.label, labels_file=str(self.labels_file) if self.labels_file else None,
+            output_key=kw["output_key"], clip_norm=kw["clip_norm"], vanishing_below=kw["vanishing_below"],
+            exploding_above=kw["exploding_above"], fail_on=kw["fail_on"])
 
-        rep = self.report
-        if sink.writer is not None:
-            _write_tensorboard(sink.writer, rep)
-        if sink.out is None:
+    # ------------------------------------------------------------------ resumable, mergeable
+    def start(self, index: int, batch: int, rank: int) -> None:
+        super().start(index, batch, rank)  # the labels of --labels-file of this shard start there
+        self.count = index
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"partial": self.snapshot(), "count": self.count, "warnings": self.warnings}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from inspect_model.methods.gradients import GradPartial
+
+        if not isinstance(state["partial"], GradPartial) or not isinstance(state["warnings"], Warnings):
+            raise TypeError("grads state: not a GradPartial")
+        self.partial, self.warnings = state["partial"], state["warnings"]
+        self.count = count(state["count"], "the image count")
+
+    def merge(self, states: list[dict[str, Any]]) -> None:
+        from inspect_model.methods.gradients import merge_partials
+
+        self.partial = merge_partials([st["partial"] for st in states])
+        self.warnings.merge(st["warnings"] for st in states[1:])
+
+    def reduce(self, group: Any) -> None:
+        """Every rank's summed parameter gradients, added on rank 0 (dropped elsewhere).
+
+        A single process sums every batch's parameter gradients into ``.grad``; each rank
+        sums its own batches the same way, and this adds the ranks' sums on rank 0 with
+        ``torch.distributed.reduce``: the global norm, clipping and parameter statistics
+        are then those of one process over every image."""
+        if group.dist is None or self.grad_run is None:
             return
-        sink.figure("grad_flow.png", render.flow_figure(rep), dpi=render.FIG_DPI)
-        for i, page in enumerate(render.histogram_pages(rep)):
-            sink.image(f"grad_histograms_{i + 1:03d}.png", page)
+        import torch
+
+        dist = group.dist
+        part = self.grad_run.partial
+        nccl = dist.get_backend() == "nccl"
+        device = torch.device(f"cuda:{group.w.local_rank}" if nccl else "cpu")
+        trainable = [(n, p) for n, p in self.prep.loaded.model.named_parameters() if p.requires_grad]
+        has = torch.tensor([1 if n in part.grads else 0 for n, _ in trainable], dtype=torch.int32, device=device)
+        dist.all_reduce(has, op=dist.ReduceOp.MAX)  # a rank with no image has no gradient at all
+        summed: dict[str, Any] = {}
+        for (n, p), flag in zip(trainable, has.tolist()):
+            if not flag:
+                continue
+            g = part.grads.get(n)
+            t = (torch.zeros_like(p, device=device) if g is None else g.detach().to(device, copy=True)).contiguous()
+            dist.reduce(t, dst=0, op=dist.ReduceOp.SUM)
+            if group.rank == 0:
+                summed[n] = t
+        part.grads = summed
 
 
 class JacobianSession(Session):
@@ -155,21 +240,35 @@ class JacobianSession(Session):
     command = "grads"
     streams_files = True
 
-    def __init__(self, prep: Any, mopts: ModelOptions, *, of: str | None, wrt: str | None,
-                 target: str | None = None, output_key: str | None = None, jacobian_norm: bool = False,
-                 probes: int = 32) -> None:
+    def __init__(self, prep: Any, mopts: ModelOptions, request: GradsRequest) -> None:
+        r = self.request = request
         self.prep, self.mopts = prep, mopts
-        self.of, self.wrt = of or "score", wrt or "input"
-        self.target, self.output_key, self.norm, self.probes = target, output_key, jacobian_norm, probes
+        self.of, self.wrt = r.of or "score", r.wrt or "input"
+        self.target, self.output_key, self.norm, self.probes = r.target, r.output_key, r.jacobian_norm, r.probes
         self.results: list[Any] = []
         self.count = 0
         self.batch = 0
         self.warnings = Warnings()
+        from inspect_model.render.draw_gradients import JacobianDrawer
+
+        self.drawer = JacobianDrawer()
+
+    def check_scalable(self, what: str) -> None:
+        raise UsageError(f"grads --of/--wrt does not support {what}: its per-batch Jacobian estimates "
+                         "(random probes, one figure per batch) are not merged across processes or runs; "
+                         "run it in one process, or drop --of/--wrt")
 
     def feed(self, batch: Any) -> list[ImageItem]:
         from inspect_model.methods.jacobian import jacobian
 
-        res = jacobian(self.prep.loaded.model, batch.tensor, of=self.of, wrt=self.wrt, target=self.target,
+        target = self.target
+        if isinstance(target, tuple):  # one class per sample: this batch's share
+            n = int(batch.tensor.shape[0])
+            target = target[self.count:self.count + n]
+            if len(target) != n:
+                raise InputError(f"the per-sample target names {len(self.target)} class(es) but there are more "
+                                 "inputs; give one class per input")
+        res = jacobian(self.prep.loaded.model, batch.tensor, of=self.of, wrt=self.wrt, target=target,
                        output_key=self.output_key, categories=self.prep.categories, norm=self.norm,
                        probes=self.probes, seed=self.prep.plan.seed + self.batch, names=batch.names)
         items = []
@@ -185,16 +284,6 @@ class JacobianSession(Session):
         self.batch += 1
         return items
 
-    def draw(self, item: ImageItem, sink: Sink) -> dict[str, Any]:
-        from inspect_model.render import gradients as render
-
-        if item.data is None or sink.out is None:
-            return item.entry.get("files", {})
-        b, r = item.data
-        name = sink.figure(f"jacobian_{safe_name(r.of)}_wrt_{safe_name(r.wrt)}_{b:04d}.png",
-                           render.jacobian_figure(r), dpi=render.FIG_DPI)
-        return {"jacobian": name}
-
     def line(self, item: ImageItem) -> dict[str, Any]:
         return item.entry
 
@@ -206,68 +295,40 @@ class JacobianSession(Session):
         payload = render.jacobian_payload(self.results)
         payload["images"] = []
         payload["image_count"] = self.count
-        options = self.prep.options(self.mopts, layers=[], target=self.target, output_key=self.output_key, of=self.of,
-                                    wrt=self.wrt, jacobian_norm=self.norm, probes=self.probes)
-        results = self.results
-        return Result("grads", options, payload, self.warnings.to_list(), record=None,
-                      render_text=lambda r: render.render_jacobian_text(results),
-                      render_rich=lambda r: render.render_jacobian_rich(results))
+        return Result("grads", self.resolved_options(), payload, self.warnings.to_list(),
+                      record=JacobianRecord(self.results), view="grads-jacobian")
+
+    def resolved_options(self) -> dict[str, Any]:
+        target = list(self.target) if isinstance(self.target, tuple) else self.target
+        return self.prep.options(self.mopts, layers=[], target=target, output_key=self.output_key, of=self.of,
+                                 wrt=self.wrt, jacobian_norm=self.norm, probes=self.probes)
 
 
-def _lines(lines: list[str]) -> str:
-    return "".join(f"{line}\n" for line in lines)
+class JacobianRecord:
+    """What a ``grads --of/--wrt`` result holds: one Jacobian record per batch."""
+
+    def __init__(self, results: list[Any]) -> None:
+        self.results = results
 
 
-def _write_tensorboard(writer: Any, rep: Any) -> None:
-    """Scalars (norms) and histograms of log10|grad| (raw buckets) for layers and parameters."""
-    from inspect_model.methods.grad_stats import LogHist
-
-    edges = LogHist.edges()[1:]
-    writer.add_scalar("grads/global_norm", rep.global_norm, 0)
-    writer.add_scalar("grads/output_grad_norm", rep.output_grad_norm, 0)
-
-    def hist(tag: str, h: Any) -> None:
-        num = sum(h.counts)
-        if num:
-            writer.add_histogram_raw(tag, min=h.min, max=h.max, num=num, sum=h.sum, sum_squares=h.sum_squares,
-                                     bucket_limits=edges, bucket_counts=h.counts, global_step=0)
-
-    for r in rep.layers:
-        if r.grad_output is not None:
-            writer.add_scalar(f"grads/layer/{r.key}/output_grad_norm", r.grad_output.norm, 0)
-            hist(f"grads/layer/{r.key}/log10_abs_output_grad", r.hist)
-    for p in rep.params:
-        if p.has_grad:
-            writer.add_scalar(f"grads/param/{p.name}/norm", p.norm, 0)
-            hist(f"grads/param/{p.name}/log10_abs_grad", p.hist)
-
-
-def grads(model: Any, images: Any = None, *, target: str | None = None, loss: str | None = None,
-          label: str | None = None, labels_file: str | Path | None = None, output_key: str | None = None,
-          layers: list[str] | None = None, depth: int | None = None, clip_norm: float | None = None,
-          vanishing_below: float = 1e-5, exploding_above: float = 1e4, fail_on: str | None = None,
-          of: str | None = None, wrt: str | None = None, jacobian_norm: bool = False, probes: int = 16,
-          model_options: ModelOptions | None = None, inputs: InputOptions | None = None, output_dir: Any = None,
-          force: bool = False, tensorboard: Any = None, keep: bool | None = None, on_item: Any = None,
-          notes: Any = None, progress: Any = None) -> Result:
+@api_command(GradsRequest)
+def grads(model: Any, images: Any, request: GradsRequest, *, model_options: ModelOptions | None = None,
+          inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False, tensorboard: Any = None,
+          keep: bool | None = None, on_item: Any = None, notes: Any = None, progress: Any = None) -> Result:
     """Gradient statistics per layer and parameter and the health checks (or, with ``of``/
-    ``wrt``, d(of)/d(wrt) between layers). ``result.failures`` lists failed ``fail_on`` checks."""
-    check_grads_request(target=target, loss=loss, label=label, labels_file=labels_file, clip_norm=clip_norm,
-                        vanishing_below=vanishing_below, exploding_above=exploding_above, fail_on=fail_on,
-                        layers=layers, of=of, wrt=wrt, jacobian_norm=jacobian_norm, probes=probes,
-                        tensorboard=tensorboard)
+    ``wrt``, d(of)/d(wrt) between layers), with the options of :class:`GradsRequest` as
+    keywords. ``result.failures`` lists failed ``fail_on`` checks."""
+    if request.between and tensorboard is not None:
+        raise UsageError("--tensorboard does not apply with --of/--wrt (gradients between layers); drop it")
     mopts = model_options or ModelOptions(model)
     inputs = inputs or InputOptions(images)
     prep = prepare("grads", mopts, inputs, notes=notes)
     keep = output_dir is None if keep is None else keep
     session: Session
-    if of is not None or wrt is not None:
-        session = JacobianSession(prep, mopts, of=of, wrt=wrt, target=target, output_key=output_key,
-                                  jacobian_norm=jacobian_norm, probes=probes)
+    if request.between:
+        session = JacobianSession(prep, mopts, request)
     else:
-        session = GradsSession(prep, mopts, target=target, loss=loss, label=label, labels_file=labels_file,
-                               output_key=output_key, layers=layers, depth=depth, clip_norm=clip_norm,
-                               vanishing_below=vanishing_below, exploding_above=exploding_above, fail_on=fail_on,
+        session = GradsSession(prep, mopts, request,
                                histograms=output_dir is not None or tensorboard is not None or keep,
                                notes=notes, progress=progress)
     total = len(prep.plan.paths) if prep.plan.paths else 0

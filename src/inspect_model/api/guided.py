@@ -1,53 +1,75 @@
 """``guided-backprop``: guided backpropagation maps per image and target, as a session.
 
-Files per image (``images/NNNN-stem/``): ``guided.<class>.png`` (the display image),
-``magnitude.<class>.png``, with ``guided_gradcam`` ``guided_gradcam.<class>.png``, with
-``save_raw`` the ``.npy`` arrays, and ``overview.png`` (the input and every map, titled).
+Files (drawn by :mod:`inspect_model.render.draw_saliency`): per image and target the guided
+map, its magnitude, with ``guided_gradcam`` guided Grad-CAM, and ``overview.png``.
+Resumable and mergeable: one entry per image, the sanity check's per-image correlations.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from inspect_model.api.options import InputOptions, ModelOptions
-from inspect_model.api.pipeline import (
-    ImageItem,
-    Result,
-    Session,
-    Sink,
-    Warnings,
-    class_tag,
-    execute,
-    image_dir,
-    input_outcome,
-    prepare,
-    tracked,
+from inspect_model.api.options import InputOptions, ModelOptions, check_target_syntax
+from inspect_model.api.pipeline import execute, prepare, tracked
+from inspect_model.api.request import (
+    OUTPUT_KEY_HELP,
+    SAVE_RAW_HELP,
+    TARGET_HELP,
+    Request,
+    api_command,
+    check_target_value,
+    option,
 )
+from inspect_model.api.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
 
 
-def check_guided_request(*, layer: str, guided_gradcam: bool, output_key: str | None) -> None:
-    if layer != "auto" and not guided_gradcam:
-        raise UsageError("--layer applies to --guided-gradcam; add --guided-gradcam or drop --layer")
-    if guided_gradcam and output_key is not None:
-        raise UsageError("--guided-gradcam uses the model's first output; drop --output-key")
+@dataclass(frozen=True)
+class GuidedRequest(Request):
+    """The options of ``guided-backprop``; validated once, here."""
+
+    command: ClassVar[str] = "guided-backprop"
+
+    target: str | tuple[str, ...] | None = option("predicted", "--target", "-t", type=str, help=TARGET_HELP,
+                                                  complete="target")
+    activations: bool = option(False, "--activations", help="Also guide relu6, leaky_relu, silu, gelu and prelu "
+                               "(clamp the negative gradient at their outputs).")
+    guided_gradcam: bool = option(False, "--guided-gradcam", help="Also write guided backprop times the Grad-CAM "
+                                  "map of --layer.")
+    layer: str = option("auto", "--layer", "--layers", "-l", help="Grad-CAM layer for --guided-gradcam: auto or a "
+                        "layer spec.", complete="layer")
+    sanity: bool = option(False, "--sanity", help="Cascading weight-randomisation check (Adebayo et al. 2018) on "
+                          "a copy of the model; reports Spearman rank correlation with the original maps.")
+    output_key: str | None = option(None, "--output-key", type=str, help=OUTPUT_KEY_HELP)
+    save_raw: bool = option(False, "--save-raw", help=SAVE_RAW_HELP)
+    overview: bool = option(True, "--overview/--no-overview", help="With --output-dir: one titled overview PNG "
+                            "per image.")
+
+    def validate(self) -> None:
+        self._set("target", check_target_value(self.target))
+        check_target_syntax(self.target)
+        if self.layer != "auto" and not self.guided_gradcam:
+            raise UsageError("--layer applies to --guided-gradcam; add --guided-gradcam or drop --layer")
+        if self.guided_gradcam and self.output_key is not None:
+            raise UsageError("--guided-gradcam uses the model's first output; drop --output-key")
 
 
 class GuidedSession(Session):
     command = "guided-backprop"
     streams_files = True
 
-    def __init__(self, prep: Any, mopts: ModelOptions, *, target: str = "predicted", activations: bool = False,
-                 guided_gradcam: bool = False, layer: str = "auto", sanity: bool = False,
-                 output_key: str | None = None, save_raw: bool = False, overview: bool = True,
-                 keep_gradients: bool = False, progress: Any = None) -> None:
+    def __init__(self, prep: Any, mopts: ModelOptions, request: GuidedRequest, *, keep_gradients: bool = False,
+                 progress: Any = None) -> None:
         from inspect_model.methods import guided as gb
         from inspect_model.methods.targets import parse_target
 
-        check_guided_request(layer=layer, guided_gradcam=guided_gradcam, output_key=output_key)
+        r = self.request = request
+        activations, guided_gradcam, layer, sanity = r.activations, r.guided_gradcam, r.layer, r.sanity
+        output_key, save_raw, overview = r.output_key, r.save_raw, r.overview
         self.prep, self.mopts = prep, mopts
-        self.target_text, self.spec = target, parse_target(target, prep.categories)
+        self.spec = parse_target(r.target, prep.categories)
         self.kinds = gb.resolve_kinds(activations)
         self.guided_gradcam, self.layer, self.sanity = guided_gradcam, layer, sanity
         self.output_key, self.save_raw, self.overview = output_key, save_raw, overview
@@ -60,14 +82,29 @@ class GuidedSession(Session):
         self.sanity_acc: dict[str, Any] | None = None
         self.entries: list[dict[str, Any]] = []
         self.warnings = Warnings()
+        from inspect_model.render.draw_saliency import GuidedDrawer
+
+        self.drawer = GuidedDrawer(categories=prep.categories, preprocess=prep.plan.preprocess, save_raw=save_raw,
+                                   overview=overview, warn=self.warn)
+
+    def warn(self, text: str) -> None:
+        self.warnings.add(text)
 
     def feed(self, batch: Any) -> list[ImageItem]:
         from inspect_model.methods import guided as gb
+        from inspect_model.methods.targets import top_k_warning
 
         model, x, cats = self.prep.loaded.model, batch.tensor, self.prep.categories
-        res = gb.guided_backprop(model, x, self.spec, activations=self.kinds, output_key=self.output_key,
+        from inspect_model.methods.targets import for_batch
+
+        spec = for_batch(self.spec, self.index_base + len(self.entries), int(x.shape[0]))
+        res = gb.guided_backprop(model, x, spec, activations=self.kinds, output_key=self.output_key,
                                  categories=cats)
         self.warnings.extend(res.warnings)
+        if not self.entries:  # the class count is the same for every batch: say it once
+            cut = top_k_warning(self.spec, res.classes)
+            if cut:
+                self.warnings.add(cut)
         if self.sites is None:
             self.sites, self.unguided = res.sites, res.unguided
         ggc = None
@@ -109,7 +146,6 @@ class GuidedSession(Session):
 
     def finish(self) -> Result:
         from inspect_model.methods import guided as gb
-        from inspect_model.render import saliency as render
 
         plan = self.prep.plan
         skipped = input_outcome(plan, self.warnings)
@@ -128,67 +164,41 @@ class GuidedSession(Session):
             "notes": [gb.ADEBAYO_NOTE],
             "skipped": skipped,
         }
-        options = self.prep.options(
-            self.mopts, layers=[self.cam_layer] if self.cam_layer else [], target=self.target_text,
+        record = _GuidedRecord(self.gradients) if self.keep_gradients else None
+        return Result("guided-backprop", self.resolved_options(), payload, self.warnings.to_list(), record=record)
+
+    def resolved_options(self) -> dict[str, Any]:
+        return self.prep.options(
+            self.mopts, layers=[self.cam_layer] if self.cam_layer else [],
+            target=list(self.request.target) if isinstance(self.request.target, tuple) else self.request.target,
             activations=list(self.kinds), guided_gradcam=self.guided_gradcam, sanity=self.sanity,
             output_key=self.output_key, save_raw=self.save_raw, overview=self.overview)
-        record = _GuidedRecord(self.gradients) if self.keep_gradients else None
-        return Result("guided-backprop", options, payload, self.warnings.to_list(), record=record,
-                      render_text=lambda r: render.render_text(r.to_dict()),
-                      render_rich=lambda r: render.render_rich(r.to_dict()))
 
-    def draw(self, item: ImageItem, sink: Sink) -> dict[str, Any]:
-        from inspect_model.render import saliency as render
+    # ------------------------------------------------------------------ resumable, mergeable
+    def state_dict(self) -> dict[str, Any]:
+        return {"entries": self.entries, "warnings": self.warnings, "sanity_acc": self.sanity_acc,
+                "cam_layer": self.cam_layer, "sites": self.sites, "unguided": self.unguided}
 
-        if item.data is None:
-            return item.entry.get("files", {})
-        x, grads, ggc = item.data
-        entry, cats = item.entry, self.prep.categories
-        base = image_dir(entry["index"], entry["image"])
-        rows = []
-        for m in entry["maps"]:
-            k, cls = m["rank"], m["target"]["class"]
-            g = grads[k]
-            tag = class_tag(cls, cats)
-            files: dict[str, Any] = {}
-            panels = []
-            if render.is_image_map(g):
-                guided_img, mag_img = render.display_image(g), render.magnitude_image(g)
-                panels += [("guided backprop", guided_img), ("|guided| (sum over channels)", mag_img)]
-                ggc_img = render.display_image(ggc[k]) if ggc is not None else None
-                if ggc_img is not None:
-                    panels.append(("guided Grad-CAM", ggc_img))
-                if sink.out is not None:
-                    files["guided"] = sink.image(f"{base}/guided.{tag}.png", guided_img)
-                    files["magnitude"] = sink.image(f"{base}/magnitude.{tag}.png", mag_img)
-                    if ggc_img is not None:
-                        files["guided_gradcam"] = sink.image(f"{base}/guided_gradcam.{tag}.png", ggc_img)
-                if sink.writer is not None:
-                    import numpy as np
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.entries = list(state["entries"])
+        self.warnings = state["warnings"]
+        self.sanity_acc, self.cam_layer = state["sanity_acc"], state["cam_layer"]
+        self.sites, self.unguided = state["sites"], state["unguided"]
 
-                    for key, img in (("guided", guided_img), ("magnitude", mag_img), ("guided_gradcam", ggc_img)):
-                        if img is not None:
-                            sink.writer.add_image(f"guided-backprop/{base.split('/', 1)[1]}/{tag}/{key}",
-                                                  np.asarray(img.convert("RGB")), 0, dataformats="HWC")
-            elif sink.out is not None and not self.save_raw:
-                self.warnings.add("the input is not an image (C, H, W); no PNGs written (use --save-raw for .npy)")
-            if sink.out is not None and self.save_raw:
-                files["raw"] = sink.npy(f"{base}/guided.{tag}.npy", g.numpy())
-                if ggc is not None:
-                    files["guided_gradcam_raw"] = sink.npy(f"{base}/guided_gradcam.{tag}.npy", ggc[k].numpy())
-            m["files"] = files
-            if panels:
-                label = f"{cls} {m['target']['label']}" if m["target"]["label"] else str(cls)
-                rows.append((f"{label} ({m['target']['score']:.3g})", panels))
-        out: dict[str, Any] = {}
-        if sink.out is not None and self.overview and rows:
-            pre = self.prep.plan.preprocess
-            mean = pre.mean if pre is not None else None
-            std = pre.std if pre is not None else None
-            fig = render.overview_figure(render.input_image(x, mean, std), rows)
-            out["overview"] = sink.figure(f"{base}/overview.png", fig)
-        return out
-
+    def merge(self, states: list[dict[str, Any]]) -> None:
+        self.entries = [e for st in states for e in st["entries"]]
+        self.warnings.merge(st["warnings"] for st in states[1:])
+        first = next((st for st in states if st["sites"] is not None), None)  # the same on every rank that ran
+        if self.sites is None and first is not None:
+            self.sites, self.unguided, self.cam_layer = first["sites"], first["unguided"], first["cam_layer"]
+        accs = [st["sanity_acc"] for st in states if st["sanity_acc"]]
+        if accs:  # --sanity: per-image correlations, concatenated in rank order
+            merged = accs[0]
+            for acc in accs[1:]:
+                for dst, src in zip(merged["steps"], acc["steps"]):
+                    dst["spearman"].extend(src["spearman"])
+                    dst["spearman_abs"].extend(src["spearman_abs"])
+            self.sanity_acc = merged
 
 class _GuidedRecord:
     """What the API result adds for Python users: the raw gradients."""
@@ -225,22 +235,20 @@ def _finish_sanity(acc: dict[str, Any] | None) -> dict[str, Any] | None:
     return acc
 
 
-def guided_backprop(model: Any, images: Any = None, target: str = "predicted", *, activations: bool = False,
-                    guided_gradcam: bool = False, layer: str = "auto", sanity: bool = False,
-                    output_key: str | None = None, save_raw: bool = False, overview: bool = True,
-                    model_options: ModelOptions | None = None, inputs: InputOptions | None = None,
-                    output_dir: Any = None, force: bool = False, tensorboard: Any = None, keep: bool | None = None,
-                    on_item: Any = None, notes: Any = None, progress: Any = None) -> Result:
-    """Guided backpropagation of ``images`` (paths or a tensor (N, C, H, W)). The result has
-    ``gradients`` (N, K, C, H, W) when kept (the API default), ``to_dict()`` and ``save(dir)``."""
-    check_guided_request(layer=layer, guided_gradcam=guided_gradcam, output_key=output_key)
+@api_command(GuidedRequest, positional=("target",))
+def guided_backprop(model: Any, images: Any, request: GuidedRequest, *, model_options: ModelOptions | None = None,
+                    inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,
+                    tensorboard: Any = None, keep: bool | None = None, on_item: Any = None, notes: Any = None,
+                    progress: Any = None) -> Result:
+    """Guided backpropagation of ``images`` (paths or a tensor (N, C, H, W)), with the options
+    of :class:`GuidedRequest` (``target`` may come third, positionally: an int, a class name,
+    ``"top:K"``, a per-sample list or a 1-D tensor). The result has ``gradients``
+    (N, K, C, H, W) when kept (the API default), ``to_dict()`` and ``save(dir)``."""
     mopts = model_options or ModelOptions(model)
     inputs = inputs or InputOptions(images)
     prep = prepare("guided-backprop", mopts, inputs, hooks=False, notes=notes)
     keep = output_dir is None if keep is None else keep
-    session = GuidedSession(prep, mopts, target=target, activations=activations, guided_gradcam=guided_gradcam,
-                            layer=layer, sanity=sanity, output_key=output_key, save_raw=save_raw,
-                            overview=overview, keep_gradients=keep, progress=progress)
+    session = GuidedSession(prep, mopts, request, keep_gradients=keep, progress=progress)
     total = len(prep.plan.paths) if prep.plan.paths else 0
     return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
                    keep=keep, tensorboard=tensorboard, on_item=on_item)

@@ -32,6 +32,7 @@ class ModelOptions:
     trust_checkpoint: bool = False
     device: str = "cpu"
     dtype: str = "float32"
+    trust_remote_code: bool = False  # a Hugging Face repo may run its own code (command line only)
 
     def spec(self) -> str:
         """The model as the report names it."""
@@ -132,14 +133,18 @@ def check_request(inputs: InputOptions | None, *, batch_size: int | None = None)
             raise InputError(f"image '{text}' does not exist")
 
 
-def check_target(text: str | None) -> None:
+def check_target_syntax(target: str | tuple[str, ...] | None) -> None:
     """The syntax of ``--target`` (``top:K``, an index), checked before torch is imported;
-    class names need the model's labels and are checked later."""
+    class names need the model's labels and are checked later. A per-sample tuple holds
+    indices or names."""
     from inspect_model.methods.targets import parse_target
 
-    raw = (text or "predicted").strip()
-    if raw.lower().startswith("top:") or raw.lstrip("+-").isdigit():
-        parse_target(raw)
+    for text in target if isinstance(target, tuple) else (target,):
+        raw = (text or "predicted").strip()
+        if raw.lower().startswith("top:") or raw.lstrip("+-").isdigit():
+            spec = parse_target(raw)
+            if isinstance(target, tuple) and spec.kind != "class":
+                raise UsageError(f"target '{raw}': a per-sample target holds class indices or names")
 
 
 def physical_memory() -> int | None:
@@ -201,20 +206,22 @@ def resolve_device(name: str) -> str:
 
 
 def load(opts: ModelOptions, *, device: str | None = None) -> Any:
-    """The :class:`~inspect_model.loading.models.LoadedModel` that ``opts`` names. A user's
+    """The :class:`~inspect_model.loading.loaded.LoadedModel` that ``opts`` names. A user's
     own module instance is wrapped as is (commands that change it get a private copy)."""
     import warnings
 
     from torch import nn
 
-    from inspect_model.loading.models import LoadedModel, load_model
+    from inspect_model.loading.loaded import LoadedModel, infer_task
     from inspect_model.loading.shapes import parse_dtype
+    from inspect_model.loading.sources import load_model
 
     dev = device or resolve_device(opts.device)
     if isinstance(opts.model, LoadedModel):
         loaded = opts.model
     elif isinstance(opts.model, nn.Module):
-        loaded = LoadedModel(model=opts.model, name=type(opts.model).__name__, source="python", borrowed=True)
+        loaded = LoadedModel(model=opts.model, name=type(opts.model).__name__, source="python", borrowed=True,
+                             task=infer_task(opts.model))
         if opts.checkpoint:
             raise UsageError("checkpoint= applies to a model spec, not to a module object; load it yourself")
     elif isinstance(opts.model, str):
@@ -230,6 +237,7 @@ def load(opts: ModelOptions, *, device: str | None = None) -> Any:
                 checkpoint=str(opts.checkpoint) if opts.checkpoint else None,
                 strict=not opts.non_strict,
                 trust_checkpoint=opts.trust_checkpoint,
+                trust_remote_code=opts.trust_remote_code,
             )
     else:
         raise InputError(f"expected an nn.Module or a model name, got {type(opts.model).__name__}")

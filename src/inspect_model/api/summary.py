@@ -8,12 +8,15 @@ a model that cannot run there falls back to a real CPU pass, with a note. The re
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from inspect_model.api.options import ModelOptions, check_dtype, load, resolve_device
-from inspect_model.api.pipeline import Result, resolved_weights
+from inspect_model.api.pipeline import resolved_weights
+from inspect_model.api.request import Request, api_command, option, positive
+from inspect_model.api.session import Result
 from inspect_model.engine.hints import first_layer_hint
-from inspect_model.errors import InputError, UsageError
+from inspect_model.errors import InputError, UsageError, one_line
 from inspect_model.loading.models import require_hookable
 
 if TYPE_CHECKING:
@@ -122,16 +125,16 @@ def summarize_model(
                     from inspect_model.errors import ModelRuntimeError
 
                     raise ModelRuntimeError(
-                        f"the meta device cannot run this model ({reason[:100]}); use --device cpu"
+                        f"the meta device cannot run this model ({one_line(reason)}); use --device cpu"
                     ) from None
                 real = load_torchvision(loaded.name, weights=None, device="cpu")
                 m = real.model
                 res = run("cpu")
-            notes.append(f"the meta device could not run this model ({reason[:100]}); used a real forward pass on cpu")
+            notes.append(f"the meta device could not run this model ({one_line(reason)}); used a real forward pass on cpu")
     else:
         res = run(device)
     res.notes[:0] = [*loaded.notes, *notes]
-    if res.error and not res.error.startswith("out of memory"):
+    if res.error and not res.error.startswith(("out of CPU memory", "out of GPU memory")):
         found = first_layer_hint(m)
         if found is not None:
             layer, hint = found
@@ -209,22 +212,30 @@ class _NeedsRealModel(Exception):
     pass
 
 
-def summary(
-    model: Any,
-    *,
-    input_size: Sequence[Sequence[int] | str] | None = None,
-    batch_size: int = 1,
-    dtype: str = "float32",
-    device: str = "meta",
-    depth: int | None = None,
-    seed: int = 0,
-    model_options: ModelOptions | None = None,
-    output_dir: Any = None,
-    force: bool = False,
-    notes: Any = None,
-    train: bool = False,
-    tensorboard: Any = None,
-) -> Result:
+@dataclass(frozen=True)
+class SummaryRequest(Request):
+    """The options of ``summary`` beside the model's (the CLI's are in cli/summary.py: its
+    device and weights defaults differ from the image commands')."""
+
+    command: ClassVar[str] = "summary"
+
+    input_size: Any = option(None, "--input-size", type=str, multiple=True, help="Per-sample input shape")
+    batch_size: int = option(1, "--batch-size", help="Batch size.")
+    dtype: str = option("float32", "--dtype", help="float32, float16, bfloat16 or float64.")
+    device: str = option("meta", "--device", help="meta, cpu, cuda, mps or auto.")
+    depth: int | None = option(None, "--depth", type=int, help="Only modules down to this nesting depth.")
+    seed: int = option(0, "--seed", help="Seed for random inputs.")
+    train: bool = option(False, "--train", help="Run the pass in training mode.")
+
+    def validate(self) -> None:
+        positive(self.batch_size, "--batch-size")
+        positive(self.depth, "--depth", zero=True)
+        check_dtype(self.dtype)
+
+
+@api_command(SummaryRequest, images=False)
+def summary(model: Any, request: SummaryRequest, *, model_options: ModelOptions | None = None,
+            output_dir: Any = None, force: bool = False, notes: Any = None, tensorboard: Any = None) -> Result:
     """The layer table of ``model`` (a spec, an ``nn.Module`` or a ``LoadedModel``).
 
     The result has the table's attributes (``rows``, ``total_params``, ``total_macs``...),
@@ -234,11 +245,9 @@ def summary(
     statistic put back); ``tensorboard=DIR`` writes the model's graph there (issue 14)."""
     from inspect_model.render import summary as render
 
-    if batch_size < 1:
-        raise UsageError(f"--batch-size must be 1 or more, got {batch_size}")
-    if depth is not None and depth < 0:
-        raise UsageError(f"--depth must be 0 or more, got {depth}")
-    mopts = model_options or ModelOptions(model, weights=None, device=device, dtype=dtype)
+    r = request
+    input_size, batch_size, depth, seed, train = r.input_size or None, r.batch_size, r.depth, r.seed, r.train
+    mopts = model_options or ModelOptions(model, weights=None, device=r.device, dtype=r.dtype)
     check_dtype(mopts.dtype)
     dev = mopts.device.strip().lower() if mopts.device else "meta"
     if dev != "meta":
@@ -268,8 +277,7 @@ def summary(
         "batch_size": batch_size, "dtype": check_dtype(mopts.dtype), "depth": depth, "device": res.device,
         "seed": seed, "mode": "train" if train else "eval",
     }
-    result = Result("summary", options, render.to_payload(res), [], record=res,
-                    render_text=lambda r: render.render_text(res), render_rich=lambda r: render.render_rich(res))
+    result = Result("summary", options, render.to_payload(res), [], record=res)
     if output_dir is not None and not res.error:  # a failed pass leaves no files (the CLI exits 6)
         result.save(output_dir, force=force)
     return result

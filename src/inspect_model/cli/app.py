@@ -15,19 +15,13 @@ from typing import Any
 import typer
 
 from inspect_model import errors
-from inspect_model.cli import completion
-from inspect_model.cli.activations import activations
-from inspect_model.cli.attention import attention
-from inspect_model.cli.cam import cam
-from inspect_model.cli.check import check
+from inspect_model import registry
 from inspect_model.cli.common import routed_warnings
-from inspect_model.cli.grads import grads
-from inspect_model.cli.guided_backprop import guided_backprop
-from inspect_model.cli.models import models
-from inspect_model.cli.summary import summary
+from inspect_model.cli.generate import build, command_help
 from inspect_model.render.table import clean
+from inspect_model.settings import check_environment
 
-EXIT_HELP = "\n".join(f"  {code:>3}  {text}" for code, text in errors.EXIT_CODES.items())
+EXIT_HELP = "\n".join(f"  {code:>3}: {text}" for code, text in errors.EXIT_CODES.items())
 
 app = typer.Typer(
     name="inspect-model",
@@ -35,7 +29,7 @@ app = typer.Typer(
         "Open up PyTorch models: layer summaries, activations, gradients, guided backprop and "
         "class activation maps, for torchvision models by name or your own.\n\n"
         "Example: inspect-model summary resnet34\n\n"
-        "Exit codes:\n\n" + "\n\n".join(f"{c}: {t}" for c, t in errors.EXIT_CODES.items())
+        "Exit codes:\n\n\b\n" + EXIT_HELP  # \b: click keeps these lines as they are, one per code
     ),
     no_args_is_help=True,
     add_completion=True,
@@ -62,32 +56,24 @@ def _root(
     """inspect-model: open up PyTorch models."""
 
 
-COMMANDS: dict[str, Any] = {  # in the order `inspect-model --help` lists them
-    "summary": summary,
-    "models": models,
-    "activations": activations,
-    "grads": grads,
-    "guided-backprop": guided_backprop,
-    "cam": cam,
-    "attention": attention,
-    "check": check,
-}
+def sync_commands() -> None:
+    """One Typer command per registry entry, in the registry's order (call again after
+    registering a command at run time: a plugin, a test's toy command)."""
+    for spec in registry.COMMANDS.values():
+        if spec.name not in COMMANDS:
+            fn = build(spec)
+            COMMANDS[spec.name] = fn
+            app.command(spec.name, help=command_help(spec), short_help=spec.summary)(fn)
 
 
-assert tuple(COMMANDS) == completion.COMMAND_NAMES
-
-
-def _register() -> None:
-    for name, fn in COMMANDS.items():
-        app.command(name)(fn)
-
-
-_register()
+COMMANDS: dict[str, Any] = {}  # name -> Typer function, in the order `inspect-model --help` lists them
+sync_commands()
 
 
 def _config_default_map(args: list[str]) -> dict[str, Any] | None:
     """``--config FILE`` for the subcommand on the line, as Click's ``default_map``: options
-    from the file act as defaults, so the command line wins."""
+    from the file act as defaults, so the command line wins. When the file names the model and
+    the line's first positional names images, the model is put in front of them (in ``args``)."""
     path = None
     for i, a in enumerate(args):
         if a == "--":
@@ -104,11 +90,34 @@ def _config_default_map(args: list[str]) -> dict[str, Any] | None:
     command = next((a for a in args if not a.startswith("-")), None)
     if command is None or command not in COMMANDS:
         return None
-    from inspect_model.config import load_config
+    from inspect_model.config import check_no_code, is_image_argument, load_config
 
     group = typer.main.get_command(app)
     params = {name: _command_params(name, group) for name in COMMANDS}
-    return {command: load_config(path, command, params[command], all_params=params)}
+    defaults = load_config(path, command, params[command], all_params=params)
+    at = _first_positional(args, command, params[command])
+    model = args[at] if at is not None else defaults.get("model")
+    if at is not None and "model" in defaults and "images" in params[command] and is_image_argument(args[at]):
+        args.insert(at, str(defaults["model"]))  # issue 29: `cam --config c.toml cat.jpg`
+        model = defaults["model"]
+    check_no_code(path, defaults, model)
+    return {command: defaults}
+
+
+def _first_positional(args: list[str], command: str, params: dict[str, Any]) -> int | None:
+    """The index in ``args`` of the first positional argument after ``command``, or None."""
+    takes_value = {name for p in params.values() if not getattr(p, "is_flag", True) or getattr(p, "nargs", 1) > 1
+                   for name in (*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ()))
+                   if name.startswith("-")} | {"--config"}
+    i = args.index(command) + 1
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            return i + 1 if i + 1 < len(args) else None
+        if not a.startswith("-") or a == "-":
+            return i
+        i += 2 if a in takes_value else 1
+    return None
 
 
 def _command_params(command: str, group: Any = None) -> dict[str, Any]:
@@ -127,12 +136,16 @@ def main(argv: list[str] | None = None) -> None:
     code = 0
     restore = _on_signals()
     try:
+        check_environment()  # a bad INSPECT_MODEL_* value: one usage error before anything runs
         default_map = _config_default_map(args)
         # Python warnings become one-line notes, printed before any error line (issue 13).
         with routed_warnings(quiet="--quiet" in args or "-q" in args):
             rv = app(args=args, prog_name="inspect-model", standalone_mode=False, default_map=default_map)
         code = rv if isinstance(rv, int) else 0
     except SystemExit as exc:
+        if _from_cli_framework(exc):  # shell completion, --show-completion: Click's own, finished exit
+            code = exc.code if isinstance(exc.code, int) else 0
+            sys.exit(code)
         # Click and Typer leave by their own exceptions (caught below); a SystemExit here was
         # raised by the model's code (a factory, forward): never a silent pass for CI (issue 13).
         shown = "" if exc.code is None else repr(exc.code)
@@ -145,9 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     except errors.Interrupted:
         print("error: interrupted (Ctrl-C); partial outputs removed", file=sys.stderr)
         code = errors.EXIT_INTERRUPTED
-    except MemoryError:
-        print("error: out of memory; use a smaller --batch-size or --input-size, or fewer/smaller images",
-              file=sys.stderr)
+    except MemoryError as exc:
+        print(f"error: {errors.out_of_memory(exc)}", file=sys.stderr)
         code = errors.EXIT_RUNTIME
     except EXIT_TYPES as exc:
         code = exc.exit_code  # type: ignore[attr-defined]
@@ -173,8 +185,9 @@ def main(argv: list[str] | None = None) -> None:
             import traceback
 
             traceback.print_exc()
-        print(f"error: {clean(exc)}", file=sys.stderr)
-        code = exc.exit_code
+        oom = _out_of_memory(exc)  # torch's allocators raise RuntimeError, maybe wrapped in ours (issue 28)
+        print(f"error: {clean(oom or exc)}", file=sys.stderr)
+        code = errors.EXIT_RUNTIME if oom else exc.exit_code
     except KeyboardInterrupt:
         print("error: interrupted (Ctrl-C); partial outputs removed", file=sys.stderr)
         code = errors.EXIT_INTERRUPTED
@@ -189,40 +202,50 @@ def main(argv: list[str] | None = None) -> None:
             import traceback
 
             traceback.print_exc()
-        text = " ".join(str(exc).split())[:300]
-        print(f"error: unexpected {type(exc).__name__}: {clean(text)} (run with --debug for a traceback)",
-              file=sys.stderr)
+        oom = _out_of_memory(exc)
+        text = oom or f"unexpected {type(exc).__name__}: {errors.one_line(exc)} (run with --debug for a traceback)"
+        print(f"error: {clean(text)}", file=sys.stderr)
         code = errors.EXIT_RUNTIME
     finally:
         restore()
     sys.exit(code)
 
 
+def _from_cli_framework(exc: SystemExit) -> bool:
+    """True when Click or Typer itself raised ``exc`` (shell completion answers with
+    ``sys.exit``; so does ``--show-completion``), not the model's code: the innermost frame
+    of its traceback lies in their packages (or Typer's vendored Click)."""
+    import os
+
+    tb = exc.__traceback__
+    last = None
+    while tb is not None:
+        last = tb.tb_frame.f_code.co_filename
+        tb = tb.tb_next
+    if last is None:
+        return False
+    parts = set(os.path.normpath(last).split(os.sep))
+    return bool(parts & {"click", "typer", "_click", "shellingham"})
+
+
+def _out_of_memory(exc: BaseException) -> str | None:
+    """The out-of-memory message if ``exc`` or any exception it came from is one."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        msg = errors.out_of_memory(cur)
+        if msg is not None:
+            return msg
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
 def _on_signals() -> Any:
     """Turn SIGTERM and SIGINT into :class:`errors.Terminated` / :class:`errors.Interrupted`
-    for the run, so that outputs are cleaned up and the edge prints one line; return what
-    puts the old handlers back. Only in the main thread; an ignored SIGINT (a background
-    job) stays ignored."""
-    import signal
-    import threading
+    for the run, so that outputs are cleaned up and the edge prints one line, and let a
+    file-size limit fail the write (EFBIG, exit 7) instead of killing the process; return
+    what puts the old handlers back (see :mod:`inspect_model.api.signals`)."""
+    from inspect_model.api.signals import install
 
-    if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def on_term(signum: int, frame: Any) -> None:
-        raise errors.Terminated()
-
-    def on_int(signum: int, frame: Any) -> None:
-        raise errors.Interrupted()
-
-    old_term = signal.signal(signal.SIGTERM, on_term)
-    old_int = signal.getsignal(signal.SIGINT)
-    if old_int is not signal.SIG_IGN:
-        signal.signal(signal.SIGINT, on_int)
-
-    def restore() -> None:
-        signal.signal(signal.SIGTERM, old_term)
-        if old_int is not signal.SIG_IGN and old_int is not None:
-            signal.signal(signal.SIGINT, old_int)
-
-    return restore
+    return install()

@@ -51,7 +51,17 @@ TrustOpt = Annotated[
         help="Allow full unpickling of checkpoints (runs code from the file: only for files you trust).",
     ),
 ]
-DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N, mps or auto.")]
+TrustRemoteCodeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--trust-remote-code",
+        help="Let a Hugging Face model run its own code (the repo's modeling_*.py): only for repos you trust. "
+        "Command line only.",
+    ),
+]
+DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N, mps or auto.",
+                                        autocompletion=completion.complete_device)]
+
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32, float16, bfloat16 or float64.")]
 InputSizeOpt = Annotated[
     list[str] | None,
@@ -126,13 +136,16 @@ def routed_warnings(quiet: bool = False) -> Iterator[None]:
     still apply; those that show it once per place become "count every one"."""
     import warnings
 
+    from inspect_model.loading.hub_models import hub_quiet
+
     seen: list[str] = []  # in order; collapsed with counts by the pipeline's Warnings at the end
 
     def collect(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
                 line: Any = None) -> None:
         seen.append(str(message).strip() or getattr(category, "__name__", "warning"))
 
-    with warnings.catch_warnings():
+    # --quiet also silences the hub libraries' progress bars and logs while loading (issue 28).
+    with warnings.catch_warnings(), hub_quiet(quiet):
         warnings.filters[:] = [("always", *f[1:]) if f[0] in ("default", "module", "once") else f
                                for f in warnings.filters]
         warnings.simplefilter("always", append=True)  # was the default action: once per place
@@ -141,7 +154,7 @@ def routed_warnings(quiet: bool = False) -> Iterator[None]:
             yield
         finally:
             if seen:
-                from inspect_model.api.pipeline import Warnings, warning_lines
+                from inspect_model.api.session import Warnings, warning_lines
 
                 collapsed = Warnings()
                 collapsed.extend(seen)
@@ -197,12 +210,17 @@ ResizeOpt = Annotated[int | None, typer.Option("--resize", help="Resize the shor
 CropOpt = Annotated[int | None, typer.Option("--crop", help="Centre-crop to this square size.")]
 MeanOpt = Annotated[str | None, typer.Option("--mean", help="Normalisation mean, e.g. 0.485,0.456,0.406.")]
 StdOpt = Annotated[str | None, typer.Option("--std", help="Normalisation std, e.g. 0.229,0.224,0.225.")]
-LabelsOpt = Annotated[Path | None, typer.Option("--labels", help="Class names: one per line, or JSON.")]
+LabelsOpt = Annotated[
+    Path | None,
+    typer.Option("--class-names", "--labels", help="File of the model's class names: one per line, or JSON "
+                 "(--labels is the old name)."),
+]
 SkipBadOpt = Annotated[
     bool, typer.Option("--skip-bad-inputs", help="Skip unreadable images with a warning instead of failing.")
 ]
 TargetOpt = Annotated[
-    str, typer.Option("--target", "-t", help="predicted, a class index or name, or top:K.")
+    str, typer.Option("--target", "-t", help="predicted, a class index or name, or top:K.",
+                      autocompletion=completion.complete_target)
 ]
 OutputKeyOpt = Annotated[
     str | None, typer.Option("--output-key", help="Which output of a tuple/dict-returning model to use (name or index).")

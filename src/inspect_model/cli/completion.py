@@ -9,8 +9,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-# The subcommands, in the order `inspect-model --help` lists them (cli/app.py registers these).
-COMMAND_NAMES = ("summary", "models", "activations", "grads", "guided-backprop", "cam", "attention", "check")
+
+def command_names() -> tuple[str, ...]:
+    """The subcommands, in the order `inspect-model --help` lists them (the registry's)."""
+    from inspect_model.registry import names
+
+    return names()
 
 
 def model_names() -> list[str]:
@@ -38,7 +42,7 @@ def layer_names(model: str) -> list[str]:
     cache = _cache_dir() / f"{safe_name(model)}.txt"
     if cache.exists():
         return cache.read_text().split()
-    from inspect_model.loading.models import load_torchvision
+    from inspect_model.loading.sources.torchvision import load_torchvision
 
     names = [n for n, _ in load_torchvision(model, device="meta").model.named_modules() if n]
     try:
@@ -63,7 +67,7 @@ def _model_from_command_line() -> str | None:
     except ValueError:
         words = raw.split()
     for i, w in enumerate(words):
-        if w in COMMAND_NAMES:
+        if w in command_names():
             for nxt in words[i + 1:]:
                 if not nxt.startswith("-"):
                     return nxt
@@ -81,3 +85,25 @@ def complete_layer(ctx: Any, incomplete: str) -> list[str]:
     except Exception:  # completion must never crash the shell
         return []
     return [n for n in names if n.startswith(incomplete)]
+
+
+def complete_method(incomplete: str) -> list[str]:
+    """CAM methods and their groups (``all``), from the method registry."""
+    from inspect_model.methods.cam_methods import GROUPS, METHODS
+
+    return [m for m in (*METHODS, *GROUPS) if m.startswith(incomplete.lower())]
+
+
+def complete_target(incomplete: str) -> list[str]:
+    return [t for t in ("predicted", "top:2", "top:3", "top:5") if t.startswith(incomplete)]
+
+
+def complete_colormap(incomplete: str) -> list[str]:
+    common = ("jet", "viridis", "magma", "inferno", "plasma", "turbo", "gray", "hot", "coolwarm", "RdBu_r",
+              "seismic", "bwr")
+    return [m for m in common if m.startswith(incomplete)]
+
+
+def complete_device(incomplete: str) -> list[str]:
+    """Devices by name; no torch import (completion must be instant), so every kind is offered."""
+    return [d for d in ("cpu", "cuda", "cuda:0", "mps", "auto", "meta") if d.startswith(incomplete)]

@@ -28,7 +28,6 @@ from inspect_model.api.options import (
     ModelOptions,
     check_dtype,
     check_request,
-    check_target,
 )
 from inspect_model.cli import common as c
 from inspect_model.errors import UsageError
@@ -50,6 +49,7 @@ MODEL_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("model_arg", c.ModelArgOpt, None),
     ("non_strict", c.NonStrictOpt, False),
     ("trust_checkpoint", c.TrustOpt, False),
+    ("trust_remote_code", c.TrustRemoteCodeOpt, False),
     ("device", c.DeviceOpt, "cpu"),
     ("dtype", c.DtypeOpt, "float32"),
 )
@@ -138,14 +138,13 @@ def shared_options(*, labels: bool = True, images: bool = True,
             mo = {n: kw.pop(n) for n, _, _ in MODEL_OPTIONS}
             opts = ModelOptions(kw["model"], weights=mo["weights"], checkpoint=mo["checkpoint"],
                                 model_args=mo["model_arg"], non_strict=mo["non_strict"],
-                                trust_checkpoint=mo["trust_checkpoint"], device=mo["device"], dtype=mo["dtype"])
+                                trust_checkpoint=mo["trust_checkpoint"], device=mo["device"], dtype=mo["dtype"],
+                                trust_remote_code=mo["trust_remote_code"])
             check_dtype(opts.dtype)
             given = {n: kw.pop(n) for n, _, _ in input_options}
             given["skip_bad"] = given.pop("skip_bad_inputs", False)
             inputs = InputOptions(kw.get("images"), **given)
             check_request(inputs)
-            if "target" in kw:
-                check_target(kw["target"])
             ro = {n: kw.pop(n) for n, _, _ in run_options if n not in ("config", "debug")}
             kw.pop("config"), kw.pop("debug")
             return fn(**kw, opts=opts, inputs=inputs, run_opts=RunOptions(**ro))
@@ -171,7 +170,7 @@ def run_api(command: str, api_fn: Callable[..., Any], opts: ModelOptions, inputs
     if streams:
         extra.update(tensorboard=run_opts.tensorboard, keep=False,
                      on_item=_jsonl_writer(command) if run_opts.jsonl else None)
-    from inspect_model.api.distributed import is_secondary, scaled
+    from inspect_model.api.world import is_secondary, scaled
     from inspect_model.render.files import hold_output_dir
 
     # The output directory is locked for the whole run, model loading included (issue 13);
@@ -188,7 +187,10 @@ def run_api(command: str, api_fn: Callable[..., Any], opts: ModelOptions, inputs
         return result
     speed = result.payload.get("throughput") if isinstance(result.payload, dict) else None
     if speed and speed.get("images_per_second") is not None:
-        msgs.info(f"{speed['images']} image(s) in {speed['seconds']:.2f} s: {speed['images_per_second']:.1f} images/s")
+        from inspect_model.cli.progress import format_rate
+
+        msgs.info(f"{speed['images']} image(s) in {speed['seconds']:.2f} s: "
+                  f"{format_rate(speed['images'], speed['seconds'])}")
     deliver(result, run_opts, msgs)
     if result.failures:
         raise CheckFailed("; ".join(result.failures))
@@ -197,7 +199,7 @@ def run_api(command: str, api_fn: Callable[..., Any], opts: ModelOptions, inputs
 
 def deliver(result: Any, run_opts: RunOptions, msgs: c.Messages) -> None:
     """The report on stdout in the one format asked for; each warning once on stderr."""
-    from inspect_model.api.pipeline import warning_lines
+    from inspect_model.api.session import warning_lines
 
     for line in warning_lines(result.warnings):
         msgs.warn(line)

@@ -24,6 +24,7 @@ def summary(
     model_arg: c.ModelArgOpt = None,
     non_strict: c.NonStrictOpt = False,
     trust_checkpoint: c.TrustOpt = False,
+    trust_remote_code: c.TrustRemoteCodeOpt = False,
     device: Annotated[
         str, typer.Option("--device", help="meta (no memory, no arithmetic), cpu, cuda, mps or auto.")
     ] = "meta",
@@ -60,7 +61,8 @@ def summary(
 
     msgs = c.Messages(quiet)
     opts = ModelOptions(model, weights=weights, checkpoint=checkpoint, model_args=model_arg, non_strict=non_strict,
-                        trust_checkpoint=trust_checkpoint, device=device, dtype=dtype)
+                        trust_checkpoint=trust_checkpoint, device=device, dtype=dtype,
+                        trust_remote_code=trust_remote_code)
     from inspect_model.render.files import hold_output_dir
 
     with hold_output_dir(output_dir, wait=wait, force=force):  # a failure inside removes what it made

@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from inspect_model.engine.records import CallRecord, TensorCapture, flatten_tensors
-from inspect_model.errors import ModelLoadError, ModelRuntimeError
+from inspect_model.errors import ModelLoadError, ModelRuntimeError, one_line, out_of_memory
 
 if TYPE_CHECKING:
     import torch
@@ -199,11 +199,7 @@ class HookEngine:
         setattr(obj, attr, value)
 
     def _model_device(self) -> Any:
-        for t in self.model.parameters():
-            return t.device
-        for t in self.model.buffers():
-            return t.device
-        return None
+        return model_device(self.model)
 
     # ----------------------------------------------------------------- hooks
     def _register(self, name: str, module: nn.Module) -> None:
@@ -352,11 +348,6 @@ class HookEngine:
     def by_key(self) -> dict[str, CallRecord]:
         return {r.key: r for r in self.finalize()}
 
-    def iter_outputs(self) -> Iterator[tuple[CallRecord, TensorCapture]]:
-        for r in self.finalize():
-            for c in r.outputs:
-                yield r, c
-
     def reset(self) -> None:
         """Forget the records (hooks stay): for running several passes in one borrow."""
         self.records.clear()
@@ -386,11 +377,10 @@ def run_forward(engine: HookEngine, fn: Callable[[], Any]) -> Any:
         # (cam hooks only its target layer); fall back to the hooked stack.
         where = _raising_module(engine.model, exc) or (engine.failed_in[-1] if engine.failed_in else None)
         loc = f" in layer '{where}'" if where else ""
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
-            raise ModelRuntimeError(  # never "unexpected" (issue 13)
-                f"out of memory in the forward pass{loc} ({type(exc).__name__}); use a smaller --batch-size "
-                "or --input-size, or fewer/smaller images") from exc
+        msg = one_line(str(exc))
+        oom = out_of_memory(exc, f" in the forward pass{loc}")
+        if oom is not None:  # torch's CPU allocator raises RuntimeError: never "the input does not fit" (issue 28)
+            raise ModelRuntimeError(oom) from exc
         text = f"forward pass failed{loc}: {type(exc).__name__}: {msg}"
         from inspect_model.engine.hints import first_layer_hint
 
@@ -412,3 +402,13 @@ def _raising_module(model: nn.Module, exc: BaseException) -> str | None:
             found = names[id(obj)]
         tb = tb.tb_next
     return found
+
+
+def model_device(model: nn.Module) -> str | None:
+    """The device of the model's first parameter (or buffer): ``"cpu"``, ``"cuda:0"``; None
+    for a model with neither."""
+    for t in model.parameters():
+        return str(t.device)
+    for t in model.buffers():
+        return str(t.device)
+    return None

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from inspect_model.errors import InputError
+from inspect_model.loading.parsing import check_depth
 
 Box = tuple[float, float, float, float]
 
@@ -32,7 +33,9 @@ def load_boxes(path: str | Path) -> dict[str, list[Box]]:
     out: dict[str, list[Box]] = {}
     if text.lstrip().startswith(("{", "[")):
         try:
-            doc = json.loads(text)
+            doc = check_depth(json.loads(text), f"boxes file '{p}'")
+        except RecursionError:
+            raise InputError(f"boxes file '{p}' nests lists or objects too deeply to read") from None
         except json.JSONDecodeError as exc:
             raise InputError(f"boxes file '{p}' is not valid JSON: {exc.msg} at line {exc.lineno}") from exc
         items: list[tuple[Any, Any]]

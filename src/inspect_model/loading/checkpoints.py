@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.errors import ModelLoadError
+from inspect_model.errors import ModelLoadError, one_line
 
 if TYPE_CHECKING:
     from torch import nn
@@ -102,9 +102,12 @@ def _check_file(path: str, what: str = "checkpoint") -> None:
         raise ModelLoadError(f"{what} '{path}' is not readable (permission denied)")
 
 
-def read_checkpoint(path: str, *, device: str = "cpu", trust: bool = False, what: str = "checkpoint") -> Any:
+def read_checkpoint(path: str, *, device: str = "cpu", trust: bool = False, what: str = "checkpoint",
+                    budget: Any = None) -> Any:
     """``torch.load`` the file with ``weights_only=True`` (or fully, with ``trust``), turning
-    every failure into a one-line :class:`ModelLoadError`."""
+    every failure into a one-line :class:`ModelLoadError`. First the file's records are held
+    to ``budget`` (an :class:`~inspect_model.loading.archive_guard.SizeBudget`; default: from
+    the file's size), so that a zip bomb is refused before torch inflates it (exit 4)."""
     import pickle
 
     import torch
@@ -132,6 +135,9 @@ def read_checkpoint(path: str, *, device: str = "cpu", trust: bool = False, what
             f"checkpoint '{path}' is not a PyTorch file (not a torch.save archive, a legacy "
             "pickle or safetensors); pass the file written by torch.save(model.state_dict(), ...)"
         )
+    from inspect_model.loading.archive_guard import check_sizes
+
+    check_sizes(path, budget, what=what)
     map_location = "cpu" if device == "meta" else device
     try:
         if trust:
@@ -187,8 +193,7 @@ def _unsupported_global(text: str) -> str:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:200] if text else ""
+    return one_line(str(exc))
 
 
 # ------------------------------------------------------------------ state dicts
@@ -268,8 +273,10 @@ def load_checkpoint(
     trust: bool = False,
 ) -> CheckpointReport:
     """Load the weights in ``path`` into ``model`` (in place) and say what was done."""
+    from inspect_model.loading.archive_guard import SizeBudget
+
     path = str(path)
-    obj = read_checkpoint(path, device=device, trust=trust)
+    obj = read_checkpoint(path, device=device, trust=trust, budget=SizeBudget.for_model(model))
     sd, key = extract_state_dict(obj, path)
     own = model.state_dict()
     model_keys = set(own)

@@ -1,8 +1,8 @@
 """What timm and Hugging Face models share: optional imports, the hub cache, offline rules,
 and reading weight files without unpickling anything.
 
-``timm:NAME`` is built by :mod:`inspect_model.loading.timm_models`, ``hf:ORG/NAME`` and
-``save_pretrained`` directories by :mod:`inspect_model.loading.hf_models`; both find their
+``timm:NAME`` is built by :mod:`inspect_model.loading.sources.timm`, ``hf:ORG/NAME`` and
+``save_pretrained`` directories by :mod:`inspect_model.loading.sources.hf`; both find their
 weights here. A file already in the cache is used without touching the network
 (``try_to_load_from_cache``); a missing one is downloaded only when no offline switch
 (``HF_HUB_OFFLINE``, ``TRANSFORMERS_OFFLINE``, ``INSPECT_MODEL_OFFLINE``) is set, and
@@ -11,10 +11,13 @@ otherwise is a one-line error naming the cache and the alternatives (exit 3).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from inspect_model.errors import ModelLoadError
+from inspect_model.errors import ModelLoadError, one_line
 
 INSTALL_HINTS = {
     "timm": 'timm is not installed; `pip install "inspect-model[timm]"` (or `pip install timm`) to load timm:NAME models',
@@ -163,6 +166,9 @@ def read_state_dict(path: str) -> dict[str, Any]:
     if path.endswith(".npz"):
         raise ModelLoadError(f"weights file {path} is a NumPy archive that only timm's own loader reads; "
                              "choose a tag with safetensors weights, or run with --weights none")
+    from inspect_model.loading.archive_guard import check_sizes
+
+    check_sizes(path, what="weights file")
     try:
         sd = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -181,5 +187,56 @@ def read_state_dict(path: str) -> dict[str, Any]:
 
 
 def short_reason(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:160]
+    return one_line(exc)
+
+
+# --quiet for the hub libraries: set by the CLI for a run (hub_quiet), read while loading.
+_QUIET: contextvars.ContextVar[bool] = contextvars.ContextVar("inspect_model_hub_quiet", default=False)
+
+
+@contextlib.contextmanager
+def hub_quiet(on: bool = True) -> Iterator[None]:
+    """Within this context, :func:`quiet_hub_logs` silences the hub libraries (``--quiet``)."""
+    token = _QUIET.set(on)
+    try:
+        yield
+    finally:
+        _QUIET.reset(token)
+
+
+@contextlib.contextmanager
+def quiet_hub_logs() -> Iterator[None]:
+    """Under ``--quiet`` (:func:`hub_quiet`): no progress bars ("Loading weights", downloads)
+    and no info or warnings from transformers, huggingface_hub and timm while loading; their
+    settings are put back afterwards. Only libraries already imported are touched."""
+    if not _QUIET.get():
+        yield
+        return
+    import logging
+    import sys
+
+    undo: list[Callable[[], None]] = []
+    hub_utils = sys.modules.get("huggingface_hub.utils")
+    if hub_utils is not None and hasattr(hub_utils, "disable_progress_bars") \
+            and not hub_utils.are_progress_bars_disabled():
+        hub_utils.disable_progress_bars()
+        undo.append(hub_utils.enable_progress_bars)
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as tf_logging
+
+        level = tf_logging.get_verbosity()
+        tf_logging.set_verbosity_error()
+        undo.append(lambda: tf_logging.set_verbosity(level))
+        if tf_logging.is_progress_bar_enabled():
+            tf_logging.disable_progress_bar()
+            undo.append(tf_logging.enable_progress_bar)
+    for name in ("timm", "huggingface_hub"):
+        logger = logging.getLogger(name)
+        old = logger.level
+        logger.setLevel(logging.ERROR)
+        undo.append(lambda lg=logger, lv=old: lg.setLevel(lv))  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        for fn in reversed(undo):
+            fn()

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from inspect_model.errors import ModelLoadError
+from inspect_model.errors import ModelLoadError, one_line
 
 # torch.hub's own convention: the hex digits between the last '-' and the extension.
 _HASH = re.compile(r"-([a-f0-9]{6,64})\.")
@@ -61,7 +61,7 @@ def read_weights_file(path: str) -> dict[str, Any]:
             "delete it to download again"
         ) from exc
     except (RuntimeError, EOFError, OSError, ValueError) as exc:
-        raise ModelLoadError(f"weights file {path} cannot be read: {str(exc).splitlines()[0][:150]}") from exc
+        raise ModelLoadError(f"weights file {path} cannot be read: {one_line(exc)}") from exc
 
 
 @contextlib.contextmanager

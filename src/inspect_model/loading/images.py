@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.errors import InputError
+from inspect_model.errors import InputError, one_line
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -168,7 +168,7 @@ def load_image(path: Path, *, channels: int = 3, resize: int | None = None) -> L
     except PermissionError as exc:
         raise InputError(f"image '{path}' cannot be read: permission denied") from exc
     except (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError) as exc:
-        reason = " ".join(str(exc).split())[:120] or type(exc).__name__
+        reason = one_line(exc)
         raise InputError(f"image '{path}' is corrupt or truncated ({reason}); re-save or remove it") from exc
     finally:
         Image.MAX_IMAGE_PIXELS = old_max

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.errors import InputError, UsageError
+from inspect_model.errors import InputError, UsageError, one_line
 from inspect_model.loading.shapes import InputSpec, make_input, parse_input_spec
 
 if TYPE_CHECKING:
@@ -127,11 +127,14 @@ def _load_inputs_file(path: Path) -> dict[Key, Any]:
 
     if not path.is_file():
         raise InputError(f"inputs file '{path}' does not exist")
+    from inspect_model.loading.archive_guard import check_sizes
+
+    check_sizes(str(path), what="inputs file")  # a zip bomb is refused before torch inflates it
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        msg = (str(exc).strip().splitlines() or [""])[0]
-        raise InputError(f"inputs file '{path}' cannot be read as tensors (weights_only=True): {msg[:200]}") from exc
+        raise InputError(f"inputs file '{path}' cannot be read as tensors (weights_only=True): "
+                         f"{one_line(exc)}") from exc
     if isinstance(obj, torch.Tensor):
         obj = (obj,)
     if isinstance(obj, (tuple, list)):

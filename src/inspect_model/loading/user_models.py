@@ -1,12 +1,11 @@
-"""The user's own models: ``FILE.py:NAME`` and ``package.module:NAME`` (saved files too).
+"""What the ``file`` and ``module`` sources share: running a user's code to get a model.
 
-``NAME`` may be an ``nn.Module`` instance, an ``nn.Module`` class or a function returning a
-module (dotted for nested attributes: ``zoo.py:Builders.small``); ``--model-arg`` values are
-passed to the class or function. Loading ``FILE.py`` runs that file, as ``python FILE.py``
-would (but with ``__name__`` not ``"__main__"``), so only load files you trust.
-
-Saved model files (TorchScript, torch.export ``.pt2``, pickled modules) are loaded by
-:mod:`inspect_model.loading.saved_models`; its loaders are re-exported here.
+``FILE.py:NAME`` (:mod:`~inspect_model.loading.sources.file`) and ``package.module:NAME``
+(:mod:`~inspect_model.loading.sources.module`). ``NAME`` may be an ``nn.Module`` instance, an
+``nn.Module`` class or a function returning a module (dotted for nested attributes:
+``zoo.py:Builders.small``); ``--model-arg`` values are passed to the class or function.
+Loading ``FILE.py`` runs that file, as ``python FILE.py`` would (but with ``__name__`` not
+``"__main__"``), so only load files you trust.
 """
 
 from __future__ import annotations
@@ -20,68 +19,58 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import ModelLoadError, suggest
-from inspect_model.loading.saved_models import load_archive
+from inspect_model.loading.loaded import LoadedModel, brief, from_module, model_device
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from inspect_model.loading.models import LoadedModel
 
-
-def parse_spec(spec: str) -> tuple[str, str, str | None]:
-    """``(kind, where, attr)``: kind is ``file`` (a .py file), ``module`` (an importable
-    module) or ``archive`` (a saved model file, attr None)."""
+def spec_kind(spec: str) -> str:
+    """``file`` (a .py file), ``module`` (an importable module) or ``archive`` (a saved
+    model file); never raises."""
     if ":" in spec:
         left, right = spec.rsplit(":", 1)
         # `C:\models\net.pt` (a Windows drive) has no attribute part.
         if len(left) == 1 and left.isalpha() and right.startswith(("\\", "/")):
-            return "archive", spec, None
-        if not right:
-            raise ModelLoadError(f"model spec '{spec}' names no attribute after ':'; e.g. {left}:MyNet")
+            return "archive"
         if left.endswith(".py") or os.sep in left or "/" in left or os.path.isfile(left):
-            return "file", left, right
-        return "module", left, right
-    if spec.endswith(".py"):
-        return "file", spec, None
-    return "archive", spec, None
+            return "file"
+        return "module"
+    return "file" if spec.endswith(".py") else "archive"
 
 
-def load_user_model(
-    spec: str,
-    *,
-    device: str = "cpu",
-    model_args: dict[str, Any] | None = None,
-    trust: bool = False,
-) -> LoadedModel:
-    """Load a user model spec (see module docstring) onto ``device``."""
+def parse_spec(spec: str) -> tuple[str, str, str | None]:
+    """``(kind, where, attr)`` of :func:`spec_kind`; an empty attribute is an error."""
+    kind = spec_kind(spec)
+    if kind == "archive" or ":" not in spec:
+        return kind, spec, None
+    left, right = spec.rsplit(":", 1)
+    if not right:
+        raise ModelLoadError(f"model spec '{spec}' names no attribute after ':'; e.g. {left}:MyNet")
+    return kind, left, right
+
+
+def load_user_model(spec: str, *, device: str = "cpu", model_args: dict[str, Any] | None = None) -> LoadedModel:
+    """Run the user's file or module and build the model ``spec`` names (see module docstring)."""
     kind, where, attr = parse_spec(spec)
     model_args = dict(model_args or {})
-    if kind == "archive":
-        if model_args:
-            raise ModelLoadError(
-                f"--model-arg does not apply to the saved model '{where}'; it is for FILE.py:NAME specs"
-            )
-        return load_archive(where, device=device, trust=trust)
-    if kind == "file":
-        module = import_file(where)
-        origin = where
-    else:
-        module = import_module(where)
-        origin = where
+    module = import_file(where) if kind == "file" else import_module(where)
+    origin = os.path.basename(where) if kind == "file" else where
     if attr is None:
         names = model_names(module)
         raise ModelLoadError(
             f"'{where}' needs the name of a model after ':', e.g. {where}:{names[0] if names else 'MyNet'}"
             + (f"; models in it: {', '.join(names[:8])}" if names else "")
         )
-    obj = resolve_attr(module, attr, origin)
-    model = build(obj, attr, origin, model_args, device)
+    obj = resolve_attr(module, attr, where)
+    model = build(obj, attr, where, model_args, device)
     borrowed = model is obj  # the user's own instance, used as it is
-    if borrowed and device != "meta" and _model_device(model) not in (None, device):
+    if borrowed and device != "meta" and model_device(model) not in (None, device):
         # Never move the user's object to another device (issue 9): run on a copy.
-        model = private_copy(model, f"{origin}:{attr}")
+        model = private_copy(model, f"{where}:{attr}")
         borrowed = False
-    loaded = _finish(model, name=attr.split(".")[-1], source="python", device=device, notes=[])
+    # Titled by file (or module) and attribute, as the user named it: "my_net.py:build" (issue 29).
+    loaded = from_module(model, name=f"{origin}:{attr}", source="python", device=device)
     loaded.borrowed = borrowed
     return loaded
 
@@ -94,7 +83,7 @@ def private_copy(model: nn.Module, label: str) -> nn.Module:
         return copy.deepcopy(model)
     except Exception as exc:
         raise ModelLoadError(
-            f"cannot copy the model instance {label} ({_brief(exc)}), so it cannot be moved, cast or "
+            f"cannot copy the model instance {label} ({brief(exc)}), so it cannot be moved, cast or "
             "given a checkpoint without changing your object; give its class or a factory function instead"
         ) from exc
 
@@ -131,7 +120,7 @@ def import_file(path: str) -> Any:
         ) from None
     except Exception as exc:
         sys.modules.pop(modname, None)
-        raise ModelLoadError(f"model file '{path}' raised on import{_where(exc, full)}: {_brief(exc)}") from exc
+        raise ModelLoadError(f"model file '{path}' raised on import{_where(exc, full)}: {brief(exc)}") from exc
     finally:
         if added and folder in sys.path:
             sys.path.remove(folder)
@@ -147,16 +136,11 @@ def import_module(name: str) -> Any:
             raise ModelLoadError(
                 f"module '{name}' cannot be found (is it installed or on PYTHONPATH?){hint}"
             ) from exc
-        raise ModelLoadError(f"module '{name}' raised on import: {_brief(exc)}") from exc
+        raise ModelLoadError(f"module '{name}' raised on import: {brief(exc)}") from exc
     except SystemExit as exc:
         raise ModelLoadError(f"module '{name}' called sys.exit({exc.code!r}) on import") from None
     except Exception as exc:
-        raise ModelLoadError(f"module '{name}' raised on import: {_brief(exc)}") from exc
-
-
-def _brief(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())[:200]
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        raise ModelLoadError(f"module '{name}' raised on import: {brief(exc)}") from exc
 
 
 def _where(exc: BaseException, filename: str) -> str:
@@ -279,71 +263,4 @@ def _call(fn: Any, label: str, model_args: dict[str, Any], device: str) -> Any:
         with torch.device(device):
             return call()
     except Exception as exc:
-        raise ModelLoadError(f"building the model {label} failed: {_brief(exc)}") from exc
-
-
-# ------------------------------------------------------------------ result
-def _model_device(model: nn.Module) -> str | None:
-    for t in list(model.parameters()) + list(model.buffers()):
-        return str(t.device)
-    return None
-
-
-def _finish(model: nn.Module, *, name: str, source: str, device: str, notes: list[str]) -> LoadedModel:
-    from inspect_model.loading.models import LoadedModel
-
-    current = _model_device(model)
-    if device != "meta" and current is not None and current != device:
-        try:
-            model.to(device)
-        except Exception as exc:
-            raise ModelLoadError(f"cannot move model {name} to {device}: {_brief(exc)}") from exc
-    actual = _model_device(model) or ("cpu" if device == "meta" else device)
-    # The input size is only a default for runs without images or --input-size; the
-    # report records the size used, so a guess needs no note of its own.
-    sizes = _declared_input_sizes(model) or guess_input_sizes(model)
-    notes = list(notes)
-    cats = getattr(model, "categories", None)
-    categories = [str(c) for c in cats] if isinstance(cats, (list, tuple)) and cats else None
-    return LoadedModel(model=model, name=name, source=source, family="custom", categories=categories,
-                       input_sizes=sizes, device=actual, notes=notes)
-
-
-def _declared_input_sizes(model: nn.Module) -> list[tuple[int, ...]] | None:
-    """A model's own ``input_size`` attribute: ``(3, 32, 32)`` or a list of such tuples."""
-    image_size = getattr(model, "image_size", None)  # torchvision's VisionTransformer has one
-    if isinstance(image_size, int) and not isinstance(image_size, bool) and image_size > 0:
-        guess = guess_input_sizes(model)
-        channels = guess[0][0] if guess and len(guess[0]) == 3 else 3
-        return [(channels, image_size, image_size)]
-    size = getattr(model, "input_size", None)
-    if isinstance(size, (tuple, list)) and size:
-        if all(isinstance(d, int) for d in size):
-            return [tuple(int(d) for d in size)]
-        if all(isinstance(s, (tuple, list)) and all(isinstance(d, int) for d in s) for s in size):
-            return [tuple(int(d) for d in s) for s in size]
-    return None
-
-
-def guess_input_sizes(model: nn.Module) -> list[tuple[int, ...]] | None:
-    """From the first conv/linear layer: (C, 224, 224) for Conv2d, (F,) for Linear."""
-    from torch import nn
-
-    for mod in model.modules():
-        kind = getattr(mod, "original_name", None)  # TorchScript keeps the class name here
-        weight = getattr(mod, "weight", None)
-        if kind in ("Conv1d", "Conv2d", "Conv3d", "Linear") and weight is not None and weight.dim() >= 2:
-            c = int(weight.shape[1])
-            return {"Conv1d": [(c, 224)], "Conv2d": [(c, 224, 224)], "Conv3d": [(c, 16, 112, 112)],
-                    "Linear": [(c,)]}[kind]
-        if isinstance(mod, nn.Conv2d):
-            return [(int(mod.in_channels), 224, 224)]
-        if isinstance(mod, nn.Conv1d):
-            return [(int(mod.in_channels), 224)]
-        if isinstance(mod, nn.Conv3d):
-            return [(int(mod.in_channels), 16, 112, 112)]
-        if isinstance(mod, nn.Linear):
-            return [(int(mod.in_features),)]
-        if isinstance(mod, (nn.Embedding, nn.EmbeddingBag)):
-            return None
-    return None
+        raise ModelLoadError(f"building the model {label} failed: {brief(exc)}") from exc

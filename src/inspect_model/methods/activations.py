@@ -155,6 +155,7 @@ class ActivationCapture:
         self._rows: dict[str, _RowAccum] = {}
         self._images = 0
         self._batches = 0
+        self._base = 0  # run index of the first image (see start)
         self._batch_size: int | None = None
         self._engine: Any = None
 
@@ -191,8 +192,11 @@ class ActivationCapture:
         names = list(names) if names is not None else [f"input-{self._images + i}" for i in range(n)]
         engine = self._engine
         engine.reset()
+        # Copies: a model may change its input in place (x /= 255); the caller's tensor stays
+        # as it was, as in every other command (issue 28). One copy of the input per batch.
+        fed = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
         with torch.no_grad():
-            run_forward(engine, lambda: self.model(*args))
+            run_forward(engine, lambda: self.model(*fed))
         records = engine.finalize()
         start = self._images
         images = [ImageActivations(start + i, names[i] if i < len(names) else f"input-{start + i}", [])
@@ -239,6 +243,42 @@ class ActivationCapture:
         self._images += n
         self._batches += 1
         return BatchActivations(images, kept, hists, start)
+
+    # ------------------------------------------------------------------ resumable, mergeable
+    def start(self, index: int) -> None:
+        """The next image fed has run index ``index`` (a shard or a resumed run starts later)."""
+        self._images = self._base = index
+
+    def state_dict(self) -> dict[str, Any]:
+        """The per-layer accumulators and counts (our record classes and plain data)."""
+        return {"rows": self._rows, "images": self._images, "batches": self._batches,
+                "base": self._base}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        images, batches, base = state["images"], state["batches"], state["base"]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (images, batches, base)) \
+                or base > images or not isinstance(state["rows"], dict):
+            raise ValueError("activation state: counts out of range")
+        self._rows, self._images, self._batches, self._base = state["rows"], images, batches, base
+
+    def merge(self, states: list[dict[str, Any]]) -> None:
+        """Every part's accumulators, in order, merged exactly (Chan et al.'s moments)."""
+        rows: dict[str, _RowAccum] = {}
+        for st in states:
+            for key, row in st["rows"].items():
+                have = rows.get(key)
+                if have is None:
+                    rows[key] = row
+                    continue
+                have.moments.merge(row.moments)
+                if row.channels is not None:
+                    if have.channels is None:
+                        have.channels = row.channels
+                    else:
+                        have.channels.merge(row.channels)
+        self._rows = rows
+        self._images = sum(st["images"] - st["base"] for st in states)
+        self._batches = sum(st["batches"] for st in states)
 
     def report(self) -> ActivationReport:
         rows = []

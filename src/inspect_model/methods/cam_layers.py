@@ -50,24 +50,22 @@ def _is_swin(model: nn.Module) -> bool:
 
 
 def _hub_auto_layer(model: nn.Module) -> str | None:
-    """``--layer auto`` for timm's and Hugging Face's ViT, DeiT, Swin and ConvNeXt, or None.
+    """``--layer auto`` from what a hub model declares, or None.
 
-    - ViT/DeiT: the last block's first norm, whose patch tokens reach the class (and
-      distillation/register) tokens through attention; a later norm's patch tokens do not
-      reach the logits at all (zero gradient). timm: ``blocks.N.norm1``; HF:
-      ``...layers.N.layernorm_before`` (``encoder.layer.N`` before transformers 5).
-    - Swin: timm's last stage ``layers.N`` (N, H, W, C); HF's final ``layernorm`` (N, h*w, C)
-      (its stages return tuples).
-    - ConvNeXt: the last stage, timm ``stages.N``, HF ``...encoder.stages.N``.
+    - timm: the last module of its ``feature_info`` (a CNN's or Swin's last stage; a ViT or
+      DeiT pooling its class token: the last block's first norm, see
+      :func:`~inspect_model.loading.sources.timm.declared_cam_layer`).
+    - Hugging Face, from its ``config.model_type``: ViT/DeiT the last block's first norm
+      (``...layers.N.layernorm_before``, ``encoder.layer.N`` before transformers 5), whose
+      patch tokens reach the class token through attention; Swin the final ``layernorm``
+      (N, h*w, C) (its stages return tuples); ConvNeXt the last stage ``...encoder.stages.N``.
     """
-    kind = type(model).__name__
+    from inspect_model.loading.sources.timm import declared_cam_layer
+
+    declared = declared_cam_layer(model)
+    if declared is not None:
+        return declared
     names = [n for n, _ in model.named_modules() if n]
-    if hasattr(model, "blocks") and hasattr(model, "num_prefix_tokens") and hasattr(model, "patch_embed"):
-        return f"blocks.{len(model.blocks) - 1}.norm1"  # type: ignore[arg-type]
-    if kind.startswith("SwinTransformer") and hasattr(model, "layers") and not hasattr(model, "features"):
-        return f"layers.{len(model.layers) - 1}"  # type: ignore[arg-type]
-    if kind.startswith("ConvNeXt") and hasattr(model, "stages"):
-        return f"stages.{len(model.stages) - 1}"  # type: ignore[arg-type]
     model_type = str(getattr(getattr(model, "config", None), "model_type", "") or "")
     if model_type in ("vit", "deit", "vit_msn", "vit_mae", "dinov2", "dinov2_with_registers"):
         last = [n for n in names if n.endswith((".layernorm_before", ".norm1")) and ".attention" not in n]
@@ -98,7 +96,9 @@ def _probe(model: nn.Module, x: torch.Tensor, names: Sequence[str], probe: int =
     from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
 
     with HookEngine(model, list(names), CaptureOptions(outputs=True, grad_enabled=False)) as eng:
-        run_forward(eng, lambda: model(x[:probe].detach()))
+        # A copy: a model that scales its input in place (x /= 255) must not change ``x``,
+        # which the real passes use next (issue 28).
+        run_forward(eng, lambda: model(x[:probe].detach().clone()))
     return eng.finalize()
 
 
@@ -128,7 +128,7 @@ def _probe_paths(model: nn.Module, x: torch.Tensor, names: Sequence[str],
     try:
         with HookEngine(model, list(names), CaptureOptions(outputs=True, grad_enabled=True)) as eng:
             handles = [modules[n].register_forward_hook(keep(n)) for n in names if n in modules]
-            out = run_forward(eng, lambda: model(x1))
+            out = run_forward(eng, lambda: model(x1.clone()))  # a non-leaf: x /= 255 is allowed
     finally:
         for h in handles:
             h.remove()
@@ -238,17 +238,18 @@ def infer_layout(model: nn.Module, name: str, shape: tuple[int, ...], input_hw: 
 
 def resolve_layers(model: nn.Module, x: torch.Tensor, specs: Sequence[str] | None = None,
                    reshape: tuple[int, int] | None = None, output_key: str | None = None,
-                   probe: int = 1) -> list[CamLayer]:
+                   probe: int = 1, declared: str | None = None) -> list[CamLayer]:
     """``auto`` (or no spec) or layer specs -> :class:`CamLayer` records, probing the output
     shapes with one no-grad forward pass of ``x[:probe]`` (``probe``: the batch size a
-    torch.export program was fixed to, else 1)."""
+    torch.export program was fixed to, else 1). ``declared``: the layer the model's source
+    names for ``auto`` (``LoadedModel.cam_layer``), used instead of the search."""
     from inspect_model.engine.selection import select_layers
 
     specs = [s for s in (specs or []) if s.strip()]
     names: list[str] = []
     for spec in specs or ["auto"]:
         if spec.strip().lower() == "auto":
-            names.append(auto_layer(model, x, output_key, probe))
+            names.append(declared or auto_layer(model, x, output_key, probe))
         else:
             plain = not any(ch in spec for ch in "*?[") and not spec.startswith("type:")
             names.extend(select_layers(model, [spec], leaves_only=not plain))

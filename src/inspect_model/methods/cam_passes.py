@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.errors import LayerSelectionError, UsageError
+from inspect_model.errors import LayerSelectionError, UsageError, one_line
 from inspect_model.methods import cam_methods as cm
 from inspect_model.methods.cam_layers import single_output
 
@@ -87,7 +87,8 @@ def capture(model: nn.Module, x: torch.Tensor, layers: list[str], *, grads: bool
     )
     missing: list[str] = []
     with HookEngine(model, hooked, opts) as eng:
-        out = run_forward(eng, lambda: model(x))
+        # A copy: the model may change its input in place (x /= 255), and ``x`` is used again.
+        out = run_forward(eng, lambda: model(x.clone()))
         scores = scores_of(out, output_key)
         idx = resolve_classes(scores, target) if classes is None else classes
         recs: dict[str, Any] = {}
@@ -114,7 +115,7 @@ def capture(model: nn.Module, x: torch.Tensor, layers: list[str], *, grads: bool
                     # from the scores down to the layer and no further.
                     torch.autograd.backward(sel, retain_graph=j < idx.shape[1] - 1)
                 except RuntimeError as exc:
-                    raise ModelRuntimeError(f"backward pass failed: {str(exc).splitlines()[0]}") from exc
+                    raise ModelRuntimeError(f"backward pass failed: {one_line(exc)}") from exc
                 for n, cap in caps.items():
                     got[n].append(cap.grad)
             missing = [n for n in layers[1:] if any(g is None for g in got[n])]

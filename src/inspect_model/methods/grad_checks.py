@@ -73,43 +73,73 @@ def clip_report(clip_norm: float, total: float, shares: list[tuple[str, float]])
     return ClipReport(clip_norm, total, coef, min(1.0, coef), coef < 1.0, dom)
 
 
-def first_nonfinite(layers: list[LayerGrad], params: list[ParamGrad]) -> str | None:
-    hits = [r for r in layers if r.first_nonfinite_seq is not None]
+def first_nonfinite(layers: list[LayerGrad], params: list[ParamGrad], kind: str | None = None) -> str | None:
+    """The first gradient in backward order that holds NaN or Inf (``kind`` "nan" or "inf":
+    that kind only), as "layer (gradient wrt its output|input)" or "parameter NAME"."""
+    if kind is None:
+        hits = [(r.first_nonfinite_seq, r.first_nonfinite_where, r) for r in layers
+                if r.first_nonfinite_seq is not None]
+    else:
+        hits = [(*r.first_seen[kind], r) for r in layers if kind in getattr(r, "first_seen", {})]
     if hits:
-        r = min(hits, key=lambda r: r.first_nonfinite_seq)  # type: ignore[arg-type, return-value]
-        return f"{r.key} (gradient wrt its {r.first_nonfinite_where})"
-    bad = [p for p in params if p.nan_count or p.inf_count]
+        _, where, r = min(hits, key=lambda h: h[0])
+        return f"{r.key} (gradient wrt its {where})"
+    attr = {"nan": ("nan_count",), "inf": ("inf_count",)}.get(kind or "", ("nan_count", "inf_count"))
+    bad = [p for p in params if any(getattr(p, a) for a in attr)]
     # Parameters only: backward reaches later modules first, so the last one listed.
     return f"parameter {bad[-1].name}" if bad else None
 
 
+def _bad_tensors(layers: list[LayerGrad], params: list[ParamGrad], kind: str) -> list[str]:
+    """Every gradient holding ``kind`` ("nan"/"inf"): layers in backward order of their first
+    one (so the check's "first" leads the list), then parameters, last listed first."""
+    attr = f"{kind}_count"
+    found = []
+    for r in layers:
+        for w, s in (("output", r.grad_output), ("input", r.grad_input)):
+            if s is not None and getattr(s, attr):
+                first = getattr(r, "first_seen", {}).get(kind)
+                seq = first[0] if first is not None else math.inf
+                found.append((seq, 0 if first is not None and first[1] == w else 1, f"{r.key}:{w}"))
+    found.sort(key=lambda t: (t[0], t[1]))
+    return [name for _, _, name in found] + [f"param:{p.name}" for p in reversed(params) if getattr(p, attr)]
+
+
 def health_checks(layers: list[LayerGrad], params: list[ParamGrad], out_norm: float,
-                  vanishing_below: float, exploding_above: float, first: str | None) -> list[Check]:
+                  vanishing_below: float, exploding_above: float) -> list[Check]:
+    """The four checks. NaN/Inf: every gradient tensor holding them, the first in backward
+    order named in the detail and leading ``layers``. Vanishing/exploding judge the layers
+    whose output gradient is finite: a NaN or Inf norm is the NaN/Inf checks' business, and
+    the finite part of such a tensor says nothing about its size (issue 29)."""
     checks = []
-    for kind, attr in (("nan", "nan_count"), ("inf", "inf_count")):
-        bad = [f"{r.key}:{w}" for r in layers for w, s in (("output", r.grad_output), ("input", r.grad_input))
-               if s is not None and getattr(s, attr)]
-        bad += [f"param:{p.name}" for p in params if getattr(p, attr)]
+    for kind in ("nan", "inf"):
+        bad = _bad_tensors(layers, params, kind)
         label = "NaN" if kind == "nan" else "Inf"
-        detail = (f"{len(bad)} gradient tensor(s) hold {label}; first in backward order: {first}" if bad
-                  else f"no {label} in any gradient")
+        detail = (f"{len(bad)} gradient tensor(s) hold {label}; first in backward order: "
+                  f"{first_nonfinite(layers, params, kind)}" if bad else f"no {label} in any gradient")
         checks.append(Check(kind, "fail" if bad else "pass", float(len(bad)), 0.0, detail, bad[:20]))
-    reached = [r for r in layers if r.grad_output is not None and math.isfinite(r.grad_output.norm)]
+    hit = [r for r in layers if r.grad_output is not None]
+    reached = [r for r in hit if r.grad_output.finite]  # type: ignore[union-attr]
+    skipped = [r for r in hit if not r.grad_output.finite]  # type: ignore[union-attr]
     largest = max((r.grad_output.norm for r in reached), default=0.0)  # type: ignore[union-attr]
-    for r in reached:
+    for r in hit:
         assert r.grad_output is not None
-        r.relative_norm = r.grad_output.norm / largest if largest > 0 else None
-        r.gain = r.grad_output.norm / out_norm if out_norm > 0 else None
+        norm = r.grad_output.reported().norm  # NaN or Inf for a non-finite gradient
+        r.relative_norm = norm / largest if largest > 0 else None
+        r.gain = norm / out_norm if out_norm > 0 else None
+    left_out = (f"; {len(skipped)} layer(s) with NaN/Inf gradients left out ({skipped[0].key}"
+                + (", ..." if len(skipped) > 1 else "") + ")") if skipped else ""
     if not reached or largest == 0:
-        why = "no selected layer was reached by the gradient" if not reached else "every layer gradient is zero"
-        checks.append(Check("vanishing", "skip", None, vanishing_below, why))
-        checks.append(Check("exploding", "skip", None, exploding_above, why))
+        why = ("no selected layer was reached by the gradient" if not hit else
+               "no selected layer has a finite gradient" if not reached else "every layer gradient is zero")
+        checks.append(Check("vanishing", "skip", None, vanishing_below, why + left_out))
+        checks.append(Check("exploding", "skip", None, exploding_above, why + left_out))
         return checks
     low = min(reached, key=lambda r: r.relative_norm or 0.0)
     vanished = [r.key for r in reached if (r.relative_norm or 0.0) < vanishing_below]
     checks.append(Check(
         "vanishing", "fail" if vanished else "pass", low.relative_norm, vanishing_below,
-        f"smallest layer gradient norm / largest = {low.relative_norm:.3g} at '{low.key}'", vanished[:20]))
+        f"smallest layer gradient norm / largest = {low.relative_norm:.3g} at '{low.key}'{left_out}", vanished[:20]))
     if out_norm == 0:
         checks.append(Check("exploding", "skip", None, exploding_above, "the output gradient is zero"))
         return checks
@@ -117,5 +147,6 @@ def health_checks(layers: list[LayerGrad], params: list[ParamGrad], out_norm: fl
     exploded = [r.key for r in reached if (r.gain or 0.0) > exploding_above]
     checks.append(Check(
         "exploding", "fail" if exploded else "pass", high.gain, exploding_above,
-        f"largest layer gradient norm / output gradient norm = {high.gain:.3g} at '{high.key}'", exploded[:20]))
+        f"largest layer gradient norm / output gradient norm = {high.gain:.3g} at '{high.key}'{left_out}",
+        exploded[:20]))
     return checks

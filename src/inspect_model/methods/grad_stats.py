@@ -113,9 +113,12 @@ def merge_stats(a: TensorStats | None, b: TensorStats | None) -> TensorStats | N
     fa, fb = a.numel - a.nan_count - a.inf_count, b.numel - b.nan_count - b.inf_count
     nf, numel = fa + fb, a.numel + b.numel
     nan_count, inf_count = a.nan_count + b.nan_count, a.inf_count + b.inf_count
+    neg_inf = a.neg_inf_count + b.neg_inf_count
     if nf == 0:
         nan = float("nan")
-        return TensorStats(numel, nan, nan, nan, nan, nan, nan, 0.0, 0.0, nan_count, inf_count)
+        return TensorStats(numel, nan, nan, nan, nan, nan, nan,
+                           (a.zero_fraction * a.numel + b.zero_fraction * b.numel) / numel, 0.0,
+                           nan_count, inf_count, neg_inf)
 
     def part(s: TensorStats, f: int, attr: str) -> float:
         return getattr(s, attr) * f if f else 0.0
@@ -131,9 +134,12 @@ def merge_stats(a: TensorStats | None, b: TensorStats | None) -> TensorStats | N
         abs_mean=(part(a, fa, "abs_mean") + part(b, fb, "abs_mean")) / nf, norm=math.sqrt(s2),
         zero_fraction=(a.zero_fraction * a.numel + b.zero_fraction * b.numel) / numel,
         negative_fraction=(a.negative_fraction * a.numel + b.negative_fraction * b.numel) / numel,
-        nan_count=nan_count, inf_count=inf_count,
+        nan_count=nan_count, inf_count=inf_count, neg_inf_count=neg_inf,
     )
 
 
 def max_abs(s: TensorStats | None) -> float | None:
-    return None if s is None else s.abs_max
+    """max |g| as reported: NaN for a tensor holding NaN, Inf for one holding Inf."""
+    if s is None:
+        return None
+    return float("nan") if s.nan_count else s.reported().abs_max

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.errors import InputError, ModelRuntimeError, UsageError
+from inspect_model.errors import InputError, ModelRuntimeError, UsageError, one_line
 from inspect_model.methods.grad_checks import (
     DEFAULT_EXPLODING,
     DEFAULT_VANISHING,
@@ -75,6 +75,8 @@ class LayerGrad:
     gain: float | None = None
     first_nonfinite_seq: int | None = None
     first_nonfinite_where: str | None = None  # "output" or "input"
+    # per kind ("nan", "inf"): (backward-order position, "output" or "input") of its first one
+    first_seen: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -120,6 +122,7 @@ class GradReport:
     samples: list[SampleGrad] = field(default_factory=list)
     input_grads: list[torch.Tensor] = field(default_factory=list)  # per batch, when kept
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def failures(self) -> list[Check]:
         return [c for c in self.checks if c.fail_on and c.failed]
@@ -171,10 +174,14 @@ def merge_partials(parts: Sequence[GradPartial]) -> GradPartial:
         for key, r in part.layers.items():
             have = out.layers.get(key)
             seq = None if r.first_nonfinite_seq is None else r.first_nonfinite_seq + offset
+            seen = {k: (q + offset, w) for k, (q, w) in getattr(r, "first_seen", {}).items()}
             if have is None:
                 out.layers[key] = dataclasses.replace(r, hist=dataclasses.replace(r.hist, counts=list(r.hist.counts)),
-                                                      first_nonfinite_seq=seq)
+                                                      first_nonfinite_seq=seq, first_seen=seen)
                 continue
+            for kind, (q, w) in seen.items():
+                if kind not in have.first_seen or q < have.first_seen[kind][0]:
+                    have.first_seen[kind] = (q, w)
             have.grad_output = merge_stats(have.grad_output, r.grad_output)
             have.grad_input = merge_stats(have.grad_input, r.grad_input)
             have.hist.add(r.hist)
@@ -236,6 +243,7 @@ class GradRun:
             self.listed = self.trainable
         self.partial = partial if partial is not None else GradPartial()
         self.input_grads: list[torch.Tensor] = []
+        self.warnings: list[str] = []
         self._live = False
 
     def _observe(self, g: torch.Tensor, n: int, *, hist: bool = True) -> GradObs:
@@ -304,7 +312,9 @@ class GradRun:
         batch_n[0] = n
         eng.reset()
         x = x0.detach().clone().requires_grad_(x0.is_floating_point())
-        out = run_forward(eng, lambda x=x: model(x))
+        # A non-leaf copy: the model may change its input in place (x /= 255), which autograd
+        # refuses on a leaf that requires grad; x.grad is still d(objective)/d(input).
+        out = run_forward(eng, lambda x=x: model(x.clone()))
         y = select_output(out, self.output_key)
         require_float(y)
         if self.loss is not None and y.dim() == 2:
@@ -320,14 +330,22 @@ class GradRun:
                                  "give one label per image")
         else:
             batch_labels = None if self.label_one is None else [self.label_one] * n
-        seed, per_obj, used = output_seed(y, target=self.spec, loss=self.loss, labels=batch_labels)
+        from inspect_model.methods.targets import for_batch
+
+        spec = for_batch(self.spec, label_pos, n)  # a per-sample target: this batch's share
+        seed, per_obj, used = output_seed(y, target=spec, loss=self.loss, labels=batch_labels)
+        if part.images == 0 and self.loss is None:  # the class count is the same for every batch
+            from inspect_model.methods.targets import top_k_warning
+
+            cut = top_k_warning(self.spec, int(y.reshape(n, -1).shape[1]))
+            self.warnings += [cut] if cut and cut not in self.warnings else []
         part.out_sq += float(seed.double().pow(2).sum())
         # Gradients to come in this backward pass: one per captured output and input.
         self._seen["done"], self._seen["total"] = 0, sum(len(r.outputs) + len(r.inputs) for r in eng.records)
         try:
             y.backward(seed)
         except RuntimeError as exc:
-            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            msg = one_line(exc)
             raise ModelRuntimeError(f"backward pass failed: {msg}") from exc
         _merge_batch(part.layers, eng.finalize(), self.by_name)
         layer_norms = {r.key: r for r in eng.records}
@@ -378,7 +396,7 @@ class GradRun:
         layer_list = sorted(part.layers.values(), key=lambda r: r.order)
         out_norm = math.sqrt(part.out_sq)
         first = first_nonfinite(layer_list, params)
-        checks = health_checks(layer_list, params, out_norm, self.vanishing_below, self.exploding_above, first)
+        checks = health_checks(layer_list, params, out_norm, self.vanishing_below, self.exploding_above)
         for c in checks:
             c.fail_on = c.name in self.fail
         notes = []
@@ -394,6 +412,7 @@ class GradRun:
             params=params, frozen_params=len(self.params_all) - len(self.trainable), global_norm=total,
             output_grad_norm=out_norm, input_grad=part.input_stats, checks=checks, clip=clip,
             first_nonfinite=first, samples=part.samples, input_grads=self.input_grads, notes=notes,
+            warnings=list(self.warnings),
         )
 
 
@@ -472,6 +491,9 @@ def _merge_batch(acc: dict[str, LayerGrad], records: list[Any], by_name: dict[st
                     rec.grad_input = merge_stats(rec.grad_input, obs.stats)
                 if not obs.stats.finite and (rec.first_nonfinite_seq is None or obs.seq < rec.first_nonfinite_seq):
                     rec.first_nonfinite_seq, rec.first_nonfinite_where = obs.seq, where
+                for kind, count in (("nan", obs.stats.nan_count), ("inf", obs.stats.inf_count)):
+                    if count and (kind not in rec.first_seen or obs.seq < rec.first_seen[kind][0]):
+                        rec.first_seen[kind] = (obs.seq, where)
 
 
 def _hist(g: torch.Tensor, s: TensorStats) -> LogHist:
@@ -486,9 +508,10 @@ def _param_grad(name: str, p: torch.Tensor, g: torch.Tensor | None, histograms: 
     if g is None:
         return ParamGrad(name, list(p.shape), False, None, None, None, None, None, None, wn, None)
     s = tensor_stats(g)
+    r = s.reported()  # NaN/Inf for a gradient holding them, never its finite part's 0
     return ParamGrad(
-        name=name, shape=list(p.shape), has_grad=True, norm=s.norm, mean=s.mean, std=s.std,
+        name=name, shape=list(p.shape), has_grad=True, norm=r.norm, mean=r.mean, std=r.std,
         max_abs=max_abs(s), zero_fraction=s.zero_fraction, negative_fraction=s.negative_fraction,
-        weight_norm=wn, ratio=s.norm / wn if wn > 0 else None, nan_count=s.nan_count,
+        weight_norm=wn, ratio=r.norm / wn if wn > 0 else None, nan_count=s.nan_count,
         inf_count=s.inf_count, hist=_hist(g, s) if histograms else LogHist(),
     )

@@ -119,6 +119,7 @@ class GuidedResult:
     unguided: dict[str, int]  # activation sites met but not guided, by kind
     kinds: tuple[str, ...]  # the kinds that were to be guided
     warnings: list[str] = field(default_factory=list)
+    classes: int = 0  # scores per input (the class count)
 
 
 def _targets_for(spec: Any, flat: torch.Tensor, categories: Sequence[str] | None) -> list[list[int]]:
@@ -217,6 +218,7 @@ def guided_backprop(
         sites=dict(sorted(sites.items())),
         unguided=dict(sorted(unguided.items())),
         kinds=kinds,
+        classes=int(flat.shape[1]),
     )
     if not result.sites:
         result.warnings.append(_no_guided_warning(kinds, result.unguided))
@@ -283,7 +285,7 @@ def randomisable_layers(model: torch.nn.Module, inputs: torch.Tensor) -> list[st
     if not names:
         return []
     with HookEngine(model, names, CaptureOptions(outputs=False, grad_enabled=False)) as eng:
-        run_forward(eng, lambda: model(inputs[:1]))
+        run_forward(eng, lambda: model(inputs[:1].clone()))  # a copy: x /= 255 must not reach `inputs`
         order = list(dict.fromkeys(r.name for r in eng.records))
     return list(reversed(order))
 

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.errors import LayerSelectionError, ModelRuntimeError, UsageError
+from inspect_model.errors import LayerSelectionError, ModelRuntimeError, UsageError, one_line
 from inspect_model.methods.stats import TensorStats, tensor_stats
 
 if TYPE_CHECKING:
@@ -118,7 +118,7 @@ def jacobian(
         xin = x.detach().clone().requires_grad_(wrt_layer is None)
         out = None
         try:
-            out = run_forward(eng, lambda: model(xin))
+            out = run_forward(eng, lambda: model(xin.clone()))  # a non-leaf: x /= 255 is allowed
         except ModelRuntimeError as exc:
             if not isinstance(exc.__cause__, _Stop):
                 raise
@@ -152,7 +152,7 @@ def jacobian(
             try:
                 a.backward(v, retain_graph=True)
             except RuntimeError as exc:
-                raise ModelRuntimeError(f"backward from '{of}' failed: {str(exc).splitlines()[0]}") from exc
+                raise ModelRuntimeError(f"backward from '{of}' failed: {one_line(exc)}") from exc
             if wrt_layer is None:
                 g = xin.grad
                 return [torch.zeros_like(xin) if g is None else g.detach().clone()]

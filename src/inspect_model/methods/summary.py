@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from inspect_model.engine.hooks import CaptureOptions, HookEngine, flatten_tensors
 from inspect_model.engine.selection import module_depth
+from inspect_model.errors import one_line, out_of_memory
 from inspect_model.methods.rnn_macs import costly_op, is_recurrent, recurrent_macs
 
 if TYPE_CHECKING:
@@ -191,10 +192,9 @@ def summarize(
         except Exception as exc:
             stack = [s for s in engine.stack]
             failed = stack[-1] if stack else ""
-            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            msg = one_line(str(exc))
             error = f"{type(exc).__name__}: {msg}"
-            if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
-                error = f"out of memory ({type(exc).__name__}); use a smaller --batch-size or --input-size"
+            error = out_of_memory(exc) or error
         finally:
             for h in handles:
                 h.remove()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import InputError, ModelRuntimeError, UsageError, suggest
+from inspect_model.loading.parsing import check_depth
 
 if TYPE_CHECKING:
     import torch
@@ -22,17 +23,31 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TargetSpec:
-    kind: str  # "predicted", "class", "top"
+    kind: str  # "predicted", "class", "top", "each" (one class per sample)
     index: int | None = None  # for "class"
     k: int = 1  # for "top"
     text: str = "predicted"
+    indices: tuple[int, ...] = ()  # for "each": the class of every sample of the run, in order
     # Class names from a labels file, checked against the model's class count once the
     # output is seen (resolve_targets).
     names: Sequence[str] | None = field(default=None, compare=False, repr=False)
 
 
-def parse_target(text: str | None, categories: Sequence[str] | None = None) -> TargetSpec:
-    """Parse ``predicted``, ``top:K``, an index or a label name (needs ``categories``)."""
+def parse_target(text: str | Sequence[str | int] | None, categories: Sequence[str] | None = None) -> TargetSpec:
+    """Parse ``predicted``, ``top:K``, an index or a label name (needs ``categories``), or a
+    sequence of indices/names: one class per sample, in the order of the inputs."""
+    if isinstance(text, (list, tuple)):
+        each = []
+        for item in text:
+            one = _parse_target(str(item), categories)
+            if one.kind != "class" or one.index is None:
+                raise UsageError(f"target '{item}': a per-sample target holds class indices or names, "
+                                 f"not '{one.kind}'")
+            each.append(one.index)
+        if not each:
+            raise UsageError("a per-sample target needs one class per sample; got none")
+        spec = TargetSpec("each", indices=tuple(each), text=",".join(str(t) for t in text))
+        return replace(spec, names=categories) if getattr(categories, "source", None) else spec
     spec = _parse_target(text, categories)
     return replace(spec, names=categories) if getattr(categories, "source", None) else spec
 
@@ -70,6 +85,18 @@ def _parse_target(text: str | None, categories: Sequence[str] | None) -> TargetS
     )
 
 
+def for_batch(spec: Any, start: int, n: int) -> Any:
+    """The part of a per-sample target that belongs to the ``n`` samples from run index
+    ``start``; any other target as it is."""
+    if not isinstance(spec, TargetSpec) or spec.kind != "each":
+        return spec
+    part = spec.indices[start:start + n]
+    if len(part) != n:
+        raise InputError(f"the per-sample target names {len(spec.indices)} class(es) but there are more inputs "
+                         f"(input {start + len(part)} has none); give one class per input")
+    return replace(spec, indices=part)
+
+
 def resolve_targets(spec: TargetSpec, scores: torch.Tensor) -> list[list[int]]:
     """Class indices per sample for a (N, K) score tensor."""
     if scores.dim() < 2:
@@ -87,9 +114,37 @@ def resolve_targets(spec: TargetSpec, scores: torch.Tensor) -> list[list[int]]:
                 f"--target {spec.index} is out of range: the model has {n_classes} classes (0..{n_classes - 1})"
             )
         return [[spec.index % n_classes] for _ in range(flat.shape[0])]
+    if spec.kind == "each":
+        if len(spec.indices) != flat.shape[0]:
+            raise InputError(f"the per-sample target names {len(spec.indices)} class(es) for a batch of "
+                             f"{flat.shape[0]}; give one class per input")
+        bad = [i for i in spec.indices if not 0 <= i < n_classes]
+        if bad:
+            raise InputError(f"target {bad[0]} is out of range: the model has {n_classes} classes "
+                             f"(0..{n_classes - 1})")
+        return [[i] for i in spec.indices]
     k = 1 if spec.kind == "predicted" else min(spec.k, n_classes)
-    top = flat.detach().float().topk(k, dim=1).indices
-    return [row.tolist() for row in top]
+    return top_classes(flat, k).tolist()
+
+
+def top_classes(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k`` best classes of each row of (N, classes) ``scores``, best first; equal
+    scores in class order, lowest index first, as ``argmax`` breaks ties. The one ranking
+    of every prediction list and every ``predicted``/``top:K`` target (issue 29: an
+    untrained ViT's tied output was listed from class 3 by ``topk`` and explained for 0)."""
+    import torch
+
+    return torch.sort(scores.detach().float(), dim=1, descending=True, stable=True).indices[:, :k]
+
+
+def top_k_warning(spec: Any, n_classes: int) -> str | None:
+    """The one warning for ``--target top:K`` with K above the model's class count: the run
+    explains every class, K is cut to it (issue 28: top:100000 ran 1000 backward passes
+    per image without a word)."""
+    if getattr(spec, "kind", None) != "top" or spec.k <= n_classes:
+        return None
+    return (f"--target {spec.text or f'top:{spec.k}'} asks for {spec.k} classes but the model has {n_classes}: "
+            f"explaining all {n_classes} (one backward pass each per image)")
 
 
 def require_float(y: torch.Tensor) -> None:
@@ -138,7 +193,9 @@ def load_labels(path: str | Path) -> LabelNames:
     stripped = text.strip()
     if stripped.startswith(("[", "{")):
         try:
-            data = json.loads(stripped)
+            data = check_depth(json.loads(stripped), f"labels file '{p}'")
+        except RecursionError:
+            raise InputError(f"labels file '{p}' nests lists or objects too deeply to read") from None
         except json.JSONDecodeError as exc:
             raise InputError(f"labels file '{p}' is not valid JSON: {exc.msg} (line {exc.lineno})") from exc
         if isinstance(data, list):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.render.table import Column, clean, plain_table, warning_text
+from inspect_model.render.table import Column, one_line, plain_table, warning_text
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -76,7 +76,7 @@ def footer_lines(rep: ActivationReport, files: list[str] | None = None, drawn: l
         lines.append(f"Non-finite values first appear in: {nonfinite[0]}")
     drawn = rep.kept_layers if drawn is None else drawn
     if drawn:
-        lines.append(f"Drawn layers: {', '.join(clean(d) for d in drawn[:8])}" + (" ..." if len(drawn) > 8 else ""))
+        lines.append(f"Drawn layers: {', '.join(one_line(d) for d in drawn[:8])}" + (" ..." if len(drawn) > 8 else ""))
     if files:
         lines.append(f"Files written: {len(files)}")
     return lines
@@ -86,7 +86,7 @@ def render_text(rep: ActivationReport, files: list[str] | None = None,
                 warnings: list[dict[str, Any]] | None = None, drawn: list[str] | None = None) -> str:
     body = plain_table(COLUMNS, [row_cells(r) for r in rep.layers])
     tail = footer_lines(rep, files, drawn) + warning_text({"warnings": warnings or []})
-    return f"Model: {clean(rep.model)}\n{body}\n\n" + "\n".join(tail) + "\n"
+    return f"Model: {one_line(rep.model)}\n{body}\n\n" + "\n".join(tail) + "\n"
 
 
 def render_rich(rep: ActivationReport, files: list[str] | None = None,
@@ -194,12 +194,12 @@ def render_overview(rep: ActivationReport) -> Figure:
                 ax.axvline(i, color="red", alpha=0.3, linewidth=0.8)
     if len(rows) <= 40:
         ax3.set_xticks(x)
-        ax3.set_xticklabels([r.key for r in rows], rotation=0 if few else 90, fontsize=9 if few else 7)
+        ax3.set_xticklabels([one_line(r.key) for r in rows], rotation=0 if few else 90, fontsize=9 if few else 7)
     else:
         ax3.set_xlabel("layer (forward order; see the report for names)")
     for ax in (ax1, ax2, ax3):
         ax.grid(True, alpha=0.3)
         ax.tick_params(labelsize=7)
-    fig.suptitle(f"{rep.model}: activation statistics along depth ({rep.images} image(s))", fontsize=10)
+    fig.suptitle(f"{one_line(rep.model)}: activation statistics along depth ({rep.images} image(s))", fontsize=10)
     fig.subplots_adjust(left=0.07, right=0.98, top=0.94, bottom=0.08 if few else 0.22 if len(rows) <= 40 else 0.08, hspace=0.12)
     return fig

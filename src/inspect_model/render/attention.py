@@ -13,7 +13,10 @@ colormap tables of ``render.raster``; the same arrays give the same bytes).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from inspect_model.render.files import class_tag, image_dir
+from inspect_model.render.sink import Drawer, Sink
 
 if TYPE_CHECKING:
     import numpy as np
@@ -193,3 +196,60 @@ def report_text(doc: dict) -> str:  # type: ignore[type-arg]
     for w in doc.get("warnings", []):
         lines.append(f"warning: {w.get('message', w)}")
     return "\n".join(lines) + "\n"
+
+
+def render_result(result: Any, rich: bool) -> Any:
+    """The ``attention`` report on stdout (the registry entry's renderer)."""
+    text = report_text(result.to_dict())
+    return [text] if rich else text
+
+
+class AttentionDrawer(Drawer):
+    """The files of ``attention``, per image (``images/NNNN-stem/``): ``<method>.<class>.png``
+    over the image, ``raw.<layer>.png`` head grids, ``mosaic.png``, and with ``save_raw`` the
+    maps as ``.npy``."""
+
+    def __init__(self, *, categories: list[str] | None, preprocess: Any, colormap: str, save_raw: bool,
+                 query: str) -> None:
+        self.categories, self.preprocess = categories, preprocess
+        self.colormap, self.save_raw, self.query = colormap, save_raw, query
+
+    def draw(self, item: Any, sink: Sink) -> dict[str, Any]:
+        from inspect_model.render import overlay as ov
+        from inspect_model.render.files import safe_name
+
+        if item.data is None or sink.out is None:
+            return item.entry.get("files", {})
+        img, x, res, i = item.data
+        entry, pre = item.entry, self.preprocess
+        if img is not None:
+            picture, box = ov.viewable(img.image, pre.uncrop_box(*img.image.size) if pre is not None else None)
+        else:
+            picture, box = ov.input_picture(x), None
+        base = image_dir(entry["index"], entry["image"])
+        t = entry["target"]
+        what = f"class {t['class']}{' ' + t['label'] if t['label'] else ''} (p={t['probability']:.3f})" if t else ""
+        tag = class_tag(t["class"], self.categories) if t else "all"
+        for rec in entry["maps"]:
+            method, layer = rec["method"], rec["layer"]
+            if method != "raw":
+                m = res.maps[method][i].numpy()
+                fig = method_overlay(picture, m, res.input_hw, [f"{method}: {entry['image']}", what], box=box,
+                                     cmap=self.colormap)
+                rec["files"]["overlay"] = sink.image(f"{base}/{method}.{tag}.png", fig)
+            else:
+                m = res.raw[layer][i].numpy()
+                desc = ("attention received, mean over each window's queries" if layer in res.windowed
+                        else f"attention of query {self.query}")
+                fig = head_grid(m, res.head_labels[layer], [
+                    f"{layer}", f"{desc}, {m.shape[-2]}x{m.shape[-1]} tokens: {entry['image']}"])
+                rec["files"]["grid"] = sink.image(f"{base}/raw.{safe_name(layer)}.png", fig)
+            if self.save_raw:
+                stem = f"{base}/{method}.{tag}" if method != "raw" else f"{base}/raw.{safe_name(layer)}"
+                rec["files"]["raw"] = sink.npy(f"{stem}.npy", m)
+        out: dict[str, Any] = {}
+        if res.mosaic is not None:
+            fig = mosaic(res.mosaic[i].numpy(), res.layers,
+                         [f"attention of query {self.query}, every layer by every head", entry["image"]])
+            out["mosaic"] = sink.image(f"{base}/mosaic.png", fig)
+        return out

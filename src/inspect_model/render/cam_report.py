@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.render import faithfulness as rf
-from inspect_model.render.table import Column, plain_table, rich_table, warning_text
+from inspect_model.render.table import Column, one_line, plain_table, rich_table, warning_text
 
 if TYPE_CHECKING:
     from inspect_model.methods.cam import CamResult
@@ -32,12 +32,16 @@ def image_record(res: CamResult, i: int, *, index: int, name: str, size: list[in
     """The report entry of sample ``i`` of ``res`` (global position ``index``)."""
     scores = res.scores[i]
     probs = res.probabilities[i]
+    import torch
+
     k = min(top, scores.shape[0])
-    best = probs.topk(k)
+    # Ranked by the scores, equal ones lowest class first: the ranking of the targets
+    # (methods.targets.top_classes), so the list's first class is the one 'predicted' draws.
+    best = torch.sort(scores.detach().float(), descending=True, stable=True).indices[:k].tolist()
     predictions = [
         {"class": int(c), "label": class_name(int(c), categories), "score": float(scores[int(c)]),
-         "probability": float(p)}
-        for p, c in zip(best.values.tolist(), best.indices.tolist())
+         "probability": float(probs[int(c)])}
+        for c in best
     ]
     maps = []
     for m in res.maps:
@@ -76,14 +80,14 @@ def _map_rows(rec: dict[str, Any]) -> list[list[str]]:
 
 
 def _predictions(rec: dict[str, Any]) -> str:
-    return " | ".join(f"{_target(p)} {p['probability']:.3f}" for p in rec["predictions"])
+    return one_line(" | ".join(f"{_target(p)} {p['probability']:.3f}" for p in rec["predictions"]))
 
 
 def _header(payload: dict[str, Any]) -> list[str]:
     layers = ", ".join(
         f"{lay['name']} ({lay['kind']} {lay['grid'][0]}x{lay['grid'][1]}, {lay['channels']} ch)"
         for lay in payload["layers"])
-    lines = [f"model: {payload['model']}", f"layers: {layers}",
+    lines = [f"model: {one_line(payload['model'])}", f"layers: {one_line(layers)}",
              f"methods: {', '.join(payload['methods'])}   target: {payload['target']}"]
     if payload.get("fuse"):
         lines.append("fused: element-wise max of the layers' normalised maps")
@@ -94,7 +98,7 @@ def render_text(payload: dict[str, Any]) -> str:
     """Plain text: a header, then per image its predictions and a table of its maps."""
     out = _header(payload)
     for rec in payload["images"]:
-        out += ["", f"[{rec['index']}] {rec['image']}", f"predicted: {_predictions(rec)}",
+        out += ["", f"[{rec['index']}] {one_line(rec['image'])}", f"predicted: {_predictions(rec)}",
                 plain_table(MAP_COLUMNS, _map_rows(rec))]
         for title, cols, rows in rf.image_tables(rec):
             out += [title, plain_table(cols, rows)]
@@ -114,8 +118,10 @@ def render_text(payload: dict[str, Any]) -> str:
 def render_rich(payload: dict[str, Any]) -> list[Any]:
     parts: list[Any] = ["\n".join(_header(payload))]
     for rec in payload["images"]:
-        parts.append(rich_table(MAP_COLUMNS, _map_rows(rec),
-                                title=f"[{rec['index']}] {rec['image']}  predicted: {_predictions(rec)}"))
+        # The predictions on a line of their own, as wide as the terminal: a table title
+        # wraps at the table's width (issue 29: ~65 columns on a 160-column terminal).
+        parts.append(f"\n[{rec['index']}] {one_line(rec['image'])}\npredicted: {_predictions(rec)}")
+        parts.append(rich_table(MAP_COLUMNS, _map_rows(rec)))
         for title, cols, rows in rf.image_tables(rec):
             parts.append(rich_table(cols, rows, title=f"[{rec['index']}] {title}"))
     ev = payload.get("evaluation")

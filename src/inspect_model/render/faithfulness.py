@@ -101,7 +101,9 @@ def curves_figure(series: list[dict[str, Any]], title: str) -> Any:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
     axes[0].set_ylabel("target class probability")
-    fig.suptitle(title, fontsize=10)
+    from inspect_model.render.table import one_line
+
+    fig.suptitle(one_line(title), fontsize=10)  # names escaped: matplotlib fails on a lone surrogate
     fig.tight_layout()
     return fig
 
@@ -116,3 +118,10 @@ def image_series(rec: dict[str, Any], rank: int = 0) -> list[dict[str, Any]]:
 def average_series(evaluation: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"label": f"{r['method']} @ {r['layer']}", "curves": r["curves"], "scores": r["scores"]}
             for r in evaluation["average"]]
+
+
+def curve_plot_name(entry: dict[str, Any]) -> str:
+    """The file of one image's deletion and insertion curves."""
+    from inspect_model.render.files import image_dir
+
+    return f"{image_dir(entry['index'], entry['image'])}/evaluation_curves.png"

@@ -9,8 +9,6 @@ names pass through :func:`safe_name`, so they can never escape the directory.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import io
 import os
 import re
@@ -23,142 +21,13 @@ from types import TracebackType
 from typing import Any, Self
 
 from inspect_model.errors import OutputError
+from inspect_model.render.dirlock import RESUME_STAGING, STAGING_PREFIX, DirLock, hold_output_dir
+
+__all__ = ["RESUME_STAGING", "DirLock", "OutputDir", "class_tag", "hold_output_dir", "image_dir", "png_bytes",
+           "safe_name"]
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._#=+-]+")
 _RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
-
-
-_HELD: dict[str, DirLock] = {}  # real path -> the lock this process holds on it
-
-
-RESUME_STAGING = ".inspect-model-staging-resume"  # --resume's state: survives a failed run
-
-
-class DirLock:
-    """An advisory lock (``flock``) on an output directory, held for a whole run (issue 13).
-
-    A second run on the same directory is refused at once, or waits with ``wait=True``.
-    The lock is per process and counted: the CLI takes it before loading the model and the
-    :class:`OutputDir` of the run shares it. Whoever holds it may remove the staging folders
-    it finds (their runs are dead) and, on failure, the directory if the run created it.
-    """
-
-    def __init__(self, path: Path, fd: int, created_top: Path | None) -> None:
-        self.path = path
-        self.fd = fd
-        self.created_top = created_top  # the top-most folder this run created, or None
-        self.count = 1
-
-    @property
-    def owns_created(self) -> bool:
-        return self.created_top is not None
-
-    @classmethod
-    def acquire(cls, path: str | os.PathLike[str], *, wait: bool = False, force: bool = False) -> DirLock:
-        p = Path(path)
-        key = os.path.realpath(p)
-        held = _HELD.get(key)
-        if held is not None:
-            held.count += 1
-            return held
-        if p.exists() and not p.is_dir():
-            raise OutputError(f"output directory '{p}' is a file; choose another --output-dir")
-        created_top = None
-        while True:
-            if not p.exists():
-                created_top = _make_dir(p) or created_top
-            try:
-                fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY)
-            except FileNotFoundError:
-                continue  # removed under us by a failing run: make it again
-            except OSError as exc:
-                raise OutputError(f"cannot open output directory '{p}': {exc.strerror or exc}") from exc
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-            except BlockingIOError:
-                os.close(fd)
-                # Never remove a directory another run holds, even one this run just made.
-                raise OutputError(
-                    f"output directory '{p}' is in use by another inspect-model run; wait for it to "
-                    "finish (or pass --wait), or choose another --output-dir"
-                ) from None
-            # The run we waited for may have removed the directory: then lock the new one.
-            try:
-                same = os.path.samestat(os.fstat(fd), os.stat(p))
-            except OSError:
-                same = False
-            if same:
-                break
-            os.close(fd)
-        lock = cls(p, fd, created_top)
-        _HELD[key] = lock
-        try:
-            lock._clean_stale()
-            entries = [e for e in os.listdir(p) if not e.startswith(OutputDir.MARKER)]
-        except OSError as exc:
-            lock.release(failed=True)
-            raise OutputError(f"cannot read output directory '{p}': {exc.strerror or exc}") from exc
-        if entries and not force:
-            lock.release(failed=True)
-            raise OutputError(
-                f"output directory '{p}' is not empty ({len(entries)} entries); "
-                "pass --force to write into it, or choose another --output-dir"
-            )
-        return lock
-
-    def _clean_stale(self) -> None:
-        """Staging folders of runs that died (kill -9): their lock is free, since we hold it."""
-        for e in os.listdir(self.path):
-            if e.startswith(OutputDir.MARKER) and e != RESUME_STAGING:  # --resume's state is kept
-                shutil.rmtree(self.path / e, ignore_errors=True)
-
-    def release(self, *, failed: bool) -> None:
-        self.count -= 1
-        if self.count > 0:
-            return
-        _HELD.pop(os.path.realpath(self.path), None)
-        try:
-            if failed and self.created_top is not None:
-                # Still locked while removing: nobody else can have written here meanwhile.
-                shutil.rmtree(self.created_top, ignore_errors=True)
-        finally:
-            os.close(self.fd)  # closing releases the flock
-
-
-def _make_dir(p: Path) -> Path | None:
-    """Create ``p`` and its missing parents; the top-most folder created (None if another
-    process made it first)."""
-    top = p
-    while not top.parent.exists() and top.parent != top:
-        top = top.parent
-    try:
-        p.mkdir(parents=True)
-    except FileExistsError:
-        if p.is_dir():
-            return None
-        raise OutputError(f"output directory '{p}' lies under a file; choose another --output-dir") from None
-    except NotADirectoryError as exc:
-        raise OutputError(f"output directory '{p}' lies under a file; choose another --output-dir") from exc
-    except OSError as exc:
-        raise OutputError(f"cannot create output directory '{p}': {exc.strerror or exc}") from exc
-    return top
-
-
-@contextlib.contextmanager
-def hold_output_dir(path: str | os.PathLike[str] | None, *, wait: bool = False,
-                    force: bool = False) -> Iterator[None]:
-    """Lock ``path`` for the whole of a run (the CLI wraps model loading and all in this);
-    on failure, remove the directory if this run created it. ``None``: nothing to lock."""
-    if path is None:
-        yield
-        return
-    lock = DirLock.acquire(path, wait=wait, force=force)
-    failed = True
-    try:
-        yield
-        failed = False
-    finally:
-        lock.release(failed=failed)
 
 
 def safe_name(text: str, *, default: str = "x", max_len: int = 120) -> str:
@@ -178,6 +47,19 @@ def safe_name(text: str, *, default: str = "x", max_len: int = 120) -> str:
         digest = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
         return f"{s[: max_len - 9]}-{digest}"
     return s
+
+
+def image_dir(index: int, name: str) -> str:
+    """The folder of one input's files: ``images/0003-cat``."""
+    stem = Path(name).stem or name
+    return f"images/{index:04d}-{safe_name(stem)}"
+
+
+def class_tag(cls: int, categories: list[str] | None) -> str:
+    """``c281-tabby``: the one way a class names a file."""
+    if categories and 0 <= cls < len(categories) and categories[cls]:
+        return safe_name(f"c{cls}-{categories[cls]}")
+    return f"c{cls}"
 
 
 _PNG_COLOUR_TYPE = {"L": 0, "RGB": 2, "LA": 4, "RGBA": 6}  # 8 bits per channel
@@ -225,7 +107,7 @@ def png_bytes(image: Any, *, photo: bool = False) -> bytes:
 class OutputDir:
     """A transaction over the files one run writes into ``path``."""
 
-    MARKER = ".inspect-model-staging-"
+    MARKER = STAGING_PREFIX
 
     def __init__(self, path: str | os.PathLike[str], *, force: bool = False) -> None:
         self.path = Path(path)
@@ -290,11 +172,45 @@ class OutputDir:
 
     def adopt(self, pending: list[tuple[Path, Path]], written: list[str]) -> None:
         """Take over files staged elsewhere (a resumed run's, other ranks', renamed pages):
-        ``pending`` (staged, final) pairs and the ``written`` list that reports give."""
+        ``pending`` (staged, final) pairs and the ``written`` list that reports give.
+
+        What comes from a resume state was read back from the directory, which is no trusted
+        file (issue 28): every staged file must lie in this run's staging folder and every
+        final one in the directory, outside any staging folder, symlinks resolved; else
+        :class:`OutputError` and nothing is taken (nothing has moved)."""
+        pairs = [(Path(a), Path(b)) for a, b in pending]
+        for staged, final in pairs:
+            self._check_inside(staged, staged=True)
+            self._check_inside(final, staged=False)
+        for w in written:
+            self._check_inside(Path(w), staged=False)
         with self._write_lock:
-            self._pending = list(pending)
+            self._pending = pairs
             self._claimed = {final for _, final in self._pending}
             self.written = list(written)
+
+    def _check_inside(self, path: Path, *, staged: bool) -> None:
+        root = self.path.resolve()
+        real = Path(os.path.realpath(path))
+        if staged:
+            home = Path(os.path.realpath(self.staging)) if self.staging is not None else None
+            ok = home is not None and home in real.parents
+        else:
+            ok = root in real.parents and not real.relative_to(root).parts[0].startswith(self.MARKER)
+        if not ok:
+            where = "this run's staging folder" if staged else "the output directory"
+            raise OutputError(f"the resume state names the file '{path}', which lies outside {where} "
+                              f"'{self.staging if staged else self.path}'; the state is not this tool's: "
+                              "remove the staging folder to start over")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The files staged so far, as (staged, final) texts, and the written list: a resume state's part."""
+        with self._write_lock:
+            return {"pending": [(str(a), str(b)) for a, b in self._pending], "written": list(self.written)}
+
+    def pending(self) -> list[tuple[Path, Path]]:
+        with self._write_lock:
+            return list(self._pending)
 
     @staticmethod
     def write_staged(staged: Path, final: Path, data: bytes) -> str:
@@ -314,16 +230,6 @@ class OutputDir:
 
     def write_text(self, relname: str, text: str) -> str:
         return self.write_bytes(relname, text.encode("utf-8"))
-
-    def save_figure(self, relname: str, fig: Any, *, dpi: int = 100) -> str:
-        """Save a matplotlib figure as PNG with no timestamp metadata (byte-reproducible)."""
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
-        return self.write_bytes(relname, buf.getvalue())
-
-    def save_image(self, relname: str, image: Any) -> str:
-        """Save a PIL image as PNG."""
-        return self.write_bytes(relname, png_bytes(image))
 
     def save_npy(self, relname: str, array: Any) -> str:
         import numpy as np
@@ -384,6 +290,17 @@ class OutputDir:
         self._cleanup_staging()
         self.created = False
         self._release(failed=True)  # removes the directory if this run created it
+
+    def leave(self) -> None:
+        """Stop without committing, keeping the staging folder (a resumable run's state for
+        the next try): only the lock is released."""
+        with self._write_lock:
+            self._pending.clear()
+            self._claimed.clear()
+        self.staging = None
+        if self._lock is not None:
+            self._lock.created_top = None  # the directory holds the state now: whoever made it keeps it
+        self._release(failed=False)
 
     def _cleanup_staging(self) -> None:
         if self.staging is not None:

@@ -2,7 +2,7 @@
 histogram figures, and the Jacobian map. Pure functions: records in, str/dict/figure out.
 
 Figures are built on ``matplotlib.figure.Figure`` (Agg, no pyplot state) with a fixed size
-and DPI; the caller saves them with ``OutputDir.save_figure`` (no timestamp metadata).
+and DPI; the caller saves them with ``Sink.figure`` (no timestamp metadata).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.render.table import Column, plain_table, rich_table
+from inspect_model.render.table import Column, one_line, plain_table, rich_table
 
 if TYPE_CHECKING:
     from inspect_model.methods.gradients import GradReport, LayerGrad, SampleGrad
@@ -25,6 +25,8 @@ def fmt(v: float | None, spec: str = ".3g") -> str:
         return "-"
     if isinstance(v, float) and math.isnan(v):
         return "nan"
+    if isinstance(v, float) and math.isinf(v):
+        return "inf" if v > 0 else "-inf"
     return format(v, spec)
 
 
@@ -33,7 +35,15 @@ def pct(v: float | None) -> str:
 
 
 def _max_abs(s: Any) -> float | None:
-    return None if s is None else s.abs_max
+    """max |g| as reported: NaN for a tensor holding NaN, Inf for one holding Inf."""
+    if s is None:
+        return None
+    return float("nan") if s.nan_count else s.reported().abs_max
+
+
+def _rep(s: Any) -> Any:
+    """The statistics a report shows: NaN/Inf for a tensor holding them (TensorStats.reported)."""
+    return None if s is None else s.reported()
 
 
 # ----------------------------------------------------------------- tables
@@ -59,11 +69,11 @@ def _nonfinite(r: LayerGrad) -> str:
 def layer_rows(rep: GradReport) -> list[list[str]]:
     rows = []
     for r in rep.layers:
-        o = r.grad_output
+        o, i = _rep(r.grad_output), _rep(r.grad_input)
         rows.append([
             r.key, r.module_type, "x".join(map(str, r.output_shape)) if r.output_shape else "-",
-            fmt(o.norm) if o else "not reached", fmt(o.abs_mean) if o else "-", fmt(_max_abs(o)),
-            fmt(r.relative_norm), fmt(r.grad_input.norm) if r.grad_input else "-", _nonfinite(r),
+            fmt(o.norm) if o else "not reached", fmt(o.abs_mean) if o else "-", fmt(_max_abs(r.grad_output)),
+            fmt(r.relative_norm), fmt(i.norm) if i else "-", _nonfinite(r),
         ])
     return rows
 
@@ -92,7 +102,7 @@ def header_lines(rep: GradReport) -> list[str]:
          f"output gradient norm: {fmt(rep.output_grad_norm, '.6g')}"),
     ]
     if rep.input_grad is not None:
-        lines.append(f"Gradient wrt the model input (saliency): norm {fmt(rep.input_grad.norm, '.6g')}, "
+        lines.append(f"Gradient wrt the model input (saliency): norm {fmt(rep.input_grad.reported().norm, '.6g')}, "
                      f"max |g| {fmt(_max_abs(rep.input_grad))}")
     if rep.clip is not None:
         c = rep.clip
@@ -197,7 +207,7 @@ def flow_figure(rep: GradReport) -> Any:
     ax2 = fig.add_axes((0.06, (label_in + 0.1) / h, 0.82, plot_in / h))
     xs = list(range(len(reached)))
     ax1.bar(xs, [_pos(_max_abs(r.grad_output)) for r in reached], color="c", alpha=0.5, label="max |grad|")
-    ax1.bar(xs, [_pos(r.grad_output.abs_mean) for r in reached], color="b", alpha=0.7,  # type: ignore[union-attr]
+    ax1.bar(xs, [_pos(_rep(r.grad_output).abs_mean) for r in reached], color="b", alpha=0.7,
             label="mean |grad|")
     ax1.set_title("Gradient wrt each layer's output (forward order)", fontsize=10)
     xw = list(range(len(weights)))
@@ -205,12 +215,16 @@ def flow_figure(rep: GradReport) -> Any:
     ax2.bar(xw, [_pos(abs(p.mean) if p.mean is not None else None) for p in weights], color="b", alpha=0.7,
             label="|mean grad|")
     ax2.set_title("Gradient of each weight (biases and norms left out), as plot_grad_flow draws it", fontsize=10)
-    for ax, labels in ((ax1, [r.key for r in reached]), (ax2, [p.name for p in weights])):
+    bad_layers = [_kind(r.grad_output) for r in reached]
+    bad_weights = ["NaN" if p.nan_count else "Inf" if p.inf_count else "" for p in weights]
+    for ax, labels, bad in ((ax1, [r.key for r in reached], bad_layers), (ax2, [p.name for p in weights], bad_weights)):
+        _mark_nonfinite(ax, bad)
         if labels:
             ax.set_yscale("log")
             step = max(1, math.ceil(len(labels) / 70))
             ax.set_xticks(list(range(0, len(labels), step)))
-            ax.set_xticklabels(labels[::step], rotation=90, fontsize=8 if len(labels) <= 70 else 7)
+            ax.set_xticklabels([one_line(t) for t in labels[::step]], rotation=90,
+                               fontsize=8 if len(labels) <= 70 else 7)
             ax.set_xlim(-0.6, len(labels) - 0.4)
             ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, borderaxespad=0.0)
         else:
@@ -219,6 +233,28 @@ def flow_figure(rep: GradReport) -> Any:
         ax.tick_params(axis="y", labelsize=8)
         ax.grid(True, axis="y", alpha=0.3)
     return fig
+
+
+def _kind(s: Any) -> str:
+    return "" if s is None or s.finite else ("NaN" if s.nan_count else "Inf")
+
+
+def _mark_nonfinite(ax: Any, bad: list[str]) -> None:
+    """A red band and a "NaN"/"Inf" label over each bar whose gradient is not finite: it has
+    no height on a log axis, and an empty slot must not read as a zero gradient (issue 29)."""
+    from matplotlib.transforms import blended_transform_factory
+
+    where = [(x, k) for x, k in enumerate(bad) if k]
+    if not where:
+        return
+    tr = blended_transform_factory(ax.transData, ax.transAxes)
+    for i, (x, k) in enumerate(where):
+        ax.axvspan(x - 0.4, x + 0.4, color="#d62728", alpha=0.25, lw=0,
+                   label="NaN/Inf gradient" if i == 0 else None)
+        ax.text(x, 0.97, k, transform=tr, rotation=90, ha="center", va="top", fontsize=7, color="#b00020",
+                fontweight="bold")
+    if all(bad):  # nothing finite to set the log axis: give it a range
+        ax.set_ylim(1e-8, 1.0)
 
 
 HIST_PER_PAGE = 24  # panels per histogram page (6 x 4)
@@ -265,8 +301,10 @@ def _histogram_page(layers: Sequence[LayerGrad], edges: Sequence[float], lo: flo
         x0, y0 = 8 + col * pw, head + row * ph
         px0, px1 = x0 + 8, x0 + pw - 10  # plot area
         py0, py1 = y0 + fs + 8, y0 + ph - fs - 14
-        d.text((x0 + pw // 2, y0 + 2), raster.fit_text(f"{r.key} (zeros {r.hist.zeros})", fs, pw - 12),
-               font=raster.font(fs), fill=raster.FG, anchor="ma")
+        o = r.grad_output
+        odd = "" if o is None or getattr(o, "finite", True) else f", NaN {o.nan_count}, Inf {o.inf_count}"
+        d.text((x0 + pw // 2, y0 + 2), raster.fit_text(f"{r.key} (zeros {r.hist.zeros}{odd})", fs, pw - 12),
+               font=raster.font(fs), fill=(176, 0, 32) if odd else raster.FG, anchor="ma")
         d.rectangle((px0, py0, px1, py1), outline=(170, 170, 170))
         peak = max(r.hist.counts) if r.hist.counts else 0
 
@@ -279,8 +317,8 @@ def _histogram_page(layers: Sequence[LayerGrad], edges: Sequence[float], lo: flo
                     top = py1 - (py1 - py0 - 2) * c / peak
                     d.rectangle((max(sx(a), px0), top, min(sx(b), px1), py1), fill=(31, 119, 180))
         else:
-            d.text(((px0 + px1) // 2, (py0 + py1) // 2), "all zero", font=raster.font(fs), fill=raster.MUTED,
-                   anchor="mm")
+            d.text(((px0 + px1) // 2, (py0 + py1) // 2), "NaN/Inf and zeros only" if odd else "all zero",
+                   font=raster.font(fs), fill=(176, 0, 32) if odd else raster.MUTED, anchor="mm")
         for t in xt:
             x = sx(t)
             d.line((x, py1, x, py1 + 3), fill=raster.FG)
@@ -297,7 +335,8 @@ JAC_COLUMNS = [Column("of"), Column("wrt"), Column("input"), Column("|d(sum of)/
 def jacobian_rows(results: Sequence[JacobianResult]) -> list[list[str]]:
     rows = []
     for r in results:
-        rows.append([r.of, r.wrt, f"batch of {len(r.names)}", fmt(r.vjp.norm), fmt(r.vjp.abs_mean),
+        v = r.vjp.reported()
+        rows.append([r.of, r.wrt, f"batch of {len(r.names)}", fmt(v.norm), fmt(v.abs_mean),
                      fmt(_max_abs(r.vjp)), fmt(r.norm), fmt(r.norm_se)])
         for i, name in enumerate(r.names):
             est = math.sqrt(r.sample_norm_sq[i]) if i < len(r.sample_norm_sq) else None
@@ -338,7 +377,7 @@ def jacobian_figure(r: JacobianResult, max_images: int = 8) -> Any:
     for i in range(n):
         ax = axes[0][i]
         im = ax.imshow(maps[i].numpy(), cmap="magma")
-        ax.set_title(r.names[i][-30:], fontsize=7)
+        ax.set_title(one_line(r.names[i])[-30:], fontsize=7)
         ax.axis("off")
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     fig.suptitle(f"mean over channels of |d({r.of})/d({r.wrt})|", fontsize=9)

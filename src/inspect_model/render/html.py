@@ -14,7 +14,6 @@ import math
 from pathlib import PurePosixPath
 from typing import Any
 
-MAX_COLUMNS = 14
 MAX_ROWS = 20000  # table rows shown; the JSON report has them all
 
 _CSS = """
@@ -30,9 +29,18 @@ th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after
 .wide figure{max-width:100%}figure img{max-width:100%;min-width:120px;height:auto;border:1px solid #ddd;
 display:block;image-rendering:pixelated}figcaption{font-size:12px;color:#444;word-break:break-all}
 ul.warn li{color:#8a4b00}.fail{color:#b00020;font-weight:bold}
+table.sortable .x{display:none}table.sortable.all .x{display:table-cell}
+button.cols{font:inherit;font-size:12px;margin-right:8px}
 """
 
 _SCRIPT = """
+document.querySelectorAll("button.cols").forEach(function (b) {
+  var t = b.parentNode.nextElementSibling.querySelector("table");
+  b.addEventListener("click", function () {
+    var all = t.classList.toggle("all");
+    b.setAttribute("aria-pressed", all ? "true" : "false");
+  });
+});
 document.querySelectorAll("table.sortable").forEach(function (t) {
   var heads = t.tHead.rows[0].cells;
   Array.prototype.forEach.call(heads, function (th, col) {
@@ -59,7 +67,12 @@ document.querySelectorAll("table.sortable").forEach(function (t) {
 
 
 def _esc(v: Any) -> str:
-    return html.escape(str(v), quote=True)
+    """Text for the page: names keep their characters, but control characters and bytes
+    that are not UTF-8 are escaped as report.txt shows them (a lone surrogate cannot be
+    written as UTF-8, issue 28); report.json keeps them exact."""
+    from inspect_model.render.table import one_line
+
+    return html.escape(one_line(v), quote=True)
 
 
 def _cell(v: Any) -> tuple[str, bool]:
@@ -108,27 +121,40 @@ def table_rows(doc: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     return "Report", []
 
 
-def _table(rows: list[dict[str, Any]]) -> str:
-    cols: list[str] = []
+def _td(raw: Any, extra: bool) -> str:
+    text, numeric = _cell(raw)
+    cls = " ".join(c for c in ("n" if numeric else "", "x" if extra else "") if c)
+    attr = f' class="{cls}"' if cls else ""
+    data = f' data-v="{raw!r}"' if numeric and isinstance(raw, float) else ""
+    return f"<td{attr}{data}>{_esc(text)}</td>"
+
+
+def _table(records: list[dict[str, Any]], columns: Any) -> str:
+    """The columns report.txt shows (``columns``: header, getter), in its order; every other
+    value of the records after them, hidden until "all columns" is pressed (issue 29)."""
+    rows = [_flatten(r) for r in records[:MAX_ROWS]]
+    shown = {getattr(get, "reads", None) for _, get in columns}
+    extra: list[str] = []
     for r in rows[:200]:
         for k in r:
-            if k not in cols:
-                cols.append(k)
-    cols = cols[:MAX_COLUMNS]
-    out = ['<div class="scroll"><table class="sortable"><thead><tr>']
-    out += [f"<th>{_esc(c)}</th>" for c in cols]
+            if k not in shown and k not in extra:
+                extra.append(k)
+    out = []
+    if extra:
+        out.append(f'<p class="meta"><button type="button" class="cols" aria-pressed="false">all columns '
+                   f"(+{len(extra)})</button> click a column header to sort</p>")
+    else:
+        out.append('<p class="meta">click a column header to sort</p>')
+    out.append('<div class="scroll"><table class="sortable"><thead><tr>')
+    out += [f"<th>{_esc(h)}</th>" for h, _ in columns]
+    out += [f'<th class="x">{_esc(k)}</th>' for k in extra]
     out.append("</tr></thead><tbody>")
-    for r in rows[:MAX_ROWS]:
-        out.append("<tr>")
-        for c in cols:
-            text, numeric = _cell(r.get(c))
-            raw = r.get(c)
-            data = f' data-v="{raw!r}"' if numeric and isinstance(raw, float) else ""
-            out.append(f'<td class="n"{data}>{_esc(text)}</td>' if numeric else f"<td>{_esc(text)}</td>")
-        out.append("</tr>")
+    for rec, flat in zip(records, rows):
+        out.append("<tr>" + "".join(_td(get(rec), False) for _, get in columns)
+                   + "".join(_td(flat.get(k), True) for k in extra) + "</tr>")
     out.append("</tbody></table></div>")
-    if len(rows) > MAX_ROWS:
-        out.append(f'<p class="meta">first {MAX_ROWS} of {len(rows)} rows; report.json has them all</p>')
+    if len(records) > MAX_ROWS:
+        out.append(f'<p class="meta">first {MAX_ROWS} of {len(records)} rows; report.json has them all</p>')
     return "".join(out)
 
 
@@ -206,11 +232,12 @@ def render_html(doc: dict[str, Any]) -> str:
     if failed:
         parts.append('<p class="fail">failed checks: ' + _esc(", ".join(str(c.get("name")) for c in failed))
                      + "</p>")
-    title, rows = table_rows(doc)
-    if rows:
-        parts.append(f"<h2>{_esc(title)} ({len(rows)})</h2>")
-        parts.append('<p class="meta">click a column header to sort</p>')
-        parts.append(_table(rows))
+    from inspect_model.render.html_columns import headline, tables
+
+    parts += [f'<p class="meta">{_esc(line)}</p>' for line in headline(doc)]
+    for title, records, columns in tables(doc):
+        parts.append(f"<h2>{_esc(title)} ({len(records)})</h2>")
+        parts.append(_table(records, columns))
     if top:
         parts.append("<h2>Pictures of the whole run</h2>")
         parts.append(_figures(top, caps, wide=True))

@@ -67,15 +67,24 @@ def font(size: int, bold: bool = False) -> ImageFont.FreeTypeFont | ImageFont.Im
         return ImageFont.load_default(size)
 
 
+def shown(text: Any) -> str:
+    """``text`` as a picture shows it: one line, control characters and bytes that are not
+    UTF-8 escaped (Pillow's text layout fails on a newline or a lone surrogate, issue 28)."""
+    from inspect_model.render.table import one_line
+
+    return one_line(text)
+
+
 @functools.lru_cache(maxsize=4096)
 def text_size(text: str, size: int, bold: bool = False) -> tuple[int, int]:
     """(width, height) of one line of ``text`` (cached: titles and labels repeat)."""
-    _, _, right, bottom = font(size, bold).getbbox(text or " ")
+    _, _, right, bottom = font(size, bold).getbbox(shown(text) or " ")
     return math.ceil(right), math.ceil(max(bottom, size))
 
 
 def fit_text(text: str, size: int, width: int) -> str:
     """``text`` shortened with an ellipsis in the middle so that it fits ``width`` pixels."""
+    text = shown(text)
     if text_size(text, size)[0] <= width or len(text) <= 3:
         return text
     lo, hi = 1, len(text)
@@ -93,7 +102,7 @@ def wrap_text(text: str, size: int, width: int, max_lines: int = 2) -> list[str]
     """``text`` broken into at most ``max_lines`` lines of ``width`` pixels (the last one
     shortened with an ellipsis when the text is longer)."""
     lines: list[str] = []
-    rest = text
+    rest = shown(text)
     while rest and len(lines) < max_lines - 1:
         if text_size(rest, size)[0] <= width:
             break
@@ -114,15 +123,11 @@ def wrap_text(text: str, size: int, width: int, max_lines: int = 2) -> list[str]
     return lines
 
 
-def draw_text(draw: ImageDraw.ImageDraw, xy: tuple[float, float], text: str, size: int, *,
-              anchor: str = "la", fill: tuple[int, int, int] = FG, bold: bool = False) -> None:
-    draw.text(xy, text, font=font(size, bold), fill=fill, anchor=anchor)
-
-
 def vertical_text(text: str, size: int, fill: tuple[int, int, int] = FG) -> Image.Image:
     """``text`` rotated 90 degrees (reading upwards), on white, as an RGB image."""
     from PIL import Image, ImageDraw
 
+    text = shown(text)
     w, h = text_size(text, size)
     img = Image.new("RGB", (w + 2, h + 4), BG)
     ImageDraw.Draw(img).text((1, 1), text, font=font(size), fill=fill)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.render.table import Column, plain_table, rich_table, warning_text
+from inspect_model.render.table import Column, one_line, plain_table, rich_table, warning_text
 
 if TYPE_CHECKING:
     import numpy as np
@@ -104,13 +104,13 @@ def overview_figure(input_img: Image.Image | None, rows: list[tuple[str, list[tu
         if input_img is not None and r == 0:
             ax.imshow(input_img, cmap="gray" if input_img.mode == "L" else None)
             ax.set_title("input (model view)", fontsize=8)
-        ax.set_ylabel(label, fontsize=8)
+        ax.set_ylabel(one_line(label), fontsize=8)  # names escaped: matplotlib fails on a lone surrogate
         for c in range(1, ncols):
             axc = axes[r][c]
             if c - 1 < len(panels):
                 title, img = panels[c - 1]
                 axc.imshow(img, cmap="gray" if img.mode == "L" else None, vmin=0, vmax=255)
-                axc.set_title(title, fontsize=8)
+                axc.set_title(one_line(title), fontsize=8)
         for a in axes[r]:
             a.set_xticks([])
             a.set_yticks([])
@@ -168,7 +168,7 @@ def sites_line(payload: dict[str, Any]) -> str:
 
 
 def render_text(payload: dict[str, Any]) -> str:
-    parts = [f"guided-backprop: {payload['model']}", sites_line(payload)]
+    parts = [f"guided-backprop: {one_line(payload['model'])}", sites_line(payload)]
     if payload.get("guided_gradcam"):
         parts.append(f"Guided Grad-CAM layer: {payload['guided_gradcam']['layer']}")
     parts += ["", plain_table(MAP_COLUMNS, map_rows(payload))]

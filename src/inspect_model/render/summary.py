@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.render.table import Column, human_bytes, human_count, plain_table, thousands
+from inspect_model.render.table import Column, human_bytes, human_count, one_line, plain_table, thousands
 
 if TYPE_CHECKING:
     from inspect_model.methods.summary import SummaryResult, SummaryRow
@@ -72,7 +72,7 @@ def totals_lines(res: SummaryResult) -> list[str]:
 
 def render_text(res: SummaryResult) -> str:
     body = plain_table(COLUMNS, [row_cells(r) for r in res.rows])
-    return f"Model: {res.model}\n{body}\n\n" + "\n".join(totals_lines(res)) + "\n"
+    return f"Model: {one_line(res.model)}\n{body}\n\n" + "\n".join(totals_lines(res)) + "\n"
 
 
 def render_rich(res: SummaryResult) -> list[Any]:

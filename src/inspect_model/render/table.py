@@ -11,17 +11,33 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# C0 controls (but not tab/newline handled by callers), DEL, C1 controls, and the Unicode
-# bidi overrides: an ESC sequence in a file name must not retitle or recolour a terminal.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+# C0 controls (but not tab/newline handled by callers), DEL, C1 controls, the Unicode bidi
+# overrides (an ESC sequence in a file name must not retitle or recolour a terminal), and
+# lone surrogates: a file name that is not UTF-8 arrives surrogate-escaped (os.fsdecode),
+# and no text file or terminal can encode those (issue 28).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_CONTROL_ALL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    if 0xDC80 <= c <= 0xDCFF:  # surrogateescape: the byte that was not UTF-8
+        return f"\\x{c - 0xDC00:02x}"
+    return f"\\x{c:02x}" if c < 256 else f"\\u{c:04x}"
 
 
 def clean(text: Any) -> str:
-    """``text`` safe for a terminal: control characters shown as ``\\xNN`` escapes.
-    Human-readable output passes through this; JSON keeps the exact string."""
-    s = str(text)
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256
-                        else f"\\u{ord(m.group()):04x}", s)
+    """``text`` safe for a terminal and a UTF-8 file: control characters (but newline and
+    tab) and undecodable file-name bytes shown as ``\\xNN`` escapes, other lone surrogates
+    and bidi overrides as ``\\uNNNN``. Human-readable output passes through this; JSON keeps
+    the exact string (a byte that is not UTF-8 as its surrogate escape ``\\udcNN``)."""
+    return _CONTROL.sub(_escape, str(text))
+
+
+def one_line(text: Any) -> str:
+    """A name (file, class, layer, model) as pictures, table cells and report lines show it:
+    :func:`clean`, and newline, tab and carriage return escaped too, so it stays one line."""
+    return _CONTROL_ALL.sub(_escape, str(text))
 
 
 def warning_text(payload: dict[str, Any]) -> list[str]:
@@ -43,7 +59,7 @@ class Column:
 
 def plain_table(columns: Sequence[Column], rows: Sequence[Sequence[str]]) -> str:
     """Aligned plain text: two spaces between columns, a dashed rule under the header."""
-    rows = [[clean(cell) for cell in r] for r in rows]
+    rows = [[one_line(cell) for cell in r] for r in rows]
     widths = [len(c.header) for c in columns]
     for r in rows:
         for i, cell in enumerate(r):
@@ -64,11 +80,11 @@ def rich_table(columns: Sequence[Column], rows: Sequence[Sequence[str]], title: 
     from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=escape(clean(title)) if title else None, show_lines=False, header_style="bold")
+    t = Table(title=escape(one_line(title)) if title else None, show_lines=False, header_style="bold")
     for c in columns:
         t.add_column(c.header, justify="right" if c.align == "right" else "left", overflow="fold")
     for r in rows:
-        t.add_row(*(escape(clean(cell)) for cell in r))
+        t.add_row(*(escape(one_line(cell)) for cell in r))
     return t
 
 

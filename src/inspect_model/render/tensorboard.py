@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from inspect_model.errors import OutputError, UsageError
+from inspect_model.errors import OutputError, UsageError, one_line
 
 INSTALL_HINT = "pip install 'inspect-model[tensorboard]'"
 
@@ -66,8 +66,8 @@ def write_graph(writer: Any, model: Any, example: Any) -> str | None:
             writer.add_graph(model, example, use_strict_trace=False)
         return None
     except Exception as exc:
-        msg = (str(exc).strip().splitlines() or [""])[0]
-        return f"TensorBoard: the model's graph was not written (tracing failed: {type(exc).__name__}: {msg[:120]})"
+        why = f"{type(exc).__name__}: {one_line(str(exc))}"
+        return f"TensorBoard: the model's graph was not written (tracing failed: {why})"
     finally:
         for m, t in flags:
             m.training = t

@@ -1,4 +1,4 @@
-"""``timm:NAME`` models: built by ``timm.create_model``, fed as timm's data config says.
+"""The ``timm`` model source: ``timm:NAME`` models, built by ``timm.create_model``, fed as timm's data config says.
 
 ``--weights DEFAULT`` takes the tag in the name (``timm:convnext_tiny.fb_in22k``) or timm's
 default tag; ``--weights TAG`` names one (``--weights fb_in22k``); ``none`` builds random
@@ -8,7 +8,9 @@ pretrained config, else its URL into torch's hub cache) through
 as a state dict so that timm's own key filters and head adaptation still apply.
 Preprocessing is timm's ``resolve_model_data_config`` (input size, interpolation,
 ``crop_pct``, mean, std) mapped onto :class:`~inspect_model.loading.inputs.Preprocess`;
-class names come from the pretrained config or timm's ImageNet-1k/22k info.
+class names come from the pretrained config or timm's ImageNet-1k/22k info; the CAM layer
+from the model's own ``feature_info`` (:func:`declared_cam_layer`). ``--model-arg`` values go
+to ``timm.create_model``, except those that make timm read files itself.
 """
 
 from __future__ import annotations
@@ -22,14 +24,57 @@ from inspect_model.errors import ModelLoadError, UsageError, suggest
 from inspect_model.loading.hub_models import (
     hub_file,
     missing_message,
+    quiet_hub_logs,
     read_state_dict,
     require,
     short_reason,
 )
 from inspect_model.loading.inputs import Preprocess
-from inspect_model.loading.models import LoadedModel
+from inspect_model.loading.loaded import LoadedModel, LoadRequest
 
 _DEFAULT_CROP_PCT = 0.875  # timm.data.DEFAULT_CROP_PCT
+# create_model arguments that make timm read a file or a hub repo with its own loader (which
+# unpickles, weights_only=False): weights come only through --weights and --checkpoint.
+_FILE_ARGS = ("pretrained", "pretrained_cfg", "pretrained_cfg_overlay", "checkpoint_path", "cache_dir",
+              "pretrained_strict")
+
+
+class TimmSource:
+    name = "timm"
+    runs_code = False
+
+    def claims(self, spec: str) -> bool:
+        return spec.startswith("timm:")
+
+    def load(self, spec: str, request: LoadRequest) -> LoadedModel:
+        return load_timm(spec.split(":", 1)[1], weights=request.weights, device=request.device,
+                         model_args=request.model_args)
+
+
+SOURCE = TimmSource()
+
+
+def declared_cam_layer(model: Any) -> str | None:
+    """The layer a timm model declares last in ``feature_info`` (its deepest feature map: a
+    CNN's last stage, Swin's last stage), or None for a model that declares none.
+
+    A vision transformer that pools its class token (``global_pool == 'token'``) declares
+    ``blocks.N``, whose patch tokens never reach the logits; its CAM layer is that block's
+    first norm, whose patch tokens reach the class token through attention."""
+    info = getattr(model, "feature_info", None)
+    if not isinstance(info, (list, tuple)) or not info:
+        return None
+    last = info[-1]
+    name = last.get("module") if isinstance(last, dict) else None
+    if not isinstance(name, str) or not name:
+        return None
+    modules = dict(model.named_modules())
+    if name not in modules:
+        return None
+    if getattr(model, "num_prefix_tokens", 0) and getattr(model, "global_pool", None) == "token" \
+            and f"{name}.norm1" in modules:
+        return f"{name}.norm1"
+    return name
 
 
 def list_timm(pattern: str | None = None) -> list[tuple[str, str]]:
@@ -160,9 +205,19 @@ def load_timm(name: str, *, weights: str | None = None, device: str = "cpu",
               model_args: dict[str, Any] | None = None) -> LoadedModel:
     """Build ``timm:NAME`` on ``device`` (``meta`` builds without memory); ``model_args``
     go to ``timm.create_model`` (``--model-arg num_classes=10``)."""
+    bad = [k for k in (model_args or {}) if k in _FILE_ARGS]
+    if bad:
+        raise UsageError(f"--model-arg {bad[0]} is not passed to timm (it makes timm read weights with its "
+                         "own unpickling loader); use --weights TAG or --checkpoint FILE")
+    timm = require("timm")
+    with quiet_hub_logs():
+        return _load_timm(timm, name, weights=weights, device=device, model_args=model_args)
+
+
+def _load_timm(timm: Any, name: str, *, weights: str | None, device: str,
+               model_args: dict[str, Any] | None) -> LoadedModel:
     import torch
 
-    timm = require("timm")
     arch, tag = _resolve_name(timm, name, weights)
     # Without weights, a tagged name still chooses that tag's head (fb_in22k: 21841 classes).
     full = f"{arch}.{tag}" if tag else name
@@ -188,7 +243,7 @@ def load_timm(name: str, *, weights: str | None = None, device: str = "cpu",
     pre, size, pre_notes = preprocess_from_timm(model)
     notes.extend(pre_notes)
     return LoadedModel(
-        model=model, name=f"timm:{full}", source="timm", family="classification",
+        model=model, name=f"timm:{full}", source="timm", family="classification", task="classification",
         weights=tag, categories=class_names(model) if tag else None, transforms=pre,
-        input_sizes=[size], device=device, notes=notes,
+        input_sizes=[size], device=device, notes=notes, cam_layer=declared_cam_layer(model),
     )

@@ -1,0 +1,266 @@
+"""The ``hf`` model source: Hugging Face transformers models, ``hf:ORG/NAME`` and ``save_pretrained`` folders.
+
+Every file (config.json, the safetensors weights, preprocessor_config.json) is resolved
+through :mod:`inspect_model.loading.hub_models` (cache first, offline switches honoured), so
+transformers itself only ever reads a local directory: no network, and ``use_safetensors``
+means no pickle is read. The Auto class and the task follow the config's ``architectures``
+(``...ForImageClassification``, ``...ForObjectDetection``, ``...ForSemanticSegmentation``,
+``...ForVideoClassification``; :data:`ARCHITECTURES`), the base model otherwise. A repo's own
+code (``auto_map``: its ``modeling_*.py``) runs only with ``--trust-remote-code`` on the
+command line: ``trust_remote_code`` is always passed, so transformers never asks on stdin. Class names
+come from ``id2label``; preprocessing from the image processor's config, mapped onto
+:class:`~inspect_model.loading.inputs.Preprocess`. Outputs stay ModelOutput dataclasses:
+the engine flattens them by field name and ``logits`` is the scored output
+(:func:`inspect_model.methods.targets.select_output`). Text models (no image size in the
+config, a ``vocab_size``) get seeded token ids below the vocabulary size as their input.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from inspect_model.errors import ModelLoadError, UsageError
+from inspect_model.loading.hub_models import hub_file, quiet_hub_logs, require, short_reason
+from inspect_model.loading.inputs import PRESETS, Preprocess
+from inspect_model.loading.loaded import LoadedModel, LoadRequest
+
+# PIL's resampling codes, as image processors store them (PIL.Image.Resampling).
+_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+TEXT_SEQ_LEN = 128  # token ids per sample for text models without --input-size
+
+# The config's architectures suffix -> (the transformers Auto class, the task).
+ARCHITECTURES = (
+    ("ForImageClassification", "AutoModelForImageClassification", "classification"),
+    ("ForObjectDetection", "AutoModelForObjectDetection", "detection"),
+    ("ForSemanticSegmentation", "AutoModelForSemanticSegmentation", "segmentation"),
+    ("ForInstanceSegmentation", "AutoModelForInstanceSegmentation", "segmentation"),
+    ("ForUniversalSegmentation", "AutoModelForUniversalSegmentation", "segmentation"),
+    ("ForImageSegmentation", "AutoModelForImageSegmentation", "segmentation"),
+    ("ForVideoClassification", "AutoModelForVideoClassification", "video"),
+)
+
+
+class HfSource:
+    name = "hf"
+    runs_code = False  # a repo's own code runs only with --trust-remote-code (command line only)
+
+    def claims(self, spec: str) -> bool:
+        return spec.startswith("hf:") or (os.path.isdir(spec) and os.path.isfile(os.path.join(spec, "config.json")))
+
+    def load(self, spec: str, request: LoadRequest) -> LoadedModel:
+        if request.model_args:
+            raise UsageError("--model-arg applies to timm:NAME and user models, not to Hugging Face models")
+        return load_hf(spec, weights=request.weights, device=request.device,
+                       trust_remote_code=request.trust_remote_code)
+
+
+SOURCE = HfSource()
+
+
+def _local_dir(spec: str, weights: bool) -> tuple[str, str]:
+    """``(display name, local directory holding config.json and the weights)``."""
+    ref = spec.removeprefix("hf:")
+    if os.path.isdir(ref):
+        if not os.path.isfile(os.path.join(ref, "config.json")):
+            raise ModelLoadError(f"{ref} has no config.json; give a directory written by save_pretrained")
+        return ref, ref
+    repo = ref.split("@")[0]
+    if repo.count("/") > 1 or not all(repo.split("/")):
+        raise UsageError(f"'{spec}' is not hf:ORG/NAME (a Hugging Face model id) nor a directory")
+    name = f"hf:{ref}"
+    cfg = hub_file(ref, ["config.json"], what=f"the config of {name}")
+    assert cfg is not None
+    folder = os.path.dirname(cfg)
+    if weights:
+        _weights_files(ref, name)
+    hub_file(ref, ["preprocessor_config.json"], what=f"the image processor of {name}", required=False)
+    return name, folder
+
+
+def _weights_files(repo: str, name: str) -> None:
+    """Bring the safetensors weights (one file, or an index and its shards) into the cache."""
+    what = f"the weights of {name}"
+    path = hub_file(repo, ["model.safetensors", "model.safetensors.index.json"], what=what)
+    assert path is not None
+    if path.endswith(".index.json"):
+        from inspect_model.loading.parsing import load_json
+
+        index = load_json(path, what="weights index", error=ModelLoadError)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        shards = sorted({str(v) for v in (weight_map or {}).values()})
+        for shard in shards:
+            hub_file(repo, [shard], what=what)
+
+
+def _has_weights(folder: str) -> bool:
+    return any(os.path.isfile(os.path.join(folder, f)) for f in ("model.safetensors", "model.safetensors.index.json"))
+
+
+def _auto_class(transformers: Any, config: Any) -> tuple[Any, str]:
+    """The Auto class and task of the config's architectures; the base model and "custom" else."""
+    archs = [str(a) for a in getattr(config, "architectures", None) or []]
+    for suffix, auto, task in ARCHITECTURES:
+        if any(a.endswith(suffix) for a in archs) and hasattr(transformers, auto):
+            return getattr(transformers, auto), task
+    return transformers.AutoModel, "custom"
+
+
+def preprocess_from_processor(d: dict[str, Any]) -> tuple[Preprocess, list[str]]:
+    """An image processor's config (preprocessor_config.json) as a :class:`Preprocess`.
+
+    ``size`` is ``{"height", "width"}`` (resize both sides: squash), or ``{"shortest_edge"}``
+    (shorter side; with ``crop_pct`` below 384 ConvNeXt-style resize to ``size / crop_pct``
+    then crop ``size``), optionally followed by a centre crop of ``crop_size``."""
+    notes: list[str] = []
+    normalize = d.get("do_normalize", True)
+    mean = tuple(d.get("image_mean") or PRESETS["imagenet"]["mean"]) if normalize else (0.0, 0.0, 0.0)
+    std = tuple(d.get("image_std") or PRESETS["imagenet"]["std"]) if normalize else (1.0, 1.0, 1.0)
+    interp = _RESAMPLE.get(int(d.get("resample", 2) or 2), "bilinear")
+    size = d.get("size") or {"shortest_edge": 224}
+    if isinstance(size, int):
+        size = {"shortest_edge": size}
+    crop_size = d.get("crop_size")
+    if isinstance(crop_size, int):
+        crop_size = {"height": crop_size, "width": crop_size}
+    crop = int(crop_size["height"]) if d.get("do_center_crop") and crop_size else None
+    squash = False
+    if "shortest_edge" in size:
+        side = int(size["shortest_edge"])
+        pct = d.get("crop_pct")
+        if pct and crop is None and side < 384:
+            resize, crop = int(side / float(pct)), side
+        elif pct and crop is None:
+            resize, crop, squash = side, side, True  # ConvNeXt's processor warps to side x side at 384+
+        else:
+            resize, crop = side, crop or side
+    else:
+        h, w = int(size.get("height", 224)), int(size.get("width", 224))
+        if h != w:
+            notes.append(f"the image processor resizes to {h}x{w}; images are resized to {min(h, w)} squares")
+        resize, crop, squash = min(h, w), crop or min(h, w), True
+    if d.get("do_resize") is False:
+        notes.append("the image processor does not resize; images are resized to the model's input size")
+    return Preprocess(resize=resize, crop=crop, mean=tuple(float(m) for m in mean), std=tuple(float(s) for s in std),
+                      interpolation=interp, source="image processor config", squash=squash), notes
+
+
+def _input_size(config: Any, pre: Preprocess | None) -> tuple[int, ...] | None:
+    image = getattr(config, "image_size", None)
+    channels = int(getattr(config, "num_channels", 3) or 3)
+    if isinstance(image, (list, tuple)) and image:
+        return (channels, int(image[0]), int(image[-1]))
+    if isinstance(image, int):
+        return (channels, image, image)
+    if pre is not None and pre.crop:
+        return (channels, pre.crop, pre.crop)
+    return None
+
+
+def load_hf(spec: str, *, weights: str | None = None, device: str = "cpu",
+            trust_remote_code: bool = False) -> LoadedModel:
+    """Build ``hf:ORG/NAME`` (or a ``save_pretrained`` directory) on ``device``. The repo's own
+    code (``auto_map``) runs only with ``trust_remote_code``; transformers is never left to ask."""
+    transformers = require("transformers")
+    with quiet_hub_logs():
+        return _load_hf(transformers, spec, weights=weights, device=device, trust_remote_code=trust_remote_code)
+
+
+def _load_hf(transformers: Any, spec: str, *, weights: str | None, device: str,
+             trust_remote_code: bool) -> LoadedModel:
+    w = (weights or "none").strip()
+    if w.lower() not in ("none", "random", "", "default"):
+        raise UsageError(f"--weights {w}: Hugging Face models take DEFAULT (the repo's weights) or none; "
+                         "pin a revision as hf:ORG/NAME@REVISION")
+    pretrained = w.lower() == "default"
+    name, folder = _local_dir(spec, pretrained)
+    remote = _remote_code(folder)
+    if remote and trust_remote_code and spec.startswith("hf:") and not os.path.isdir(spec.removeprefix("hf:")):
+        for module in remote:  # the repo's code files, into the cache beside its config
+            hub_file(spec.removeprefix("hf:"), [f"{module}.py"], what=f"the code of {name}")
+    try:
+        config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True,
+                                                         trust_remote_code=trust_remote_code)
+    except Exception as exc:
+        raise ModelLoadError(_config_error(name, remote, exc)) from exc
+    auto, task = _auto_class(transformers, config)
+    if pretrained and not _has_weights(folder):
+        raise ModelLoadError(f"{name} has no model.safetensors (weights in pickle files are not read); run with "
+                             "--weights none, or save it again with save_pretrained(safe_serialization=True)")
+    model = _build(auto, config, folder, name, pretrained=pretrained, device=device,
+                   trust_remote_code=trust_remote_code)
+    model.eval()
+    return _loaded(model, config, folder, name, task=task, pretrained=pretrained, device=device)
+
+
+def _remote_code(folder: str) -> list[str]:
+    """The Python modules the folder's config.json names in ``auto_map`` (its own code)."""
+    from inspect_model.loading.parsing import load_json
+
+    doc = load_json(os.path.join(folder, "config.json"), what="config file", error=ModelLoadError)
+    auto_map = doc.get("auto_map") if isinstance(doc, dict) else None
+    mods: list[str] = []
+    for ref in (auto_map.values() if isinstance(auto_map, dict) else []):
+        for one in (ref if isinstance(ref, list) else [ref]):
+            if isinstance(one, str) and "." in one:
+                mod = one.split("--")[-1].rsplit(".", 1)[0]
+                if mod.isidentifier() and mod not in mods:
+                    mods.append(mod)
+    return mods
+
+
+def _config_error(name: str, remote: list[str], exc: BaseException) -> str:
+    if remote and "trust_remote_code" in str(exc):
+        files = ", ".join(f"{m}.py" for m in remote[:3])
+        return (f"{name} needs its own code ({files}) to build, and it is not run; pass --trust-remote-code "
+                "on the command line only if you trust that code")
+    return f"cannot read the config of {name}: {short_reason(exc)}"
+
+
+def _build(auto: Any, config: Any, folder: str, name: str, *, pretrained: bool, device: str,
+           trust_remote_code: bool) -> Any:
+    import torch
+
+    try:
+        if pretrained and device != "meta":  # on meta no value is read
+            model = auto.from_pretrained(folder, local_files_only=True, use_safetensors=True,
+                                         trust_remote_code=trust_remote_code)
+            return model.to(device)
+        with torch.device(device):
+            return auto.from_config(config, trust_remote_code=trust_remote_code)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot build {name} ({type(config).__name__}, {auto.__name__}): "
+                             f"{type(exc).__name__}: {short_reason(exc)}") from exc
+
+
+def _loaded(model: Any, config: Any, folder: str, name: str, *, task: str, pretrained: bool,
+            device: str) -> LoadedModel:
+    """The record: preprocessing from the image processor's config, sizes, class names."""
+    from inspect_model.loading.parsing import load_json
+
+    notes: list[str] = []
+    pre = None
+    proc = os.path.join(folder, "preprocessor_config.json")
+    if os.path.isfile(proc):
+        doc = load_json(proc, what="image processor config", error=ModelLoadError)
+        pre, pre_notes = preprocess_from_processor(doc if isinstance(doc, dict) else {})
+        notes.extend(pre_notes)
+    size = _input_size(config, pre)
+    vocab = None
+    if size is None and getattr(config, "vocab_size", None):
+        vocab = int(config.vocab_size)
+        seq = min(TEXT_SEQ_LEN, int(getattr(config, "max_position_embeddings", TEXT_SEQ_LEN) or TEXT_SEQ_LEN))
+        size = (seq,)
+    cats = None
+    id2label = getattr(config, "id2label", None) or {}
+    n = getattr(config, "num_labels", None)
+    if task != "custom" and id2label and len(id2label) == n:
+        cats = [str(id2label.get(i, id2label.get(str(i), i))) for i in range(n)]
+    if vocab:
+        task = "text"
+    family = "text" if vocab else "classification" if task == "classification" and cats else "custom"
+    return LoadedModel(
+        model=model, name=name, source="hf", family=family, task="classification" if task == "custom" else task,
+        weights="DEFAULT" if pretrained else None, categories=cats, transforms=pre,
+        input_sizes=[size] if size else None, device=device, notes=notes, token_vocab=vocab, config=config,
+    )

@@ -1,0 +1,182 @@
+"""The files of ``cam``: per image (``images/NNNN-stem/``)
+``<method>.<layer>.<class>.overlay.png`` (the map on the original image), ``.heatmap.png``
+(the bare map with a colour bar), with ``save_raw`` ``.input.npy`` / ``.layer.npy``, with
+evaluation ``evaluation_curves.png``; contact sheets (rows: image x target, columns: method x
+layer) at the top as ``contact_sheet_NNN.png``, pages of :data:`SHEET_ROWS` rows.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from inspect_model.render.files import class_tag, image_dir, safe_name
+from inspect_model.render.sink import Drawer, Sink
+
+SHEET_ROWS = 16  # rows per contact-sheet page: memory stays bounded for any number of images
+RANK_PAGES = 100000  # a rank's pages are numbered from rank * RANK_PAGES, renumbered after the merge
+
+
+class CamDrawer(Drawer):
+    """Draws what :class:`inspect_model.api.cam.CamSession` records. ``columns`` (method,
+    layer) is set by the session once the layers are resolved."""
+
+    def __init__(self, *, categories: list[str] | None, preprocess: Any, alpha: float, colormap: str,
+                 save_raw: bool, curves: bool) -> None:
+        self.categories, self.preprocess = categories, preprocess
+        self.alpha, self.colormap, self.save_raw, self.curves = alpha, colormap, save_raw, curves
+        self.columns: list[tuple[str, str]] = []
+        self.page_base = 0  # first contact-sheet page number - 1 (another rank's pages come first)
+        self.reset()
+
+    def reset(self) -> None:
+        self.sheet_rows: list[Any] = []
+        self.sheets: list[str] = []
+
+    def start(self, rank: int) -> None:
+        self.page_base = rank * RANK_PAGES
+
+    def draw(self, item: Any, sink: Sink) -> dict[str, Any]:
+        from inspect_model.render import overlay as ov
+
+        if item.data is None:
+            return item.entry.get("files", {})
+        img, x, maps, probs = item.data
+        entry = item.entry
+        cats = self.categories
+        pre = self.preprocess
+        if img is not None:
+            # Reduced here, once per image: the queued jobs hold at most OVERLAY_SIDE pixels a side.
+            picture, box = ov.viewable(img.image, pre.uncrop_box(*img.image.size) if pre is not None else None)
+        else:
+            picture = ov.input_picture(x.detach().float().cpu())
+            box = None
+        base = image_dir(entry["index"], entry["image"])
+        rows: dict[int, dict[tuple[str, str], Any]] = {}
+        for m, rec in zip(maps, entry["maps"]):
+            cls = m.target
+            cname = cats[cls] if cats and 0 <= cls < len(cats) else None
+            arr = m.map.numpy()
+            title = f"{cls}{' ' + cname if cname else ''} p={float(probs[cls]):.3f}"
+            names: dict[str, Any] = {}
+            if sink.out is not None:
+                stem = f"{base}/{safe_name(m.method)}.{safe_name(m.layer)}.{class_tag(cls, cats)}"
+                names = {"overlay": sink.out.reserve(f"{stem}.overlay.png"),
+                         "heatmap": sink.out.reserve(f"{stem}.heatmap.png")}
+                rec["files"] = {k: sink.relative(final) for k, (_, final) in names.items()}
+                if self.save_raw:
+                    rec["files"]["raw_input"] = sink.npy(f"{stem}.input.npy", arr)
+                    if m.raw is not None:
+                        rec["files"]["raw_layer"] = sink.npy(f"{stem}.layer.npy", m.raw.numpy())
+            # Drawing and encoding run on the sink's workers while the model computes on.
+            job = _map_job(sink, names, picture, arr, box, self.alpha, self.colormap,
+                           f"{m.method} @ {m.layer}\n{title}", keep=sink.writer is not None)
+            fut = sink.defer(job)
+            if sink.writer is not None:
+                import numpy as np
+
+                sink.writer.add_image(f"cam/{m.method}/{m.layer}/rank{m.rank}", np.asarray(fut.result()[1]),
+                                      entry["index"], dataformats="HWC")
+            rows.setdefault(m.rank, {})[(m.method, m.layer)] = (fut, title)
+        if sink.out is not None:
+            for rank in sorted(rows):
+                cells = [rows[rank].get(col) for col in self.columns]
+                self.sheet_rows.append((f"{Path(entry['image']).name} #{rank + 1}", cells))
+            self._flush_sheet(sink, final=False)
+        if sink.out is not None and self.curves:
+            from inspect_model.render import faithfulness as rf
+
+            series = rf.image_series(entry)
+            if series:
+                title = f"[{entry['index']}] {Path(entry['image']).name}: deletion and insertion curves"
+                name = sink.figure(rf.curve_plot_name(entry), rf.curves_figure(series, title))
+                return {"evaluation_curves": name} if name else {}
+        return {}
+
+    def draw_summary(self, sink: Sink, result: Any) -> None:
+        self._flush_sheet(sink, final=True)
+        result.payload["contact_sheets"] = list(self.sheets)
+        ev = result.payload.get("evaluation")
+        if ev is not None and sink.out is not None and ev["average"]:
+            from inspect_model.render import faithfulness as rf
+
+            n = result.payload["image_count"]
+            fig = rf.curves_figure(rf.average_series(ev), f"deletion and insertion curves, mean over {n} image(s)")
+            name = sink.figure("evaluation_curves.png", fig)
+            ev["plots"] = [name] if name else []
+
+    def flush(self, sink: Sink) -> None:
+        self._flush_sheet(sink, final=True)
+
+    def _flush_sheet(self, sink: Sink, *, final: bool) -> None:
+        """A contact-sheet page when it is full (or at the end), when there are several
+        images or several columns."""
+        if sink.out is None or not self.sheet_rows:
+            return
+        if not final and len(self.sheet_rows) < SHEET_ROWS:
+            return
+        several = len(self.columns) > 1 or len(self.sheet_rows) > 1 or self.sheets
+        if not several:
+            self.sheet_rows = []
+            return
+        from inspect_model.render.overlay import SheetCell, contact_sheet
+
+        while self.sheet_rows and (final or len(self.sheet_rows) >= SHEET_ROWS):
+            rows, self.sheet_rows = self.sheet_rows[:SHEET_ROWS], self.sheet_rows[SHEET_ROWS:]
+            cols = [f"{m} @ {lay}" for m, lay in self.columns]
+            page = self.page_base + len(self.sheets) + 1
+
+            def draw(rows: list[Any] = rows, cols: list[str] = cols, page: int = page) -> Any:
+                # The cells are thumbnails that jobs queued before this one draw: a worker
+                # waits for them (the queue is first in, first out, so they have started),
+                # and the model computes on meanwhile.
+                cells = [(label, [None if c is None else SheetCell(_thumb(c[0]), c[1]) for c in row])
+                         for label, row in rows]
+                return contact_sheet(cells, cols, title=f"class activation maps (page {page})")
+
+            name = sink.image(f"contact_sheet_{page:03d}.png", draw, photo=True)
+            if name is not None:
+                self.sheets.append(name)
+
+    # ------------------------------------------------------------------ resumable state
+    def state_dict(self) -> dict[str, Any]:
+        """Pages written and rows waiting for a page (thumbnails drawn by the workers: their
+        images, not futures)."""
+        rows = [(label, [None if c is None else (_thumb(c[0]), c[1]) for c in row]) for label, row in self.sheet_rows]
+        return {"sheets": list(self.sheets), "sheet_rows": rows}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sheets = [str(s) for s in state["sheets"]]
+        self.sheet_rows = list(state["sheet_rows"])
+
+    def merge(self, states: list[dict[str, Any]]) -> None:
+        self.sheets = [str(p) for st in states for p in st["sheets"]]
+
+    def renames(self) -> dict[str, str]:
+        """Every rank's pages, numbered 1, 2, ... in rank order."""
+        new = {old: f"contact_sheet_{i + 1:03d}.png" for i, old in enumerate(self.sheets)}
+        self.sheets = list(new.values())
+        return new
+
+
+def _map_job(sink: Sink, names: dict[str, Any], picture: Any, arr: Any, box: Any, alpha: float, cmap: str,
+             title: str, *, keep: bool) -> Any:
+    """The work of one map, for a worker: the overlay and the heat map, drawn and written;
+    gives (contact-sheet thumbnail, the overlay when ``keep``)."""
+    from inspect_model.render import overlay as ov
+    from inspect_model.render.files import png_bytes
+
+    def job() -> tuple[Any, Any]:
+        over = ov.overlay(picture, arr, box, alpha=alpha, cmap=cmap)
+        if names and sink.out is not None:
+            sink.out.write_staged(*names["overlay"], png_bytes(over, photo=True))
+            sink.out.write_staged(*names["heatmap"], png_bytes(ov.heatmap_image(arr, title, cmap=cmap)))
+        return ov.thumbnail(over), over if keep else None
+
+    return job
+
+
+def _thumb(cell: Any) -> Any:
+    """A contact-sheet thumbnail: a worker's future (its result's first item) or, after a
+    resume, the image itself."""
+    return cell.result()[0] if hasattr(cell, "result") else cell

@@ -1,0 +1,154 @@
+"""Which columns ``report.html`` shows first, per command: the columns of that command's
+``report.txt`` (name, type, the key statistics), in its order (issue 29: the page showed the
+first 14 JSON keys in alphabetical order, for ``grads`` without a layer name). Every other
+value of a row is still on the page, behind the "all columns" toggle.
+
+A table is ``(title, rows, columns)``: ``rows`` are the JSON records, ``columns`` are
+``(header, getter)`` pairs; a getter takes a record and returns the cell's value (numbers
+stay numbers, so the page sorts them as numbers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+Getter = Callable[[dict[str, Any]], Any]
+Columns = list[tuple[str, Getter]]
+
+
+def _reads(get: Getter, *path: str) -> Getter:
+    get.reads = ".".join(path)  # type: ignore[attr-defined]  # the JSON key shown: not repeated
+    return get
+
+
+def at(*path: str) -> Getter:
+    """The value at ``path`` in a record (None where a step is missing)."""
+    def get(rec: dict[str, Any]) -> Any:
+        v: Any = rec
+        for p in path:
+            v = v.get(p) if isinstance(v, dict) else None
+        return v
+    return _reads(get, *path)
+
+
+def pct(*path: str) -> Getter:
+    def get(rec: dict[str, Any]) -> Any:
+        v = at(*path)(rec)
+        return None if not isinstance(v, (int, float)) or isinstance(v, bool) else round(100.0 * v, 1)
+    return _reads(get, *path)
+
+
+def shape(*path: str) -> Getter:
+    def get(rec: dict[str, Any]) -> Any:
+        v = at(*path)(rec)
+        if isinstance(v, list) and v and all(isinstance(s, list) for s in v):
+            return ", ".join("x".join(map(str, s)) for s in v)
+        return "x".join(map(str, v)) if isinstance(v, list) else v
+    return _reads(get, *path)
+
+
+def _nonfinite(*stats: str) -> Getter:
+    def get(rec: dict[str, Any]) -> Any:
+        parts = [rec.get(s) for s in stats]
+        return sum((p.get("nan_count") or 0) + (p.get("inf_count") or 0) for p in parts if isinstance(p, dict))
+    return get
+
+
+def _target(rec: dict[str, Any]) -> Any:
+    t = rec.get("target") or {}
+    return f"{t.get('class')} {t['label']}" if t.get("label") else t.get("class")
+
+
+def _layer_name(rec: dict[str, Any]) -> Any:
+    name = rec.get("key", rec.get("name"))
+    return "(model)" if name == "" else name
+
+
+SUMMARY: Columns = [("Layer", _layer_name), ("Type", at("type")), ("Output shape", shape("output_shapes")),
+                    ("Params", at("params")), ("Trainable", at("trainable")), ("MACs", at("macs"))]
+ACTIVATIONS: Columns = [
+    ("Layer", _layer_name), ("Type", at("type")), ("Output shape", shape("shape")), ("Mean", at("stats", "mean")),
+    ("Std", at("stats", "std")), ("Min", at("stats", "min")), ("Max", at("stats", "max")),
+    ("Zero %", pct("stats", "zero_fraction")), ("Neg %", pct("stats", "negative_fraction")),
+    ("Dead ch", lambda r: f"{r.get('dead_channels')}/{r.get('channels')}" if r.get("channels") else None),
+    ("NaN/Inf", lambda r: (at("stats", "nan_count")(r) or 0) + (at("stats", "inf_count")(r) or 0)),
+]
+GRAD_LAYERS: Columns = [
+    ("layer", _layer_name), ("type", at("type")), ("output shape", shape("output_shape")),
+    ("|grad wrt output|", at("grad_wrt_output", "norm")), ("mean |g| out", at("grad_wrt_output", "abs_mean")),
+    ("max |g| out", at("grad_wrt_output", "max_abs")), ("rel. norm", at("relative_norm")),
+    ("|grad wrt input|", at("grad_wrt_input", "norm")), ("non-finite", _nonfinite("grad_wrt_output", "grad_wrt_input")),
+]
+GRAD_PARAMS: Columns = [
+    ("parameter", at("name")), ("shape", shape("shape")), ("grad norm", at("norm")), ("mean", at("mean")),
+    ("std", at("std")), ("max |g|", at("max_abs")), ("zeros %", pct("zero_fraction")),
+    ("neg %", pct("negative_fraction")), ("grad/weight", at("grad_to_weight_ratio")),
+]
+GRAD_CHECKS: Columns = [("check", at("name")), ("status", at("status")), ("value", at("value")),
+                        ("threshold", at("threshold")), ("detail", at("detail"))]
+CHECK: Columns = [("Check", at("name")), ("Status", at("status")), ("Value", at("value")),
+                  ("Expected", at("expected_text")), ("Detail", at("detail"))]
+CAM_MAPS: Columns = [
+    ("Image", at("image")), ("Method", at("method")), ("Layer", at("layer")), ("Target", _target),
+    ("Prob", at("target", "probability")), ("Raw min", at("raw_min")), ("Raw max", at("raw_max")),
+    ("Note", lambda r: "; ".join(r.get("warnings") or []) or ("class-independent" if r.get("class_independent")
+                                                              else "")),
+]
+GUIDED_MAPS: Columns = [("Image", at("image")), ("Target", _target), ("Score", at("target", "score")),
+                        ("max|g|", at("max_abs")), ("mean|g|", at("mean_abs")), ("Nonzero %", pct("nonzero_fraction"))]
+GENERIC: Columns = [("Name", lambda r: r.get("key", r.get("name", r.get("image")))),
+                    ("Type", lambda r: r.get("type", r.get("kind")))]
+
+
+def _maps(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"image": i.get("image"), **m} for i in doc.get("images") or [] if isinstance(i, dict)
+            for m in i.get("maps") or []]
+
+
+def tables(doc: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]], Columns]]:
+    """The tables of a document, the main one first; empty ones left out."""
+    command = doc.get("command")
+    out: list[tuple[str, list[dict[str, Any]], Columns]] = []
+    if command == "summary":
+        out.append(("Layers", doc.get("layers") or [], SUMMARY))
+    elif command == "activations":
+        out.append(("Layers", doc.get("layers") or [], ACTIVATIONS))
+    elif command == "grads" and doc.get("layers"):
+        out += [("Layers (gradient wrt the layer's output, and wrt its input through this layer only)",
+                 doc.get("layers") or [], GRAD_LAYERS),
+                ("Parameters", doc.get("params") or [], GRAD_PARAMS), ("Checks", doc.get("checks") or [], GRAD_CHECKS)]
+    elif command == "check":
+        out.append(("Checks", doc.get("checks") or [], CHECK))
+    elif command == "cam":
+        out.append(("Maps (one row per image, target, method and layer)", _maps(doc), CAM_MAPS))
+    elif command == "guided-backprop":
+        out.append(("Maps (one row per image and target)", _maps(doc), GUIDED_MAPS))
+    out = [(t, rows, cols) for t, rows, cols in out if rows]
+    if not out:  # another command, or another mode (grads --of/--wrt): the generic table
+        maps = _maps(doc)
+        if maps:
+            out.append(("Maps (one row per image, target, method and layer)", maps, GENERIC))
+        for key, title in (("layers", "Layers"), ("checks", "Checks"), ("params", "Parameters"),
+                           ("jacobians", "Jacobians"), ("images", "Images"), ("models", "Models")):
+            items = doc.get(key)
+            if not maps and isinstance(items, list) and items and isinstance(items[0], dict):
+                out.append((title, items, GENERIC))
+                break
+    return [(t, [r for r in rows if isinstance(r, dict)], cols) for t, rows, cols in out if rows]
+
+
+def headline(doc: dict[str, Any]) -> list[str]:
+    """The lines report.txt prints above its table (totals, the objective), as page text."""
+    def num(v: Any, spec: str = ",") -> str:
+        return "-" if v is None else format(v, spec)
+
+    command = doc.get("command")
+    if command == "summary" and doc.get("total_params") is not None:
+        return [f"Total params: {num(doc.get('total_params'))} (trainable {num(doc.get('trainable_params'))}, "
+                f"frozen {num(doc.get('frozen_params'))})", f"Total MACs: {num(doc.get('total_macs'))}"]
+    if command == "grads" and doc.get("objective"):
+        return [f"Gradients of: {doc['objective']}",
+                f"global parameter gradient norm: {num(doc.get('global_grad_norm'), '.6g')}; "
+                f"output gradient norm: {num(doc.get('output_grad_norm'), '.6g')}"]
+    return []

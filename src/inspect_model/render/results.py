@@ -1,0 +1,111 @@
+"""The report on stdout of each command, looked up by the result's view (its command, or
+``grads-jacobian``): a result carries data; this module turns it into text or rich tables.
+
+Each renderer takes the result (``record``, ``payload``, ``warnings``, ``files``,
+``to_dict()``); modules load on first use, so importing this one stays cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def _lines(lines: list[str]) -> str:
+    return "".join(f"{line}\n" for line in lines)
+
+
+def _activations(r: Any, rich: bool) -> Any:
+    from inspect_model.render import activations as render
+
+    fn = render.render_rich if rich else render.render_text
+    return fn(r.record, r.files, r.warnings, r.payload.get("drawn_layers"))
+
+
+def _grads(r: Any, rich: bool) -> Any:
+    from inspect_model.render import gradients as render
+    from inspect_model.render.table import warning_text
+
+    warned = warning_text({"warnings": r.warnings})
+    return [*render.render_rich(r.record), *warned] if rich else render.render_text(r.record) + _lines(warned)
+
+
+def _jacobian(r: Any, rich: bool) -> Any:
+    from inspect_model.render import gradients as render
+
+    results = r.record.results
+    return render.render_jacobian_rich(results) if rich else render.render_jacobian_text(results)
+
+
+def _cam(r: Any, rich: bool) -> Any:
+    from inspect_model.render import cam_report as render
+
+    return render.render_rich(r.to_dict()) if rich else render.render_text(r.to_dict())
+
+
+def _guided(r: Any, rich: bool) -> Any:
+    from inspect_model.render import saliency as render
+
+    return render.render_rich(r.to_dict()) if rich else render.render_text(r.to_dict())
+
+
+def _summary(r: Any, rich: bool) -> Any:
+    from inspect_model.render import summary as render
+
+    return render.render_rich(r.record) if rich else render.render_text(r.record)
+
+
+def _check(r: Any, rich: bool) -> Any:
+    from inspect_model.render.table import clean
+
+    lines = []
+    failed = 0
+    for c in r.record.checks:
+        failed += not c.passed
+        extra = f" ({c.detail})" if c.detail else ""
+        lines.append(clean(f"{c.status.upper()}  {c.name}: {c.value_text} (expected {c.expected}){extra}"))
+    lines.append(f"{len(r.record.checks) - failed} passed, {failed} failed")
+    text = "\n".join(lines) + "\n"
+    return [text] if rich else text
+
+
+def _models(r: Any, rich: bool) -> Any:
+    from inspect_model.render.table import Column, plain_table
+
+    items = [[m["name"], m["family"]] for m in r.payload["models"]]
+    text = plain_table((Column("Model"), Column("Family")), items) + f"\n\n{len(items)} models\n"
+    return [text] if rich else text
+
+
+RENDERERS: dict[str, Callable[[Any, bool], Any]] = {
+    "summary": _summary,
+    "activations": _activations,
+    "grads": _grads,
+    "grads-jacobian": _jacobian,
+    "guided-backprop": _guided,
+    "cam": _cam,
+    "check": _check,
+    "models": _models,
+}
+
+
+def _renderer(view: str) -> Callable[[Any, bool], Any]:
+    found = RENDERERS.get(view)
+    if found is None:  # a command added through the registry names its renderer there ("module:function")
+        from inspect_model.registry import COMMANDS, resolve
+
+        spec = COMMANDS.get(view)
+        if spec is None or spec.renderer is None:
+            raise KeyError(f"no renderer for the command '{view}'; name one in its registry entry")
+        found = resolve(spec.renderer)
+    return found
+
+
+def result_text(view: str, result: Any) -> str:
+    """The plain-text report of ``result`` (``report.txt``, and stdout when piped)."""
+    return str(_renderer(view)(result, False))
+
+
+def result_rich(view: str, result: Any) -> list[Any]:
+    """The report as rich renderables (stdout on a terminal)."""
+    return list(_renderer(view)(result, True))
