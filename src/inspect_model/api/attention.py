@@ -21,8 +21,8 @@ from inspect_model.api.request import (
     Request,
     api_command,
     check_target_value,
+    option,
 )
-from inspect_model.api.request import option as opt
 from inspect_model.api.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError
 
@@ -33,29 +33,29 @@ class AttentionRequest(Request):
 
     command: ClassVar[str] = "attention"
 
-    methods: tuple[str, ...] = opt(("rollout",), "--method", "-m", help="raw, rollout, grad-rollout, legrad or all; "
+    methods: tuple[str, ...] = option(("rollout",), "--method", "-m", help="raw, rollout, grad-rollout, legrad or all; "
                                    "repeat or comma-separate.", multiple=True, param="method")
-    layers: tuple[str, ...] = opt((), "--layers", "--layer", "-l", help="Attention layers for raw and legrad: "
+    layers: tuple[str, ...] = option((), "--layers", "--layer", "-l", help="Attention layers for raw and legrad: "
                                   "indices (-1 = last), module names or all (default: raw the last, legrad all).",
                                   multiple=True, param="layers")
-    heads: str = opt("mean", "--heads", help="raw: head indices like 0,3, all, or a fusion: mean, max, min.")
-    query: str = opt("cls", "--query", help="raw: the query token: cls, mean, or a token index.")
-    head_fusion: str = opt("mean", "--head-fusion", help="rollout: how heads are fused: mean, max, min.")
-    discard_ratio: float = opt(0.0, "--discard-ratio", help="rollout: the fraction of lowest attentions dropped "
+    heads: str = option("mean", "--heads", help="raw: head indices like 0,3, all, or a fusion: mean, max, min.")
+    query: str = option("cls", "--query", help="raw: the query token: cls, mean, or a token index.")
+    head_fusion: str = option("mean", "--head-fusion", help="rollout: how heads are fused: mean, max, min.")
+    discard_ratio: float = option(0.0, "--discard-ratio", help="rollout: the fraction of lowest attentions dropped "
                                "per layer.")
-    mosaic: bool = opt(False, "--mosaic", help="Also draw every layer by every head (mosaic.png).")
-    target: str | tuple[str, ...] | None = opt("predicted", "--target", "-t", type=str, help=TARGET_HELP,
+    mosaic: bool = option(False, "--mosaic", help="Also draw every layer by every head (mosaic.png).")
+    target: str | tuple[str, ...] | None = option("predicted", "--target", "-t", type=str, help=TARGET_HELP,
                                                complete="target")
-    colormap: str = opt("jet", "--colormap", "--cmap", help=COLORMAP_HELP, complete="colormap")
-    save_raw: bool = opt(False, "--save-raw", help=SAVE_RAW_HELP)
-    evaluate: bool = opt(False, "--evaluate", help="Score the rollout, grad-rollout and LeGrad maps for "
+    colormap: str = option("jet", "--colormap", "--cmap", help=COLORMAP_HELP, complete="colormap")
+    save_raw: bool = option(False, "--save-raw", help=SAVE_RAW_HELP)
+    evaluate: bool = option(False, "--evaluate", help="Score the rollout, grad-rollout and LeGrad maps for "
                          "faithfulness as cam --evaluate does, and rank them.")
-    metrics: tuple[str, ...] = opt((), "--metric", help="With --evaluate: deletion, insertion, road, confidence, "
+    metrics: tuple[str, ...] = option((), "--metric", help="With --evaluate: deletion, insertion, road, confidence, "
                                    "pointing, energy or all; repeatable.", multiple=True, param="metric")
-    boxes: Any = opt(None, "--boxes", type=Path, help="With --evaluate: JSON or CSV of boxes image,x0,y0,x1,y1 "
+    boxes: Any = option(None, "--boxes", type=Path, help="With --evaluate: JSON or CSV of boxes image,x0,y0,x1,y1 "
                      "in original-image pixels, for the pointing and energy games.")
-    eval_steps: int = opt(32, "--eval-steps", help="Steps of the deletion and insertion curves.")
-    eval_batch: int = opt(64, "--eval-batch", help="Perturbed inputs per forward pass (--evaluate).")
+    eval_steps: int = option(32, "--eval-steps", help="Steps of the deletion and insertion curves.")
+    eval_batch: int = option(64, "--eval-batch", help="Perturbed inputs per forward pass (--evaluate).")
 
     def validate(self) -> None:
         from inspect_model.api.cam_evaluate import check_evaluate_request
