@@ -119,8 +119,32 @@ def test_check_cli_json_equals_api(models_py: Path, cli) -> None:
     assert cli_doc == api_doc
 
 
+def test_attention_cli_json_equals_api(images: list[str], cli, tmp_path: Path) -> None:
+    import shutil
+
+    models = tmp_path / "attn_models.py"
+    shutil.copy(Path(__file__).parent / "fixtures" / "attention_models.py", models)
+    spec = f"{models}:tiny_vit"
+    pre = ["--input-size", "3x32x32", "--batch-size", "2", "-m", "all", "--heads", "all", "--mosaic"]
+    r = cli(["attention", spec, *images, *pre, "--json"])
+    assert r.exit_code == 0, r.stderr
+    result = im.attention(None, model_options=ModelOptions(spec), methods=["all"], heads="all", mosaic=True,
+                          inputs=InputOptions(images, input_size=["3x32x32"], batch_size=2))
+    assert _strip(json.loads(r.stdout)) == _strip(json.loads(_dumps(result.to_dict())))
+    out_cli, out_api = tmp_path / "cli", tmp_path / "api"
+    r = cli(["attention", spec, *images, *pre, "-o", str(out_cli)])
+    assert r.exit_code == 0, r.stderr
+    result.save(out_api)
+    files_cli = sorted(p.relative_to(out_cli).as_posix() for p in out_cli.rglob("*") if p.is_file())
+    files_api = sorted(p.relative_to(out_api).as_posix() for p in out_api.rglob("*") if p.is_file())
+    assert files_cli == files_api and len(files_cli) == 3 + 2 * 5
+    for name in files_cli:
+        if name.endswith(".png"):
+            assert (out_cli / name).read_bytes() == (out_api / name).read_bytes(), name
+
+
 def test_every_command_has_an_equality_case() -> None:
     from inspect_model.cli.app import COMMANDS
 
-    covered = {*CASES, "summary", "check", "models"}  # models lists the registry: no model is run
+    covered = {*CASES, "summary", "check", "models", "attention"}  # models lists the registry: no model is run
     assert set(COMMANDS) <= covered

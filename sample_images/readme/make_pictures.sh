@@ -43,4 +43,9 @@ inspect-model attributions resnet18 sample_images/cat.jpg sample_images/coffee.j
   --method saliency,input-x-gradient,integrated-gradients,smoothgrad,occlusion,guided --steps 16 --samples 8 \
   --window 56 --stride 28 --output-dir "$tmp/attr" --quiet > /dev/null
 cp "$tmp/attr/contact_sheet_001.png" "$out/attributions_contact_sheet.png"
+
+inspect-model attention vit_b_16 sample_images/cat.jpg --weights none --method rollout --method raw --heads all \
+  --mosaic --output-dir "$tmp/attn" --quiet > /dev/null
+cp "$tmp"/attn/images/0000-cat/rollout.*.png "$out/attention_rollout.png"
+cp "$tmp"/attn/images/0000-cat/mosaic.png "$out/attention_mosaic.png"
 echo "pictures written to $out"

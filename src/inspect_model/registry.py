@@ -191,6 +191,19 @@ register(CommandSpec(
     renderer="inspect_model.render.attributions:render_result", schema="attributions.json", hooks=False,
 ))
 register(CommandSpec(
+    name="attention", usage="attention MODEL IMAGE...",
+    summary="attention maps of transformers: raw, rollout, grad-rollout, LeGrad, for any attention kernel",
+    help="Attention maps of vision transformers, for any attention kernel (fused SDPA, nn.MultiheadAttention, "
+         "eager softmax), with no change to the model.\n\n"
+         "Methods: raw attention of chosen layers and heads; rollout (Abnar & Zuidema 2020); grad-rollout "
+         "(Chefer et al. 2021); legrad (Bousselham et al. 2024). Files per image: one overlay per method, one "
+         "head grid per raw layer, with --mosaic every layer by every head. --evaluate scores the maps for "
+         "faithfulness exactly as cam --evaluate does, and ranks the methods.",
+    example="inspect-model attention vit_b_16 cat.jpg --method rollout,grad-rollout,legrad --output-dir attn",
+    api="inspect_model.api.attention:attention", request="inspect_model.api.attention:AttentionRequest",
+    renderer="inspect_model.render.attention:render_result", schema="attention.json",
+))
+register(CommandSpec(
     name="check", usage="check MODEL",
     summary="a one-line CI smoke check: output shape, parameter count, finite outputs and gradients, dead "
             "layers, determinism, time and memory budgets",

@@ -1,0 +1,86 @@
+"""Benchmark the attention methods against the model's own passes, in one process.
+
+    python benchmarks/bench_attention.py [--model vit_b_16] [--batch 8] [--repeats 3] [--threads N]
+
+Baselines (weights none, eval, parameters frozen as the methods run them):
+- forward: ``model(x)`` under ``torch.no_grad()``;
+- forward+backward: ``model(x)``, then the gradient of the top class's score with respect to
+  the input (what a gradient method needs at least).
+Measured: ``raw`` (last layer), ``rollout`` against the forward; ``grad-rollout`` and ``legrad``
+(all layers) against the forward+backward. Targets: 1.15x each. Printed as seconds (best of
+``--repeats``, runs interleaved) and ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+
+def best(fns: dict[str, Any], repeats: int) -> dict[str, float]:
+    times = {k: float("inf") for k in fns}
+    for fn in fns.values():  # warm-up
+        fn()
+    for _ in range(repeats):
+        for k, fn in fns.items():  # interleaved, so that a noisy neighbour hits every one
+            t0 = time.process_time()
+            fn()
+            times[k] = min(times[k], time.process_time() - t0)
+    return times
+
+
+def main() -> None:
+    import torch
+    import torchvision
+
+    from inspect_model.methods.attention import AttentionOptions, compute_attention
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="vit_b_16")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave it)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = torchvision.models.get_model(args.model, weights=None).eval()
+    torch.nn.init.normal_(model.heads.head.weight, std=0.02)  # torchvision starts the head at zero
+    x = torch.randn(args.batch, 3, args.size, args.size)
+
+    def forward() -> None:
+        with torch.no_grad():
+            model(x)
+
+    def forward_backward() -> None:
+        flags = [p.requires_grad for p in model.parameters()]
+        for p in model.parameters():
+            p.requires_grad_(False)
+        try:
+            xin = x.clone().requires_grad_(True)
+            y = model(xin)
+            torch.autograd.grad(y.gather(1, y.argmax(1, keepdim=True)).sum(), xin)
+        finally:
+            for p, f in zip(model.parameters(), flags, strict=True):
+                p.requires_grad_(f)
+
+    def method(name: str) -> Any:
+        opts = AttentionOptions(methods=(name,))
+        return lambda: compute_attention(model, x, opts)
+
+    fns = {"forward": forward, "raw": method("raw"), "rollout": method("rollout"),
+           "forward+backward": forward_backward, "grad-rollout": method("grad-rollout"), "legrad": method("legrad")}
+    times = best(fns, args.repeats)
+    print(f"{args.model}, weights none, batch {args.batch}, {args.size}x{args.size}, "
+          f"{torch.get_num_threads()} thread(s), best of {args.repeats}")
+    for name, t in times.items():
+        base = "forward" if name in ("forward", "raw", "rollout") else "forward+backward"
+        ratio = t / times[base]
+        mark = "" if name == base else ("  ok (<= 1.15x)" if ratio <= 1.15 else "  OVER 1.15x")
+        print(f"  {name:<18} {t:8.3f} s  {ratio:5.2f}x {base}{mark}")
+
+
+if __name__ == "__main__":
+    main()
