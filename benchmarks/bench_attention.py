@@ -34,7 +34,8 @@ def main() -> None:
     import torch
     import torchvision
 
-    from inspect_model.methods.attention import AttentionOptions, compute_attention
+    from inspect_model.methods.attention import AttentionOptions
+    from inspect_model.methods.attention_run import compute_attention
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="vit_b_16")

@@ -108,7 +108,7 @@ class AttentionSession(Session):
                                       colormap=request.colormap, save_raw=request.save_raw, query=request.query)
 
     def feed(self, batch: Any) -> list[ImageItem]:
-        from inspect_model.methods.attention import compute_attention
+        from inspect_model.methods.attention_run import compute_attention
 
         x = batch.tensor
         res = compute_attention(self.prep.loaded.model, x, self.options, target=self.spec)

@@ -193,13 +193,3 @@ def query_rows(a: torch.Tensor, query: str | int, prefix: int) -> torch.Tensor:
     if not -a.shape[2] <= i < a.shape[2]:
         raise UsageError(f"--query {i} is out of range: the attention has {a.shape[2]} query tokens")
     return a[:, :, i]
-
-
-def compute_attention(model: nn.Module, x: torch.Tensor, options: AttentionOptions | None = None,
-                      target: Any = "predicted") -> AttentionResult:
-    """The maps of ``options.methods`` for the batch ``x`` (B, C, H, W); the model is given
-    back as it was. ``target``: ``predicted``, a class index, a :class:`TargetSpec` or one
-    class index per image (gradient methods)."""
-    from inspect_model.methods.attention_run import run
-
-    return run(model, x, options or AttentionOptions(), target)

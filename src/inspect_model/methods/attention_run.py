@@ -296,3 +296,11 @@ def _raw_maps(st: _State, layers: list[str], to_grid: Any) -> tuple[dict[str, An
             raw[name] = to_layer(rows[:, list(heads)])
             labels[name] = [f"head {h % rows.shape[1]}" for h in heads]
     return raw, labels
+
+
+def compute_attention(model: nn.Module, x: torch.Tensor, options: am.AttentionOptions | None = None,
+                      target: Any = "predicted") -> am.AttentionResult:
+    """The maps of ``options.methods`` for the batch ``x`` (B, C, H, W); the model is given
+    back as it was. ``target``: ``predicted``, a class index, a :class:`TargetSpec` or one
+    class index per image (gradient methods)."""
+    return run(model, x, options or am.AttentionOptions(), target)
