@@ -176,15 +176,34 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
             images = [images]
         batch_size = inputs.batch_size or default_batch or (8 if images else 1)
         from inspect_model.api.options import parse_floats
+        from inspect_model.loading.video import ClipOptions
 
         plan = plan_inputs(
             loaded, [str(i) for i in images] if images else None,
             input_size=image_size, batch_size=batch_size,
             seed=inputs.seed, preset=inputs.preset, resize=inputs.resize, crop=inputs.crop,
             mean=parse_floats(inputs.mean, "--mean"), std=parse_floats(inputs.std, "--std"),
-            skip_bad=inputs.skip_bad, device=dev, dtype=torch_dtype,
+            skip_bad=inputs.skip_bad, device=dev, dtype=torch_dtype, clip=inputs.clip,
+            clip_options=ClipOptions(inputs.frames, inputs.stride, inputs.clips),
         )
+        binding, categories = _media_binding(command, loaded, plan, binding, categories, notes)
     return Prepared(loaded, plan, categories, dev, torch_dtype, binding)
+
+
+def _media_binding(command: str, loaded: Any, plan: Any, binding: Any, categories: Any,
+                   notes: Callable[[str], None] | None) -> tuple[Any, Any]:
+    """A pair model's plan brings its own binding (the second images); for the gradient
+    commands it scores the mean flow magnitude, the one 'class' (loading/pairs.py)."""
+    from inspect_model.loading.pairs import FLOW_TARGET, OBJECTIVE_COMMANDS, PairPlan
+
+    if not isinstance(plan, PairPlan):
+        return binding, categories
+    plan.binding.objective = command in OBJECTIVE_COMMANDS
+    if notes is not None:
+        what = f"; explained: the {FLOW_TARGET} of the final prediction, w.r.t. the first image" \
+            if plan.binding.objective else ""
+        notes(f"a flow model: inputs are pairs (first image, second image){what}")
+    return plan.binding, [FLOW_TARGET] if plan.binding.objective else categories
 
 
 def _with_graph(batches: Iterable[InputBatch], writer: Any, model: Any,

@@ -185,6 +185,11 @@ def render_activation(
 
     if scale not in SCALES:
         raise UsageError(f"--scale '{scale}' is not one of {', '.join(SCALES)}")
+    if np.ndim(sample) == 4:  # (C, T, h, w): a clip's feature maps, one column per frame
+        from inspect_model.render.video import render_frame_grid
+
+        return render_frame_grid(sample, channel_dim or 0, title=title, channels=channels, scale=scale, cmap=cmap,
+                                 layer=layer)
     spec = channels or ChannelSpec()
     kind, a, note = spatial_maps(sample, channel_dim)
     if kind == "vector":
