@@ -202,7 +202,7 @@ class CamSession(Session):
             # Reduced here, once per image: the queued jobs hold at most OVERLAY_SIDE pixels a side.
             picture, box = ov.viewable(img.image, pre.uncrop_box(*img.image.size) if pre is not None else None)
         else:
-            picture = ov.input_picture(x.detach().float().cpu())
+            picture = ov.input_picture(x.detach().float().cpu()) if x.dim() == 3 else None  # a clip: its frames
             box = None
         base = image_dir(entry["index"], entry["image"])
         rows: dict[int, dict[tuple[str, str], Any]] = {}
@@ -216,18 +216,25 @@ class CamSession(Session):
                 from inspect_model.render.files import safe_name
 
                 stem = f"{base}/{safe_name(m.method)}.{safe_name(m.layer)}.{class_tag(cls, cats)}"
-                names = {"overlay": sink.out.reserve(f"{stem}.overlay.png"),
-                         "heatmap": sink.out.reserve(f"{stem}.heatmap.png")}
+                kinds = {"strip": "strip.png", "animation": "overlay.gif"} if arr.ndim == 3 else \
+                    {"overlay": "overlay.png", "heatmap": "heatmap.png"}  # a clip's map: frames (render/video.py)
+                names = {k: sink.out.reserve(f"{stem}.{ext}") for k, ext in kinds.items()}
                 rec["files"] = {k: sink._rel(str(final)) for k, (_, final) in names.items()}
                 if self.save_raw:
                     rec["files"]["raw_input"] = sink.npy(f"{stem}.input.npy", arr)
                     if m.raw is not None:
                         rec["files"]["raw_layer"] = sink.npy(f"{stem}.layer.npy", m.raw.numpy())
             # Drawing and encoding run on the sink's workers while the model computes on.
-            job = _draw_map_job(sink, names, picture, arr, box, self.alpha, self.colormap,
-                                f"{m.method} @ {m.layer}\n{title}", keep=sink.writer is not None)
+            if arr.ndim == 3:
+                from inspect_model.render.video import clip_map_job
+
+                job = clip_map_job(sink, names, img, x, arr, box, alpha=self.alpha, cmap=self.colormap,
+                                   title=f"{m.method} @ {m.layer}: {title}")
+            else:
+                job = _draw_map_job(sink, names, picture, arr, box, self.alpha, self.colormap,
+                                    f"{m.method} @ {m.layer}\n{title}", keep=sink.writer is not None)
             fut = sink.defer(job)
-            if sink.writer is not None:
+            if sink.writer is not None and arr.ndim == 2:
                 import numpy as np
 
                 sink.writer.add_image(f"cam/{m.method}/{m.layer}/rank{m.rank}", np.asarray(fut.result()[1]),

@@ -606,8 +606,10 @@ def item_handler(session: Session, sink: Sink, clock: Any, on_item: Callable[[di
 
     def handle(item: ImageItem) -> None:
         clock.images += 1
+        media_records(session, item)
         if sink.active:
             item.entry["files"] = session.draw(item, sink)
+            flow_file(session, item, sink)
         if on_item is not None:
             on_item(session.line(item))
         if items is not None:
@@ -616,6 +618,33 @@ def item_handler(session: Session, sink: Sink, clock: Any, on_item: Callable[[di
             item.data = None
 
     return handle
+
+
+def media_records(session: Session, item: ImageItem) -> None:
+    """A clip's video, clip and frame indices and times (``clip``), or a flow sample's two
+    images (``pair``), in its report entry and in each of its maps (loading/clips.py, pairs.py)."""
+    plan = getattr(getattr(session, "prep", None), "plan", None)
+    extra = plan.extra_record(str(item.entry.get("image"))) if hasattr(plan, "extra_record") else {}
+    if not extra:
+        return
+    item.entry.update(extra)
+    clip = extra.get("clip")
+    for rec in item.entry.get("maps", []) if clip is not None else []:
+        if isinstance(rec, dict):
+            rec["clip"], rec["frames"] = clip["clip"], clip["frames"]
+
+
+def flow_file(session: Session, item: ImageItem, sink: Sink) -> None:
+    """A flow model's prediction for the pair as a picture (torchvision's flow_to_image)."""
+    binding = getattr(getattr(session, "prep", None), "binding", None)
+    if sink.out is None or not hasattr(binding, "flow_picture"):
+        return
+    picture = binding.flow_picture(str(item.entry.get("image")))
+    if picture is not None and "index" in item.entry:
+        files = item.entry.setdefault("files", {})
+        name = sink.image(f"{image_dir(item.entry['index'], str(item.entry['image']))}/flow.png", picture)
+        if isinstance(files, dict) and name:
+            files["flow"] = name
 
 
 def tracked(batches: Iterator[InputBatch], total: int, progress: Callable[[int, int], None] | None

@@ -54,7 +54,7 @@ def frame_overlays(frames: Sequence[Image.Image], maps: np.ndarray, box: Sequenc
 
 
 def clip_strip(overlays: Sequence[Image.Image], labels: Sequence[str], title: Sequence[str],
-               *, cmap: str = "jet") -> Image.Image:
+               *, cmap: str = "jet", bar: str = "map (clip max = 1)") -> Image.Image:
     """The overlays in rows of :data:`STRIP_COLS`, labelled, with a title and a colour bar."""
     import numpy as np
     from PIL import Image, ImageDraw
@@ -74,9 +74,9 @@ def clip_strip(overlays: Sequence[Image.Image], labels: Sequence[str], title: Se
         x, y = gap + c * (tw + gap), gap + r * (th + band + gap)
         d.text((x + tw // 2, y + band - 2), raster.fit_text(lab, 10, tw), font=f, fill=raster.FG, anchor="mb")
         body.paste(t, (x, y + band))
-    bar = raster.colorbar(max(body.size[1], 160), 0.0, 1.0, cmap, "map (clip max = 1)")
+    side = raster.colorbar(max(body.size[1], 160), 0.0, 1.0, cmap, bar)
     del np
-    return raster.titled(body, list(title), right=bar)
+    return raster.titled(body, list(title), right=side)
 
 
 def animated_overlay(overlays: Sequence[Image.Image], labels: Sequence[str], fps: float | None) -> bytes:
@@ -181,3 +181,46 @@ def render_frame_grid(sample: np.ndarray, channel_dim: int, *, title: str, chann
     sub = f"{n} of {c} channels x {len(frames)} of {t} frames, {h}x{w} each"
     img = raster.titled(body, [title, sub], right=side, note=constant)
     return img, GridLayout("frames", n, len(frames), tuple(idx), c, f"{len(frames)} of {t} frames")
+
+
+class _ClipLabels:
+    """Frame indices and times of a report entry's ``clip`` record, for labels only."""
+
+    def __init__(self, rec: dict[str, Any] | None) -> None:
+        self.frame_indices = list(rec["frames"]) if rec else []
+        self.times = list(rec.get("times") or [None] * len(self.frame_indices)) if rec else []
+        self.fps = rec.get("fps") if rec else None
+        self.frames: list[Any] = []
+
+
+def guided_clip_files(sink: Any, base: str, tag: str, grad: Any, x: Any, entry: dict[str, Any], *,
+                      mean: Sequence[float] | None, std: Sequence[float] | None) -> dict[str, Any]:
+    """Guided backprop of a clip (C, T, H, W): the gradient frames as a strip (one display
+    normalisation for the clip), and its magnitude (sum over channels of |g| over the clip's
+    99th percentile) over the input frames as a strip and an animated overlay."""
+    import numpy as np
+
+    from inspect_model.render.files import png_bytes
+    from inspect_model.render.saliency import display_image, magnitude
+
+    labels_from = _ClipLabels(entry.get("clip"))
+    t = int(grad.shape[1])
+    mag = magnitude(grad.reshape(grad.shape[0], t * grad.shape[2], grad.shape[3]))  # one scale for the clip
+    mag = mag.reshape(t, grad.shape[2], grad.shape[3]).astype(np.float32)
+    files: dict[str, Any] = {}
+    flat = display_image(grad.reshape(grad.shape[0], t * grad.shape[2], grad.shape[3]))  # frames stacked
+    h = grad.shape[2]
+    frames = [flat.crop((0, i * h, flat.size[0], (i + 1) * h)) for i in range(t)]
+    labels = frame_labels(labels_from if labels_from.frame_indices else None, t)
+    strip = clip_strip(frames, labels, [f"guided backprop: {tag}"], cmap="gray",
+                       bar="gradient, 0.5 = 0 (one scale per clip)")
+    files["guided_strip"] = sink.image(f"{base}/guided.{tag}.strip.png", strip)
+    names = {k: sink.out.reserve(f"{base}/magnitude.{tag}.{ext}")
+             for k, ext in (("strip", "strip.png"), ("animation", "overlay.gif"))}
+    job = clip_map_job(sink, names, labels_from if labels_from.frame_indices else None, x, mag, None, alpha=0.5, cmap="jet",
+                       title=f"|guided backprop|: {tag}", mean=mean, std=std)
+    sink.defer(job)
+    files["magnitude_strip"] = sink._rel(str(names["strip"][1]))
+    files["magnitude_animation"] = sink._rel(str(names["animation"][1]))
+    del png_bytes
+    return files
