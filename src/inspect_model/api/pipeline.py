@@ -200,7 +200,7 @@ def _media_binding(command: str, loaded: Any, plan: Any, binding: Any, categorie
         return binding, categories
     plan.binding.objective = command in OBJECTIVE_COMMANDS
     if notes is not None:
-        what = f"; explained: the {FLOW_TARGET} of the final prediction, w.r.t. the first image" \
+        what = f"; explained: {FLOW_TARGET} (|flow| averaged) of the final prediction, w.r.t. the first image" \
             if plan.binding.objective else ""
         notes(f"a flow model: inputs are pairs (first image, second image){what}")
     return plan.binding, [FLOW_TARGET] if plan.binding.objective else categories

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-FLOW_TARGET = "mean flow magnitude"
+FLOW_TARGET = "mean_flow_magnitude"
 OBJECTIVE_COMMANDS = ("grads", "cam", "guided-backprop")
 
 

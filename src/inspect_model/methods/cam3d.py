@@ -41,9 +41,13 @@ def is_mvit(model: nn.Module) -> bool:
 
 def auto_layer3d(model: nn.Module) -> str | None:
     """``--layer auto`` for video transformers: MViT's last block's first norm (its patch
-    tokens reach the class token through that block's attention), or None."""
+    tokens reach the class token through that block's attention); RAFT's context encoder; or None."""
     if is_mvit(model):
         return f"blocks.{len(model.blocks) - 1}.norm1"  # type: ignore[arg-type]
+    if type(model).__name__ == "RAFT" and hasattr(model, "context_encoder"):
+        # The first image's context features (N, C, H/8, W/8); the feature encoder sees both
+        # images as one batch of 2N, and the flow head's two channels are the flow itself.
+        return "context_encoder"
     return None
 
 
