@@ -44,6 +44,9 @@ def check_activations_request(*, scale: str, raw_format: str, channels: str | No
     return parse_channels(channels, max_channels)
 
 
+QUANTIZED_DTYPES = ("quint8", "qint8", "qint32", "quint4x2", "quint2x4")
+
+
 class ActivationsSession(Session):
     command = "activations"
     streams_files = True
@@ -120,12 +123,19 @@ class ActivationsSession(Session):
         drawn = list(self.selected) if self.layer_specs else []
         payload = {**render.to_payload(report, images=self.entries, grids=self.grids, drawn=drawn),
                    "skipped": skipped}
+        quantized = [r.key for r in report.layers if r.dtype in QUANTIZED_DTYPES]
+        tail = ""
+        if quantized:  # the engine dequantizes them (engine/hooks.py)
+            payload["quantized_layers"] = {"count": len(quantized), "statistics": "dequantized values"}
+            kinds = ", ".join(sorted({r.dtype for r in report.layers if r.dtype in QUANTIZED_DTYPES}))
+            tail = (f"Quantized: {len(quantized)} row(s) output quantized tensors ({kinds}); their statistics "
+                    "and pictures are of the dequantized values\n")
         options = self.prep.options(
             self.mopts, layers=self.layer_specs, depth=self.depth, selected=len(self.selected), scale=self.scale,
             max_channels=self.spec.max_channels, channels=self.spec.describe(), colormap=self.colormap,
             save_raw=self.save_raw, raw_format=self.raw_format)
         return Result("activations", options, payload, self.warnings.to_list(), record=report,
-                      render_text=lambda r: render.render_text(report, r.files, r.warnings, drawn),
+                      render_text=lambda r: render.render_text(report, r.files, r.warnings, drawn) + tail,
                       render_rich=lambda r: render.render_rich(report, r.files, r.warnings, drawn))
 
     def line(self, item: ImageItem) -> dict[str, Any]:

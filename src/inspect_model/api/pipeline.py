@@ -143,6 +143,9 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
     loaded = load(mopts)
     if hooks:
         require_hookable(loaded, command)
+    from inspect_model.loading.quantized import refuse_gradients
+
+    refuse_gradients(loaded, command)  # quantized kernels have no autograd
     from inspect_model.api.distributed import rank_device
 
     dev = _model_device(loaded.model) if loaded.borrowed else resolve_device(rank_device(mopts.device))

@@ -266,6 +266,7 @@ def load_torchvision(
     weights: str | None = None,
     device: str = "cpu",
     categories_from: Any = None,
+    build_args: dict[str, Any] | None = None,
 ) -> LoadedModel:
     """Build torchvision model ``name`` on ``device`` (``meta`` builds without memory)."""
     import torch
@@ -283,6 +284,9 @@ def load_torchvision(
     kwargs = _build_kwargs(name, family)
     if w is not None and family == "quantization":
         kwargs["quantize"] = True  # quantized weights only load into a quantized model
+    kwargs.update(build_args or {})  # quantize=True: torchvision calibrates on random input and converts
+    if kwargs.get("quantize") and device == "meta":
+        device = "cpu"  # quantizing calibrates on real numbers; a quantized model has no meta form
     try:
         if w is not None:
             path = ensure_weights_file(w, name)
@@ -374,9 +378,11 @@ def load_model(
             )
     else:
         name = spec.split(":", 1)[1] if spec.startswith("torchvision:") else spec
-        if model_args:
-            raise UsageError("--model-arg applies to user models (FILE.py:FACTORY), not torchvision names")
-        loaded = load_torchvision(name, weights=weights, device=device)
+        quantized = registry().get(name) == "quantization"
+        if model_args and not (quantized and set(model_args) <= {"quantize"}):
+            raise UsageError("--model-arg applies to user models (FILE.py:FACTORY), and quantize=True|False to "
+                             "torchvision's quantized_* models, not to other torchvision names")
+        loaded = load_torchvision(name, weights=weights, device=device, build_args=model_args or None)
     if checkpoint:
         from inspect_model.loading import checkpoints
 
