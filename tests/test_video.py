@@ -235,10 +235,10 @@ def test_bad_videos_are_one_line_and_write_nothing(cli, tmp_path: Path, videos: 
     corrupt = tmp_path / "corrupt.mp4"
     corrupt.write_bytes(b"\x00\x01not a video at all" * 100)
     _bad(cli, tmp_path, ["activations", model, str(corrupt)], "corrupt")
-    data = videos[".mp4"].read_bytes()
+    data = write_video(tmp_path / "whole.mp4", moving_square(40), faststart=True).read_bytes()
     truncated = tmp_path / "truncated.mp4"
-    truncated.write_bytes(data[: len(data) // 2])
-    _bad(cli, tmp_path, ["activations", model, str(truncated), "--frames", "4", "--clips", "3"], "video")
+    truncated.write_bytes(data[: len(data) // 2])  # the header still says 40 frames
+    _bad(cli, tmp_path, ["activations", model, str(truncated), "--frames", "4", "--clips", "3"], "truncated")
     _bad(cli, tmp_path, ["activations", model, str(videos[".mp4"]), "--frames", "64"], "has 40 frame(s)")
     _bad(cli, tmp_path, ["activations", "resnet18", "--weights", "none", str(videos[".mp4"])],
          "an image model: give frames as images")

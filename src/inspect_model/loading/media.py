@@ -56,7 +56,9 @@ def plan_media(loaded: Any, paths: list[Path], *, options: ClipOptions,
             raise UsageError("--frames, --stride and --clips apply to video and optical-flow models")
         return None
     if task == "optical_flow":
-        from inspect_model.loading.pairs import FlowPreprocess, PairBinding, PairPlan
+        from inspect_model.loading.pairs import FlowPreprocess, PairBinding, PairPlan, pair_images
+
+        pair_images(paths)  # an odd count fails now, before anything runs
 
         pre = FlowPreprocess(resize=resize, crop=crop)
         if mean is not None or std is not None:

@@ -203,6 +203,17 @@ def final_flow(out: Any) -> torch.Tensor | None:
     return None
 
 
+def pair_images(paths: list[Path]) -> list[Path]:
+    """The still images among ``paths``, checked to pair up (videos give their own pairs)."""
+    from inspect_model.loading.video import is_video
+
+    images = [p for p in paths if not is_video(p) and not p.is_dir()]
+    if len(images) % 2:
+        raise InputError(f"a flow model takes pairs of images: {len(images)} image(s) given, an odd number; "
+                         "give an even number (1-2, 3-4, ...) or a video")
+    return images
+
+
 @dataclass
 class PairPlan:
     """Pairs of the given images or video frames, streamed in batches of first images, the
@@ -241,12 +252,8 @@ class PairPlan:
 
     def _pairs(self) -> Iterator[tuple[str, Any, Any, LoadedPair | None]]:
         from inspect_model.loading.images import load_image
-        from inspect_model.loading.video import is_video
 
-        images = [p for p in self.paths if not is_video(p) and not p.is_dir()]
-        if len(images) % 2:
-            raise InputError(f"a flow model takes pairs of images: {len(images)} image(s) given, an odd number; "
-                             "give an even number (1-2, 3-4, ...) or a video")
+        images = pair_images(self.paths)
         pending: list[Any] = []
         for p in self.paths:
             if p in images:
