@@ -104,7 +104,8 @@ class CamSession(Session):
                                          probe=getattr(self.prep.loaded, "static_batch", None) or 1)
         for lay in self.cam_layers:
             g = lay.layout.grid
-            self.notes(f"layer: {lay.name} ({lay.layout.kind}, {g[0]}x{g[1]} grid, {lay.layout.channels} channels)")
+            self.notes(f"layer: {lay.name} ({lay.layout.kind}, {'x'.join(map(str, g))} grid, "
+                       f"{lay.layout.channels} channels)")
         if "scorecam" in self.methods:
             plan = self.prep.plan
             n_images = len(plan.paths) if plan.paths else int(x.shape[0])

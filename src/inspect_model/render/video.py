@@ -56,7 +56,6 @@ def frame_overlays(frames: Sequence[Image.Image], maps: np.ndarray, box: Sequenc
 def clip_strip(overlays: Sequence[Image.Image], labels: Sequence[str], title: Sequence[str],
                *, cmap: str = "jet", bar: str = "map (clip max = 1)") -> Image.Image:
     """The overlays in rows of :data:`STRIP_COLS`, labelled, with a title and a colour bar."""
-    import numpy as np
     from PIL import Image, ImageDraw
 
     from inspect_model.render import raster
@@ -75,7 +74,6 @@ def clip_strip(overlays: Sequence[Image.Image], labels: Sequence[str], title: Se
         d.text((x + tw // 2, y + band - 2), raster.fit_text(lab, 10, tw), font=f, fill=raster.FG, anchor="mb")
         body.paste(t, (x, y + band))
     side = raster.colorbar(max(body.size[1], 160), 0.0, 1.0, cmap, bar)
-    del np
     return raster.titled(body, list(title), right=side)
 
 
@@ -200,7 +198,6 @@ def guided_clip_files(sink: Any, base: str, tag: str, grad: Any, x: Any, entry: 
     99th percentile) over the input frames as a strip and an animated overlay."""
     import numpy as np
 
-    from inspect_model.render.files import png_bytes
     from inspect_model.render.saliency import display_image, magnitude
 
     labels_from = _ClipLabels(entry.get("clip"))
@@ -222,5 +219,4 @@ def guided_clip_files(sink: Any, base: str, tag: str, grad: Any, x: Any, entry: 
     sink.defer(job)
     files["magnitude_strip"] = sink._rel(str(names["strip"][1]))
     files["magnitude_animation"] = sink._rel(str(names["animation"][1]))
-    del png_bytes
     return files
