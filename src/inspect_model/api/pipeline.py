@@ -551,6 +551,11 @@ def execute(
     # A model of several inputs gets its other inputs for the whole run (issue 14).
     with binding.bound(prep.loaded.model) if binding is not None else contextlib.nullcontext():
         if distributed.takes_over(session):  # under torchrun, or --resume
+            if hasattr(getattr(prep, "plan", None), "extra_record"):  # shards count paths, not clips or pairs
+                from inspect_model.errors import UsageError
+
+                raise UsageError("--resume and torchrun shard image files; video clips and image pairs "
+                                 "(video and optical-flow models) run in one process: drop --resume")
             return distributed.execute(session, batches, output_dir=output_dir, force=force, keep=keep,
                                        tensorboard=tensorboard, on_item=on_item)
         return _execute_here(session, batches, output_dir=output_dir, force=force, keep=keep,
