@@ -178,6 +178,7 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
         if isinstance(images, (str, Path)):
             images = [images]
         batch_size = inputs.batch_size or default_batch or (8 if images else 1)
+        from inspect_model.api.media import media_binding
         from inspect_model.api.options import parse_floats
         from inspect_model.loading.video import ClipOptions
 
@@ -189,24 +190,8 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
             skip_bad=inputs.skip_bad, device=dev, dtype=torch_dtype, clip=inputs.clip,
             clip_options=ClipOptions(inputs.frames, inputs.stride, inputs.clips),
         )
-        binding, categories = _media_binding(command, loaded, plan, binding, categories, notes)
+        binding, categories = media_binding(command, loaded, plan, binding, categories, notes)
     return Prepared(loaded, plan, categories, dev, torch_dtype, binding)
-
-
-def _media_binding(command: str, loaded: Any, plan: Any, binding: Any, categories: Any,
-                   notes: Callable[[str], None] | None) -> tuple[Any, Any]:
-    """A pair model's plan brings its own binding (the second images); for the gradient
-    commands it scores the mean flow magnitude, the one 'class' (loading/pairs.py)."""
-    from inspect_model.loading.pairs import FLOW_TARGET, OBJECTIVE_COMMANDS, PairPlan
-
-    if not isinstance(plan, PairPlan):
-        return binding, categories
-    plan.binding.objective = command in OBJECTIVE_COMMANDS
-    if notes is not None:
-        what = f"; explained: {FLOW_TARGET} (|flow| averaged) of the final prediction, w.r.t. the first image" \
-            if plan.binding.objective else ""
-        notes(f"a flow model: inputs are pairs (first image, second image){what}")
-    return plan.binding, [FLOW_TARGET] if plan.binding.objective else categories
 
 
 def _with_graph(batches: Iterable[InputBatch], writer: Any, model: Any,
@@ -612,12 +597,14 @@ def item_handler(session: Session, sink: Sink, clock: Any, on_item: Callable[[di
     """What happens to each item as the session gives it: counted, drawn (when there are
     files), handed to ``on_item`` (``--jsonl``), then kept in ``items`` or its data dropped."""
 
+    from inspect_model.api.media import flow_file, media_records
+
     def handle(item: ImageItem) -> None:
         clock.images += 1
         media_records(session, item)
         if sink.active:
             item.entry["files"] = session.draw(item, sink)
-            flow_file(session, item, sink)
+            flow_file(session, item, sink, image_dir)
         if on_item is not None:
             on_item(session.line(item))
         if items is not None:
@@ -626,33 +613,6 @@ def item_handler(session: Session, sink: Sink, clock: Any, on_item: Callable[[di
             item.data = None
 
     return handle
-
-
-def media_records(session: Session, item: ImageItem) -> None:
-    """A clip's video, clip and frame indices and times (``clip``), or a flow sample's two
-    images (``pair``), in its report entry and in each of its maps (loading/clips.py, pairs.py)."""
-    plan = getattr(getattr(session, "prep", None), "plan", None)
-    extra = plan.extra_record(str(item.entry.get("image"))) if hasattr(plan, "extra_record") else {}
-    if not extra:
-        return
-    item.entry.update(extra)
-    clip = extra.get("clip")
-    for rec in item.entry.get("maps", []) if clip is not None else []:
-        if isinstance(rec, dict):
-            rec["clip"], rec["frames"] = clip["clip"], clip["frames"]
-
-
-def flow_file(session: Session, item: ImageItem, sink: Sink) -> None:
-    """A flow model's prediction for the pair as a picture (torchvision's flow_to_image)."""
-    binding = getattr(getattr(session, "prep", None), "binding", None)
-    if sink.out is None or not hasattr(binding, "flow_picture"):
-        return
-    picture = binding.flow_picture(str(item.entry.get("image")))
-    if picture is not None and "index" in item.entry:
-        files = item.entry.setdefault("files", {})
-        name = sink.image(f"{image_dir(item.entry['index'], str(item.entry['image']))}/flow.png", picture)
-        if isinstance(files, dict) and name:
-            files["flow"] = name
 
 
 def tracked(batches: Iterator[InputBatch], total: int, progress: Callable[[int, int], None] | None
