@@ -19,7 +19,9 @@ COMMANDS = ("summary", "activations", "check", "grads", "guided-backprop", "cam"
 # The smallest input each model runs: MViT's position embeddings fix 16x224x224; S3D needs
 # 224 pixels (its last pooling is 7x7 over a 32x smaller map); RAFT needs 128 pixels.
 SIZES = {"mvit_v1_b": "3x16x224x224", "mvit_v2_s": "3x16x224x224", "s3d": "3x16x224x224",
-         "raft_small": "3x128x128", "raft_large": "3x128x128"}
+         "raft_small": "3x128x128", "raft_large": "3x128x128",
+         # Swin3D: 64 pixels leave its last stage a 2x2 map for `cam`
+         "swin3d_t": "3x4x64x64", "swin3d_s": "3x4x64x64", "swin3d_b": "3x4x64x64"}
 # The documented refusals: (model, command) -> (exit code, text in the one line).
 REFUSALS: dict[tuple[str, str], tuple[int, str]] = {}
 
