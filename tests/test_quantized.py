@@ -62,3 +62,9 @@ def test_gradient_commands_refuse_a_quantized_model(cli, tmp_path: Path, command
 def test_model_arg_stays_refused_for_other_torchvision_models(cli) -> None:
     r = cli(["summary", "resnet18", "--weights", "none", "--model-arg", "quantize=True"])
     assert r.exit_code == 2 and "quantize=True|False to torchvision's quantized_* models" in r.stderr
+
+
+@pytest.mark.parametrize("command", ["grads", "cam", "guided-backprop"])
+def test_gradient_commands_run_on_the_float_model(cli, command: str) -> None:
+    r = cli([command, *ARGS, "--model-arg", "quantize=False"])  # FloatFunctional is no quantized kernel
+    assert r.exit_code == 0, r.stderr

@@ -15,6 +15,8 @@ from typing import Any
 
 from inspect_model.errors import LayerSelectionError
 
+# Float modules that torch keeps among the quantized ones (a float model prepared for quantization).
+FLOAT_MODULES = ("QuantStub", "DeQuantStub", "FloatFunctional")
 GRADIENT_COMMANDS = ("grads", "cam", "guided-backprop", "attributions", "attention")
 
 
@@ -26,7 +28,7 @@ def quantized_modules(model: Any) -> list[str]:
     for name, m in model.named_modules():
         mod = type(m).__module__
         if mod.startswith(("torch.ao.nn.quantized", "torch.nn.quantized", "torch.ao.nn.intrinsic.quantized")) \
-                and type(m).__name__ not in ("QuantStub", "DeQuantStub"):
+                and type(m).__name__ not in FLOAT_MODULES:
             out.append(name)
         elif any(isinstance(b, torch.Tensor) and b.is_quantized for b in m.buffers(recurse=False)):
             out.append(name)
