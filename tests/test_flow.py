@@ -90,3 +90,24 @@ def test_odd_image_count_is_one_line(cli, tmp_path: Path, pair: tuple[Path, Path
         "error: a flow model takes pairs of images: 3 image(s) given, an odd number; give an even number "
         "(1-2, 3-4, ...) or a video")
     assert not out.exists()
+
+
+def test_boxes_make_the_score_the_flow_inside_them(tmp_path: Path, pair: tuple[Path, Path]) -> None:
+    from PIL import Image
+    from torchvision.models.optical_flow import raft_small
+    from torchvision.transforms import functional as F
+
+    import inspect_model as im
+
+    torch.manual_seed(0)
+    model = raft_small(weights=None).eval()
+    boxes = tmp_path / "boxes.csv"
+    boxes.write_text(f"image,x0,y0,x1,y1\n{pair[0].name},10,20,70,90\n")
+    doc = im.cam(model, [str(p) for p in pair], boxes=str(boxes)).to_dict()
+    got = doc["images"][0]["maps"][0]["target"]["score"]
+    x1, x2 = ((F.pil_to_tensor(Image.open(p).convert("RGB")).float() / 255 * 2 - 1)[None] for p in pair)
+    with torch.no_grad():
+        mag = model(x1, x2)[-1].pow(2).sum(1).sqrt()[0]  # (H, W)
+    assert got == pytest.approx(float(mag[20:90, 10:70].mean()), rel=1e-4)
+    assert got != pytest.approx(float(mag.mean()), rel=1e-3)
+    assert doc["options"]["boxes"] == str(boxes)

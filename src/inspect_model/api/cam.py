@@ -85,7 +85,12 @@ class CamSession(Session):
         self.eval_options = {"evaluate": evaluate, "metrics": None, "boxes": str(boxes) if boxes else None,
                              "eval_steps": eval_steps, "eval_batch": eval_batch}
         self.evaluator: Any = None
-        if evaluate or metrics or boxes:
+        if boxes is not None and not evaluate and not metrics:
+            from inspect_model.api.media import flow_boxes
+
+            flow_boxes(prep, boxes, self.notes)  # a flow model: the region whose flow is explained
+            self.eval_options["boxes"] = str(boxes)
+        elif evaluate or metrics or boxes:
             from inspect_model.api.cam_evaluate import Evaluator, check_evaluate_request
 
             parsed = check_evaluate_request(evaluate=evaluate, metrics=metrics, boxes=boxes, steps=eval_steps,

@@ -51,3 +51,18 @@ def flow_file(session: Any, item: Any, sink: Any, folder: Callable[[int, str], s
         name = sink.image(f"{folder(item.entry['index'], str(item.entry['image']))}/flow.png", picture)
         if isinstance(files, dict) and name:
             files["flow"] = name
+
+
+def flow_boxes(prep: Any, boxes: Any, notes: Callable[[str], None]) -> None:
+    """``cam --boxes`` without ``--evaluate``: for a flow model the score becomes the mean flow
+    magnitude inside each pair's boxes (given in its first image's pixels); any other model
+    needs ``--evaluate`` for boxes."""
+    from inspect_model.errors import UsageError
+    from inspect_model.loading.boxes import load_boxes, match_boxes
+
+    binding = getattr(prep, "binding", None)
+    if not hasattr(binding, "boxes"):
+        raise UsageError("--boxes needs --evaluate (a flow model takes it alone: the region whose flow is explained)")
+    names = [str(p) for p in prep.plan.paths]
+    binding.boxes = match_boxes(load_boxes(boxes), names, str(boxes))
+    notes(f"--boxes: the mean flow magnitude inside the boxes of {len(binding.boxes)} pair(s) is explained")

@@ -48,7 +48,8 @@ MetricOpt = Annotated[
 ]
 BoxesOpt = Annotated[
     Path | None, typer.Option("--boxes", help="With --evaluate: JSON or CSV of boxes image,x0,y0,x1,y1 in "
-                              "original-image pixels, for the pointing and energy games.")
+                              "original-image pixels, for the pointing and energy games; alone, for a flow "
+                              "model: the region whose mean flow magnitude is explained.")
 ]
 EvalStepsOpt = Annotated[int, typer.Option("--eval-steps", help="Steps of the deletion and insertion curves.")]
 EvalBatchOpt = Annotated[int, typer.Option("--eval-batch", help="Perturbed inputs per forward pass (--evaluate).")]

@@ -120,9 +120,10 @@ class LoadedPair:
 class PairBinding:
     """``model(x)`` -> ``model(x, second)`` for the current batch (see the module docstring)."""
 
-    def __init__(self, objective: bool = False, box: tuple[float, float, float, float] | None = None) -> None:
+    def __init__(self, objective: bool = False) -> None:
         self.objective = objective
-        self.box = box  # (x0, y0, x1, y1) in model-input pixels of the first image
+        self.boxes: dict[str, list[Any]] = {}  # first image's path -> boxes (x0, y0, x1, y1), its pixels
+        self.masks: list[Any] = []  # per row of the batch: the boxes' region in model-input pixels, or None
         self.first: Any = None
         self.second: Any = None
         self.flows: dict[str, Any] = {}  # name -> final flow (2, H, W) of the current batch
@@ -131,8 +132,27 @@ class PairBinding:
     def describe(self) -> dict[str, Any]:
         return {"pairs": "consecutive", "second_input": "image2", "objective": FLOW_TARGET if self.objective else None}
 
-    def set_batch(self, first: torch.Tensor, second: torch.Tensor, names: list[str]) -> None:
+    def set_batch(self, first: torch.Tensor, second: torch.Tensor, names: list[str],
+                  pairs: list[Any] | None = None, preprocess: Any = None) -> None:
         self.first, self.second, self.names, self.flows = first, second, list(names), {}
+        self.masks = [self._mask(p, preprocess, first.shape[-2:]) for p in pairs] if pairs and self.boxes else []
+
+    def _mask(self, pair: Any, pre: Any, hw: Any) -> Any:
+        """The union of the pair's boxes (first image's pixels) in model-input pixels, or None."""
+        import torch
+
+        boxes = self.boxes.get(str(getattr(pair, "path", "")))
+        if not boxes or pair is None:
+            return None
+        w, h = pair.image.size
+        x0c, y0c, x1c, y1c = pre.uncrop_box(w, h)  # the crop in the first image's pixels
+        sx, sy = hw[1] / (x1c - x0c), hw[0] / (y1c - y0c)
+        mask = torch.zeros(*hw, dtype=torch.bool)
+        for x0, y0, x1, y1 in boxes:
+            c0, c1 = max(0, int((x0 - x0c) * sx)), min(hw[1], int(round((x1 - x0c) * sx)))
+            r0, r1 = max(0, int((y0 - y0c) * sy)), min(hw[0], int(round((y1 - y0c) * sy)))
+            mask[r0:max(r1, r0 + 1), c0:max(c1, c0 + 1)] = True
+        return mask
 
     def second_for(self, x: torch.Tensor) -> torch.Tensor:
         import torch
@@ -148,15 +168,16 @@ class PairBinding:
                                 "methods that perturb the input (Score-CAM, --evaluate) do not apply to pairs")
 
     def score(self, flow: torch.Tensor) -> torch.Tensor:
-        """(N, 2, H, W) flow -> (N, 1): mean of |flow| over the image or the box."""
+        """(N, 2, H, W) flow -> (N, 1): mean of |flow| over the image, or over the pair's
+        boxes (``cam --boxes``)."""
+        import torch
+
         mag = flow.float().pow(2).sum(dim=1).add(1e-12).sqrt()  # (N, H, W); eps: a zero flow still has a gradient
-        if self.box is not None:
-            h, w = mag.shape[-2:]
-            x0, y0, x1, y1 = self.box
-            c0, c1 = max(0, int(x0)), min(w, max(int(x0) + 1, int(round(x1))))
-            r0, r1 = max(0, int(y0)), min(h, max(int(y0) + 1, int(round(y1))))
-            mag = mag[:, r0:r1, c0:c1]
-        return mag.mean(dim=(1, 2))[:, None].to(flow.dtype)
+        rows = []
+        for i in range(mag.shape[0]):
+            m = self.masks[i] if i < len(self.masks) else None
+            rows.append(mag[i].mean() if m is None else mag[i][m.to(mag.device)].mean())
+        return torch.stack(rows)[:, None].to(flow.dtype)
 
     @contextmanager
     def bound(self, model: nn.Module) -> Iterator[None]:
@@ -309,7 +330,7 @@ class PairPlan:
             x = torch.stack([g[1] for g in group]).to(device=self.device, dtype=dtype)
             y = torch.stack([g[2] for g in group]).to(device=self.device, dtype=dtype)
             self.records = {g[0]: g[3].describe() for g in group if g[3] is not None}
-            self.binding.set_batch(x, y, names)
+            self.binding.set_batch(x, y, names, [g[3] for g in group], self.preprocess)
             self.processed += len(names)
             return InputBatch(x, names, [g[3] for g in group])
 
