@@ -111,3 +111,8 @@ def test_boxes_make_the_score_the_flow_inside_them(tmp_path: Path, pair: tuple[P
     assert got == pytest.approx(float(mag[20:90, 10:70].mean()), rel=1e-4)
     assert got != pytest.approx(float(mag.mean()), rel=1e-3)
     assert doc["options"]["boxes"] == str(boxes)
+
+
+def test_scorecam_refuses_pairs(cli) -> None:
+    r = cli(["cam", "raft_small", "--weights", "none", "--input-size", "3x128x128", "--method", "scorecam"])
+    assert r.exit_code == 2 and "Score-CAM and --evaluate perturb the input" in r.stderr.strip().splitlines()[-1]

@@ -85,6 +85,9 @@ class CamSession(Session):
         self.eval_options = {"evaluate": evaluate, "metrics": None, "boxes": str(boxes) if boxes else None,
                              "eval_steps": eval_steps, "eval_batch": eval_batch}
         self.evaluator: Any = None
+        if hasattr(prep.binding, "second_for") and ("scorecam" in self.methods or evaluate):
+            raise UsageError("Score-CAM and --evaluate perturb the input, and a flow model's input is a pair of "
+                             "images; use the gradient methods (gradcam, ...) or eigencam")
         if boxes is not None and not evaluate and not metrics:
             from inspect_model.api.media import flow_boxes
 
