@@ -59,8 +59,8 @@ class CamRequest(Request):
                                       "pointing, energy or all (default: all; pointing and energy only with "
                                       "--boxes); repeatable.", multiple=True, param="metric")
     boxes: Any = option(None, "--boxes", type=Path, help="With --evaluate: JSON or CSV of boxes "
-                        "image,x0,y0,x1,y1 in original-image pixels, for the pointing and energy games; alone, for a flow model: "
-                        "the region whose mean flow magnitude is explained.")
+                        "image,x0,y0,x1,y1 in original-image pixels, for the pointing and energy games; "
+                        "alone, for a flow model: the region whose mean flow magnitude is explained.")
     eval_steps: int = option(32, "--eval-steps", help="Steps of the deletion and insertion curves.")
     eval_batch: int = option(64, "--eval-batch", help="Perturbed inputs per forward pass (--evaluate).")
 

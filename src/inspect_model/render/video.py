@@ -214,8 +214,8 @@ def guided_clip_files(sink: Any, base: str, tag: str, grad: Any, x: Any, entry: 
     files["guided_strip"] = sink.image(f"{base}/guided.{tag}.strip.png", strip)
     names = {k: sink.out.reserve(f"{base}/magnitude.{tag}.{ext}")
              for k, ext in (("strip", "strip.png"), ("animation", "overlay.gif"))}
-    job = clip_map_job(sink, names, labels_from if labels_from.frame_indices else None, x, mag, None, alpha=0.5, cmap="jet",
-                       title=f"|guided backprop|: {tag}", mean=mean, std=std)
+    job = clip_map_job(sink, names, labels_from if labels_from.frame_indices else None, x, mag, None,
+                       alpha=0.5, cmap="jet", title=f"|guided backprop|: {tag}", mean=mean, std=std)
     sink.defer(job)
     files["magnitude_strip"] = sink.relative(names["strip"][1])
     files["magnitude_animation"] = sink.relative(names["animation"][1])
