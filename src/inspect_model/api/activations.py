@@ -139,6 +139,9 @@ class ActivationsSession(Session):
         drawn = list(self.selected) if self.layer_specs else []
         payload = {**render.to_payload(report, images=self.entries, grids=self.drawer.grids, drawn=drawn),
                    "skipped": skipped}
+        quantized = [r.key for r in report.layers if r.dtype in render.QUANTIZED_DTYPES]
+        if quantized:  # the engine dequantizes them (engine/hooks.py)
+            payload["quantized_layers"] = {"count": len(quantized), "statistics": "dequantized values"}
         return Result("activations", self.resolved_options(), payload, self.warnings.to_list(), record=report)
 
     def resolved_options(self) -> dict[str, Any]:

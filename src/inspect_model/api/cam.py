@@ -61,7 +61,8 @@ class CamRequest(Request):
                                       "pointing, energy or all (default: all; pointing and energy only with "
                                       "--boxes); repeatable.", multiple=True, param="metric")
     boxes: Any = option(None, "--boxes", type=Path, help="With --evaluate: JSON or CSV of boxes "
-                        "image,x0,y0,x1,y1 in original-image pixels, for the pointing and energy games.")
+                        "image,x0,y0,x1,y1 in original-image pixels, for the pointing and energy games; "
+                        "alone, for a flow model: the region whose mean flow magnitude is explained.")
     eval_steps: int = option(32, "--eval-steps", help="Steps of the deletion and insertion curves.")
     eval_batch: int = option(64, "--eval-batch", help="Perturbed inputs per forward pass (--evaluate).")
 
@@ -119,7 +120,14 @@ class CamSession(Session):
                              "boxes": str(r.boxes) if r.boxes else None, "eval_steps": r.eval_steps,
                              "eval_batch": r.eval_batch}
         self.evaluator: Any = None
-        if r.evaluate:
+        if hasattr(prep.binding, "second_for") and ("scorecam" in self.methods or r.evaluate):
+            raise UsageError("Score-CAM and --evaluate perturb the input, and a flow model's input is a pair of "
+                             "images; use the gradient methods (gradcam, ...) or eigencam")
+        if r.boxes is not None and not r.evaluate:
+            from inspect_model.api.media import flow_boxes
+
+            flow_boxes(prep, r.boxes, self.notes)  # a flow model: the region whose flow is explained
+        elif r.evaluate:
             from inspect_model.api.cam_evaluate import Evaluator
 
             self.evaluator = Evaluator(prep, list(r.parsed_metrics), steps=r.eval_steps, batch=r.eval_batch,
@@ -139,7 +147,8 @@ class CamSession(Session):
                                          declared=getattr(self.prep.loaded, "cam_layer", None))
         for lay in self.cam_layers:
             g = lay.layout.grid
-            self.notes(f"layer: {lay.name} ({lay.layout.kind}, {g[0]}x{g[1]} grid, {lay.layout.channels} channels)")
+            self.notes(f"layer: {lay.name} ({lay.layout.kind}, {'x'.join(map(str, g))} grid, "
+                       f"{lay.layout.channels} channels)")
         if "scorecam" in self.methods:
             plan = self.prep.plan
             n_images = len(plan.paths) if plan.paths else int(x.shape[0])

@@ -58,6 +58,10 @@ class InputOptions:
     names: list[str] | None = field(default=None)  # names of tensor inputs (API)
     image_input: str | None = None  # which model input the images feed (a name or position)
     inputs_file: Path | str | None = None  # the other inputs: a tensor, tuple or dict (torch.save)
+    clip: bool = False  # a folder of frames is one video (video and flow models)
+    frames: int | None = None  # frames per clip (None: the model's default)
+    stride: int = 1  # frames between two frames of a clip
+    clips: int = 1  # clips per video
 
 
 def parse_model_args(items: list[str] | dict[str, Any] | None) -> dict[str, Any]:
@@ -114,6 +118,9 @@ def check_request(inputs: InputOptions | None, *, batch_size: int | None = None)
     sizes = [parse_size(s) for s in inputs.input_size or []]
     if inputs.images is None or (isinstance(inputs.images, (list, tuple)) and not inputs.images):
         check_memory(sizes, bs or 1)  # a random input: its size is known now
+    from inspect_model.loading.video import ClipOptions
+
+    ClipOptions(inputs.frames, inputs.stride, inputs.clips)  # checks the numbers
     for opt, v in (("--resize", inputs.resize), ("--crop", inputs.crop)):
         if v is not None and v < 1:
             raise UsageError(f"{opt} must be 1 or more, got {v}")

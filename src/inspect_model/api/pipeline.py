@@ -90,6 +90,9 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
     loaded = load(mopts)
     if hooks:
         require_hookable(loaded, command)
+    from inspect_model.loading.quantized import refuse_gradients
+
+    refuse_gradients(loaded, command)  # quantized kernels have no autograd
     from inspect_model.api.world import rank_device
     from inspect_model.engine.hooks import model_device
 
@@ -123,15 +126,19 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
         if isinstance(images, (str, Path)):
             images = [images]
         batch_size = inputs.batch_size or default_batch or (8 if images else 1)
+        from inspect_model.api.media import media_binding
         from inspect_model.api.options import parse_floats
+        from inspect_model.loading.video import ClipOptions
 
         plan = plan_inputs(
             loaded, [str(i) for i in images] if images else None,
             input_size=image_size, batch_size=batch_size,
             seed=inputs.seed, preset=inputs.preset, resize=inputs.resize, crop=inputs.crop,
             mean=parse_floats(inputs.mean, "--mean"), std=parse_floats(inputs.std, "--std"),
-            skip_bad=inputs.skip_bad, device=dev, dtype=torch_dtype,
+            skip_bad=inputs.skip_bad, device=dev, dtype=torch_dtype, clip=inputs.clip,
+            clip_options=ClipOptions(inputs.frames, inputs.stride, inputs.clips),
         )
+        binding, categories = media_binding(command, loaded, plan, binding, categories, notes)
     return Prepared(loaded, plan, categories, dev, torch_dtype, binding)
 
 

@@ -72,6 +72,9 @@ def run(session: Session, batches: Iterable[InputBatch], world: World | None = N
         raise UsageError("--resume needs --output-dir DIR (the run's state is kept there)")
     if world.size > 1 or resume:
         session.check_scalable("torchrun" if world.size > 1 else "--resume")
+        if hasattr(getattr(getattr(session, "prep", None), "plan", None), "extra_record"):  # shards count paths
+            raise UsageError("--resume and torchrun shard image files; video clips and image pairs "
+                             "(video and optical-flow models) run in one process: drop --resume")
     group = Group(world)
     try:
         with sigterm_unwinds():
@@ -336,12 +339,18 @@ def item_handler(session: Session, drawer: Drawer, sink: Sink, clock: Throughput
                  on_item: Callable[[dict[str, Any]], None] | None,
                  items: list[ImageItem] | None) -> Callable[[ImageItem], None]:
     """What happens to each item as the session gives it: counted, drawn (when there are
-    files), handed to ``on_item`` (``--jsonl``), then kept in ``items`` or its data dropped."""
+    files), handed to ``on_item`` (``--jsonl``), then kept in ``items`` or its data dropped.
+    Clips and pairs get their records, and a flow model's pairs their flow picture
+    (:mod:`inspect_model.api.media`)."""
+    from inspect_model.api.media import flow_file, media_records
+    from inspect_model.render.files import image_dir
 
     def handle(item: ImageItem) -> None:
         clock.images += 1
+        media_records(session, item)
         if sink.active:
             item.entry["files"] = drawer.draw(item, sink)
+            flow_file(session, item, sink, image_dir)
         if on_item is not None:
             on_item(session.line(item))
         if items is not None:

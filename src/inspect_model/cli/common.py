@@ -210,6 +210,12 @@ ResizeOpt = Annotated[int | None, typer.Option("--resize", help="Resize the shor
 CropOpt = Annotated[int | None, typer.Option("--crop", help="Centre-crop to this square size.")]
 MeanOpt = Annotated[str | None, typer.Option("--mean", help="Normalisation mean, e.g. 0.485,0.456,0.406.")]
 StdOpt = Annotated[str | None, typer.Option("--std", help="Normalisation std, e.g. 0.229,0.224,0.225.")]
+ClipOpt = Annotated[bool, typer.Option("--clip", help="A folder given is one video: its images are the frames, "
+                                     "in name order (video and optical-flow models).")]
+FramesOpt = Annotated[int | None, typer.Option("--frames", help="Frames per clip (video models; default: the "
+                                               "model's, 16 for torchvision's); a flow model pairs consecutive ones.")]
+StrideOpt = Annotated[int, typer.Option("--stride", help="Take every S-th frame of a video.")]
+ClipsOpt = Annotated[int, typer.Option("--clips", help="Clips per video, spread evenly over it.")]
 LabelsOpt = Annotated[
     Path | None,
     typer.Option("--class-names", "--labels", help="File of the model's class names: one per line, or JSON "

@@ -66,6 +66,10 @@ INPUT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("skip_bad_inputs", c.SkipBadOpt, False),
     ("image_input", c.ImageInputOpt, None),
     ("inputs_file", c.InputsFileOpt, None),
+    ("clip", c.ClipOpt, False),
+    ("frames", c.FramesOpt, None),
+    ("stride", c.StrideOpt, 1),
+    ("clips", c.ClipsOpt, 1),
 )
 RUN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("output_dir", c.OutputDirOpt, None),

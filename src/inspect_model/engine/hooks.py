@@ -310,6 +310,8 @@ class HookEngine:
         )
         if t.device.type == "meta":
             return cap
+        if t.is_quantized:  # quint8/qint8: statistics and pictures of the real values it stands for
+            t = t.dequantize()
         if opts.stats_fn is not None:
             cap.stats = opts.stats_fn(t)
         if keep:

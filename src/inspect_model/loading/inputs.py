@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import InputError
+from inspect_model.loading.batch import InputBatch
 from inspect_model.loading.images import LoadedImage, collect_paths, load_image
 from inspect_model.loading.preprocess import (
     PRESETS,
@@ -134,15 +135,6 @@ def _decoded(paths: Sequence[Path], preprocess: Preprocess, channels: int, batch
 
 
 @dataclass
-class InputBatch:
-    """What a subcommand feeds the model: images, or a seeded random/zero tensor."""
-
-    tensor: torch.Tensor  # (N, C, H, W) on the run's device and dtype
-    names: list[str]  # image paths, or "random-0", ...
-    images: list[LoadedImage] | None  # None for synthetic input
-
-
-@dataclass
 class InputPlan:
     """The resolved input options of one run; ``batches()`` streams :class:`InputBatch`.
 
@@ -251,16 +243,26 @@ def plan_inputs(
     device: Any = "cpu",
     dtype: Any = None,
     stdin: Any = None,
-) -> InputPlan:
-    """Resolve the input options against a loaded model (see :class:`InputPlan`)."""
+    clip: bool = False,
+    clip_options: Any = None,
+) -> Any:
+    """Resolve the input options against a loaded model (see :class:`InputPlan`); a video
+    or optical-flow model gets a clip or pair plan (:mod:`inspect_model.loading.media`)."""
+    from inspect_model.loading.media import clip_folders
     from inspect_model.loading.shapes import parse_size
 
     if batch_size < 1:
         raise InputError(f"--batch-size must be 1 or more, got {batch_size}")
     missing: list[tuple[str, str]] = []  # with --skip-bad-inputs: missing paths, skipped like bad files
-    paths = collect_paths(list(images), stdin=stdin, missing=missing if skip_bad else None) if images else []
+    folders = clip_folders(images, clip)  # --clip: a folder of frames is one video
+    items = [i for i in images or [] if Path(i) not in folders]
+    paths = collect_paths(items, stdin=stdin, missing=missing if skip_bad else None) if items else []
     if skip_bad and images and not paths and missing:
         raise InputError(f"none of the {len(missing)} image paths exists (first: '{missing[0][0]}')")
+    media = _media_plan(loaded, paths + folders, input_size, clip_options, batch_size=batch_size, seed=seed,
+                        skip_bad=skip_bad, device=device, dtype=dtype, resize=resize, crop=crop, mean=mean, std=std)
+    if media is not None:
+        return media
     channels = model_channels(loaded.model)
     size: tuple[int, ...] | None = None
     spec = None
@@ -291,6 +293,15 @@ def plan_inputs(
     return InputPlan(paths=paths, preprocess=pre, input_size=size, batch_size=batch_size,
                      channels=channels, seed=seed, fill=fill, skip_bad=skip_bad, device=device, dtype=dtype,
                      spec=spec, skipped=missing, vocab=getattr(loaded, "token_vocab", None))
+
+
+def _media_plan(loaded: Any, paths: list[Path], input_size: str | None, clip_options: Any, **kw: Any) -> Any:
+    from inspect_model.loading.media import plan_media
+    from inspect_model.loading.shapes import parse_size
+    from inspect_model.loading.video import ClipOptions
+
+    size = parse_size(input_size) if input_size else None
+    return plan_media(loaded, paths, options=clip_options or ClipOptions(), input_size=size, **kw)
 
 
 @dataclass

@@ -25,6 +25,7 @@ from inspect_model.methods.cam_layers import (
     CamLayer,
     auto_layer,
     infer_layout,
+    input_dims,
     resolve_layer,
     resolve_layers,
 )
@@ -165,7 +166,7 @@ def compute_cams(
     if scorecam_batch is not None and scorecam_batch < 1:
         raise UsageError(f"--scorecam-batch must be 1 or more, got {scorecam_batch}")
     x = x.detach()
-    hw = (int(x.shape[-2]), int(x.shape[-1]))
+    hw = input_dims(x)  # (H, W), or (T, H, W) for clips: maps over time (methods/cam3d.py)
     if layers and all(isinstance(layer, CamLayer) for layer in layers):
         cam_layers: list[CamLayer] | None = list(layers)  # type: ignore[arg-type]
         names = [layer.name for layer in cam_layers]  # type: ignore[union-attr]
@@ -238,7 +239,7 @@ def compute_cams(
                      layers=cam_layers, maps=maps, input_hw=hw, passes=passes, notes=notes)
 
 
-def _records(raw_maps: dict[tuple[str, str], torch.Tensor], classes: torch.Tensor, hw: tuple[int, int],
+def _records(raw_maps: dict[tuple[str, str], torch.Tensor], classes: torch.Tensor, hw: tuple[int, ...],
              layer_names: list[str], methods: list[str], fuse: bool) -> list[CamMap]:
     import torch
 
@@ -246,8 +247,8 @@ def _records(raw_maps: dict[tuple[str, str], torch.Tensor], classes: torch.Tenso
     n, k = classes.shape
     finished: dict[tuple[str, str], torch.Tensor] = {}
     for (layer, m), raw in raw_maps.items():
-        h, w = raw.shape[-2:]
-        fin = cm.finish_maps(raw.reshape(k * n, h, w), hw).reshape(k, n, *hw).cpu()
+        sp = raw.shape[2:]  # (h, w), or (t, h, w)
+        fin = cm.finish_maps(raw.reshape(k * n, *sp), hw).reshape(k, n, *hw).cpu()
         finished[(layer, m)] = fin
         raw_cpu = raw.detach().float().cpu()
         for i in range(n):
@@ -287,7 +288,7 @@ def gradcam(model: nn.Module, x: torch.Tensor, layer: str,
     import torch
 
     x = x.detach()
-    hw = (int(x.shape[-2]), int(x.shape[-1]))
+    hw = input_dims(x)
     cap, _ = cp.capture(model, x, [layer], grads=True, target=list(class_indices), output_key=None, fc=None)
     layout = infer_layout(model, layer, tuple(cap.acts[layer].shape), hw)
     A = cm.to_spatial(cap.acts[layer], layout).float()

@@ -164,6 +164,11 @@ def auto_layer(model: nn.Module, x: torch.Tensor, output_key: str | None = None,
     hub = _hub_auto_layer(model)
     if hub is not None:
         return hub
+    from inspect_model.methods.cam3d import auto_layer3d
+
+    video = auto_layer3d(model)
+    if video is not None:
+        return video
     names = [n for n, _ in model.named_modules() if n]
     records, on_path = _probe_paths(model, x, names, output_key, probe)
     last = None
@@ -173,7 +178,7 @@ def auto_layer(model: nn.Module, x: torch.Tensor, output_key: str | None = None,
         if on_path is not None and r.name not in on_path:
             continue  # a branch the scored output does not depend on (issue 14)
         shape = r.outputs[0].shape
-        if len(shape) == 4 and shape[2] * shape[3] > 1 and r.outputs[0].dtype.startswith(("float", "bfloat")):
+        if len(shape) in (4, 5) and shape[-2] * shape[-1] > 1 and r.outputs[0].dtype.startswith(("float", "bfloat")):
             last = r
     if last is None:
         kind = type(model).__name__
@@ -198,6 +203,10 @@ def infer_layout(model: nn.Module, name: str, shape: tuple[int, ...], input_hw: 
     """How the (batched) output ``shape`` of layer ``name`` lies on a grid (see :class:`Layout`)."""
     from torch import nn
 
+    if len(input_hw) == 3:  # a clip's (T, H, W): the video layouts
+        from inspect_model.methods.cam3d import infer_layout3d
+
+        return infer_layout3d(model, name, shape, input_hw, reshape)
     module = dict(model.named_modules()).get(name)
     if len(shape) == 4:
         if reshape is not None:
@@ -255,7 +264,7 @@ def resolve_layers(model: nn.Module, x: torch.Tensor, specs: Sequence[str] | Non
             names.extend(select_layers(model, [spec], leaves_only=not plain))
     names = list(dict.fromkeys(names))
     records = {r.name: r for r in _probe(model, x, names, probe)}
-    hw = (int(x.shape[-2]), int(x.shape[-1]))
+    hw = input_dims(x)
     out = []
     for n in names:
         rec = records.get(n)
@@ -265,6 +274,11 @@ def resolve_layers(model: nn.Module, x: torch.Tensor, specs: Sequence[str] | Non
         cap = single_output(rec, n)
         out.append(CamLayer(n, infer_layout(model, n, cap.shape, hw, reshape), tuple(cap.shape[1:])))
     return out
+
+
+def input_dims(x: torch.Tensor) -> tuple[int, ...]:
+    """(H, W) of an image batch, (T, H, W) of a clip batch (N, C, T, H, W)."""
+    return tuple(int(d) for d in x.shape[2:]) if x.dim() == 5 else (int(x.shape[-2]), int(x.shape[-1]))
 
 
 def single_output(rec: Any, name: str) -> Any:

@@ -39,7 +39,7 @@ class Layout:
     """
 
     kind: str
-    grid: tuple[int, int]
+    grid: tuple[int, ...]  # (h, w), or (t, h, w) for a clip's layer
     prefix: int = 0
     channels: int = 0
 
@@ -48,10 +48,24 @@ class Layout:
                 "channels": self.channels}
 
 
+def _to_spatial3d(t: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """(N, C, t, h, w) view of a clip layer's output in ``layout``."""
+    if layout.kind == "ncthw":
+        return t
+    if layout.kind == "nthwc":
+        return t.permute(0, 4, 1, 2, 3)
+    gt, gh, gw = layout.grid
+    tokens = t[:, layout.prefix:, :]  # (N, t*h*w, D)
+    return tokens.transpose(1, 2).reshape(t.shape[0], t.shape[2], gt, gh, gw)
+
+
 def to_spatial(t: torch.Tensor, layout: Layout) -> torch.Tensor:
-    """(N, C, h, w) view of a layer output (or of its gradient) in ``layout``."""
+    """(N, C, h, w) view of a layer output (or of its gradient) in ``layout``; (N, C, t, h, w)
+    for a clip's layouts (methods/cam3d.py)."""
     if layout.kind == "nchw":
         return t
+    if len(layout.grid) == 3:  # a clip's layer
+        return _to_spatial3d(t, layout)
     if layout.kind == "nhwc":
         return t.permute(0, 3, 1, 2)
     gh, gw = layout.grid
@@ -77,19 +91,22 @@ def token_grid(tokens: int, input_hw: tuple[int, int], max_prefix: int = 16) -> 
 
 # ----------------------------------------------------------------------------- gradient maps
 def gradient_map(method: str, A: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
-    """Raw map (N, h, w) of one gradient-based method from A, G (N, C, h, w)."""
+    """Raw map (N, h, w) of one gradient-based method from A, G (N, C, h, w); for a clip's
+    (N, C, t, h, w) the same formulas over (t, h, w) give (N, t, h, w) (methods/cam3d.py)."""
     import torch
+
+    sp = tuple(range(2, A.dim()))  # the spatial (and temporal) dims
 
     if method == "gradcam":
         # Selvaraju et al. 2017, Eq. 1-2: alpha_k = mean_ij dS/dA_k_ij.
-        w = G.mean(dim=(2, 3), keepdim=True)
+        w = G.mean(dim=sp, keepdim=True)
         return (w * A).sum(dim=1)
     if method == "hirescam":
         # Draelos & Carin 2020: the element-wise product, no spatial averaging of gradients.
         return (G * A).sum(dim=1)
     if method == "xgradcam":
         # Fu et al. 2020, Eq. 9: alpha_k = sum_ij (A_k_ij / sum_ij A_k_ij) dS/dA_k_ij.
-        w = (G * A).sum(dim=(2, 3), keepdim=True) / (A.sum(dim=(2, 3), keepdim=True) + EPS)
+        w = (G * A).sum(dim=sp, keepdim=True) / (A.sum(dim=sp, keepdim=True) + EPS)
         return (w * A).sum(dim=1)
     if method == "layercam":
         # Jiang et al. 2021: a per-location weight relu(dS/dA_k_ij) times the activation.
@@ -100,10 +117,10 @@ def gradient_map(method: str, A: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
         # scores), so it is dropped as pytorch-grad-cam does.
         g2 = G * G
         g3 = g2 * G
-        sum_a = A.sum(dim=(2, 3), keepdim=True)
+        sum_a = A.sum(dim=sp, keepdim=True)
         alpha = g2 / (2 * g2 + sum_a * g3 + EPS)
         alpha = torch.where(G != 0, alpha, torch.zeros_like(alpha))
-        w = (torch.relu(G) * alpha).sum(dim=(2, 3), keepdim=True)
+        w = (torch.relu(G) * alpha).sum(dim=sp, keepdim=True)
         return (w * A).sum(dim=1)
     raise ValueError(f"not a gradient method: {method}")
 
@@ -113,7 +130,7 @@ def cam_map(A: torch.Tensor, fc_weight: torch.Tensor, classes: torch.Tensor) -> 
 
     A (N, C, h, w); fc_weight (classes, C); classes (N,) long -> (N, h, w)."""
     w = fc_weight[classes].to(A.dtype)  # (N, C)
-    return (w[:, :, None, None] * A).sum(dim=1)
+    return (w.reshape(*w.shape, *[1] * (A.dim() - 2)) * A).sum(dim=1)
 
 
 def eigen_map(A: torch.Tensor) -> torch.Tensor:
@@ -123,15 +140,16 @@ def eigen_map(A: torch.Tensor) -> torch.Tensor:
     correlates positively with the channel sum (pytorch-grad-cam leaves it to chance)."""
     import torch
 
-    n, c, h, w = A.shape
-    X = A.reshape(n, c, h * w).transpose(1, 2)  # (N, hw, C)
+    n, c = A.shape[:2]
+    sp = A.shape[2:]  # (h, w), or (t, h, w) for a clip
+    X = A.reshape(n, c, -1).transpose(1, 2)  # (N, hw, C)
     X = X - X.mean(dim=1, keepdim=True)
     _, _, vh = torch.linalg.svd(X, full_matrices=False)  # vh (N, min(hw,C), C)
     proj = (X @ vh[:, 0, :, None]).squeeze(-1)  # (N, hw)
-    ref = A.sum(dim=1).reshape(n, h * w)
+    ref = A.sum(dim=1).reshape(n, -1)
     ref = ref - ref.mean(dim=1, keepdim=True)
     sign = torch.where((proj * ref).sum(dim=1) < 0, -1.0, 1.0).to(proj.dtype)
-    return (proj * sign[:, None]).reshape(n, h, w)
+    return (proj * sign[:, None]).reshape(n, *sp)
 
 
 # ----------------------------------------------------------------------------- Score-CAM
@@ -141,10 +159,11 @@ def scorecam_masks(A: torch.Tensor, input_hw: tuple[int, int]) -> torch.Tensor:
     channel gives an all-zero mask."""
     import torch.nn.functional as F
 
-    up = F.interpolate(A[None].float(), size=input_hw, mode="bilinear", align_corners=False)[0]
+    mode = "trilinear" if len(input_hw) == 3 else "bilinear"  # a clip's (T, H, W)
+    up = F.interpolate(A[None].float(), size=input_hw, mode=mode, align_corners=False)[0]
     flat = up.reshape(up.shape[0], -1)
-    lo = flat.min(dim=1).values[:, None, None]
-    hi = flat.max(dim=1).values[:, None, None]
+    lo = flat.min(dim=1).values.reshape(-1, *[1] * len(input_hw))
+    hi = flat.max(dim=1).values.reshape(-1, *[1] * len(input_hw))
     span = hi - lo
     return ((up - lo) / span.clamp_min(1e-12)) * (span > 0)
 
@@ -153,7 +172,8 @@ def scorecam_map(A: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Raw Score-CAM map: sum_k alpha_k A_k. A (C, h, w), weights (K, C) -> (K, h, w), where
     alpha_k is the softmax probability of the target class on the masked input X * H_k (the
     authors' implementation; the paper's baseline term is a constant that it omits)."""
-    return (weights[:, :, None, None].to(A.dtype) * A[None]).sum(dim=1)
+    w = weights.reshape(*weights.shape, *[1] * (A.dim() - 1)).to(A.dtype)
+    return (w * A[None]).sum(dim=1)
 
 
 # ----------------------------------------------------------------------------- finishing
@@ -166,10 +186,11 @@ def finish_maps(raw: torch.Tensor, input_hw: tuple[int, int]) -> torch.Tensor:
     import torch.nn.functional as F
 
     pos = torch.nan_to_num(torch.relu(raw.float()), nan=0.0, posinf=0.0, neginf=0.0)
-    up = F.interpolate(pos[:, None], size=input_hw, mode="bilinear", align_corners=False)[:, 0]
+    mode = "trilinear" if len(input_hw) == 3 else "bilinear"  # a clip's (T, H, W): one scale per clip
+    up = F.interpolate(pos[:, None], size=tuple(input_hw), mode=mode, align_corners=False)[:, 0]
     flat = up.reshape(up.shape[0], -1)
-    lo = flat.min(dim=1).values[:, None, None]
-    hi = flat.max(dim=1).values[:, None, None]
+    lo = flat.min(dim=1).values.reshape(-1, *[1] * len(input_hw))
+    hi = flat.max(dim=1).values.reshape(-1, *[1] * len(input_hw))
     span = hi - lo
     return ((up - lo) / span.clamp_min(1e-30)) * (span > 0)
 
@@ -247,16 +268,16 @@ def _cam(inp: MapInputs) -> Any:
 def _eigen(inp: MapInputs) -> Any:
     import torch
 
-    n, _, h, w = inp.A.shape
+    n, sp = inp.A.shape[0], inp.A.shape[2:]
     ok = torch.isfinite(inp.A.reshape(n, -1)).all(1)  # (N,)
     if bool(ok.all()):
-        return eigen_map(inp.A)[None].expand(inp.k, -1, -1, -1)
+        return eigen_map(inp.A)[None].expand(inp.k, *[-1] * (1 + len(sp)))
     # No SVD of NaN/Inf (LinAlgError): those images get a NaN map, reported like any other
     # NaN map; the images with finite activations keep theirs (issue 14).
-    out = torch.full((n, h, w), float("nan"), dtype=inp.A.dtype, device=inp.A.device)
+    out = torch.full((n, *sp), float("nan"), dtype=inp.A.dtype, device=inp.A.device)
     if bool(ok.any()):
         out[ok] = eigen_map(inp.A[ok]).to(out.dtype)
-    return out[None].expand(inp.k, -1, -1, -1)
+    return out[None].expand(inp.k, *[-1] * (1 + len(sp)))
 
 
 def _score(inp: MapInputs) -> Any:

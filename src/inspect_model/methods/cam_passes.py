@@ -154,7 +154,7 @@ def check_cam(model: nn.Module, fc: str | None, layer: str, A: torch.Tensor, cap
     if fc is None or cap.fc_in is None:
         raise UsageError(f"--method cam needs a network that ends in global average pooling and one "
                          f"linear layer; {type(model).__name__} has no linear classifier{hint}")
-    gap = A.float().mean(dim=(2, 3))
+    gap = A.float().mean(dim=tuple(range(2, A.dim())))  # over (h, w), or a clip's (t, h, w)
     fc_in = cap.fc_in.float().reshape(cap.fc_in.shape[0], -1)
     tol = 1e-4 * float(gap.abs().max().clamp_min(1.0))
     fits_in = fc_in.shape == gap.shape and torch.allclose(fc_in, gap, rtol=1e-3, atol=tol)
@@ -183,7 +183,7 @@ def scorecam(model: nn.Module, x: torch.Tensor, A: torch.Tensor, classes: torch.
     from inspect_model.methods.inference_copy import InferenceRunner
 
     n, c = A.shape[0], A.shape[1]
-    hw = (x.shape[-2], x.shape[-1])
+    hw = tuple(x.shape[2:]) if x.dim() == 5 else (x.shape[-2], x.shape[-1])  # a clip: (T, H, W)
     rows = n * c
     batch = scorecam_batch_size(x, rows, batch)
     weights = torch.empty(n, classes.shape[1], c, dtype=torch.float32, device=A.device)

@@ -35,6 +35,9 @@ COLUMNS = (
 )
 
 
+QUANTIZED_DTYPES = ("quint8", "qint8", "qint32", "quint4x2", "quint2x4")
+
+
 def _num(v: float) -> str:
     if math.isnan(v):
         return "nan"
@@ -77,6 +80,11 @@ def footer_lines(rep: ActivationReport, files: list[str] | None = None, drawn: l
     drawn = rep.kept_layers if drawn is None else drawn
     if drawn:
         lines.append(f"Drawn layers: {', '.join(one_line(d) for d in drawn[:8])}" + (" ..." if len(drawn) > 8 else ""))
+    quantized = [r for r in rep.layers if r.dtype in QUANTIZED_DTYPES]
+    if quantized:  # the engine dequantizes them (engine/hooks.py)
+        kinds = ", ".join(sorted({r.dtype for r in quantized}))
+        lines.append(f"Quantized: {len(quantized)} row(s) output quantized tensors ({kinds}); their statistics "
+                     "and pictures are of the dequantized values")
     if files:
         lines.append(f"Files written: {len(files)}")
     return lines

@@ -85,7 +85,7 @@ def _predictions(rec: dict[str, Any]) -> str:
 
 def _header(payload: dict[str, Any]) -> list[str]:
     layers = ", ".join(
-        f"{lay['name']} ({lay['kind']} {lay['grid'][0]}x{lay['grid'][1]}, {lay['channels']} ch)"
+        f"{lay['name']} ({lay['kind']} {'x'.join(str(g) for g in lay['grid'])}, {lay['channels']} ch)"
         for lay in payload["layers"])
     lines = [f"model: {one_line(payload['model'])}", f"layers: {one_line(layers)}",
              f"methods: {', '.join(payload['methods'])}   target: {payload['target']}"]

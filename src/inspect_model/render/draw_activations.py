@@ -76,6 +76,12 @@ class ActivationsDrawer(Drawer):
         picture: dict[str, Any] = {}
 
         def draw() -> Any:  # on a worker: drawing and encoding overlap the next batch
+            if values.ndim == 4:  # (C, T, h, w): a clip's feature maps, one column per frame
+                from inspect_model.render.video import render_frame_grid
+
+                img, picture["layout"] = render_frame_grid(values, cdim or 0, title=title, channels=spec,
+                                                           scale=scale, cmap=cmap, layer=k.key)
+                return img
             img, picture["layout"] = render_activation(values, cdim, title=title, channels=spec, scale=scale,
                                                        cmap=cmap, layer=k.key)
             return img

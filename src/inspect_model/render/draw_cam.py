@@ -1,6 +1,7 @@
 """The files of ``cam``: per image (``images/NNNN-stem/``)
 ``<method>.<layer>.<class>.overlay.png`` (the map on the original image), ``.heatmap.png``
-(the bare map with a colour bar), with ``save_raw`` ``.input.npy`` / ``.layer.npy``, with
+(the bare map with a colour bar), or for a clip's (T, H, W) map ``.strip.png`` and
+``.overlay.gif`` (:mod:`inspect_model.render.video`), with ``save_raw`` ``.input.npy`` / ``.layer.npy``, with
 evaluation ``evaluation_curves.png``; contact sheets (rows: image x target, columns: method x
 layer) at the top as ``contact_sheet_NNN.png``, pages of :data:`SHEET_ROWS` rows.
 """
@@ -49,7 +50,7 @@ class CamDrawer(Drawer):
             # Reduced here, once per image: the queued jobs hold at most OVERLAY_SIDE pixels a side.
             picture, box = ov.viewable(img.image, pre.uncrop_box(*img.image.size) if pre is not None else None)
         else:
-            picture = ov.input_picture(x.detach().float().cpu())
+            picture = ov.input_picture(x.detach().float().cpu()) if x.dim() == 3 else None  # a clip: its frames
             box = None
         base = image_dir(entry["index"], entry["image"])
         rows: dict[int, dict[tuple[str, str], Any]] = {}
@@ -61,18 +62,25 @@ class CamDrawer(Drawer):
             names: dict[str, Any] = {}
             if sink.out is not None:
                 stem = f"{base}/{safe_name(m.method)}.{safe_name(m.layer)}.{class_tag(cls, cats)}"
-                names = {"overlay": sink.out.reserve(f"{stem}.overlay.png"),
-                         "heatmap": sink.out.reserve(f"{stem}.heatmap.png")}
+                kinds = {"strip": "strip.png", "animation": "overlay.gif"} if arr.ndim == 3 else \
+                    {"overlay": "overlay.png", "heatmap": "heatmap.png"}  # a clip's map: frames (render/video.py)
+                names = {k: sink.out.reserve(f"{stem}.{ext}") for k, ext in kinds.items()}
                 rec["files"] = {k: sink.relative(final) for k, (_, final) in names.items()}
                 if self.save_raw:
                     rec["files"]["raw_input"] = sink.npy(f"{stem}.input.npy", arr)
                     if m.raw is not None:
                         rec["files"]["raw_layer"] = sink.npy(f"{stem}.layer.npy", m.raw.numpy())
             # Drawing and encoding run on the sink's workers while the model computes on.
-            job = _map_job(sink, names, picture, arr, box, self.alpha, self.colormap,
-                           f"{m.method} @ {m.layer}\n{title}", keep=sink.writer is not None)
+            if arr.ndim == 3:
+                from inspect_model.render.video import clip_map_job
+
+                job = clip_map_job(sink, names, img, x, arr, box, alpha=self.alpha, cmap=self.colormap,
+                                   title=f"{m.method} @ {m.layer}: {title}")
+            else:
+                job = _map_job(sink, names, picture, arr, box, self.alpha, self.colormap,
+                               f"{m.method} @ {m.layer}\n{title}", keep=sink.writer is not None)
             fut = sink.defer(job)
-            if sink.writer is not None:
+            if sink.writer is not None and arr.ndim == 2:
                 import numpy as np
 
                 sink.writer.add_image(f"cam/{m.method}/{m.layer}/rank{m.rank}", np.asarray(fut.result()[1]),

@@ -54,6 +54,12 @@ class GuidedDrawer(Drawer):
                         if img is not None:
                             sink.writer.add_image(f"guided-backprop/{base.split('/', 1)[1]}/{tag}/{key}",
                                                   np.asarray(img.convert("RGB")), 0, dataformats="HWC")
+            elif g.dim() == 4 and sink.out is not None:  # a clip's (C, T, H, W): strips and an animation
+                from inspect_model.render.video import guided_clip_files
+
+                pre = self.preprocess
+                files.update(guided_clip_files(sink, base, tag, g, x, entry, mean=getattr(pre, "mean", None),
+                                               std=getattr(pre, "std", None)))
             elif sink.out is not None and not self.save_raw:
                 self.warn("the input is not an image (C, H, W); no PNGs written (use --save-raw for .npy)")
             if sink.out is not None and self.save_raw:

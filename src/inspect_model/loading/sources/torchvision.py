@@ -31,10 +31,13 @@ class TorchvisionSource:
         return ":" not in spec and not spec.endswith(_PATH_SUFFIXES) and os.sep not in spec and "/" not in spec
 
     def load(self, spec: str, request: LoadRequest) -> LoadedModel:
-        if request.model_args:
-            raise UsageError("--model-arg applies to user models (FILE.py:FACTORY) and timm:NAME, "
-                             "not torchvision names")
-        return load_torchvision(spec.removeprefix("torchvision:"), weights=request.weights, device=request.device)
+        name = spec.removeprefix("torchvision:")
+        quantized = registry().get(name) == "quantization"
+        if request.model_args and not (quantized and set(request.model_args) <= {"quantize"}):
+            raise UsageError("--model-arg applies to user models (FILE.py:FACTORY) and timm:NAME, and "
+                             "quantize=True|False to torchvision's quantized_* models, not to other torchvision names")
+        return load_torchvision(name, weights=request.weights, device=request.device,
+                                build_args=request.model_args or None)
 
 
 SOURCE = TorchvisionSource()
@@ -227,6 +230,7 @@ def load_torchvision(
     weights: str | None = None,
     device: str = "cpu",
     categories_from: Any = None,
+    build_args: dict[str, Any] | None = None,
 ) -> LoadedModel:
     """Build torchvision model ``name`` on ``device`` (``meta`` builds without memory)."""
     import torch
@@ -244,6 +248,9 @@ def load_torchvision(
     kwargs = _build_kwargs(name, family)
     if w is not None and family == "quantization":
         kwargs["quantize"] = True  # quantized weights only load into a quantized model
+    kwargs.update(build_args or {})  # quantize=True: torchvision calibrates on random input and converts
+    if kwargs.get("quantize") and device == "meta":
+        device = "cpu"  # quantizing calibrates on real numbers; a quantized model has no meta form
     try:
         if w is not None:
             path = ensure_weights_file(w, name)
