@@ -54,7 +54,7 @@ def test_json_equals_the_api_and_files_are_written(cli, models_py: Path, tmp_pat
 
     spec = f"{models_py}:TinyCNN"
     args = ["attributions", spec, *COMMON, "--method", "saliency,integrated-gradients", "-m", "occlusion",
-            "--steps", "4", "--window", "4", "--stride", "4", "--target", "top:2"]
+            "--steps", "4", "--window", "4", "--window-stride", "4", "--target", "top:2"]
     doc = _doc(cli([*args, "--json"]))
     assert doc["methods"] == ["saliency", "integrated-gradients", "occlusion"]
     assert [len(e["maps"]) for e in doc["images"]] == [6, 6]

@@ -41,7 +41,7 @@ inspect-model cam resnet50 sample_images/cat.jpg sample_images/coffee.jpg --weig
 cp "$tmp/cam/contact_sheet_001.png" "$out/cam_contact_sheet.png"
 inspect-model attributions resnet18 sample_images/cat.jpg sample_images/coffee.jpg --weights none \
   --method saliency,input-x-gradient,integrated-gradients,smoothgrad,occlusion,guided --steps 16 --samples 8 \
-  --window 56 --stride 28 --output-dir "$tmp/attr" --quiet > /dev/null
+  --window 56 --window-stride 28 --output-dir "$tmp/attr" --quiet > /dev/null
 cp "$tmp/attr/contact_sheet_001.png" "$out/attributions_contact_sheet.png"
 
 inspect-model attention vit_b_16 sample_images/cat.jpg --weights none --method rollout --method raw --heads all \

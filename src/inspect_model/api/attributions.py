@@ -54,7 +54,7 @@ class AttributionsRequest(Request):
     noise_mode: str = option("fraction", "--noise-mode", help="fraction (of the input's range) or absolute.")
     window: str = option("16", "--window", type=str, help="occlusion: window size, 16 (16x16 over all channels), "
                          "16,24 or 3,16,16; on token embeddings, tokens.")
-    stride: str | None = option(None, "--stride", type=str, help="occlusion: window step (default: half the "
+    stride: str | None = option(None, "--window-stride", type=str, param="window_stride", help="occlusion: window step (default: half the "
                                 "window).")
     smooth: bool = option(False, "--smooth", help="Average every gradient method over --samples noisy copies "
                           "(SmoothGrad around it, as captum's NoiseTunnel).")
@@ -87,7 +87,7 @@ class AttributionsRequest(Request):
         self._set("baseline", ao.parse_baseline(self.baseline))
         self._set("window", str(self.window))
         ao.parse_sizes(self.window, "--window")
-        ao.parse_sizes(self.stride, "--stride")
+        ao.parse_sizes(self.stride, "--window-stride")
 
     def settings(self, *, batch_size: int, seed: int = 0) -> Any:
         from inspect_model.methods.attributions import AttributionSettings

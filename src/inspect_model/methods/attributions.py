@@ -72,7 +72,7 @@ class AttributionSettings:
                        methods=self.methods)
         object.__setattr__(self, "baseline", ap.parse_baseline(self.baseline))
         object.__setattr__(self, "window", parse_sizes(self.window, "--window"))
-        object.__setattr__(self, "stride", parse_sizes(self.stride, "--stride"))
+        object.__setattr__(self, "stride", parse_sizes(self.stride, "--window-stride"))
 
     @property
     def guided_kinds(self) -> tuple[str, ...]:
@@ -325,7 +325,7 @@ def _attribute(scorer: _Scorer, st: AttributionSettings, target: Any, categories
             raise UsageError(f"--window {given} ({'x'.join(map(str, window))} on this input) is larger than the "
                              f"input {sample}; give a window no larger than {'x'.join(map(str, sample[-2:]))}")
         default_stride = tuple(max(w // 2, 1) for w in st.window)
-        stride = ap.window_shape(st.stride, sample, space=space, what="--stride", default=default_stride)
+        stride = ap.window_shape(st.stride, sample, space=space, what="--window-stride", default=default_stride)
         maps["occlusion"] = sw.occlusion_pass(b, base, fx, window, stride)
     res.maps = {m: maps[m].float().cpu().reshape(n, k, *x.shape[1:]) for m in methods}
     return res
