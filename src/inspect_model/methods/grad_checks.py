@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from inspect_model.errors import UsageError
 
 if TYPE_CHECKING:
-    from inspect_model.methods.gradients import LayerGrad, ParamGrad
+    from inspect_model.methods.grad_records import LayerGrad, ParamGrad
 
 CHECKS = ("nan", "inf", "vanishing", "exploding")
 DEFAULT_VANISHING = 1e-5
