@@ -63,7 +63,9 @@ class CamSession(Session):
                  target: str = "predicted", output_key: str | None = None, scorecam_batch: int = 32,
                  colormap: str = "jet", alpha: float = 0.5, top: int = 5, save_raw: bool = False,
                  notes: Any = None, evaluate: bool = False, metrics: list[str] | None = None, boxes: Any = None,
-                 eval_steps: int = 32, eval_batch: int = 64, progress: Any = None) -> None:
+                 eval_steps: int = 32, eval_batch: int = 64, progress: Any = None,
+                 score_threshold: float | None = None, max_detections: int = 10) -> None:
+        from inspect_model.api.cam_tasks import DenseCam, dense_task
         from inspect_model.methods.targets import parse_target
 
         self.method_items = list(methods or ["gradcam"])  # as typed: `all` makes CAM optional
@@ -74,10 +76,13 @@ class CamSession(Session):
         self.fuse, self.output_key, self.scorecam_batch = fuse, output_key, scorecam_batch
         self.colormap, self.alpha, self.top, self.save_raw = colormap, alpha, top, save_raw
         self.target_text = target
-        self.spec = parse_target(target, prep.categories)
         self.notes = notes or (lambda text: None)
         self.progress = progress  # progress(done, total, label) for the long inner loops
         self.warnings = Warnings()
+        task = dense_task(prep)  # detection / segmentation: maps of detections and masks (issue 24)
+        self.dense = None if task == "classification" else DenseCam(
+            self, task, target=target, score_threshold=score_threshold, max_detections=max_detections, boxes=boxes)
+        self.spec = parse_target(target, prep.categories) if self.dense is None else self.dense.objective.spec
         self.cam_layers: list[Any] | None = None
         self.entries: list[dict[str, Any]] = []
         self.passes = {"forward": 0, "backward": 0, "scorecam_forward": 0}
@@ -85,7 +90,10 @@ class CamSession(Session):
         self.eval_options = {"evaluate": evaluate, "metrics": None, "boxes": str(boxes) if boxes else None,
                              "eval_steps": eval_steps, "eval_batch": eval_batch}
         self.evaluator: Any = None
-        if evaluate or metrics or boxes:
+        if boxes and not evaluate and self.dense is None:
+            raise UsageError("--boxes needs --evaluate (for a classifier; a detector or a segmenter takes --boxes "
+                             "as the boxes to explain)")
+        if evaluate or metrics or (boxes and self.dense is None):
             from inspect_model.api.cam_evaluate import Evaluator, check_evaluate_request
 
             parsed = check_evaluate_request(evaluate=evaluate, metrics=metrics, boxes=boxes, steps=eval_steps,
@@ -120,6 +128,8 @@ class CamSession(Session):
     def feed(self, batch: Any) -> list[ImageItem]:
         from inspect_model.methods.cam import compute_cams
 
+        if self.dense is not None:
+            return self.dense.feed(batch)
         if self.cam_layers is None:
             self._resolve(batch.tensor)
         res = compute_cams(self.prep.loaded.model, batch.tensor, layers=self.cam_layers, methods=self.method_items,
@@ -180,6 +190,8 @@ class CamSession(Session):
             methods=list(self.methods), fuse=self.fuse, output_key=self.output_key,
             scorecam_batch=self.scorecam_batch, colormap=self.colormap, alpha=self.alpha, top=self.top,
             save_raw=self.save_raw, **self.eval_options)
+        if self.dense is not None:
+            self.dense.finish(payload, options)
         return Result("cam", options, payload, self.warnings.to_list(), record=None,
                       render_text=lambda r: render.render_text(r.to_dict()),
                       render_rich=lambda r: render.render_rich(r.to_dict()))
@@ -194,6 +206,8 @@ class CamSession(Session):
 
         if item.data is None:
             return item.entry.get("files", {})
+        if self.dense is not None:
+            return self.dense.draw(item, sink)
         img, x, maps, probs = item.data
         entry = item.entry
         cats = self.prep.categories
@@ -313,7 +327,7 @@ def cam(model: Any, images: Any = None, *, methods: list[str] | None = None, lay
         target: str = "predicted", reshape: str | None = None, fuse: bool = False, output_key: str | None = None,
         scorecam_batch: int = 32, colormap: str = "jet", alpha: float = 0.5, top: int = 5,
         save_raw: bool = False, evaluate: bool = False, metrics: list[str] | None = None, boxes: Any = None,
-        eval_steps: int = 32, eval_batch: int = 64,
+        eval_steps: int = 32, eval_batch: int = 64, score_threshold: float | None = None, max_detections: int = 10,
         model_options: ModelOptions | None = None, inputs: InputOptions | None = None,
         output_dir: Any = None, force: bool = False, tensorboard: Any = None, keep: bool | None = None,
         on_item: Any = None, notes: Any = None, progress: Any = None) -> Result:
@@ -329,11 +343,15 @@ def cam(model: Any, images: Any = None, *, methods: list[str] | None = None, lay
     from inspect_model.api.cam_evaluate import check_evaluate_request
 
     check_evaluate_request(evaluate=evaluate, metrics=metrics, boxes=boxes, steps=eval_steps, batch=eval_batch)
+    from inspect_model.methods.objectives import check_dense_options
+
+    check_dense_options(score_threshold, max_detections)
     prep = prepare("cam", mopts, inputs, notes=notes)
     session = CamSession(prep, mopts, methods=methods, layers=layers, reshape=reshape, fuse=fuse, target=target,
                          output_key=output_key, scorecam_batch=scorecam_batch, colormap=colormap, alpha=alpha,
                          top=top, save_raw=save_raw, notes=notes, evaluate=evaluate, metrics=metrics, boxes=boxes,
-                         eval_steps=eval_steps, eval_batch=eval_batch, progress=progress)
+                         eval_steps=eval_steps, eval_batch=eval_batch, progress=progress,
+                         score_threshold=score_threshold, max_detections=max_detections)
     total = len(prep.plan.paths) if prep.plan.paths else 0
     return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
                    keep=keep, tensorboard=tensorboard, on_item=on_item)

@@ -23,9 +23,12 @@ def check_evaluate_request(*, evaluate: bool, metrics: list[str] | None, boxes: 
     from inspect_model.methods.faithfulness import parse_metrics
 
     if not evaluate:
-        for flag, given in (("--metric", metrics), ("--boxes", boxes)):
-            if given:
-                raise UsageError(f"{flag} needs --evaluate")
+        if metrics:
+            raise UsageError("--metric needs --evaluate")
+        if boxes is not None:  # a detector's or segmenter's boxes to explain; read at once (issue 24)
+            from inspect_model.loading.boxes import load_boxes
+
+            load_boxes(boxes)
         return []
     if steps < 2:
         raise UsageError(f"--eval-steps must be 2 or more, got {steps}")

@@ -47,10 +47,18 @@ MetricOpt = Annotated[
                  "or all (default: all; pointing and energy only with --boxes); repeatable."),
 ]
 BoxesOpt = Annotated[
-    Path | None, typer.Option("--boxes", help="With --evaluate: JSON or CSV of boxes image,x0,y0,x1,y1 in "
-                              "original-image pixels, for the pointing and energy games.")
+    Path | None, typer.Option("--boxes", help="JSON or CSV of boxes image,x0,y0,x1,y1[,label] in "
+                              "original-image pixels: with --evaluate for the pointing and energy games; for a "
+                              "detector the boxes to explain, for a segmenter the region of the mask.")
 ]
 EvalStepsOpt = Annotated[int, typer.Option("--eval-steps", help="Steps of the deletion and insertion curves.")]
+ScoreThresholdOpt = Annotated[
+    float | None, typer.Option("--score-threshold", help="Detectors: explain every detection scoring at least "
+                               "this (sets the model's own threshold for the run; default: the model's).")
+]
+MaxDetectionsOpt = Annotated[
+    int, typer.Option("--max-detections", help="Detectors: at most this many detections per image, highest first.")
+]
 EvalBatchOpt = Annotated[int, typer.Option("--eval-batch", help="Perturbed inputs per forward pass (--evaluate).")]
 
 
@@ -74,6 +82,8 @@ def cam(
     boxes: BoxesOpt = None,
     eval_steps: EvalStepsOpt = 32,
     eval_batch: EvalBatchOpt = 64,
+    score_threshold: ScoreThresholdOpt = None,
+    max_detections: MaxDetectionsOpt = 10,
     *,
     opts: ModelOptions,
     inputs: InputOptions,
@@ -100,4 +110,5 @@ def cam(
     run_api("cam", api_cam, opts, inputs, run_opts, methods=method, layers=layer, reshape=reshape,
             fuse=fuse, target=target, output_key=output_key, scorecam_batch=scorecam_batch, colormap=colormap,
             alpha=alpha, top=top, save_raw=save_raw, evaluate=evaluate, metrics=metric, boxes=boxes,
-            eval_steps=eval_steps, eval_batch=eval_batch)
+            eval_steps=eval_steps, eval_batch=eval_batch, score_threshold=score_threshold,
+            max_detections=max_detections)

@@ -125,6 +125,7 @@ class DetectionObjective:
         picked: list[Any] = []
         notes: list[str] = []
         per_sample: list[dict[str, Any]] = []
+        kept: list[list[tuple[list[float], int, float]]] = []
         for i, (boxes, labels, scores) in enumerate(dets):
             keep = torch.nonzero(scores.detach() >= self.threshold).flatten()
             if self.spec.kind == "class" and self.spec.index is not None:
@@ -139,6 +140,8 @@ class DetectionObjective:
                 chosen = [(int(j), None) for j in order[:min(limit, self.max_detections)]]
             best = float(scores.detach().max()) if scores.numel() else None
             per_sample.append({"detections": int(order.numel()), "best_score": best})
+            kept.append([([float(v) for v in boxes[j].detach()], int(labels[j]), float(scores[j].detach()))
+                         for j in order[:100].tolist()])
             for rank, (j, nb) in enumerate(chosen):
                 s = scores[j]
                 row = Row(i, rank, int(labels[j]), class_name(int(labels[j]), self.categories), 0.0,
@@ -151,7 +154,7 @@ class DetectionObjective:
                 rows.append(row)
                 picked.append(s.reshape(()))
         scores_t = torch.stack(picked) if picked else torch.zeros(0)
-        return Selection(scores_t, rows, notes, per_sample)
+        return Selection(scores_t, rows, notes, per_sample, detections=kept)
 
     def _n_classes(self, output: Any) -> int:
         logits = getattr(output, "logits", None)

@@ -50,10 +50,11 @@ class Row:
     def record(self) -> dict[str, Any]:
         """The JSON form (no tensors)."""
         out: dict[str, Any] = {"class": self.label, "label": self.name, "score": self.score}
-        if self.box is not None or self.confidence is not None:
+        if self.confidence is not None:
             out.update(box=self.box, confidence=self.confidence, matched_box=self.matched_box, iou=self.iou)
         if self.mask_source is not None:
-            out.update(area=self.area, area_fraction=self.area_fraction, mask_source=self.mask_source)
+            out.update(area=self.area, area_fraction=self.area_fraction, mask_source=self.mask_source,
+                       region=self.box)
         return out
 
 
@@ -65,6 +66,8 @@ class Selection:
     rows: list[Row]
     notes: list[str] = field(default_factory=list)
     per_sample: list[dict[str, Any]] = field(default_factory=list)  # legend / detections per sample
+    class_maps: list[Any] = field(default_factory=list)  # segmentation: (h, w) predicted classes per sample
+    detections: list[list[tuple[list[float], int, float]]] = field(default_factory=list)  # all kept, per sample
 
     def ranks(self) -> int:
         return max((r.rank + 1 for r in self.rows), default=0)

@@ -119,7 +119,8 @@ class SegmentationObjective:
                                 area_fraction=area / (h * w), mask_source=source, mask=shown.cpu(),
                                 box=[float(v) for v in named[0][0]] if named and len(named) == 1 else None))
                 picked.append(s)
-        return Selection(torch.stack(picked) if picked else torch.zeros(0), rows, notes, per_sample)
+        return Selection(torch.stack(picked) if picked else torch.zeros(0), rows, notes, per_sample,
+                         class_maps=[p.cpu() for p in pred])
 
     def _classes(self, present: list[int], n_classes: int) -> list[int]:
         spec = self.spec
