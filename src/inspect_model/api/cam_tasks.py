@@ -73,7 +73,6 @@ class DenseCam:
         self.boxes: dict[str, list[Any]] | None = None
         self.layer: str | None = None
         self.layer_info: dict[str, Any] | None = None
-        self.empty: list[tuple[str, float | None]] = []  # images with no detection above the threshold
 
     # ------------------------------------------------------------------ computing
     def _named_boxes(self, batch: Any) -> list[list[Any]] | None:
@@ -127,16 +126,12 @@ class DenseCam:
             name = batch.names[i]
             img = batch.images[i] if batch.images is not None else None
             maps = [m for m in res.maps if m.row.sample == i]
-            if self.task == "detection" and not any(r.sample == i for r in res.selection.rows):
-                best = res.selection.per_sample[i]["best_score"] if i < len(res.selection.per_sample) else None
-                if best is None or best < self.objective.threshold:
-                    best = self.objective.best_below(model, batch.tensor[i:i + 1])
-                self.empty.append((name, best))
             entry = self._entry(res, i, maps, index, name, img)
             self.s.entries.append(entry)
             extra = {"class_map": res.selection.class_maps[i] if res.selection.class_maps else None,
                      "detections": res.selection.detections[i] if res.selection.detections else []}
             items.append(ImageItem(entry, (img, batch.tensor[i], maps, extra)))
+        self.objective.note_empty(model, batch.tensor, res.selection, batch.names)
         return items
 
     def _entry(self, res: Any, i: int, maps: list[Any], index: int, name: str, img: Any) -> dict[str, Any]:
@@ -178,14 +173,9 @@ class DenseCam:
         payload["score_threshold"] = self.options["score_threshold"]
         if self.layer_info is not None:
             payload["layers"] = [self.layer_info]
-        if self.empty:
-            scored = [(n, b) for n, b in self.empty if b is not None]
-            best = max(scored, key=lambda nb: nb[1]) if scored else None
-            t = self.objective.threshold
-            what = (f"best score {best[1]:.4g} in {Path(best[0]).name}" if best else "the model detected nothing")
-            hint = f"; lower --score-threshold (e.g. {best[1] * 0.9:.3g}) to explain it" if best else ""
-            self.s.warnings.add(f"no detection at or above --score-threshold {t:g} in {len(self.empty)} "
-                                f"image(s) ({what}){hint}")
+        empty = self.objective.empty_warning()
+        if empty is not None:
+            self.s.warnings.add(empty)
 
     # ------------------------------------------------------------------ drawing
     def draw(self, item: ImageItem, sink: Sink) -> dict[str, Any]:
@@ -209,7 +199,7 @@ class DenseCam:
             files["legend"] = sink.image(f"{base}/legend.png", lambda: legend(
                 picture, cm, legend_rows, crop=crop, title=f"[{entry['index']}] {Path(entry['image']).name}"),
                 photo=True)
-        others = [(b, "") for b, _, _ in extra["detections"]]
+        others = [(m.row.box, "") for m in maps if m.row.box is not None and m.row.confidence is not None]
         rows: dict[int, dict[tuple[str, str], Any]] = {}
         for m, rec in zip(maps, entry["maps"]):
             row = m.row

@@ -58,10 +58,17 @@ class GradsSession(Session):
                  label: str | None = None, labels_file: Any = None, output_key: str | None = None,
                  layers: list[str] | None = None, depth: int | None = None, clip_norm: float | None = None,
                  vanishing_below: float = 1e-5, exploding_above: float = 1e4, fail_on: str | None = None,
-                 histograms: bool = False, notes: Any = None, progress: Any = None) -> None:
+                 histograms: bool = False, notes: Any = None, progress: Any = None,
+                 score_threshold: float | None = None, max_detections: int = 10) -> None:
+        from inspect_model.methods.objectives import task_objective
+
         if depth is not None and depth < 0:
             raise UsageError(f"--depth must be 0 or more, got {depth}")
         self.prep, self.mopts = prep, mopts
+        # A detector's or segmenter's scores (issue 24); None for a classifier.
+        self.objective = task_objective(prep.loaded, target, prep.categories, score_threshold=score_threshold,
+                                        max_detections=max_detections,
+                                        refuse={"--loss": loss, "--label": label, "--labels-file": labels_file})
         self.kw = dict(layers=layers, depth=depth, target=target, loss=loss, output_key=output_key,
                        clip_norm=clip_norm, vanishing_below=vanishing_below, exploding_above=exploding_above,
                        fail_on=fail_on, histograms=histograms)
@@ -98,7 +105,8 @@ class GradsSession(Session):
         # Under torchrun or --resume (api/distributed.py), ``partial`` holds what this shard
         # or the killed run had summed, and ``index_base`` is the run index of its first image.
         return GradRun(self.prep.loaded.model, labels=lab, categories=cats, on_batch=on_batch,
-                       partial=self.partial, label_base=self.index_base, progress=self.progress, **self.kw)
+                       partial=self.partial, label_base=self.index_base, progress=self.progress,
+                       objective=self.objective, **self.kw)
 
     def snapshot(self) -> Any:
         """What has been summed so far (gradients on the CPU): a checkpoint or a shard's part."""
@@ -116,6 +124,9 @@ class GradsSession(Session):
         if self.partial is not None:  # resumed, or every shard's merged on rank 0 (api/distributed.py)
             self.grad_run.partial = self.partial
         self.report = rep = self.grad_run.report()
+        empty = self.objective.empty_warning() if self.objective is not None else None
+        if empty is not None:
+            self.warnings.add(empty)
         for note in rep.notes:
             self.notes(note)
         plan = self.prep.plan
@@ -249,7 +260,8 @@ def grads(model: Any, images: Any = None, *, target: str | None = None, loss: st
           of: str | None = None, wrt: str | None = None, jacobian_norm: bool = False, probes: int = 16,
           model_options: ModelOptions | None = None, inputs: InputOptions | None = None, output_dir: Any = None,
           force: bool = False, tensorboard: Any = None, keep: bool | None = None, on_item: Any = None,
-          notes: Any = None, progress: Any = None) -> Result:
+          notes: Any = None, progress: Any = None, score_threshold: float | None = None,
+          max_detections: int = 10) -> Result:
     """Gradient statistics per layer and parameter and the health checks (or, with ``of``/
     ``wrt``, d(of)/d(wrt) between layers). ``result.failures`` lists failed ``fail_on`` checks."""
     check_grads_request(target=target, loss=loss, label=label, labels_file=labels_file, clip_norm=clip_norm,
@@ -269,7 +281,8 @@ def grads(model: Any, images: Any = None, *, target: str | None = None, loss: st
                                output_key=output_key, layers=layers, depth=depth, clip_norm=clip_norm,
                                vanishing_below=vanishing_below, exploding_above=exploding_above, fail_on=fail_on,
                                histograms=output_dir is not None or tensorboard is not None or keep,
-                               notes=notes, progress=progress)
+                               notes=notes, progress=progress, score_threshold=score_threshold,
+                               max_detections=max_detections)
     total = len(prep.plan.paths) if prep.plan.paths else 0
     return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
                    keep=keep, tensorboard=tensorboard, on_item=on_item)

@@ -41,13 +41,19 @@ class GuidedSession(Session):
     def __init__(self, prep: Any, mopts: ModelOptions, *, target: str = "predicted", activations: bool = False,
                  guided_gradcam: bool = False, layer: str = "auto", sanity: bool = False,
                  output_key: str | None = None, save_raw: bool = False, overview: bool = True,
-                 keep_gradients: bool = False, progress: Any = None) -> None:
+                 keep_gradients: bool = False, progress: Any = None, score_threshold: float | None = None,
+                 max_detections: int = 10) -> None:
         from inspect_model.methods import guided as gb
+        from inspect_model.methods.objectives import task_objective
         from inspect_model.methods.targets import parse_target
 
         check_guided_request(layer=layer, guided_gradcam=guided_gradcam, output_key=output_key)
         self.prep, self.mopts = prep, mopts
-        self.target_text, self.spec = target, parse_target(target, prep.categories)
+        # A detector's or segmenter's scores (issue 24); None for a classifier.
+        self.objective = task_objective(prep.loaded, target, prep.categories, score_threshold=score_threshold,
+                                        max_detections=max_detections, refuse={"--sanity": sanity})
+        self.target_text = target
+        self.spec = parse_target(target, prep.categories) if self.objective is None else self.objective.spec
         self.kinds = gb.resolve_kinds(activations)
         self.guided_gradcam, self.layer, self.sanity = guided_gradcam, layer, sanity
         self.output_key, self.save_raw, self.overview = output_key, save_raw, overview
@@ -66,17 +72,26 @@ class GuidedSession(Session):
 
         model, x, cats = self.prep.loaded.model, batch.tensor, self.prep.categories
         res = gb.guided_backprop(model, x, self.spec, activations=self.kinds, output_key=self.output_key,
-                                 categories=cats)
+                                 categories=cats, objective=self.objective)
         self.warnings.extend(res.warnings)
+        if self.objective is not None:
+            from inspect_model.methods.objectives import Selection
+
+            self.objective.note_empty(model, x, Selection(None, res.rows or []), batch.names)
         if self.sites is None:
             self.sites, self.unguided = res.sites, res.unguided
         ggc = None
         if self.guided_gradcam:
             from inspect_model.methods import cam
 
-            if self.cam_layer is None:
+            if self.cam_layer is None and self.objective is None:
                 self.cam_layer = cam.resolve_layer(model, self.layer, x[:1])
-            maps = cam.gradcam(model, x, self.cam_layer, res.targets).detach().float().cpu()
+            if self.objective is not None:
+                from inspect_model.methods.dense_guided import dense_gradcam
+
+                self.cam_layer, maps = dense_gradcam(model, x, self.objective, self.layer, res)
+            else:
+                maps = cam.gradcam(model, x, self.cam_layer, res.targets).detach().float().cpu()
             ggc = gb.guided_gradcam(res.gradients, maps)
         if self.sanity:
             self.sanity_acc = _merge_sanity(self.sanity_acc, gb.sanity_check(
@@ -104,6 +119,9 @@ class GuidedSession(Session):
                 "max_abs": float(a.max()), "mean_abs": float(a.mean()),
                 "nonzero_fraction": float((g != 0).float().mean()), "files": {},
             })
+            if res.rows is not None:  # the detection or segmentation target this map explains
+                row = [r for r in res.rows if r.sample == i][k]
+                maps[-1][self.objective.task] = row.record()
         return {"index": index, "image": name, "targets": [int(t) for t in res.targets[i]], "maps": maps,
                 "files": {}}
 
@@ -133,6 +151,9 @@ class GuidedSession(Session):
             activations=list(self.kinds), guided_gradcam=self.guided_gradcam, sanity=self.sanity,
             output_key=self.output_key, save_raw=self.save_raw, overview=self.overview)
         record = _GuidedRecord(self.gradients) if self.keep_gradients else None
+        empty = self.objective.empty_warning() if self.objective is not None else None
+        if empty is not None:
+            self.warnings.add(empty)
         return Result("guided-backprop", options, payload, self.warnings.to_list(), record=record,
                       render_text=lambda r: render.render_text(r.to_dict()),
                       render_rich=lambda r: render.render_rich(r.to_dict()))
@@ -230,7 +251,8 @@ def guided_backprop(model: Any, images: Any = None, target: str = "predicted", *
                     output_key: str | None = None, save_raw: bool = False, overview: bool = True,
                     model_options: ModelOptions | None = None, inputs: InputOptions | None = None,
                     output_dir: Any = None, force: bool = False, tensorboard: Any = None, keep: bool | None = None,
-                    on_item: Any = None, notes: Any = None, progress: Any = None) -> Result:
+                    on_item: Any = None, notes: Any = None, progress: Any = None,
+                    score_threshold: float | None = None, max_detections: int = 10) -> Result:
     """Guided backpropagation of ``images`` (paths or a tensor (N, C, H, W)). The result has
     ``gradients`` (N, K, C, H, W) when kept (the API default), ``to_dict()`` and ``save(dir)``."""
     check_guided_request(layer=layer, guided_gradcam=guided_gradcam, output_key=output_key)
@@ -240,7 +262,8 @@ def guided_backprop(model: Any, images: Any = None, target: str = "predicted", *
     keep = output_dir is None if keep is None else keep
     session = GuidedSession(prep, mopts, target=target, activations=activations, guided_gradcam=guided_gradcam,
                             layer=layer, sanity=sanity, output_key=output_key, save_raw=save_raw,
-                            overview=overview, keep_gradients=keep, progress=progress)
+                            overview=overview, keep_gradients=keep, progress=progress,
+                            score_threshold=score_threshold, max_detections=max_detections)
     total = len(prep.plan.paths) if prep.plan.paths else 0
     return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
                    keep=keep, tensorboard=tensorboard, on_item=on_item)

@@ -52,13 +52,6 @@ BoxesOpt = Annotated[
                               "detector the boxes to explain, for a segmenter the region of the mask.")
 ]
 EvalStepsOpt = Annotated[int, typer.Option("--eval-steps", help="Steps of the deletion and insertion curves.")]
-ScoreThresholdOpt = Annotated[
-    float | None, typer.Option("--score-threshold", help="Detectors: explain every detection scoring at least "
-                               "this (sets the model's own threshold for the run; default: the model's).")
-]
-MaxDetectionsOpt = Annotated[
-    int, typer.Option("--max-detections", help="Detectors: at most this many detections per image, highest first.")
-]
 EvalBatchOpt = Annotated[int, typer.Option("--eval-batch", help="Perturbed inputs per forward pass (--evaluate).")]
 
 
@@ -82,8 +75,8 @@ def cam(
     boxes: BoxesOpt = None,
     eval_steps: EvalStepsOpt = 32,
     eval_batch: EvalBatchOpt = 64,
-    score_threshold: ScoreThresholdOpt = None,
-    max_detections: MaxDetectionsOpt = 10,
+    score_threshold: c.ScoreThresholdOpt = None,
+    max_detections: c.MaxDetectionsOpt = 10,
     *,
     opts: ModelOptions,
     inputs: InputOptions,

@@ -202,7 +202,15 @@ SkipBadOpt = Annotated[
     bool, typer.Option("--skip-bad-inputs", help="Skip unreadable images with a warning instead of failing.")
 ]
 TargetOpt = Annotated[
-    str, typer.Option("--target", "-t", help="predicted, a class index or name, or top:K.")
+    str, typer.Option("--target", "-t", help="predicted, a class index or name, or top:K (a detector: its "
+                      "detections; a segmenter: its classes by area; CLASS@all: the whole image).")
+]
+ScoreThresholdOpt = Annotated[
+    float | None, typer.Option("--score-threshold", help="Detectors: explain every detection scoring at least "
+                               "this (sets the model's own threshold for the run; default: the model's).")
+]
+MaxDetectionsOpt = Annotated[
+    int, typer.Option("--max-detections", help="Detectors: at most this many detections per image, highest first.")
 ]
 OutputKeyOpt = Annotated[
     str | None, typer.Option("--output-key", help="Which output of a tuple/dict-returning model to use (name or index).")

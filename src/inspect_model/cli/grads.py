@@ -77,6 +77,8 @@ def grads(
     wrt: WrtOpt = None,
     jacobian_norm: JacNormOpt = False,
     probes: ProbesOpt = 16,
+    score_threshold: c.ScoreThresholdOpt = None,
+    max_detections: c.MaxDetectionsOpt = 10,
     *,
     opts: ModelOptions,
     inputs: InputOptions,
@@ -103,4 +105,5 @@ def grads(
     run_api("grads", api_grads, opts, inputs, run_opts, target=target, loss=loss, label=label,
             labels_file=labels_file, output_key=output_key, layers=layers, depth=depth, clip_norm=clip_norm,
             vanishing_below=vanishing_below, exploding_above=exploding_above, fail_on=fail_on, of=of, wrt=wrt,
-            jacobian_norm=jacobian_norm, probes=probes)
+            jacobian_norm=jacobian_norm, probes=probes, score_threshold=score_threshold,
+            max_detections=max_detections)

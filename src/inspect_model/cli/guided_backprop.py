@@ -45,6 +45,8 @@ def guided_backprop(
     output_key: c.OutputKeyOpt = None,
     save_raw: c.SaveRawOpt = False,
     overview: OverviewOpt = True,
+    score_threshold: c.ScoreThresholdOpt = None,
+    max_detections: c.MaxDetectionsOpt = 10,
     *,
     opts: ModelOptions,
     inputs: InputOptions,
@@ -64,4 +66,5 @@ def guided_backprop(
     check_guided_request(layer=layer, guided_gradcam=guided_gradcam, output_key=output_key)
     run_api("guided-backprop", api_guided_backprop, opts, inputs, run_opts, target=target,
             activations=activations, guided_gradcam=guided_gradcam, layer=layer, sanity=sanity,
-            output_key=output_key, save_raw=save_raw, overview=overview)
+            output_key=output_key, save_raw=save_raw, overview=overview, score_threshold=score_threshold,
+            max_detections=max_detections)

@@ -111,6 +111,36 @@ class DetectionObjective:
         self.requested = score_threshold
         self.max_detections = max_detections
         self.boxes: list[list[tuple[tuple[float, ...], int | None]]] | None = None
+        self.empty: list[tuple[str, float | None]] = []  # (image, best score) of images with no row
+
+    def note_empty(self, model: nn.Module, x: torch.Tensor, sel: Selection, names: Sequence[str]) -> None:
+        """Remember the images of this batch with no detection to explain, and their best
+        score at any threshold (for :meth:`empty_warning`)."""
+        for i, name in enumerate(names):
+            if any(r.sample == i for r in sel.rows):
+                continue
+            best = sel.per_sample[i]["best_score"] if i < len(sel.per_sample) else None
+            if best is None or best < self.threshold:
+                best = self.best_below(model, x[i:i + 1])
+            self.empty.append((str(name), best))
+
+    def empty_warning(self) -> str | None:
+        """One warning for every image in which nothing passed the threshold."""
+        if not self.empty:
+            return None
+        from pathlib import Path
+
+        scored = [(n, b) for n, b in self.empty if b is not None]
+        best = max(scored, key=lambda nb: nb[1]) if scored else None
+        what = f"best score {best[1]:.4g} in {Path(best[0]).name}" if best else "the model detected nothing"
+        hint = f"; lower --score-threshold (e.g. {best[1] * 0.9:.3g}) to explain it" if best else ""
+        return (f"no detection at or above --score-threshold {self.threshold:g} in {len(self.empty)} "
+                f"image(s) ({what}){hint}")
+
+    def describe(self) -> str:
+        return (f"sum over detections scoring >= {self.threshold:g} (at most {self.max_detections} per image) of "
+                "the detection's score, plus its IoU with the --boxes box it was matched to "
+                "(pytorch-grad-cam's FasterRCNNBoxScoreTarget)")
 
     def context(self) -> Any:
         """The model's threshold set for the run."""
@@ -196,7 +226,11 @@ class DetectionObjective:
         threshold at 0): what the warning names when nothing passes."""
         import torch
 
-        with score_threshold(model, 0.0 if _threshold_owner(model) is not None else None), torch.no_grad():
+        from inspect_model.engine.hooks import paused_hooks
+
+        # Hooks paused: inside `grads` this pass must not count as a batch.
+        with score_threshold(model, 0.0 if _threshold_owner(model) is not None else None), torch.no_grad(), \
+                paused_hooks():
             out = model(x)
         dets = read_detections(out, (int(x.shape[-2]), int(x.shape[-1])))
         best = [float(s.max()) for _, _, s in dets if s.numel()]

@@ -119,6 +119,7 @@ class GuidedResult:
     unguided: dict[str, int]  # activation sites met but not guided, by kind
     kinds: tuple[str, ...]  # the kinds that were to be guided
     warnings: list[str] = field(default_factory=list)
+    rows: list[Any] | None = None  # detection / segmentation: what each map explains (objectives.Row)
 
 
 def _targets_for(spec: Any, flat: torch.Tensor, categories: Sequence[str] | None) -> list[list[int]]:
@@ -160,6 +161,7 @@ def guided_backprop(
     activations: bool | Collection[str] = False,
     output_key: str | None = None,
     categories: Sequence[str] | None = None,
+    objective: Any = None,
 ) -> GuidedResult:
     """Guided-backprop maps of ``inputs`` (N, ...) for ``target``.
 
@@ -172,6 +174,10 @@ def guided_backprop(
     if not inputs.is_floating_point():
         raise InputError(f"guided backprop needs a floating-point input, got {inputs.dtype}")
     kinds = resolve_kinds(activations)
+    if objective is not None:  # a detector's or segmenter's scores (issue 24)
+        from inspect_model.methods.dense_guided import dense_guided
+
+        return dense_guided(model, inputs, objective, kinds)
     # torch.compile'd models run a compiled backward the mode cannot see: use the eager module.
     model = getattr(model, "_orig_mod", model) if type(model).__name__ == "OptimizedModule" else model
     opts = CaptureOptions(outputs=False, freeze_params=True, eval_mode=True, grad_enabled=True)

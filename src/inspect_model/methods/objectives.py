@@ -142,3 +142,44 @@ def check_dense_options(score_threshold: float | None, max_detections: int) -> N
         raise UsageError(f"--score-threshold must be between 0 and 1, got {score_threshold}")
     if max_detections < 1:
         raise UsageError(f"--max-detections must be 1 or more, got {max_detections}")
+
+
+def task_objective(loaded: Any, target: str | None, categories: Sequence[str] | None, *,
+                   score_threshold: float | None = None, max_detections: int = 10,
+                   refuse: dict[str, Any] | None = None) -> Any:
+    """The objective of a detector or a segmenter (``loaded``: a ``LoadedModel`` or a
+    module), or None for any other model (its scores stay the one-hot of a class).
+    ``refuse``: options (name -> value given) that have no meaning for a dense task."""
+    from inspect_model.methods.tasks import infer_task
+
+    model = getattr(loaded, "model", loaded)
+    task = infer_task(model, loaded)
+    if task not in ("detection", "segmentation"):
+        return None
+    for flag, given in (refuse or {}).items():
+        if given:
+            raise UsageError(f"{flag} compares class scores of a classifier; a {task} model does not take it")
+    check_dense_options(score_threshold, max_detections)
+    return make_objective(task, model, target, categories, score_threshold=score_threshold,
+                          max_detections=max_detections)
+
+
+def objective_seed(objective: Any, model: Any, out: Any, x: Any,
+                   names: Sequence[str]) -> tuple[Any, Any, list[float], list[list[int]]]:
+    """For ``grads``: the scores to walk back from (R,) and their seed (ones: the objective
+    is the sum of the rows), each input's objective and the classes of its rows. No row (no
+    detection passed the threshold): nothing to walk back from (None, None)."""
+    import torch
+
+    from inspect_model.errors import ModelRuntimeError
+
+    sel = objective.select(out, x)
+    objective.note_empty(model, x, sel, names)
+    n = int(x.shape[0])
+    per = [float(sum(r.score for r in sel.rows if r.sample == i)) for i in range(n)]
+    used = [[r.label for r in sel.rows if r.sample == i] for i in range(n)]
+    if not sel.rows:
+        return None, None, per, used
+    if not sel.scores.requires_grad:
+        raise ModelRuntimeError(f"the {objective.task} scores do not depend on anything that requires grad")
+    return sel.scores, torch.ones_like(sel.scores), per, used

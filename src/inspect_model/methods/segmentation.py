@@ -65,6 +65,16 @@ class SegmentationObjective:
         self.spec, self.categories = spec, categories
         self.boxes: list[list[tuple[tuple[float, ...], int | None]]] | None = None
 
+    def describe(self) -> str:
+        return (f"sum over targets '{self.spec.text}' of the class's logits summed over its predicted mask "
+                "(pytorch-grad-cam's SemanticSegmentationTarget)")
+
+    def note_empty(self, model: Any, x: Any, sel: Selection, names: Sequence[str]) -> None:
+        """Every image has a predicted class: nothing to remember."""
+
+    def empty_warning(self) -> str | None:
+        return None
+
     def context(self) -> Any:
         import contextlib
 
