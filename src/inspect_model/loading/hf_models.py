@@ -68,6 +68,11 @@ def _auto_class(transformers: Any, config: Any) -> tuple[Any, str]:
     archs = list(getattr(config, "architectures", None) or [])
     if any(a.endswith("ForImageClassification") for a in archs):
         return transformers.AutoModelForImageClassification, "classification"
+    # Detection / segmentation heads (issue 24): the model whose output has boxes or masks.
+    if any(a.endswith("ForObjectDetection") for a in archs):
+        return transformers.AutoModelForObjectDetection, "detection"
+    if any(a.endswith("ForSemanticSegmentation") for a in archs):
+        return transformers.AutoModelForSemanticSegmentation, "segmentation"
     return transformers.AutoModel, "base"
 
 
@@ -168,10 +173,13 @@ def load_hf(spec: str, *, weights: str | None = None, device: str = "cpu") -> Lo
     cats = None
     id2label = getattr(config, "id2label", None) or {}
     n = getattr(config, "num_labels", None)
-    if kind == "classification" and id2label and len(id2label) == n:
+    if kind in ("classification", "detection", "segmentation") and id2label and len(id2label) == n:
         cats = [str(id2label.get(i, id2label.get(str(i), i))) for i in range(n)]
     loaded = LoadedModel(
-        model=model, name=name, source="hf", family="text" if vocab else "classification" if cats else "custom",
+        # A detector or segmenter keeps family "custom": it takes one tensor, not torchvision's
+        # list of images; its task is read from the module (methods/tasks.py).
+        model=model, name=name, source="hf",
+        family="text" if vocab else "classification" if cats and kind == "classification" else "custom",
         weights="DEFAULT" if pretrained else None, categories=cats, transforms=pre,
         input_sizes=[size] if size else None, device=device, notes=notes, token_vocab=vocab,
     )

@@ -165,6 +165,11 @@ def run_checks(
         results.append(CheckResult("finite outputs", n_bad == 0, n_bad, 0, detail, unit="non-finite value"))
         if grads_finite is not None:
             results.append(CheckResult("finite gradients", grads_finite, grads_finite, True))
+        from inspect_model.methods.dense_checks import detection_output_check
+
+        det = detection_output_check(out)  # a detector's list of dicts, every image (issue 24)
+        if det is not None:
+            results.append(det)
     if max_dead_fraction is not None:
         dead_by_layer: dict[str, float] = {}  # each layer once, however often it ran (issue 14)
         for r in records:

@@ -88,7 +88,11 @@ def task_auto_layer(model: nn.Module, task: str) -> str | None:
     if backbone is not None and not is_hf(model):
         children = [n for n, _ in backbone.named_children()]
         return f"backbone.{children[-1]}" if children else "backbone"
-    norms = [n for n in modules if n.rsplit(".", 1)[0].endswith("encoder.layer_norm")]
+    import re
+
+    # SegFormer: the last stage's norm (transformers 5: segformer.stages.N.layer_norm; 4:
+    # segformer.encoder.layer_norm.N), patch tokens laid out on the stage's grid.
+    norms = [n for n in modules if re.search(r"(encoder\.layer_norm\.\d+|stages\.\d+\.layer_norm)$", n)]
     if norms:
         return norms[-1]
     stages = [n for n in modules if n.rsplit(".", 1)[0].endswith(("encoder.stages", "encoder.layers"))]
