@@ -102,7 +102,7 @@ def parse_task_target(text: str | None, categories: Sequence[str] | None, task: 
     spec = parse_target(head, categories)
     if whole and spec.kind != "class":
         raise UsageError(f"--target '{raw}': @all follows a class index or name, e.g. 15@all")
-    if spec.kind == "predicted" and head.lower() in ("top", "top:1") and task == "detection":
+    if spec.kind == "predicted" and head.lower() in ("top", "top:1"):  # the best one, not every one
         return TaskTarget("top", k=1, text=raw)
     return TaskTarget(spec.kind, index=spec.index, k=spec.k, whole=whole, text=raw)
 
