@@ -132,6 +132,8 @@ class DenseCam:
                      "detections": res.selection.detections[i] if res.selection.detections else []}
             items.append(ImageItem(entry, (img, batch.tensor[i], maps, extra)))
         self.objective.note_empty(model, batch.tensor, res.selection, batch.names)
+        if self.s.evaluator is not None:  # deletion/insertion on the same targets
+            self.s.evaluator.feed_dense(res, batch, self.s.entries[-len(items):], self.objective)
         return items
 
     def _entry(self, res: Any, i: int, maps: list[Any], index: int, name: str, img: Any) -> dict[str, Any]:

@@ -137,6 +137,29 @@ class DetectionObjective:
         return (f"no detection at or above --score-threshold {self.threshold:g} in {len(self.empty)} "
                 f"image(s) ({what}){hint}")
 
+    def scoring(self) -> Any:
+        """``cam --evaluate`` reads perturbed inputs with the threshold at 0: a detection's
+        score then fades instead of vanishing at the threshold."""
+        return score_threshold(self.model, 0.0 if _threshold_owner(self.model) is not None else None)
+
+    def probability(self, out: Any, x: torch.Tensor, rows: Sequence[Row]) -> list[float]:
+        """``cam --evaluate``: per input, the score of the detection of the row's class whose
+        box overlaps the row's box most (IoU >= 0.5, as FasterRCNNBoxScoreTarget), else 0."""
+        import torch
+
+        dets = read_detections(out, (int(x.shape[-2]), int(x.shape[-1])))
+        got = []
+        for (boxes, labels, scores), row in zip(dets, rows):
+            same = labels.detach() == row.label
+            if not bool(same.any()) or row.box is None:
+                got.append(0.0)
+                continue
+            ious = box_iou(torch.tensor([row.box], dtype=torch.float32, device=boxes.device),
+                           boxes.detach().float()[same])[0]
+            best = int(ious.argmax())
+            got.append(float(scores.detach()[same][best]) if float(ious[best]) >= 0.5 else 0.0)
+        return got
+
     def describe(self) -> str:
         return (f"sum over detections scoring >= {self.threshold:g} (at most {self.max_detections} per image) of "
                 "the detection's score, plus its IoU with the --boxes box it was matched to "

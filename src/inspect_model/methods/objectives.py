@@ -45,6 +45,7 @@ class Row:
     area_fraction: float | None = None
     mask_source: str | None = None  # predicted | box | all | all (class absent)
     mask: Any = None  # segmentation: (H_in, W_in) bool, the predicted mask outlined in pictures
+    scored_mask: Any = None  # segmentation: (h, w) bool, the pixels scored (output resolution)
     notes: list[str] = field(default_factory=list)
 
     def record(self) -> dict[str, Any]:

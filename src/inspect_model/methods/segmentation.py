@@ -65,6 +65,17 @@ class SegmentationObjective:
         self.spec, self.categories = spec, categories
         self.boxes: list[list[tuple[tuple[float, ...], int | None]]] | None = None
 
+    def scoring(self) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def probability(self, out: Any, x: torch.Tensor, rows: Sequence[Row]) -> list[float]:
+        """``cam --evaluate``: per input, the class's mean softmax probability over the mask
+        its map explains (the same target, as a probability)."""
+        probs = segmentation_logits(out).detach().float().softmax(1)  # (B, classes, h, w)
+        return [float(probs[b, r.label][r.scored_mask.to(probs.device)].mean()) for b, r in enumerate(rows)]
+
     def describe(self) -> str:
         return (f"sum over targets '{self.spec.text}' of the class's logits summed over its predicted mask "
                 "(pytorch-grad-cam's SemanticSegmentationTarget)")
@@ -127,6 +138,7 @@ class SegmentationObjective:
                 area = int(mask.sum())
                 rows.append(Row(i, rank, k, class_name(k, self.categories), float(s.detach()), area=area,
                                 area_fraction=area / (h * w), mask_source=source, mask=shown.cpu(),
+                                scored_mask=mask.detach().cpu(),
                                 box=[float(v) for v in named[0][0]] if named and len(named) == 1 else None))
                 picked.append(s)
         return Selection(torch.stack(picked) if picked else torch.zeros(0), rows, notes, per_sample,
