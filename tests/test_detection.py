@@ -275,3 +275,27 @@ def test_finish_crops_the_padded_part():
     out = finish(raw, (1.0, 0.5), (40, 40))
     assert out.shape == (40, 40)
     assert math.isclose(float(out[:, -1].min()), 1.0, abs_tol=1e-6) and float(out[:, 0].max()) < 0.05
+
+
+def test_evaluate_scores_the_same_target(dense_py, scenes):
+    """Deletion starts from the unperturbed input: its first point is the class's mean
+    probability over the explained mask, computed here independently."""
+    path = scenes[0][0]
+    doc = _json(run_cli(["cam", f"{dense_py}:segmenter", str(path), *FLAGS, "--target", "1", "--evaluate",
+                         "--eval-steps", "4", "--metric", "deletion", "--metric", "insertion", "--json"]))
+    rec = doc["images"][0]["maps"][0]
+    curve = rec["evaluation"]["curves"]["deletion"]
+    assert len(curve) == 5 and curve[0] >= curve[-1]
+    x = torch.from_numpy(np.array(Image.open(path).convert("RGB").resize((96, 96), Image.BILINEAR))).permute(2, 0, 1)
+    x = x.float().div(255)[None]
+    m = D.tiny_segmenter()
+    with torch.no_grad():
+        probs = m(x)["out"].softmax(1)[0]
+    cls = rec["segmentation"]["class"]
+    mask = probs.argmax(0) == cls
+    assert curve[0] == pytest.approx(float(probs[cls][mask].mean()), abs=2e-3)
+    det = _json(run_cli(["cam", f"{dense_py}:detector", str(scenes[2][0]), *FLAGS, "--score-threshold", "0.5",
+                         "--evaluate", "--eval-steps", "4", "--metric", "deletion", "--json"]))
+    for mp in det["images"][0]["maps"]:
+        curve = mp["evaluation"]["curves"]["deletion"]
+        assert curve[0] == pytest.approx(mp["detection"]["confidence"], abs=2e-3) and curve[-1] < 0.5
