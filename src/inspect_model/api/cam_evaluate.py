@@ -130,7 +130,8 @@ class Evaluator:
             inside = self._inside(batch.names[i], img, hw) if self.boxes else None
             maps = [m for m in res.maps if m.row.sample == i]
             for m, rec in zip(maps, entry["maps"]):
-                jobs.append(MapJob(i, m.row, m.map, inside, seed=int(self.prep.plan.seed) * 1_000_003 + int(entry["index"])))
+                seed = int(self.prep.plan.seed) * 1_000_003 + int(entry["index"])
+                jobs.append(MapJob(i, m.row, m.map, inside, seed=seed))
                 recs.append(rec)
         with objective.scoring():
             self._score(jobs, recs, None, batch, entries, read=objective.probability)

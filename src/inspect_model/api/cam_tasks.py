@@ -206,7 +206,8 @@ class DenseCam:
         for m, rec in zip(maps, entry["maps"]):
             row = m.row
             caption = f"{row.label}{' ' + row.name if row.name else ''}"
-            caption += f" {row.confidence:.2f}" if row.confidence is not None else f" {100 * (row.area_fraction or 0):.1f}%"
+            caption += (f" {row.confidence:.2f}" if row.confidence is not None
+                        else f" {100 * (row.area_fraction or 0):.1f}%")
             tag = class_tag(row.label, cats)
             stem = f"{base}/{m.method}.{_safe(m.layer)}." + (f"d{row.rank + 1}-{tag}" if self.task == "detection"
                                                                else tag + (".all" if row.mask_source in ("all", "box")

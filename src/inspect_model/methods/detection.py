@@ -210,14 +210,16 @@ class DetectionObjective:
         return Selection(scores_t, rows, notes, per_sample, detections=kept)
 
     def _n_classes(self, output: Any) -> int:
+        """The detector's class count (background included for the R-CNNs and SSD, whose
+        labels index it so), for ``--target`` range checks."""
         logits = getattr(output, "logits", None)
         if logits is not None:
-            return int(logits.shape[-1]) - 1
-        for attr in ("num_classes",):
-            n = getattr(getattr(getattr(self.model, "roi_heads", None), "box_predictor", None), "cls_score", None)
-            if n is not None:
-                return int(n.out_features)
-            head = getattr(getattr(self.model, "head", None), "classification_head", None)
+            return int(logits.shape[-1]) - 1  # DETR-style: the last class is "no object"
+        predictor = getattr(getattr(self.model, "roi_heads", None), "box_predictor", None)
+        if predictor is not None and hasattr(predictor, "cls_score"):
+            return int(predictor.cls_score.out_features)  # R-CNNs
+        head = getattr(getattr(self.model, "head", None), "classification_head", None)
+        for attr in ("num_classes", "num_columns"):  # RetinaNet and FCOS; SSD and SSDlite
             if head is not None and hasattr(head, attr):
                 return int(getattr(head, attr))
         if self.categories:

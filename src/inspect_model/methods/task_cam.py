@@ -55,8 +55,6 @@ class TaskMap:
     def stats(self) -> dict[str, Any]:
         """Where the map's mass lies: its peak (input pixels) and, for a detection, the share
         of the map inside the detection's box."""
-        import torch
-
         m = self.map
         flat = int(m.argmax()) if m.numel() else 0
         h, w = m.shape
@@ -69,7 +67,6 @@ class TaskMap:
             out["energy_in_box"] = float(inside.sum()) / total if total > 0 else None
             px, py = out["peak"]
             out["peak_in_box"] = bool(x0 <= px <= x1 and y0 <= py <= y1)
-        del torch
         return out
 
 
