@@ -299,3 +299,17 @@ def test_evaluate_scores_the_same_target(dense_py, scenes):
     for mp in det["images"][0]["maps"]:
         curve = mp["evaluation"]["curves"]["deletion"]
         assert curve[0] == pytest.approx(mp["detection"]["confidence"], abs=2e-3) and curve[-1] < 0.5
+
+
+def test_images_of_different_sizes_and_classifier_options_refused(dense_py):
+    root = Path(__file__).resolve().parents[1] / "sample_images"
+    doc = _json(run_cli(["cam", f"{dense_py}:untrained_detector", str(root / "cat.jpg"), str(root / "astronaut.jpg"),
+                         "--resize", "80", "--crop", "64", "--mean", "0", "--std", "1", "--score-threshold", "0",
+                         "--max-detections", "1", "-m", "eigencam", "--json"]))
+    assert [len(img["detections"]) for img in doc["images"]] == [1, 1]
+    assert doc["images"][0]["size"] != doc["images"][1]["size"]
+    res = run_cli(["grads", f"{dense_py}:untrained_detector", str(root / "cat.jpg"), "--loss", "cross-entropy",
+                   "--label", "1"])
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1 and "--loss" in res.stderr
+    res = run_cli(["cam", f"{dense_py}:untrained_detector", str(root / "cat.jpg"), "-m", "scorecam"])
+    assert res.exit_code == 2 and "does not apply to a detection model" in res.stderr

@@ -69,8 +69,8 @@ def load_labelled_boxes(path: str | Path) -> dict[str, list[tuple[Box, str | Non
             if n == 1 and row[0].strip().lower() in ("image", "path", "file"):
                 continue
             if len(row) not in (5, 6):
-                raise InputError(f"boxes file '{p}', line {n}: expected image,x0,y0,x1,y1[,label], "
-                                 f"got {len(row)} fields")
+                raise InputError(f"boxes file '{p}', line {n}: expected image,x0,y0,x1,y1, got {len(row)} fields "
+                                 "(a sixth may name the box's class)")
             label = row[5].strip() or None if len(row) == 6 else None
             out.setdefault(row[0].strip(), []).append((_box(row[1:5], f"boxes file '{p}', line {n}"), label))
     if not out:
