@@ -53,8 +53,10 @@ class Scorer:
     ``batch`` inputs; ``probs[key]`` are the target probabilities in the order added."""
 
     def __init__(self, model: nn.Module, output_key: str | None, batch: int,
-                 progress: Callable[[int], None] | None = None) -> None:
+                 progress: Callable[[int], None] | None = None, read: Callable[..., list[float]] | None = None) -> None:
         self.model, self.output_key, self.batch, self.progress = model, output_key, batch, progress
+        # read(out, x, targets) -> probabilities: a detector's or segmenter's target (issue 24)
+        self.read = read
         self.pending: list[tuple[Any, torch.Tensor, int]] = []  # (key, input (C, H, W), class)
         self.probs: dict[Any, list[float]] = {}
         self.passes = 0
@@ -79,9 +81,12 @@ class Scorer:
         # No hooks: the engine only puts the model in eval mode without grad, and restores it.
         with HookEngine(self.model, [], CaptureOptions(outputs=False, grad_enabled=False)) as eng:
             out = run_forward(eng, lambda: self.model(x))
-        probs = scores_of(out, self.output_key).float().softmax(dim=1)  # (B, classes)
-        cls = torch.tensor([c for _, _, c in chunk], device=probs.device)
-        picked = probs.gather(1, cls[:, None])[:, 0].tolist()
+        if self.read is not None:
+            picked = self.read(out, x, [c for _, _, c in chunk])
+        else:
+            probs = scores_of(out, self.output_key).float().softmax(dim=1)  # (B, classes)
+            cls = torch.tensor([c for _, _, c in chunk], device=probs.device)
+            picked = probs.gather(1, cls[:, None])[:, 0].tolist()
         for (key, _, _), p in zip(chunk, picked):
             self.probs.setdefault(key, []).append(p)
         self.passes += 1
@@ -93,7 +98,8 @@ class Scorer:
 def evaluate_maps(model: nn.Module, x: torch.Tensor, jobs: Sequence[MapJob], *, metrics: Sequence[str],
                   steps: int = 32, batch: int = 64, output_key: str | None = None,
                   original: Sequence[float] | None = None,
-                  progress: Callable[[int], None] | None = None) -> tuple[list[MapScores], int]:
+                  progress: Callable[[int], None] | None = None,
+                  read: Callable[..., list[float]] | None = None) -> tuple[list[MapScores], int]:
     """Scores of each job's map on the batch ``x`` (N, C, H, W), and the forward passes run.
     ``original[j]``: the unperturbed target probability of job j (the confidence metric's Y);
     taken from the deletion curve's first point, or one more input, when not given."""
@@ -102,7 +108,7 @@ def evaluate_maps(model: nn.Module, x: torch.Tensor, jobs: Sequence[MapJob], *, 
     hw = (int(x.shape[-2]), int(x.shape[-1]))
     n_pix = hw[0] * hw[1]
     x = x.detach()
-    scorer = Scorer(model, output_key, batch, progress)
+    scorer = Scorer(model, output_key, batch, progress, read)
     blurred = fa.gaussian_blur(x.float()).to(x.dtype) if "insertion" in metrics else None
     counts = fa.step_counts(n_pix, steps)
     for j, job in enumerate(jobs):

@@ -120,6 +120,7 @@ class GuidedResult:
     kinds: tuple[str, ...]  # the kinds that were to be guided
     warnings: list[str] = field(default_factory=list)
     classes: int = 0  # scores per input (the class count)
+    rows: list[Any] | None = None  # detection / segmentation: what each map explains (objectives.Row)
 
 
 def _targets_for(spec: Any, flat: torch.Tensor, categories: Sequence[str] | None) -> list[list[int]]:
@@ -161,6 +162,7 @@ def guided_backprop(
     activations: bool | Collection[str] = False,
     output_key: str | None = None,
     categories: Sequence[str] | None = None,
+    objective: Any = None,
 ) -> GuidedResult:
     """Guided-backprop maps of ``inputs`` (N, ...) for ``target``.
 
@@ -173,6 +175,10 @@ def guided_backprop(
     if not inputs.is_floating_point():
         raise InputError(f"guided backprop needs a floating-point input, got {inputs.dtype}")
     kinds = resolve_kinds(activations)
+    if objective is not None:  # a detector's or segmenter's scores (issue 24)
+        from inspect_model.methods.dense_guided import dense_guided
+
+        return dense_guided(model, inputs, objective, kinds)
     # torch.compile'd models run a compiled backward the mode cannot see: use the eager module.
     model = getattr(model, "_orig_mod", model) if type(model).__name__ == "OptimizedModule" else model
     opts = CaptureOptions(outputs=False, freeze_params=True, eval_mode=True, grad_enabled=True)
