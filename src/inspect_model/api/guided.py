@@ -110,8 +110,13 @@ class GuidedSession(Session):
         from inspect_model.methods.targets import for_batch
 
         spec = for_batch(self.spec, self.index_base + len(self.entries), int(x.shape[0]))
-        res = gb.guided_backprop(model, x, spec, activations=self.kinds, output_key=self.output_key,
-                                 categories=cats, objective=self.objective)
+        if self.objective is not None:  # a detector's or segmenter's scores (issue 24)
+            from inspect_model.methods.dense_guided import dense_guided
+
+            res = dense_guided(model, x, self.objective, self.kinds)
+        else:
+            res = gb.guided_backprop(model, x, spec, activations=self.kinds, output_key=self.output_key,
+                                     categories=cats)
         self.warnings.extend(res.warnings)
         if self.objective is not None:
             from inspect_model.methods.objectives import Selection

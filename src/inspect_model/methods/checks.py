@@ -298,7 +298,8 @@ def _judge(results: list[CheckResult], first: Any, second: Any, records: list[An
 
         det = detection_output_check(out)  # a detector's list of dicts, every image (issue 24)
         if det is not None:
-            results.append(det)
+            passed, problems, detail = det
+            results.append(CheckResult("detection outputs", passed, problems, 0, detail, unit="problem"))
     if max_dead_fraction is not None:
         results.append(_dead_layers(model, records, max_dead_fraction))
     if deterministic and second is not None:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from inspect_model.methods.checks import CheckResult
-
 
 def is_detection_output(out: Any) -> bool:
     return isinstance(out, (list, tuple)) and bool(out) and all(
@@ -47,12 +45,13 @@ def _problems(i: int, d: dict[str, Any]) -> list[str]:
     return out
 
 
-def detection_output_check(out: Any) -> CheckResult | None:
-    """The check of a detector's list-of-dicts output, or None for any other output."""
+def detection_output_check(out: Any) -> tuple[bool, int, str] | None:
+    """The check of a detector's list-of-dicts output (passed, problem count, detail; the
+    caller makes it a ``CheckResult``), or None for any other output."""
     if not is_detection_output(out):
         return None
     problems = [p for i, d in enumerate(out) for p in _problems(i, d)]
     total = sum(int(d["scores"].shape[0]) for d in out if d["scores"].dim() == 1)
     detail = ("; ".join(problems[:3]) + (f" (+{len(problems) - 3} more)" if len(problems) > 3 else "")) if problems \
         else f"{len(out)} image(s), {total} detection(s): boxes (K, 4), labels (K,), scores (K,) in [0, 1], finite"
-    return CheckResult("detection outputs", not problems, len(problems), 0, detail, unit="problem")
+    return not problems, len(problems), detail

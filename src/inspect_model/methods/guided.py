@@ -162,7 +162,6 @@ def guided_backprop(
     activations: bool | Collection[str] = False,
     output_key: str | None = None,
     categories: Sequence[str] | None = None,
-    objective: Any = None,
 ) -> GuidedResult:
     """Guided-backprop maps of ``inputs`` (N, ...) for ``target``.
 
@@ -175,10 +174,6 @@ def guided_backprop(
     if not inputs.is_floating_point():
         raise InputError(f"guided backprop needs a floating-point input, got {inputs.dtype}")
     kinds = resolve_kinds(activations)
-    if objective is not None:  # a detector's or segmenter's scores (issue 24)
-        from inspect_model.methods.dense_guided import dense_guided
-
-        return dense_guided(model, inputs, objective, kinds)
     # torch.compile'd models run a compiled backward the mode cannot see: use the eager module.
     model = getattr(model, "_orig_mod", model) if type(model).__name__ == "OptimizedModule" else model
     opts = CaptureOptions(outputs=False, freeze_params=True, eval_mode=True, grad_enabled=True)
