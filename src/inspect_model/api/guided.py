@@ -79,7 +79,8 @@ class GuidedSession(Session):
         output_key, save_raw, overview = r.output_key, r.save_raw, r.overview
         self.prep, self.mopts = prep, mopts
         # A detector's or segmenter's scores (issue 24); None for a classifier.
-        self.objective = task_objective(prep.loaded, one_target(prep, r.target), prep.categories, score_threshold=r.score_threshold,
+        self.objective = task_objective(prep.loaded, one_target(prep, r.target), prep.categories,
+                                        score_threshold=r.score_threshold,
                                         max_detections=r.max_detections, refuse={"--sanity": sanity})
         self.spec = parse_target(r.target, prep.categories) if self.objective is None else self.objective.spec
         self.kinds = gb.resolve_kinds(activations)
