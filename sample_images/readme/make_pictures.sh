@@ -48,4 +48,31 @@ inspect-model attention vit_b_16 sample_images/cat.jpg --weights none --method r
   --mosaic --output-dir "$tmp/attn" --quiet > /dev/null
 cp "$tmp"/attn/images/0000-cat/rollout.*.png "$out/attention_rollout.png"
 cp "$tmp"/attn/images/0000-cat/mosaic.png "$out/attention_mosaic.png"
+
+# Detection and segmentation: the tiny Faster R-CNN and FCN of tests/fixtures/dense.py, trained
+# here in about a minute on synthetic shapes (red squares: class 1, blue discs: class 2), so these
+# maps show what a trained model looks at.
+python - "$tmp" <<'PY'
+import sys
+from pathlib import Path
+from PIL import Image
+sys.path.insert(0, "tests")
+from fixtures.dense import scene
+tmp = Path(sys.argv[1])
+for k in range(3):
+    img, _ = scene(90000 + k)
+    Image.fromarray((img.permute(1, 2, 0).numpy() * 255).astype("uint8")).resize((384, 384), Image.NEAREST) \
+        .save(tmp / f"scene{k}.png")
+(tmp / "dense_models.py").write_text(
+    "import sys\nsys.path.insert(0, 'tests')\nfrom fixtures.dense import tiny_detector, tiny_segmenter\n"
+    "def detector():\n    return tiny_detector(200)\ndef segmenter():\n    return tiny_segmenter(200)\n")
+PY
+small=(--resize 96 --crop 96 --mean 0 --std 1)
+inspect-model cam "$tmp/dense_models.py:detector" "$tmp"/scene0.png "$tmp"/scene2.png "${small[@]}" \
+  --score-threshold 0.5 --max-detections 2 -m gradcam -m layercam -m eigencam -o "$tmp/det" --quiet > /dev/null
+cp "$tmp/det/contact_sheet_001.png" "$out/detection_contact_sheet.png"
+inspect-model cam "$tmp/dense_models.py:segmenter" "$tmp"/scene1.png "${small[@]}" -m gradcam -o "$tmp/seg" \
+  --quiet > /dev/null
+cp "$tmp"/seg/images/0000-scene1/legend.png "$out/segmentation_legend.png"
+cp "$tmp"/seg/images/0000-scene1/gradcam.backbone.layer2.c1.overlay.png "$out/segmentation_class1.png"
 echo "pictures written to $out"

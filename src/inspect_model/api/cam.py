@@ -14,8 +14,10 @@ from inspect_model.api.options import InputOptions, ModelOptions, check_target_s
 from inspect_model.api.pipeline import execute, prepare, tracked
 from inspect_model.api.request import (
     COLORMAP_HELP,
+    MAX_DETECTIONS_HELP,
     OUTPUT_KEY_HELP,
     SAVE_RAW_HELP,
+    SCORE_THRESHOLD_HELP,
     TARGET_HELP,
     Request,
     api_command,
@@ -60,15 +62,19 @@ class CamRequest(Request):
     metrics: tuple[str, ...] = option((), "--metric", help="With --evaluate: deletion, insertion, road, confidence, "
                                       "pointing, energy or all (default: all; pointing and energy only with "
                                       "--boxes); repeatable.", multiple=True, param="metric")
-    boxes: Any = option(None, "--boxes", type=Path, help="With --evaluate: JSON or CSV of boxes "
-                        "image,x0,y0,x1,y1 in original-image pixels, for the pointing and energy games; "
-                        "alone, for a flow model: the region whose mean flow magnitude is explained.")
+    boxes: Any = option(None, "--boxes", type=Path, help="JSON or CSV of boxes image,x0,y0,x1,y1[,label] in "
+                        "original-image pixels: with --evaluate for the pointing and energy games; for a detector "
+                        "the boxes to explain, for a segmenter the region of the mask; for a flow model the region "
+                        "whose mean flow magnitude is explained.")
     eval_steps: int = option(32, "--eval-steps", help="Steps of the deletion and insertion curves.")
     eval_batch: int = option(64, "--eval-batch", help="Perturbed inputs per forward pass (--evaluate).")
+    score_threshold: float | None = option(None, "--score-threshold", type=float, help=SCORE_THRESHOLD_HELP)
+    max_detections: int = option(10, "--max-detections", help=MAX_DETECTIONS_HELP)
 
     def validate(self) -> None:
         from inspect_model.api.cam_evaluate import check_evaluate_request
         from inspect_model.methods.cam import parse_methods, parse_reshape
+        from inspect_model.methods.objectives import check_dense_options
         from inspect_model.render.overlay import check_colormap
 
         self._set("target", check_target_value(self.target))
@@ -82,6 +88,7 @@ class CamRequest(Request):
         if self.fuse and len(self.layers) < 2:
             raise UsageError("--fuse combines several layers; give --layer at least twice")
         check_colormap(self.colormap)
+        check_dense_options(self.score_threshold, self.max_detections)
         self._set("parsed_metrics", tuple(check_evaluate_request(
             evaluate=self.evaluate, metrics=list(self.metrics) or None, boxes=self.boxes, steps=self.eval_steps,
             batch=self.eval_batch)))
@@ -100,6 +107,7 @@ class CamSession(Session):
 
     def __init__(self, prep: Any, mopts: ModelOptions, request: CamRequest, *, notes: Any = None,
                  progress: Any = None) -> None:
+        from inspect_model.api.cam_tasks import DenseCam, dense_task
         from inspect_model.methods.targets import parse_target
 
         r = self.request = request
@@ -108,10 +116,12 @@ class CamSession(Session):
         self.prep, self.mopts, self.layer_specs = prep, mopts, list(r.layers)
         self.fuse, self.output_key, self.scorecam_batch = r.fuse, r.output_key, r.scorecam_batch
         self.colormap, self.alpha, self.top, self.save_raw = r.colormap, r.alpha, r.top, r.save_raw
-        self.spec = parse_target(r.target, prep.categories)
         self.notes = notes or (lambda text: None)
         self.progress = progress  # progress(done, total, label) for the long inner loops
         self.warnings = Warnings()
+        task = dense_task(prep)  # detection / segmentation: maps of detections and masks (issue 24)
+        self.dense = None if task == "classification" else DenseCam(self, task, r)
+        self.spec = parse_target(r.target, prep.categories) if self.dense is None else self.dense.objective.spec
         self.cam_layers: list[Any] | None = None
         self.entries: list[dict[str, Any]] = []
         self.passes = {"forward": 0, "backward": 0, "scorecam_forward": 0}
@@ -120,14 +130,18 @@ class CamSession(Session):
                              "boxes": str(r.boxes) if r.boxes else None, "eval_steps": r.eval_steps,
                              "eval_batch": r.eval_batch}
         self.evaluator: Any = None
-        if hasattr(prep.binding, "second_for") and ("scorecam" in self.methods or r.evaluate):
+        flow = hasattr(prep.binding, "second_for")
+        if flow and ("scorecam" in self.methods or r.evaluate):
             raise UsageError("Score-CAM and --evaluate perturb the input, and a flow model's input is a pair of "
                              "images; use the gradient methods (gradcam, ...) or eigencam")
-        if r.boxes is not None and not r.evaluate:
+        if r.boxes is not None and not r.evaluate and self.dense is None:
+            if not flow:
+                raise UsageError("--boxes needs --evaluate (for a classifier; a detector or a segmenter takes "
+                                 "--boxes as the boxes to explain, a flow model as the region to explain)")
             from inspect_model.api.media import flow_boxes
 
             flow_boxes(prep, r.boxes, self.notes)  # a flow model: the region whose flow is explained
-        elif r.evaluate:
+        if r.evaluate:
             from inspect_model.api.cam_evaluate import Evaluator
 
             self.evaluator = Evaluator(prep, list(r.parsed_metrics), steps=r.eval_steps, batch=r.eval_batch,
@@ -135,7 +149,8 @@ class CamSession(Session):
         from inspect_model.render.draw_cam import CamDrawer
 
         self.drawer = CamDrawer(categories=prep.categories, preprocess=prep.plan.preprocess, alpha=r.alpha,
-                                colormap=r.colormap, save_raw=r.save_raw, curves=self.evaluator is not None)
+                                colormap=r.colormap, save_raw=r.save_raw, curves=self.evaluator is not None,
+                                task=task)
 
     # ------------------------------------------------------------------ computing
     def _resolve(self, x: Any) -> None:
@@ -167,6 +182,8 @@ class CamSession(Session):
     def feed(self, batch: Any) -> list[ImageItem]:
         from inspect_model.methods.cam import compute_cams
 
+        if self.dense is not None:
+            return self.dense.feed(batch)
         if self.cam_layers is None:
             self._resolve(batch.tensor)
         from inspect_model.methods.targets import for_batch
@@ -227,22 +244,29 @@ class CamSession(Session):
             "passes": dict(self.passes),
             "skipped": skipped,
         }
+        if self.dense is not None:
+            self.dense.finish(payload)
         if self.evaluator is not None:
             payload["evaluation"] = self.evaluator.summary(self.entries, self.columns)
         return Result("cam", self.resolved_options(), payload, self.warnings.to_list(), record=None)
 
     def resolved_options(self) -> dict[str, Any]:
-        return self.prep.options(
+        options = self.prep.options(
             self.mopts, layers=[lay.name for lay in self.cam_layers or []], layer_specs=self.layer_specs or ["auto"],
             reshape=list(self.reshape) if self.reshape else None, target=_target_option(self.request.target),
             methods=list(self.methods), fuse=self.fuse, output_key=self.output_key,
             scorecam_batch=self.scorecam_batch, colormap=self.colormap, alpha=self.alpha, top=self.top,
-            save_raw=self.save_raw, **self.eval_options)
+            save_raw=self.save_raw, **self.eval_options, score_threshold=self.request.score_threshold,
+            max_detections=self.request.max_detections)
+        if self.dense is not None:
+            options.update(self.dense.options, boxes=str(self.request.boxes) if self.request.boxes else None)
+        return options
 
     # ------------------------------------------------------------------ resumable, mergeable
     def state_dict(self) -> dict[str, Any]:
         return {"entries": self.entries, "passes": dict(self.passes), "warnings": self.warnings,
-                "cam_layers": self.cam_layers, "columns": list(self.columns), "drawer": self.drawer.state_dict()}
+                "cam_layers": self.cam_layers, "columns": list(self.columns), "drawer": self.drawer.state_dict(),
+                "dense": None if self.dense is None else self.dense.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.entries = list(state["entries"])
@@ -251,6 +275,8 @@ class CamSession(Session):
         self.cam_layers = state["cam_layers"]
         self.columns = self.drawer.columns = [(str(m), str(n)) for m, n in state["columns"]]
         self.drawer.load_state_dict(state["drawer"])
+        if self.dense is not None and state.get("dense"):
+            self.dense.load_state_dict(state["dense"])
 
     def merge(self, states: list[dict[str, Any]]) -> None:
         self.entries = [e for st in states for e in st["entries"]]
@@ -261,6 +287,8 @@ class CamSession(Session):
             self.cam_layers = first["cam_layers"]
             self.columns = self.drawer.columns = [(str(m), str(n)) for m, n in first["columns"]]
         self.drawer.merge([st["drawer"] for st in states])
+        if self.dense is not None:
+            self.dense.merge([st["dense"] for st in states if st.get("dense")])
 
 @api_command(CamRequest)
 def cam(model: Any, images: Any, request: CamRequest, *, model_options: ModelOptions | None = None,

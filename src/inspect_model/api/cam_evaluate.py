@@ -25,7 +25,7 @@ def check_evaluate_request(*, evaluate: bool, metrics: list[str] | None, boxes: 
     if not evaluate:
         if metrics:
             raise UsageError("--metric needs --evaluate")
-        if boxes is not None:  # a flow model's region to explain; other models: refused once loaded (api/cam.py)
+        if boxes is not None:  # boxes to explain (a detector, a segmenter, a flow model's region): read at once
             from inspect_model.loading.boxes import load_boxes
 
             load_boxes(boxes)
@@ -100,8 +100,7 @@ class Evaluator:
 
     def feed(self, res: Any, batch: Any, entries: list[dict[str, Any]]) -> None:
         """Score the maps of ``res`` (one cam batch); ``entries`` are the batch's image records."""
-        from inspect_model.methods.faithfulness import mean_ranks
-        from inspect_model.methods.faithfulness_passes import MapJob, evaluate_maps, inputs_per_map
+        from inspect_model.methods.faithfulness_passes import MapJob
 
         x = batch.tensor
         hw = (int(x.shape[-2]), int(x.shape[-1]))
@@ -115,7 +114,37 @@ class Evaluator:
                                    seed=int(self.prep.plan.seed) * 1_000_003 + int(entry["index"])))
                 recs.append(rec)
         original = [float(res.probabilities[j.sample][j.target]) for j in jobs]
+        self._score(jobs, recs, original, batch, entries)
+
+    def feed_dense(self, res: Any, batch: Any, entries: list[dict[str, Any]], objective: Any) -> None:
+        """Score the maps of a detector's or segmenter's batch (``methods.task_cam``) on the
+        same targets: each perturbed input's probability of the explained detection or mask
+        (``objective.probability``), read with the model's threshold at 0 (issue 24)."""
+        from inspect_model.methods.faithfulness_passes import MapJob
+
+        x = batch.tensor
+        hw = (int(x.shape[-2]), int(x.shape[-1]))
+        jobs, recs = [], []
+        for i, entry in enumerate(entries):
+            img = batch.images[i] if batch.images is not None else None
+            inside = self._inside(batch.names[i], img, hw) if self.boxes else None
+            maps = [m for m in res.maps if m.row.sample == i]
+            for m, rec in zip(maps, entry["maps"]):
+                seed = int(self.prep.plan.seed) * 1_000_003 + int(entry["index"])
+                jobs.append(MapJob(i, m.row, m.map, inside, seed=seed))
+                recs.append(rec)
+        with objective.scoring():
+            self._score(jobs, recs, None, batch, entries, read=objective.probability)
+
+    def _score(self, jobs: list[Any], recs: list[dict[str, Any]], original: list[float] | None, batch: Any,
+               entries: list[dict[str, Any]], read: Any = None) -> None:
+        from inspect_model.methods.faithfulness import mean_ranks
+        from inspect_model.methods.faithfulness_passes import evaluate_maps, inputs_per_map
+
+        x = batch.tensor
         total = len(jobs) * inputs_per_map(self.metrics, self.steps)
+        if original is None and "confidence" in self.metrics:
+            total += len(jobs)  # the unperturbed input is scored too
         first = entries[0]["index"] if entries else 0
         label = f"cam: evaluating image {first + 1}" + (f"-{first + len(entries)}" if len(entries) > 1 else "")
 
@@ -129,7 +158,7 @@ class Evaluator:
 
         scored, passes = evaluate_maps(self.prep.loaded.model, x, jobs, metrics=self.metrics, steps=self.steps,
                                        batch=self.batch, output_key=self.output_key, original=original,
-                                       progress=progress)
+                                       progress=progress, read=read)
         self.passes += passes
         self.inputs += total
         for rec, s in zip(recs, scored):

@@ -17,7 +17,9 @@ from inspect_model.api.pipeline import execute, prepare, tracked
 from inspect_model.api.request import (
     DEPTH_HELP,
     LAYERS_HELP,
+    MAX_DETECTIONS_HELP,
     OUTPUT_KEY_HELP,
+    SCORE_THRESHOLD_HELP,
     Request,
     api_command,
     check_target_value,
@@ -25,6 +27,7 @@ from inspect_model.api.request import (
     positive,
 )
 from inspect_model.api.resume import count
+from inspect_model.api.objective_options import one_target
 from inspect_model.api.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
 
@@ -64,10 +67,15 @@ class GradsRequest(Request):
     jacobian_norm: bool = option(False, "--jacobian-norm", help="Estimate ||d(of)/d(wrt)||_F with Gaussian "
                                  "probes, with its standard error.")
     probes: int = option(16, "--probes", help="Number of random probes for --jacobian-norm.")
+    score_threshold: float | None = option(None, "--score-threshold", type=float, help=SCORE_THRESHOLD_HELP)
+    max_detections: int = option(10, "--max-detections", help=MAX_DETECTIONS_HELP)
 
     def validate(self) -> None:
+        from inspect_model.methods.objectives import check_dense_options
+
         self._set("target", check_target_value(self.target))
         check_target_syntax(self.target)
+        check_dense_options(self.score_threshold, self.max_detections)
         if isinstance(self.label, int) and not isinstance(self.label, bool):
             self._set("label", str(self.label))
         positive(self.depth, "--depth", zero=True)
@@ -102,9 +110,15 @@ class GradsSession(Session):
 
     def __init__(self, prep: Any, mopts: ModelOptions, request: GradsRequest, *, histograms: bool = False,
                  notes: Any = None, progress: Any = None) -> None:
+        from inspect_model.methods.objectives import task_objective
+
         r = self.request = request
         label, labels_file = r.label, r.labels_file
         self.prep, self.mopts = prep, mopts
+        # A detector's or segmenter's scores (issue 24); None for a classifier.
+        self.objective = task_objective(prep.loaded, one_target(prep, r.target), prep.categories,
+                                        score_threshold=r.score_threshold, max_detections=r.max_detections,
+                                        refuse={"--loss": r.loss, "--true-label": label, "--true-labels": labels_file})
         self.kw = dict(layers=list(r.layers) or None, depth=r.depth, target=r.target, loss=r.loss,
                        output_key=r.output_key, clip_norm=r.clip_norm, vanishing_below=r.vanishing_below,
                        exploding_above=r.exploding_above, fail_on=r.fail_on, histograms=histograms)
@@ -144,7 +158,8 @@ class GradsSession(Session):
         # Under torchrun or --resume (api/runner.py), ``partial`` holds what this shard
         # or the killed run had summed, and ``index_base`` is the run index of its first image.
         return GradRun(self.prep.loaded.model, labels=lab, categories=cats, on_batch=on_batch,
-                       partial=self.partial, label_base=self.index_base, progress=self.progress, **self.kw)
+                       partial=self.partial, label_base=self.index_base, progress=self.progress,
+                       objective=self.objective, **self.kw)
 
     def snapshot(self) -> Any:
         """What has been summed so far (gradients on the CPU): a checkpoint or a shard's part."""
@@ -164,6 +179,9 @@ class GradsSession(Session):
         for note in rep.notes:
             self.notes(note)
         self.warnings.extend(rep.warnings)
+        empty = self.objective.empty_warning() if self.objective is not None else None
+        if empty is not None:
+            self.warnings.add(empty)
         skipped = input_outcome(self.prep.plan, self.warnings)
         failed = rep.failures()
         failures = []
@@ -180,7 +198,8 @@ class GradsSession(Session):
             target=list(kw["target"]) if isinstance(kw["target"], tuple) else kw["target"], loss=kw["loss"],
             label=self.label, labels_file=str(self.labels_file) if self.labels_file else None,
             output_key=kw["output_key"], clip_norm=kw["clip_norm"], vanishing_below=kw["vanishing_below"],
-            exploding_above=kw["exploding_above"], fail_on=kw["fail_on"])
+            exploding_above=kw["exploding_above"], fail_on=kw["fail_on"],
+            score_threshold=self.request.score_threshold, max_detections=self.request.max_detections)
 
     # ------------------------------------------------------------------ resumable, mergeable
     def start(self, index: int, batch: int, rank: int) -> None:
@@ -334,3 +353,4 @@ def grads(model: Any, images: Any, request: GradsRequest, *, model_options: Mode
     total = len(prep.plan.paths) if prep.plan.paths else 0
     return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
                    keep=keep, tensorboard=tensorboard, on_item=on_item)
+

@@ -14,14 +14,17 @@ from typing import Any, ClassVar
 from inspect_model.api.options import InputOptions, ModelOptions, check_target_syntax
 from inspect_model.api.pipeline import execute, prepare, tracked
 from inspect_model.api.request import (
+    MAX_DETECTIONS_HELP,
     OUTPUT_KEY_HELP,
     SAVE_RAW_HELP,
+    SCORE_THRESHOLD_HELP,
     TARGET_HELP,
     Request,
     api_command,
     check_target_value,
     option,
 )
+from inspect_model.api.objective_options import one_target
 from inspect_model.api.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
 
@@ -46,10 +49,15 @@ class GuidedRequest(Request):
     save_raw: bool = option(False, "--save-raw", help=SAVE_RAW_HELP)
     overview: bool = option(True, "--overview/--no-overview", help="With --output-dir: one titled overview PNG "
                             "per image.")
+    score_threshold: float | None = option(None, "--score-threshold", type=float, help=SCORE_THRESHOLD_HELP)
+    max_detections: int = option(10, "--max-detections", help=MAX_DETECTIONS_HELP)
 
     def validate(self) -> None:
+        from inspect_model.methods.objectives import check_dense_options
+
         self._set("target", check_target_value(self.target))
         check_target_syntax(self.target)
+        check_dense_options(self.score_threshold, self.max_detections)
         if self.layer != "auto" and not self.guided_gradcam:
             raise UsageError("--layer applies to --guided-gradcam; add --guided-gradcam or drop --layer")
         if self.guided_gradcam and self.output_key is not None:
@@ -63,13 +71,18 @@ class GuidedSession(Session):
     def __init__(self, prep: Any, mopts: ModelOptions, request: GuidedRequest, *, keep_gradients: bool = False,
                  progress: Any = None) -> None:
         from inspect_model.methods import guided as gb
+        from inspect_model.methods.objectives import task_objective
         from inspect_model.methods.targets import parse_target
 
         r = self.request = request
         activations, guided_gradcam, layer, sanity = r.activations, r.guided_gradcam, r.layer, r.sanity
         output_key, save_raw, overview = r.output_key, r.save_raw, r.overview
         self.prep, self.mopts = prep, mopts
-        self.spec = parse_target(r.target, prep.categories)
+        # A detector's or segmenter's scores (issue 24); None for a classifier.
+        self.objective = task_objective(prep.loaded, one_target(prep, r.target), prep.categories,
+                                        score_threshold=r.score_threshold,
+                                        max_detections=r.max_detections, refuse={"--sanity": sanity})
+        self.spec = parse_target(r.target, prep.categories) if self.objective is None else self.objective.spec
         self.kinds = gb.resolve_kinds(activations)
         self.guided_gradcam, self.layer, self.sanity = guided_gradcam, layer, sanity
         self.output_key, self.save_raw, self.overview = output_key, save_raw, overview
@@ -98,10 +111,19 @@ class GuidedSession(Session):
         from inspect_model.methods.targets import for_batch
 
         spec = for_batch(self.spec, self.index_base + len(self.entries), int(x.shape[0]))
-        res = gb.guided_backprop(model, x, spec, activations=self.kinds, output_key=self.output_key,
-                                 categories=cats)
+        if self.objective is not None:  # a detector's or segmenter's scores (issue 24)
+            from inspect_model.methods.dense_guided import dense_guided
+
+            res = dense_guided(model, x, self.objective, self.kinds)
+        else:
+            res = gb.guided_backprop(model, x, spec, activations=self.kinds, output_key=self.output_key,
+                                     categories=cats)
         self.warnings.extend(res.warnings)
-        if not self.entries:  # the class count is the same for every batch: say it once
+        if self.objective is not None:
+            from inspect_model.methods.objectives import Selection
+
+            self.objective.note_empty(model, x, Selection(None, res.rows or []), batch.names)
+        elif not self.entries:  # the class count is the same for every batch: say it once
             cut = top_k_warning(self.spec, res.classes)
             if cut:
                 self.warnings.add(cut)
@@ -111,9 +133,14 @@ class GuidedSession(Session):
         if self.guided_gradcam:
             from inspect_model.methods import cam
 
-            if self.cam_layer is None:
-                self.cam_layer = cam.resolve_layer(model, self.layer, x[:1])
-            maps = cam.gradcam(model, x, self.cam_layer, res.targets).detach().float().cpu()
+            if self.objective is not None:  # the dense task's own Grad-CAM of the same rows
+                from inspect_model.methods.dense_guided import dense_gradcam
+
+                self.cam_layer, maps = dense_gradcam(model, x, self.objective, self.layer, res)
+            else:
+                if self.cam_layer is None:
+                    self.cam_layer = cam.resolve_layer(model, self.layer, x[:1])
+                maps = cam.gradcam(model, x, self.cam_layer, res.targets).detach().float().cpu()
             ggc = gb.guided_gradcam(res.gradients, maps)
         if self.sanity:
             self.sanity_acc = _merge_sanity(self.sanity_acc, gb.sanity_check(
@@ -141,6 +168,9 @@ class GuidedSession(Session):
                 "max_abs": float(a.max()), "mean_abs": float(a.mean()),
                 "nonzero_fraction": float((g != 0).float().mean()), "files": {},
             })
+            if res.rows is not None:  # the detection or segmentation target this map explains
+                row = [r for r in res.rows if r.sample == i][k]
+                maps[-1][self.objective.task] = row.record()
         return {"index": index, "image": name, "targets": [int(t) for t in res.targets[i]], "maps": maps,
                 "files": {}}
 
@@ -165,6 +195,9 @@ class GuidedSession(Session):
             "skipped": skipped,
         }
         record = _GuidedRecord(self.gradients) if self.keep_gradients else None
+        empty = self.objective.empty_warning() if self.objective is not None else None
+        if empty is not None:
+            self.warnings.add(empty)
         return Result("guided-backprop", self.resolved_options(), payload, self.warnings.to_list(), record=record)
 
     def resolved_options(self) -> dict[str, Any]:
@@ -172,7 +205,8 @@ class GuidedSession(Session):
             self.mopts, layers=[self.cam_layer] if self.cam_layer else [],
             target=list(self.request.target) if isinstance(self.request.target, tuple) else self.request.target,
             activations=list(self.kinds), guided_gradcam=self.guided_gradcam, sanity=self.sanity,
-            output_key=self.output_key, save_raw=self.save_raw, overview=self.overview)
+            output_key=self.output_key, save_raw=self.save_raw, overview=self.overview,
+            score_threshold=self.request.score_threshold, max_detections=self.request.max_detections)
 
     # ------------------------------------------------------------------ resumable, mergeable
     def state_dict(self) -> dict[str, Any]:

@@ -100,8 +100,12 @@ def _plain(value: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------- shared help texts
-TARGET_HELP = ("predicted, a class index or name, or top:K (API: also an int, one class per sample as a list "
-               "or a 1-D tensor).")
+TARGET_HELP = ("predicted, a class index or name, or top:K (a detector: its detections; a segmenter: its classes "
+               "by area; CLASS@all: the whole image) (API: also an int, one class per sample as a list or a 1-D "
+               "tensor).")
+SCORE_THRESHOLD_HELP = ("Detectors: explain every detection scoring at least this (sets the model's own threshold "
+                        "for the run; default: the model's).")
+MAX_DETECTIONS_HELP = "Detectors: at most this many detections per image, highest first."
 OUTPUT_KEY_HELP = "Which output of a tuple/dict-returning model to use (name or index)."
 COLORMAP_HELP = "Matplotlib colormap of the pictures."
 SAVE_RAW_HELP = "Also save raw arrays as .npy files."

@@ -142,13 +142,18 @@ def _meta_then_cpu(loaded: Any, run: Callable[[nn.Module, str], SummaryResult]
     except _NeedsRealModel:
         from inspect_model.loading.models import load_torchvision
 
-        if loaded.source != "torchvision":
+        if loaded.source == "hf":  # HF DETR reads values (.item()) in its forward (issue 24)
+            from inspect_model.loading.sources.hf import load_hf
+
+            real = load_hf(loaded.name, weights=None, device="cpu")
+        elif loaded.source != "torchvision":
             from inspect_model.errors import ModelRuntimeError
 
             raise ModelRuntimeError(
                 f"the meta device cannot run this model ({one_line(reason)}); use --device cpu"
             ) from None
-        real = load_torchvision(loaded.name, weights=None, device="cpu")
+        else:
+            real = load_torchvision(loaded.name, weights=None, device="cpu")
         m = real.model
         res = run(m, "cpu")
     note = f"the meta device could not run this model ({one_line(reason)}); used a real forward pass on cpu"

@@ -21,11 +21,17 @@ if TYPE_CHECKING:
 @contextmanager
 def swapped_tensors(model: nn.Module, make: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
     """Within the block, every parameter and buffer ``t`` of ``model`` reads as ``make(t)``
-    (one stand-in per tensor object, so shared tensors stay shared); restored on exit."""
+    (one stand-in per tensor object, so shared tensors stay shared); restored on exit.
+    Plain tensor attributes a forward pass may replace (torchvision's ``AnchorGenerator``
+    caches ``cell_anchors`` on the device it last ran on: meta) are put back too."""
+    import torch
     from torch import nn
 
     stand_in: dict[int, torch.Tensor] = {}
     saved: list[tuple[dict[str, torch.Tensor | None], str, torch.Tensor]] = []
+    plain = [(mod.__dict__, k, v) for mod in model.modules() for k, v in list(vars(mod).items())
+             if not k.startswith("_") and (isinstance(v, torch.Tensor) or (
+                 isinstance(v, (list, tuple)) and v and all(isinstance(e, torch.Tensor) for e in v)))]
 
     def replacement(t: torch.Tensor, is_param: bool) -> torch.Tensor:
         if id(t) not in stand_in:
@@ -48,3 +54,5 @@ def swapped_tensors(model: nn.Module, make: Callable[[torch.Tensor], torch.Tenso
     finally:
         for store, key, t in reversed(saved):
             store[key] = t
+        for attrs, key, value in plain:
+            attrs[key] = value

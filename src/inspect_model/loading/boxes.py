@@ -4,7 +4,9 @@ A boxes file gives, per image, boxes ``x0, y0, x1, y1`` in the original image's 
 (left, top, right, bottom). JSON: ``{"cat.jpg": [[x0, y0, x1, y1], ...]}`` (one box may be
 given bare) or a list of ``{"image": "cat.jpg", "box": [x0, y0, x1, y1]}``. CSV: rows
 ``image,x0,y0,x1,y1``, with or without that header. An image is named by its path as given
-on the command line, or by its file name.
+on the command line, or by its file name. For a detector or a segmenter a box may name a
+class (index or name): a sixth CSV field ``label``, or ``{"box": [...], "label": "cat"}`` in
+JSON (:func:`load_labelled_boxes`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ Box = tuple[float, float, float, float]
 
 def load_boxes(path: str | Path) -> dict[str, list[Box]]:
     """The boxes of ``path`` (JSON or CSV, by content), per image name."""
+    return {k: [b for b, _ in v] for k, v in load_labelled_boxes(path).items()}
+
+
+def load_labelled_boxes(path: str | Path) -> dict[str, list[tuple[Box, str | None]]]:
+    """The boxes of ``path`` with the class each names (None when it names none)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -30,7 +37,7 @@ def load_boxes(path: str | Path) -> dict[str, list[Box]]:
         raise InputError(f"boxes file '{p}' does not exist") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"boxes file '{p}' cannot be read: {exc}") from exc
-    out: dict[str, list[Box]] = {}
+    out: dict[str, list[tuple[Box, str | None]]] = {}
     if text.lstrip().startswith(("{", "[")):
         try:
             doc = check_depth(json.loads(text), f"boxes file '{p}'")
@@ -51,16 +58,24 @@ def load_boxes(path: str | Path) -> dict[str, list[Box]]:
         for i, (name, box) in enumerate(items):
             if not isinstance(name, str) or not name:
                 raise InputError(f"boxes file '{p}': entry {i + 1} names no image")
-            out.setdefault(name, []).append(_box(box, f"boxes file '{p}', image '{name}'"))
+            label = None
+            if isinstance(box, dict):  # {"box": [...], "label": ...} under an image name
+                label, box = box.get("label"), box.get("box")
+            elif isinstance(doc, list) and isinstance(doc[i], dict):
+                label = doc[i].get("label")
+            where = f"boxes file '{p}', image '{name}'"
+            out.setdefault(name, []).append((_box(box, where), None if label is None else str(label)))
     else:
         for n, row in enumerate(csv.reader(text.splitlines()), start=1):
             if not row or not "".join(row).strip() or row[0].strip().startswith("#"):
                 continue
             if n == 1 and row[0].strip().lower() in ("image", "path", "file"):
                 continue
-            if len(row) != 5:
-                raise InputError(f"boxes file '{p}', line {n}: expected image,x0,y0,x1,y1, got {len(row)} fields")
-            out.setdefault(row[0].strip(), []).append(_box(row[1:], f"boxes file '{p}', line {n}"))
+            if len(row) not in (5, 6):
+                raise InputError(f"boxes file '{p}', line {n}: expected image,x0,y0,x1,y1, got {len(row)} fields "
+                                 "(a sixth may name the box's class)")
+            label = row[5].strip() or None if len(row) == 6 else None
+            out.setdefault(row[0].strip(), []).append((_box(row[1:5], f"boxes file '{p}', line {n}"), label))
     if not out:
         raise InputError(f"boxes file '{p}' holds no boxes")
     return out

@@ -221,7 +221,7 @@ def run_checks(
     try:
         # The budget inside the engine: its timer is off before the hooks come off.
         with engine, time_budget(max_seconds, on_stuck):
-            first, second, records, grads_finite = _passes(model, inputs, engine, pick, deterministic)
+            first, second, records, grads_finite, out = _passes(model, inputs, engine, pick, deterministic)
     except OverBudget:
         assert max_seconds is not None
         seconds = time.perf_counter() - t0
@@ -233,7 +233,7 @@ def run_checks(
     seconds = time.perf_counter() - t0
     mem = max(_peak_rss_mb(), _rss_mb()) - rss0
     _judge(results, first, second, records, grads_finite, model=model, expect_output_shape=expect_output_shape,
-           finite=finite, max_dead_fraction=max_dead_fraction, deterministic=deterministic)
+           finite=finite, max_dead_fraction=max_dead_fraction, deterministic=deterministic, out=out)
     if max_seconds is not None:
         results.append(CheckResult("time", seconds <= max_seconds, round(seconds, 3), f"<= {max_seconds:g}",
                                    "seconds for forward + backward", maximum=max_seconds))
@@ -244,7 +244,8 @@ def run_checks(
 
 
 def _passes(model: Any, inputs: Sequence[Any], engine: Any, pick: Any, deterministic: bool) -> tuple[Any, ...]:
-    """One forward and one backward pass (and a second forward for ``deterministic``)."""
+    """One forward and one backward pass (and a second forward for ``deterministic``); also
+    gives the model's whole output (a detector's list of dicts is checked on its own)."""
     import torch
 
     out = run_forward(engine, lambda: model(*_copies(inputs)))
@@ -264,7 +265,7 @@ def _passes(model: Any, inputs: Sequence[Any], engine: Any, pick: Any, determini
     if deterministic:
         with torch.no_grad():
             second = pick(run_forward(engine, lambda: model(*_copies(inputs)))).detach().clone()
-    return first, second, records, grads_finite
+    return first, second, records, grads_finite, out
 
 
 def _copies(inputs: Sequence[Any]) -> list[Any]:
@@ -277,7 +278,7 @@ def _copies(inputs: Sequence[Any]) -> list[Any]:
 
 def _judge(results: list[CheckResult], first: Any, second: Any, records: list[Any], grads_finite: bool | None,
            *, model: Any, expect_output_shape: tuple[int, ...] | None, finite: bool,
-           max_dead_fraction: float | None, deterministic: bool) -> None:
+           max_dead_fraction: float | None, deterministic: bool, out: Any = None) -> None:
     import torch
 
     if expect_output_shape is not None:
@@ -293,6 +294,12 @@ def _judge(results: list[CheckResult], first: Any, second: Any, records: list[An
                                    maximum=0))
         if grads_finite is not None:
             results.append(CheckResult("finite gradients", grads_finite, grads_finite, True, exact=True))
+        from inspect_model.methods.dense_checks import detection_output_check
+
+        det = detection_output_check(out)  # a detector's list of dicts, every image (issue 24)
+        if det is not None:
+            passed, problems, detail = det
+            results.append(CheckResult("detection outputs", passed, problems, 0, detail, unit="problem"))
     if max_dead_fraction is not None:
         results.append(_dead_layers(model, records, max_dead_fraction))
     if deterministic and second is not None:

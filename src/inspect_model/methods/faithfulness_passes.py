@@ -53,13 +53,17 @@ class Scorer:
     ``batch`` inputs; ``probs[key]`` are the target probabilities in the order added."""
 
     def __init__(self, model: nn.Module, output_key: str | None, batch: int,
-                 progress: Callable[[int], None] | None = None, expected: int = 0) -> None:
+                 progress: Callable[[int], None] | None = None, expected: int = 0,
+                 read: Callable[..., list[float]] | None = None) -> None:
         """``expected``: how many inputs will be added (decides whether the passes run on an
-        inference copy of the model, :mod:`.inference_copy`)."""
+        inference copy of the model, :mod:`.inference_copy`); ``read(out, x, targets)``: the
+        probabilities of a detector's or segmenter's targets (issue 24), from the model's output."""
         from inspect_model.methods.cam_passes import scores_of
         from inspect_model.methods.inference_copy import InferenceRunner
 
         self.model, self.output_key, self.batch, self.progress = model, output_key, batch, progress
+        # read(out, x, targets) -> probabilities: a detector's or segmenter's target (issue 24)
+        self.read = read
         self.pending: list[tuple[Any, torch.Tensor, int]] = []  # (key, input (C, H, W), class)
         self.probs: dict[Any, list[float]] = {}
         self.passes = 0
@@ -83,10 +87,14 @@ class Scorer:
         x = torch.stack([t for _, t, _ in chunk])  # (B, C, H, W)
         # No hooks: the engine only puts the model in eval mode without grad, and restores it.
         with HookEngine(self.model, [], CaptureOptions(outputs=False, grad_enabled=False)) as eng:
-            self.runner.forward = lambda t: run_forward(eng, lambda: self.model(t))
-            probs = self.runner.probs(x)  # (B, classes)
-        cls = torch.tensor([c for _, _, c in chunk], device=probs.device)
-        picked = probs.gather(1, cls[:, None])[:, 0].tolist()
+            if self.read is not None:  # a detector or segmenter: read from the model's own output
+                out = run_forward(eng, lambda: self.model(x))
+                picked = self.read(out, x, [c for _, _, c in chunk])
+            else:
+                self.runner.forward = lambda t: run_forward(eng, lambda: self.model(t))
+                probs = self.runner.probs(x)  # (B, classes)
+                cls = torch.tensor([c for _, _, c in chunk], device=probs.device)
+                picked = probs.gather(1, cls[:, None])[:, 0].tolist()
         for (key, _, _), p in zip(chunk, picked):
             self.probs.setdefault(key, []).append(p)
         self.passes += 1
@@ -98,7 +106,8 @@ class Scorer:
 def evaluate_maps(model: nn.Module, x: torch.Tensor, jobs: Sequence[MapJob], *, metrics: Sequence[str],
                   steps: int = 32, batch: int = 64, output_key: str | None = None,
                   original: Sequence[float] | None = None,
-                  progress: Callable[[int], None] | None = None) -> tuple[list[MapScores], int]:
+                  progress: Callable[[int], None] | None = None,
+                  read: Callable[..., list[float]] | None = None) -> tuple[list[MapScores], int]:
     """Scores of each job's map on the batch ``x`` (N, C, H, W), and the forward passes run.
     ``original[j]``: the unperturbed target probability of job j (the confidence metric's Y);
     taken from the deletion curve's first point, or one more input, when not given."""
@@ -107,7 +116,7 @@ def evaluate_maps(model: nn.Module, x: torch.Tensor, jobs: Sequence[MapJob], *, 
     hw = (int(x.shape[-2]), int(x.shape[-1]))
     n_pix = hw[0] * hw[1]
     x = x.detach()
-    scorer = Scorer(model, output_key, batch, progress, len(jobs) * inputs_per_map(metrics, steps))
+    scorer = Scorer(model, output_key, batch, progress, len(jobs) * inputs_per_map(metrics, steps), read)
     blurred = fa.gaussian_blur(x.float()).to(x.dtype) if "insertion" in metrics else None
     counts = fa.step_counts(n_pix, steps)
     for j, job in enumerate(jobs):

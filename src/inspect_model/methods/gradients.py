@@ -67,7 +67,7 @@ class GradRun:
                  fail_on: str | Sequence[str] | None = None, keep_input_grad: bool = False,
                  histograms: bool = False, on_batch: Callable[[list[SampleGrad]], None] | None = None,
                  partial: GradPartial | None = None, label_base: int = 0,
-                 progress: Callable[..., None] | None = None) -> None:
+                 progress: Callable[..., None] | None = None, objective: Any = None) -> None:
         from inspect_model.engine.selection import select_layers
         from inspect_model.methods.targets import parse_target
 
@@ -79,7 +79,8 @@ class GradRun:
         self.keep_input_grad, self.histograms, self.on_batch = keep_input_grad, histograms, on_batch
         self.progress = progress  # progress(done, total, label): the per-layer and per-parameter work
         self._seen = {"done": 0, "total": 0}
-        self.spec = parse_target(target, categories) if loss is None else None
+        self.objective = objective  # a detector's or segmenter's scores (objectives.py), else None
+        self.spec = parse_target(target, categories) if loss is None and objective is None else None
         self.categories = categories
         self.label_list: list[int] | None = None
         self.label_one: int | None = None
@@ -158,10 +159,6 @@ class GradRun:
 
     def _batch(self, item: tuple[Any, list[str]], eng: Any, batch_n: list[int], run_forward: Any,
                select_output: Any) -> None:
-        import torch
-
-        from inspect_model.methods.targets import check_label_count, require_float
-
         part, model = self.partial, self.model
         x0, batch_names = item
         n = x0.shape[0]
@@ -170,7 +167,33 @@ class GradRun:
         x = x0.detach().clone().requires_grad_(x0.is_floating_point())
         # A non-leaf copy: the model may change its input in place (x /= 255), which autograd
         # refuses on a leaf that requires grad; x.grad is still d(objective)/d(input).
-        out = run_forward(eng, lambda x=x: model(x.clone()))
+        if self.objective is not None:  # detections or segmentation targets (issue 24)
+            from inspect_model.methods.objectives import objective_seed
+
+            with self.objective.context():
+                out = run_forward(eng, lambda x=x: model(x.clone()))
+            y, seed, per_obj, used = objective_seed(self.objective, model, out, x0, batch_names)
+        else:
+            out = run_forward(eng, lambda x=x: model(x.clone()))
+            y, seed, per_obj, used = self._seed(out, n, select_output)
+        if seed is not None:
+            part.out_sq += float(seed.double().pow(2).sum())
+        # Gradients to come in this backward pass: one per captured output and input.
+        self._seen["done"], self._seen["total"] = 0, sum(len(r.outputs) + len(r.inputs) for r in eng.records)
+        try:
+            if y is not None:
+                y.backward(seed)
+        except RuntimeError as exc:
+            msg = one_line(exc)
+            raise ModelRuntimeError(f"backward pass failed: {msg}") from exc
+        self._after_backward(eng, x, n, batch_names, per_obj, used)
+
+    def _seed(self, out: Any, n: int, select_output: Any) -> tuple[Any, Any, list[float], list[list[int]]]:
+        """The output to walk back from, d(objective)/d(output), each input's objective and
+        the classes used: the one-hot of a class score, or a loss."""
+        from inspect_model.methods.targets import check_label_count, for_batch, require_float, top_k_warning
+
+        part = self.partial
         y = select_output(out, self.output_key)
         require_float(y)
         if self.loss is not None and y.dim() == 2:
@@ -186,23 +209,18 @@ class GradRun:
                                  "give one label per image")
         else:
             batch_labels = None if self.label_one is None else [self.label_one] * n
-        from inspect_model.methods.targets import for_batch
-
         spec = for_batch(self.spec, label_pos, n)  # a per-sample target: this batch's share
         seed, per_obj, used = output_seed(y, target=spec, loss=self.loss, labels=batch_labels)
         if part.images == 0 and self.loss is None:  # the class count is the same for every batch
-            from inspect_model.methods.targets import top_k_warning
-
             cut = top_k_warning(self.spec, int(y.reshape(n, -1).shape[1]))
             self.warnings += [cut] if cut and cut not in self.warnings else []
-        part.out_sq += float(seed.double().pow(2).sum())
-        # Gradients to come in this backward pass: one per captured output and input.
-        self._seen["done"], self._seen["total"] = 0, sum(len(r.outputs) + len(r.inputs) for r in eng.records)
-        try:
-            y.backward(seed)
-        except RuntimeError as exc:
-            msg = one_line(exc)
-            raise ModelRuntimeError(f"backward pass failed: {msg}") from exc
+        return y, seed, per_obj, used
+
+    def _after_backward(self, eng: Any, x: Any, n: int, batch_names: list[str], per_obj: list[float],
+                        used: list[list[int]]) -> None:
+        import torch
+
+        part = self.partial
         _merge_batch(part.layers, eng.finalize(), self.by_name)
         layer_norms = {r.key: r for r in eng.records}
         if x.grad is not None:
@@ -264,7 +282,8 @@ class GradRun:
             notes.append(f"{len(unused)} parameter(s) got no gradient (unused by this objective): "
                          f"{', '.join(unused[:5])}")
         return GradReport(
-            objective=describe_objective(self.target, self.loss), images=part.images, layers=layer_list,
+            objective=self.objective.describe() if self.objective is not None
+            else describe_objective(self.target, self.loss), images=part.images, layers=layer_list,
             params=params, frozen_params=len(self.params_all) - len(self.trainable), global_norm=total,
             output_grad_norm=out_norm, input_grad=part.input_stats, checks=checks, clip=clip,
             first_nonfinite=first, samples=part.samples, input_grads=self.input_grads, notes=notes,

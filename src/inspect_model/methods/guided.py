@@ -120,6 +120,7 @@ class GuidedResult:
     kinds: tuple[str, ...]  # the kinds that were to be guided
     warnings: list[str] = field(default_factory=list)
     classes: int = 0  # scores per input (the class count)
+    rows: list[Any] | None = None  # detection / segmentation: what each map explains (objectives.Row)
 
 
 def _targets_for(spec: Any, flat: torch.Tensor, categories: Sequence[str] | None) -> list[list[int]]:

@@ -74,12 +74,27 @@ def _map_rows(rec: dict[str, Any]) -> list[list[str]]:
     rows = []
     for m in rec["maps"]:
         note = "; ".join(m["warnings"]) if m["warnings"] else ("class-independent" if m["class_independent"] else "")
-        rows.append([m["method"], m["layer"], _target(m["target"]), f"{m['target']['probability']:.3f}",
-                     _num(m["raw_min"]), _num(m["raw_max"]), note])
+        prob = m["target"]["probability"]
+        rows.append([m["method"], m["layer"], _target(m["target"]) + _dense_target(m),
+                     "" if prob is None else f"{prob:.3f}", _num(m["raw_min"]), _num(m["raw_max"]), note])
     return rows
 
 
+def _dense_target(m: dict[str, Any]) -> str:
+    """A detection's box, or a segmentation target's area and mask (issue 24)."""
+    if "detection" in m:
+        return " box [" + ", ".join(f"{v:.0f}" for v in m["detection"]["box"]) + "]"
+    if "segmentation" in m:
+        seg = m["segmentation"]
+        return f" {100 * seg['area_fraction']:.1f}% of pixels ({seg['mask_source']})"
+    return ""
+
+
 def _predictions(rec: dict[str, Any]) -> str:
+    if "legend" in rec:
+        return one_line(" | ".join(f"{_target(c)} {100 * c['area_fraction']:.1f}%" for c in rec["legend"][:8]))
+    if rec.get("task") == "detection" and not rec["predictions"]:
+        return "no detection at or above the threshold"
     return one_line(" | ".join(f"{_target(p)} {p['probability']:.3f}" for p in rec["predictions"]))
 
 

@@ -23,8 +23,8 @@ class CamDrawer(Drawer):
     layer) is set by the session once the layers are resolved."""
 
     def __init__(self, *, categories: list[str] | None, preprocess: Any, alpha: float, colormap: str,
-                 save_raw: bool, curves: bool) -> None:
-        self.categories, self.preprocess = categories, preprocess
+                 save_raw: bool, curves: bool, task: str = "classification") -> None:
+        self.categories, self.preprocess, self.task = categories, preprocess, task
         self.alpha, self.colormap, self.save_raw, self.curves = alpha, colormap, save_raw, curves
         self.columns: list[tuple[str, str]] = []
         self.page_base = 0  # first contact-sheet page number - 1 (another rank's pages come first)
@@ -42,6 +42,10 @@ class CamDrawer(Drawer):
 
         if item.data is None:
             return item.entry.get("files", {})
+        if self.task != "classification":  # boxes, mask outlines, legend (issue 24)
+            from inspect_model.render.draw_dense import draw_dense
+
+            return draw_dense(self, item, sink)
         img, x, maps, probs = item.data
         entry = item.entry
         cats = self.categories

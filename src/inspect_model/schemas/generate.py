@@ -43,7 +43,10 @@ SHARED_REQUIRED = ["model", "weights", "checkpoint", "device", "dtype", "seed", 
 #: Keys a command's report adds beside its request's fields (resolved forms).
 EXTRA: dict[str, dict[str, Any]] = {
     "activations": {"selected": {"type": "integer"}},
-    "cam": {"layer_specs": {"type": "array", "items": {"type": "string"}}},
+    "cam": {"layer_specs": {"type": "array", "items": {"type": "string"}},
+            # detectors and segmenters (issue 24): the task, and max_detections null for a segmenter
+            "task": {"enum": ["detection", "segmentation"]},
+            "max_detections": {"type": ["integer", "null"]}},
     "summary": {"mode": {"enum": ["eval", "train"]}, "input_size": {"type": "array"}},
 }
 #: Fields whose report form is not their request form.
