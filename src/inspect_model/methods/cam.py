@@ -167,41 +167,14 @@ def compute_cams(
         raise UsageError(f"--scorecam-batch must be 1 or more, got {scorecam_batch}")
     x = x.detach()
     hw = input_dims(x)  # (H, W), or (T, H, W) for clips: maps over time (methods/cam3d.py)
-    if layers and all(isinstance(layer, CamLayer) for layer in layers):
-        cam_layers: list[CamLayer] | None = list(layers)  # type: ignore[arg-type]
-        names = [layer.name for layer in cam_layers]  # type: ignore[union-attr]
-    elif not layers or any(isinstance(s, str) and s.strip().lower() == "auto" for s in layers):
-        cam_layers = resolve_layers(model, x, [str(s) for s in layers or []], reshape, output_key)
-        names = [layer.name for layer in cam_layers]
-    else:
-        from inspect_model.engine.selection import select_layers
-
-        cam_layers = None  # layouts from the captured shapes: no probe pass
-        names = []
-        for s in layers:
-            spec = s if isinstance(s, str) else s.name
-            plain = not any(ch in spec for ch in "*?[") and not spec.startswith("type:")
-            names.extend(select_layers(model, [spec], leaves_only=not plain))
-        names = list(dict.fromkeys(names))
+    cam_layers, names = _layers(model, x, layers, reshape, output_key)
     grads = any(m in GRADIENT_METHODS for m in methods)
     fc = cp.classifier(model) if "cam" in methods else None
     passes = {"forward": 0, "backward": 0, "scorecam_forward": 0}
 
-    # Layers that do not depend on the first one's output get a pass of their own.
-    acts: dict[str, Any] = {}
-    gradients: dict[str, list[Any]] = {}
-    remaining, classes, first = list(names), None, None
-    while remaining:
-        cap, missing = cp.capture(model, x, remaining, grads=grads, target=target, output_key=output_key,
-                                fc=fc if first is None else None, classes=classes)
-        passes["forward"] += 1
-        passes["backward"] += cap.classes.shape[1] if grads else 0
-        first = first or cap
-        classes = cap.classes
-        acts.update(cap.acts)
-        gradients.update(cap.grads)
-        remaining = missing
-    assert first is not None and classes is not None
+    first, acts, gradients = _capture_all(model, x, names, grads=grads, target=target, output_key=output_key,
+                                          fc=fc, passes=passes)
+    classes = first.classes
     scores = first.scores.detach()
     bad = ~torch.isfinite(scores.reshape(scores.shape[0], -1)).all(1) if scores.dim() else None
     if bad is not None and bool(bad.any()):
@@ -237,6 +210,47 @@ def compute_cams(
     maps = _records(raw_maps, classes, hw, [layer.name for layer in cam_layers], methods, fuse)
     return CamResult(scores=first.scores.float().cpu(), targets=classes.cpu().tolist(),
                      layers=cam_layers, maps=maps, input_hw=hw, passes=passes, notes=notes)
+
+
+def _layers(model: nn.Module, x: torch.Tensor, layers: Sequence[str | CamLayer] | None,
+            reshape: tuple[int, int] | None, output_key: str | None) -> tuple[list[CamLayer] | None, list[str]]:
+    """(CamLayer records, or None when the layouts come from the captured shapes; their names)."""
+    if layers and all(isinstance(layer, CamLayer) for layer in layers):
+        given: list[CamLayer] = list(layers)  # type: ignore[arg-type]
+        return given, [layer.name for layer in given]
+    if not layers or any(isinstance(s, str) and s.strip().lower() == "auto" for s in layers):
+        resolved = resolve_layers(model, x, [str(s) for s in layers or []], reshape, output_key)
+        return resolved, [layer.name for layer in resolved]
+    from inspect_model.engine.selection import select_layers
+
+    names: list[str] = []  # layouts from the captured shapes: no probe pass
+    for s in layers:
+        spec = s if isinstance(s, str) else s.name
+        plain = not any(ch in spec for ch in "*?[") and not spec.startswith("type:")
+        names.extend(select_layers(model, [spec], leaves_only=not plain))
+    return None, list(dict.fromkeys(names))
+
+
+def _capture_all(model: nn.Module, x: torch.Tensor, names: list[str], *, grads: bool, target: Any,
+                 output_key: str | None, fc: Any, passes: dict[str, int]) -> tuple[Any, dict[str, Any],
+                                                                                     dict[str, list[Any]]]:
+    """Activations (and gradients) of every layer in ``names``: layers that do not depend on
+    the first one's output get a pass of their own. (first capture, acts, gradients)."""
+    acts: dict[str, Any] = {}
+    gradients: dict[str, list[Any]] = {}
+    remaining, classes, first = list(names), None, None
+    while remaining:
+        cap, missing = cp.capture(model, x, remaining, grads=grads, target=target, output_key=output_key,
+                                  fc=fc if first is None else None, classes=classes)
+        passes["forward"] += 1
+        passes["backward"] += cap.classes.shape[1] if grads else 0
+        first = first or cap
+        classes = cap.classes
+        acts.update(cap.acts)
+        gradients.update(cap.grads)
+        remaining = missing
+    assert first is not None and classes is not None
+    return first, acts, gradients
 
 
 def _records(raw_maps: dict[tuple[str, str], torch.Tensor], classes: torch.Tensor, hw: tuple[int, ...],
