@@ -95,6 +95,19 @@ def test_evaluate_ranks_the_maps(cli, spec: str) -> None:
     assert all(len(m["evaluation"]["curves"]["deletion"]) == 5 for m in scored)
 
 
+def _close(a: object, b: object) -> bool:
+    """Equal, floats to 1e-5 relative (float sums in another order)."""
+    import math
+
+    if isinstance(a, float) and isinstance(b, (int, float)):
+        return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    return a == b
+
+
 def test_torchrun_two_ranks_equal_one_process(cli, spec: str, tmp_path: Path) -> None:
     import os
     import subprocess
@@ -110,4 +123,5 @@ def test_torchrun_two_ranks_equal_one_process(cli, spec: str, tmp_path: Path) ->
                          capture_output=True, text=True, env=env, timeout=300, check=False)
     assert one.exit_code == 0 and two.returncode == 0, two.stderr[-2000:]
     a, b = json.loads(one.stdout), json.loads(two.stdout)
-    assert a["images"] == b["images"] and sorted(a["files"]) == sorted(b["files"])
+    # the ranks run with one thread, this process with torch's default: sums in another order
+    assert _close(a["images"], b["images"]) and sorted(a["files"]) == sorted(b["files"])
