@@ -108,14 +108,9 @@ class CamDrawer(Drawer):
     def draw_summary(self, sink: Sink, result: Any) -> None:
         self._flush_sheet(sink, final=True)
         result.payload["contact_sheets"] = list(self.sheets)
-        ev = result.payload.get("evaluation")
-        if ev is not None and sink.out is not None and ev["average"]:
-            from inspect_model.render import faithfulness as rf
+        from inspect_model.render.faithfulness import draw_average_curves
 
-            n = result.payload["image_count"]
-            fig = rf.curves_figure(rf.average_series(ev), f"deletion and insertion curves, mean over {n} image(s)")
-            name = sink.figure("evaluation_curves.png", fig)
-            ev["plots"] = [name] if name else []
+        draw_average_curves(sink, result)
 
     def flush(self, sink: Sink) -> None:
         self._flush_sheet(sink, final=True)

@@ -125,3 +125,15 @@ def curve_plot_name(entry: dict[str, Any]) -> str:
     from inspect_model.render.files import image_dir
 
     return f"{image_dir(entry['index'], entry['image'])}/evaluation_curves.png"
+
+
+def draw_average_curves(sink: Any, result: Any) -> None:
+    """``evaluation_curves.png``: the run's mean deletion and insertion curves (cam and
+    attributions with --evaluate), named in the report's ``evaluation.plots``."""
+    ev = result.payload.get("evaluation")
+    if ev is None or sink.out is None or not ev["average"]:
+        return
+    n = result.payload["image_count"]
+    name = sink.figure("evaluation_curves.png",
+                       curves_figure(average_series(ev), f"deletion and insertion curves, mean over {n} image(s)"))
+    ev["plots"] = [name] if name else []
