@@ -88,7 +88,9 @@ def test_deletion_insertion_confidence_match_numpy() -> None:
     [res], passes = evaluate_maps(model, x, [MapJob(1, cls, sal)], metrics=["deletion", "insertion", "confidence"],
                                   steps=steps, batch=5)
     assert_unchanged(model, before)
-    n_inputs = 2 * (steps + 1) + 2  # + the unperturbed input and the masked one
+    # The curves' inner points, their ends (the image, the all-zero input, the blurred image:
+    # one each, shared by the curves and the confidence) and the masked input.
+    n_inputs = 2 * (steps - 1) + 3 + 1
     assert passes == math.ceil(n_inputs / 5)
     img = x[1].numpy().astype(np.float64)
     order = np.argsort(-sal.numpy().ravel(), kind="stable")
@@ -248,10 +250,12 @@ def test_gradcam_beats_a_constant_map_on_a_trained_model(trained: nn.Module, tmp
     c_del = np.mean([c.scores["deletion"] for c in const])
     assert s["insertion"] > c_ins + 0.1 and s["deletion"] < c_del - 0.1, (s, c_ins, c_del)
     # One forward pass per --eval-batch inputs, and the count reported.
-    per = 2 * 17 + 18 + 1
-    assert ev["inputs"] == 6 * per and ev["passes"] == math.ceil(6 * per / 40)
-    evals = [c for c in calls if c[1] == 6 * per]  # the images' own progress has total 0 (a tensor)
-    assert evals[-1] == (6 * per, 6 * per) and len(evals) == ev["passes"]
+    # Per map: 15 inner points of each curve, 18 ROAD inputs, the masked input; per batch: the
+    # all-zero input and each image's blurred copy (the image's own score is the map's).
+    n_inputs = 6 * (2 * 15 + 18 + 1) + 1 + 6
+    assert ev["inputs"] == n_inputs and ev["passes"] == math.ceil(n_inputs / 40)
+    evals = [c for c in calls if c[1] == n_inputs]  # the images' own progress has total 0 (a tensor)
+    assert evals[-1] == (n_inputs, n_inputs) and len(evals) == ev["passes"]
 
 
 # ----------------------------------------------------------------------------- CLI

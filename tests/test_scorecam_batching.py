@@ -64,7 +64,7 @@ def test_inference_copy_folds_batchnorm_and_leaves_the_model_alone() -> None:
         torch.testing.assert_close(fast(x.contiguous(memory_format=torch.channels_last)), model(x),
                                    atol=1e-5, rtol=1e-5)
     assert_unchanged(model, before)
-    runner = InferenceRunner(model, model, lambda out: out, passes=10)
+    runner = InferenceRunner(model, model, lambda out: out, inputs=1000)
     for _ in range(2):
         with torch.no_grad():
             torch.testing.assert_close(runner.probs(x), model(x).softmax(1), atol=1e-5, rtol=1e-5)
@@ -90,7 +90,7 @@ def test_models_without_a_faithful_copy_run_as_they_are() -> None:
     x = torch.randn(2, 3, 8, 8)
     model = Branchy().eval()
     assert fused_copy(model) is None
-    runner = InferenceRunner(model, model, lambda out: out, passes=10)
+    runner = InferenceRunner(model, model, lambda out: out, inputs=1000)
     torch.testing.assert_close(runner.probs(x), model(x).softmax(1).detach())
     assert not runner.used_copy
     hooked = bn_net()
@@ -98,14 +98,14 @@ def test_models_without_a_faithful_copy_run_as_they_are() -> None:
     handle = hooked[2].register_forward_hook(lambda m, i, o: seen.append(1))
     try:
         assert fused_copy(hooked) is None  # the user's hook would not run on a copy
-        runner = InferenceRunner(hooked, hooked, lambda out: out, passes=10)
+        runner = InferenceRunner(hooked, hooked, lambda out: out, inputs=1000)
         runner.probs(torch.randn(1, 3, 8, 8))
         runner.probs(torch.randn(1, 3, 8, 8))
         assert len(seen) == 2
     finally:
         handle.remove()
     assert fused_copy(bn_net().train()) is None
-    few = InferenceRunner(bn_net(), bn_net(), lambda out: out, passes=2)  # too few passes to pay for a copy
+    few = InferenceRunner(bn_net(), bn_net(), lambda out: out, inputs=20)  # too few inputs to pay for a copy
     few.probs(x)
     assert not few.used_copy
 
@@ -120,3 +120,38 @@ def test_batch_size_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 << 30, 80 << 30))
     assert cp.memory_budget(torch.device("cuda")) == 4 << 30
     assert cp.memory_budget(torch.device("cpu")) == cp.CPU_BUDGET
+
+
+def test_equal_masks_run_once_and_constant_channels_share_the_zero_input() -> None:
+    """Channels whose maps differ only in scale and offset give the same mask, and constant
+    channels the all-zero input: each distinct input runs once, and every channel's weight
+    still equals the definition."""
+    model = bn_net()
+    torch.manual_seed(2)
+    x = torch.randn(2, 3, 12, 12)
+    A = torch.relu(torch.randn(2, 6, 4, 4))
+    A[0, 1] = 3.0 * A[0, 0] + 0.5  # the same pattern as channel 0
+    A[0, 2] = 0.0  # constant
+    A[1, 4] = 7.0  # constant, another image
+    A[1, 5] = 2.0 * A[1, 3]
+    reps, inverse = cp.distinct_masks(A)
+    assert len(reps) == 1 + 4 + 4  # the zero input, 4 distinct patterns in each image
+    assert int(inverse[0]) == int(inverse[1]) and int(inverse[9]) == int(inverse[11])
+    assert int(inverse[2]) == int(inverse[10]) == 0 and int(reps[0]) == -1
+    classes = torch.tensor([[1, 3], [2, 0]])
+    weights, passes = cp.scorecam(model, x, A, classes, None, 4, None)
+    assert passes == 3  # 9 distinct inputs in passes of 4, not 12
+    torch.testing.assert_close(weights, reference_weights(model, x, A, classes), atol=2e-5, rtol=1e-4)
+
+
+def test_the_traced_copy_is_used_when_it_is_faithful_and_refused_when_tracing_warns() -> None:
+    from inspect_model.methods.inference_copy import traced_copy
+
+    model = bn_net()
+    x = torch.randn(3, 3, 12, 12)
+    fast = traced_copy(model, x)
+    assert isinstance(fast, torch.jit.ScriptModule)
+    assert not any("BatchNorm" in n.kind() for n in fast.graph.nodes())  # folded into the convolutions
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x[:2]), model(x[:2]), atol=1e-5, rtol=1e-5)  # another batch size
+    assert traced_copy(Branchy().eval(), x) is None  # `if y.mean() > 100`: a trace would bake it in

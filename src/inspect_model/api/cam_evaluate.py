@@ -59,8 +59,8 @@ class Evaluator:
         from inspect_model.methods.faithfulness_passes import inputs_per_map
 
         per = inputs_per_map(metrics, steps)
-        notes(f"evaluate: {', '.join(metrics)}; {per} perturbed inputs per map, run in forward passes of up to "
-              f"{batch} (--eval-batch)")
+        notes(f"evaluate: {', '.join(metrics)}; {per} perturbed inputs per map (and the curves' ends, shared by "
+              f"the maps of an image), run in forward passes of up to {batch} (--eval-batch)")
 
     def _check_boxes(self, path: Any) -> None:
         from inspect_model.loading.boxes import check_inside, load_boxes, match_boxes
@@ -139,12 +139,11 @@ class Evaluator:
     def _score(self, jobs: list[Any], recs: list[dict[str, Any]], original: list[float] | None, batch: Any,
                entries: list[dict[str, Any]], read: Any = None) -> None:
         from inspect_model.methods.faithfulness import mean_ranks
-        from inspect_model.methods.faithfulness_passes import evaluate_maps, inputs_per_map
+        from inspect_model.methods.faithfulness_passes import count_inputs, evaluate_maps
 
         x = batch.tensor
-        total = len(jobs) * inputs_per_map(self.metrics, self.steps)
-        if original is None and "confidence" in self.metrics:
-            total += len(jobs)  # the unperturbed input is scored too
+        total = count_inputs([j.sample for j in jobs], self.metrics, self.steps, original_known=original is not None,
+                             shared=read is None)
         first = entries[0]["index"] if entries else 0
         label = f"cam: evaluating image {first + 1}" + (f"-{first + len(entries)}" if len(entries) > 1 else "")
 

@@ -156,16 +156,20 @@ def eigen_map(A: torch.Tensor) -> torch.Tensor:
 def scorecam_masks(A: torch.Tensor, input_hw: tuple[int, int]) -> torch.Tensor:
     """Score-CAM's masks H_k (Wang et al. 2020, Eq. 4-5) for one sample: each channel
     upsampled to the input and min-max normalised. A (C, h, w) -> (C, H, W); a constant
-    channel gives an all-zero mask."""
+    channel gives an all-zero mask. Constancy is judged on ``A`` itself: upsampling a
+    constant 7.0 can give 6.9999995 here and there, which normalising would blow up into a
+    mask of rounding noise."""
     import torch.nn.functional as F
 
     mode = "trilinear" if len(input_hw) == 3 else "bilinear"  # a clip's (T, H, W)
+    low = A.reshape(A.shape[0], -1)
+    varies = (low.max(dim=1).values > low.min(dim=1).values).reshape(-1, *[1] * len(input_hw))
     up = F.interpolate(A[None].float(), size=input_hw, mode=mode, align_corners=False)[0]
     flat = up.reshape(up.shape[0], -1)
     lo = flat.min(dim=1).values.reshape(-1, *[1] * len(input_hw))
     hi = flat.max(dim=1).values.reshape(-1, *[1] * len(input_hw))
     span = hi - lo
-    return ((up - lo) / span.clamp_min(1e-12)) * (span > 0)
+    return ((up - lo) / span.clamp_min(1e-12)) * ((span > 0) & varies)
 
 
 def scorecam_map(A: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

@@ -172,11 +172,15 @@ def check_cam(model: nn.Module, fc: str | None, layer: str, A: torch.Tensor, cap
 def scorecam(model: nn.Module, x: torch.Tensor, A: torch.Tensor, classes: torch.Tensor,
              output_key: str | None, batch: int | None, progress: Any = None) -> tuple[torch.Tensor, int]:
     """Score-CAM's channel weights (N, K, C), the target's softmax probability on each
-    masked input, and the number of masked forward passes run. The N x C masked inputs are
-    one queue, cut into passes of ``batch`` (default :func:`scorecam_batch_size`) across
-    images as well as channels, run on an inference copy of the model
-    (:mod:`.inference_copy`). ``progress(done, total, label)`` is called after each pass (a
-    bar on the CLI: these passes are the long part)."""
+    masked input, and the number of masked forward passes run.
+
+    Only distinct masked inputs are run (:func:`distinct_masks`): channels of one image whose
+    min-max normalised maps are equal give the same mask, and a constant channel gives the
+    all-zero input, the same for every image. The distinct inputs are one queue, cut into
+    passes of ``batch`` (default :func:`scorecam_batch_size`) across images as well as
+    channels, run on an inference copy of the model (:mod:`.inference_copy`).
+    ``progress(done, total, label)`` is called after each pass (a bar on the CLI: these
+    passes are the long part)."""
     import torch
 
     from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
@@ -184,27 +188,71 @@ def scorecam(model: nn.Module, x: torch.Tensor, A: torch.Tensor, classes: torch.
 
     n, c = A.shape[0], A.shape[1]
     hw = tuple(x.shape[2:]) if x.dim() == 5 else (x.shape[-2], x.shape[-1])  # a clip: (T, H, W)
-    rows = n * c
+    reps, inverse = distinct_masks(A)  # reps: rows img * c + ch (-1: the zero input)
+    rows = len(reps)
     batch = scorecam_batch_size(x, rows, batch)
-    weights = torch.empty(n, classes.shape[1], c, dtype=torch.float32, device=A.device)
+    picked_all = torch.empty(rows, n, classes.shape[1], dtype=torch.float32, device=A.device)
     total = -(-rows // batch)
     # No hooks: the engine only puts the model in eval mode without grad, and restores it.
     with HookEngine(model, [], CaptureOptions(outputs=False, grad_enabled=False)) as eng:
         runner = InferenceRunner(model, lambda m: run_forward(eng, lambda: model(m)),
-                                 lambda out: scores_of(out, output_key), total)
+                                 lambda out: scores_of(out, output_key), rows)
         for passes, start in enumerate(range(0, rows, batch), 1):
-            idx = torch.arange(start, min(start + batch, rows), device=A.device)
-            img, ch = idx // c, idx % c
+            rep = reps[start:start + batch].to(A.device)
+            img, ch = rep.clamp_min(0) // c, rep.clamp_min(0) % c
             masks = cm.scorecam_masks(A[img, ch], hw).to(x.dtype)  # (B, H, W), rows independent
+            masks[rep < 0] = 0  # the constant channels' input: all zero
             masked = x[img.to(x.device)] * masks[:, None].to(x.device)  # (B, Cin, H, W)
             probs = runner.probs(masked)  # (B, classes)
-            picked = probs.gather(1, classes[img.to(classes.device)].to(probs.device))  # (B, K)
-            weights[img, :, ch] = picked.to(weights.device)
+            # The zero input serves every image: read each image's classes from every row.
+            picked = probs[:, classes.reshape(-1).to(probs.device)].reshape(len(rep), n, -1)
+            picked_all[start:start + len(rep)] = picked.to(picked_all.device)
             if progress is not None:
                 progress(passes, total, "scorecam: masked forward passes")
+    # weights[i, :, k] = the probabilities of image i's classes on the input of its channel k
+    own = torch.arange(n, device=A.device).repeat_interleave(c)
+    weights = picked_all[inverse.to(A.device), own].reshape(n, c, -1).transpose(1, 2).contiguous()
     return weights, total
 
 
+def distinct_masks(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The masked inputs Score-CAM must run: ``reps`` (R,), a row ``img * C + ch`` standing
+    for every channel of that image with the same min-max normalised map (the masks are equal:
+    upsampling is linear and the normalisation takes out scale and offset), and -1 for the
+    all-zero input of the constant channels (one for the whole batch); ``inverse`` (N * C,):
+    each channel's position in ``reps``. Maps are compared on the normalised low-resolution
+    activations rounded to 2^-20 (a channel times a scale plus an offset normalises to the
+    same map up to float rounding); merged masks differ by at most 1e-6, far below the
+    1e-4 to which the inference copy is checked."""
+    import torch
+
+    n, c = A.shape[0], A.shape[1]
+    flat = A.reshape(n, c, -1).float()
+    lo, hi = flat.min(dim=2, keepdim=True).values, flat.max(dim=2, keepdim=True).values
+    span = hi - lo
+    norm = torch.where(span > 0, (flat - lo) / span.clamp_min(1e-30), torch.zeros_like(flat))
+    norm = torch.round(norm * QUANTUM) / QUANTUM
+    constant = (span <= 0).reshape(-1)
+    reps: list[torch.Tensor] = []
+    inverse = torch.empty(n * c, dtype=torch.long)
+    offset = 1 if bool(constant.any()) else 0
+    if offset:
+        reps.append(torch.tensor([-1]))
+    for i in range(n):
+        keep = ~constant[i * c:(i + 1) * c].cpu()
+        uniq, inv = torch.unique(norm[i][keep.to(norm.device)].cpu(), dim=0, return_inverse=True)
+        first = torch.full((len(uniq),), c, dtype=torch.long)
+        chans = torch.arange(c)[keep]
+        first.scatter_reduce_(0, inv, chans, reduce="amin")  # the first channel of each pattern
+        inv_full = torch.zeros(c, dtype=torch.long)  # the constant channels point at row 0
+        inv_full[keep] = inv + offset
+        inverse[i * c:(i + 1) * c] = inv_full
+        reps.append(first + i * c)
+        offset += len(uniq)
+    return torch.cat(reps), inverse
+
+
+QUANTUM = 1 << 20  # distinct_masks: normalised maps equal to 2^-20 are one mask
 SCORECAM_MAX_BATCH = 256
 CPU_BUDGET = 1 << 30  # bytes of masked inputs and their activations in flight on a CPU
 # Bytes per masked input, in units of one input's bytes: a no-grad forward of resnet50 at 224 px
