@@ -172,7 +172,8 @@ class CamSession(Session):
 
             size = scorecam_batch_size(x, per * n_images, self.scorecam_batch)
             how = "--scorecam-batch" if self.scorecam_batch else "the memory budget; --scorecam-batch to set"
-            self.notes(f"scorecam: {per} masked inputs per image ({n_images} image(s): {per * n_images} in all), "
+            self.notes(f"scorecam: {per} masked inputs per image ({n_images} image(s): {per * n_images} in all; "
+                       f"channels with equal normalised maps share one, constant ones the zero input), "
                        f"in forward passes of up to {size} across images and channels ({how})")
         names = [lay.name for lay in self.cam_layers]
         if self.fuse and len(names) > 1:
