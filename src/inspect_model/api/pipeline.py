@@ -94,7 +94,7 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
 
     refuse_gradients(loaded, command)  # quantized kernels have no autograd
     from inspect_model.api.world import rank_device
-    from inspect_model.engine.hooks import model_device
+    from inspect_model.devices import model_device
 
     dev = (model_device(loaded.model) or "cpu") if loaded.borrowed else resolve_device(rank_device(mopts.device))
     for note in loaded.notes:

@@ -18,8 +18,9 @@ import sys
 import traceback
 from typing import TYPE_CHECKING, Any
 
+from inspect_model.devices import model_device
 from inspect_model.errors import ModelLoadError, suggest
-from inspect_model.loading.loaded import LoadedModel, brief, from_module, model_device
+from inspect_model.loading.loaded import LoadedModel, brief, from_module
 
 if TYPE_CHECKING:
     from torch import nn
