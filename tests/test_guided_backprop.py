@@ -390,3 +390,20 @@ def test_cli_failure_leaves_no_output_dir(cli, models_py: Path, tmp_path: Path) 
     out = tmp_path / "never"
     r = cli(["guided-backprop", tiny(models_py), "--input-size", "3x8x8", "--target", "99", "-o", str(out)])
     assert r.exit_code == 4 and not out.exists()
+
+
+def test_first_guided_call_imports_neither_dynamo_nor_sympy() -> None:
+    """torch wraps a dispatch mode's __torch_dispatch__ in torch._disable_dynamo, whose first
+    call imports torch._dynamo, and autograd.grad with a tensor grad_outputs imports torch.fx's
+    symbolic shapes and sympy: seconds on the first guided call of a process. Neither happens
+    now; in a fresh process, as a user's first call."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; from torch import nn; from inspect_model.methods import guided as gb\n"
+            "m = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))\n"
+            "before = {'torch._dynamo', 'sympy'} & set(sys.modules)\n"
+            "r = gb.guided_backprop(m, torch.randn(2, 4), 1)\n"
+            "print(sum(r.sites.values()), sorted(({'torch._dynamo', 'sympy'} & set(sys.modules)) - before))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1 []", out.stdout + out.stderr

@@ -1,6 +1,6 @@
 """The dependency rule (issue 12): cli -> api -> {render, methods} -> engine -> loading ->
-errors, only cli/ imports typer, engine/ imports only errors and torch. import-linter holds
-it (contracts in pyproject.toml), on every CI run."""
+errors (with devices.py beside errors), only cli/ imports typer, engine/ imports only errors,
+devices and torch. import-linter holds it (contracts in pyproject.toml), on every CI run."""
 
 from __future__ import annotations
 

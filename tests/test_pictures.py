@@ -58,6 +58,29 @@ def test_contact_sheet_labels_every_row_and_column() -> None:
         assert ink[top - 20: top + land.size[1] + 20].any()
 
 
+def test_contact_sheet_column_titles_stay_in_their_columns() -> None:
+    """Long bold headers ("gradcam @ backbone.fpn" beside "layercam @ backbone.fpn") are
+    wrapped at a word and ellipsised per column: no ink crosses a column's edge."""
+    from inspect_model.render.overlay import THUMB, SheetCell, contact_sheet, thumbnail
+
+    cols = ["gradcam @ backbone.fpn", "layercam @ backbone.fpn", "gradcam++ @ backbone.fpn",
+            "scorecam @ model.encoder.layers.11.attention.output.dense"]
+    cell = SheetCell(thumbnail(Image.new("RGB", (300, 200), (90, 90, 200))), "89 0.01")
+    sheet = contact_sheet([("cat.jpg #1", [cell] * len(cols))], cols, title="class activation maps (page 1)")
+    fs, pad, label_w, cell_w = 12, 4, 150, THUMB + 4  # contact_sheet's layout
+    head_h = (fs + 4) * 2 + 2 * pad
+    head = np.asarray(sheet.convert("L"))[fs + 10: fs + 10 + head_h - 4]  # below the title, above the rule
+    for ci in range(len(cols) + 1):  # each column edge, and a pixel either side, is blank in the header
+        x = label_w + ci * cell_w
+        assert (head[:, max(x - 1, 0): x + 2] > 200).all(), (ci, cols[ci - 1] if ci else None)
+    for ci in range(len(cols)):
+        assert (head[:, label_w + ci * cell_w + 8: label_w + (ci + 1) * cell_w - 8] < 128).any()  # a title is there
+    lines = [raster.wrap_text(c, fs, cell_w - 2 * pad, max_lines=2, bold=True) for c in cols]
+    assert lines[0] == ["gradcam @", "backbone.fpn"] and lines[1] == ["layercam @", "backbone.fpn"]
+    assert lines[3][-1].count("…") == 1
+    assert all(raster.text_size(t, fs, True)[0] <= cell_w - 2 * pad for ls in lines for t in ls)
+
+
 def test_activation_pictures_strips_and_all_zero() -> None:
     from inspect_model.render.grids import render_activation
 

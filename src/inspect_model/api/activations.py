@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from inspect_model.api.options import InputOptions, ModelOptions
-from inspect_model.api.pipeline import execute, prepare, tracked
+from inspect_model.api.pipeline import run_images
 from inspect_model.api.request import (
     COLORMAP_HELP,
     DEPTH_HELP,
@@ -190,14 +190,10 @@ def activations(model: Any, images: Any, request: ActivationsRequest, *, model_o
     """Activation statistics of every selected layer (every leaf by default), merged over all
     inputs, and feature-map grids of the layers named in ``layers`` (when files are written);
     the options of :class:`ActivationsRequest` as keywords."""
-    mopts = model_options or ModelOptions(model)
-    inputs = inputs or InputOptions(images)
-    prep = prepare("activations", mopts, inputs, notes=notes)
-    keep = output_dir is None if keep is None else keep
-    draw = output_dir is not None or tensorboard is not None or keep
-    with ActivationsSession(prep, mopts, request, draw=draw, histograms=tensorboard is not None,
-                            notes=notes) as session:
-        total = len(prep.plan.paths) if prep.plan.paths else 0
-        result = execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir,
-                         force=force, keep=keep, tensorboard=tensorboard, on_item=on_item)
-    return result
+    # The session is a context manager (its capture's hooks): run_images enters it around the run.
+    return run_images("activations", model, images, lambda prep, mopts, keep: ActivationsSession(
+                      prep, mopts, request, draw=output_dir is not None or tensorboard is not None or keep,
+                      histograms=tensorboard is not None, notes=notes),
+                      model_options=model_options, inputs=inputs,
+                      output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
+                      notes=notes, progress=progress)

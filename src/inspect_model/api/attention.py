@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from inspect_model.api.options import InputOptions, ModelOptions, check_target_syntax
-from inspect_model.api.pipeline import execute, prepare, tracked
+from inspect_model.api.pipeline import run_images
 from inspect_model.api.request import (
     COLORMAP_HELP,
     SAVE_RAW_HELP,
@@ -242,11 +242,8 @@ def attention(model: Any, images: Any, request: AttentionRequest, *, model_optio
     ``legrad`` (see ``methods.attention``). The result has ``maps`` (method -> (N, rows,
     cols)) and ``raw`` (layer -> (N, heads, rows, cols)) when kept (the API default),
     ``to_dict()`` and ``save(dir)``."""
-    mopts = model_options or ModelOptions(model)
-    inputs = inputs or InputOptions(images)
-    prep = prepare("attention", mopts, inputs, hooks=True, notes=notes)
-    keep = output_dir is None if keep is None else keep
-    session = AttentionSession(prep, mopts, request, keep_maps=keep, notes=notes, progress=progress)
-    total = len(prep.plan.paths) if prep.plan.paths else 0
-    return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
-                   keep=keep, tensorboard=tensorboard, on_item=on_item)
+    return run_images("attention", model, images, lambda prep, mopts, keep: AttentionSession(
+                      prep, mopts, request, keep_maps=keep, notes=notes, progress=progress),
+                      model_options=model_options, inputs=inputs,
+                      output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
+                      notes=notes, progress=progress)

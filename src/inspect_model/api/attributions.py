@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from inspect_model.api.options import InputOptions, ModelOptions, check_target_syntax
-from inspect_model.api.pipeline import execute, prepare, tracked
+from inspect_model.api.pipeline import run_images
 from inspect_model.api.request import (
     OUTPUT_KEY_HELP,
     SAVE_RAW_HELP,
@@ -301,11 +301,8 @@ def attributions(model: Any, images: Any, request: AttributionsRequest, *, model
     "integrated-gradients"]``, ``steps=64``, ...; ``target`` may come third). The result has
     ``maps`` (method -> (N, K, *sample)) when kept (the API default), ``to_dict()`` and
     ``save(dir)``."""
-    mopts = model_options or ModelOptions(model)
-    inputs = inputs or InputOptions(images)
-    prep = prepare("attributions", mopts, inputs, hooks=False, notes=notes)
-    keep = output_dir is None if keep is None else keep
-    session = AttributionsSession(prep, mopts, request, keep_maps=keep, notes=notes, progress=progress)
-    total = len(prep.plan.paths) if prep.plan.paths else 0
-    return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
-                   keep=keep, tensorboard=tensorboard, on_item=on_item)
+    return run_images("attributions", model, images, lambda prep, mopts, keep: AttributionsSession(
+                      prep, mopts, request, keep_maps=keep, notes=notes, progress=progress), hooks=False,
+                      model_options=model_options, inputs=inputs,
+                      output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
+                      notes=notes, progress=progress)

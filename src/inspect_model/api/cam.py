@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from inspect_model.api.options import InputOptions, ModelOptions, check_target_syntax
-from inspect_model.api.pipeline import execute, prepare, tracked
+from inspect_model.api.pipeline import run_images
 from inspect_model.api.request import (
     COLORMAP_HELP,
     MAX_DETECTIONS_HELP,
@@ -300,13 +300,11 @@ def cam(model: Any, images: Any, request: CamRequest, *, model_options: ModelOpt
     as keywords (``methods=["gradcam"]``, ``target=3``...). The result's ``to_dict()`` is the
     CLI's ``--json``; ``save(dir)`` (or ``output_dir=``) writes the CLI's files.
     ``evaluate=True`` adds faithfulness scores (see :mod:`inspect_model.api.cam_evaluate`)."""
-    mopts = model_options or ModelOptions(model)
-    inputs = inputs or InputOptions(images)
-    prep = prepare("cam", mopts, inputs, notes=notes)
-    session = CamSession(prep, mopts, request, notes=notes, progress=progress)
-    total = len(prep.plan.paths) if prep.plan.paths else 0
-    return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
-                   keep=keep, tensorboard=tensorboard, on_item=on_item)
+    return run_images("cam", model, images,
+                      lambda prep, mopts, keep: CamSession(prep, mopts, request, notes=notes, progress=progress),
+                      model_options=model_options, inputs=inputs,
+                      output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
+                      notes=notes, progress=progress)
 
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from inspect_model.api.options import InputOptions, ModelOptions, check_target_syntax
-from inspect_model.api.pipeline import execute, prepare, tracked
+from inspect_model.api.pipeline import run_images
 from inspect_model.api.request import (
     DEPTH_HELP,
     LAYERS_HELP,
@@ -339,18 +339,14 @@ def grads(model: Any, images: Any, request: GradsRequest, *, model_options: Mode
     keywords. ``result.failures`` lists failed ``fail_on`` checks."""
     if request.between and tensorboard is not None:
         raise UsageError("--tensorboard does not apply with --of/--wrt (gradients between layers); drop it")
-    mopts = model_options or ModelOptions(model)
-    inputs = inputs or InputOptions(images)
-    prep = prepare("grads", mopts, inputs, notes=notes)
-    keep = output_dir is None if keep is None else keep
-    session: Session
-    if request.between:
-        session = JacobianSession(prep, mopts, request)
-    else:
-        session = GradsSession(prep, mopts, request,
-                               histograms=output_dir is not None or tensorboard is not None or keep,
-                               notes=notes, progress=progress)
-    total = len(prep.plan.paths) if prep.plan.paths else 0
-    return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
-                   keep=keep, tensorboard=tensorboard, on_item=on_item)
+
+    def session(prep: Any, mopts: ModelOptions, keep: bool) -> Session:
+        if request.between:
+            return JacobianSession(prep, mopts, request)
+        return GradsSession(prep, mopts, request, histograms=output_dir is not None or tensorboard is not None or keep,
+                            notes=notes, progress=progress)
+
+    return run_images("grads", model, images, session, model_options=model_options, inputs=inputs,
+                      output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
+                      notes=notes, progress=progress)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from inspect_model.api.options import InputOptions, ModelOptions, check_target_syntax
-from inspect_model.api.pipeline import execute, prepare, tracked
+from inspect_model.api.pipeline import run_images
 from inspect_model.api.request import (
     MAX_DETECTIONS_HELP,
     OUTPUT_KEY_HELP,
@@ -278,11 +278,8 @@ def guided_backprop(model: Any, images: Any, request: GuidedRequest, *, model_op
     of :class:`GuidedRequest` (``target`` may come third, positionally: an int, a class name,
     ``"top:K"``, a per-sample list or a 1-D tensor). The result has ``gradients``
     (N, K, C, H, W) when kept (the API default), ``to_dict()`` and ``save(dir)``."""
-    mopts = model_options or ModelOptions(model)
-    inputs = inputs or InputOptions(images)
-    prep = prepare("guided-backprop", mopts, inputs, hooks=False, notes=notes)
-    keep = output_dir is None if keep is None else keep
-    session = GuidedSession(prep, mopts, request, keep_gradients=keep, progress=progress)
-    total = len(prep.plan.paths) if prep.plan.paths else 0
-    return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
-                   keep=keep, tensorboard=tensorboard, on_item=on_item)
+    return run_images("guided-backprop", model, images, lambda prep, mopts, keep: GuidedSession(
+                      prep, mopts, request, keep_gradients=keep, progress=progress), hooks=False,
+                      model_options=model_options, inputs=inputs,
+                      output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
+                      notes=notes, progress=progress)

@@ -94,7 +94,7 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
 
     refuse_gradients(loaded, command)  # quantized kernels have no autograd
     from inspect_model.api.world import rank_device
-    from inspect_model.engine.hooks import model_device
+    from inspect_model.devices import model_device
 
     dev = (model_device(loaded.model) or "cpu") if loaded.borrowed else resolve_device(rank_device(mopts.device))
     for note in loaded.notes:
@@ -178,6 +178,26 @@ def execute(
     with binding.bound(prep.loaded.model) if binding is not None else contextlib.nullcontext():
         return run(session, batches, world(), output_dir=output_dir, force=force, keep=keep,
                    tensorboard=tensorboard, on_item=on_item, resume=scale.resume)
+
+
+def run_images(command: str, model: Any, images: Any, make_session: Callable[[Prepared, ModelOptions, bool], Session],
+               *, hooks: bool = True, model_options: ModelOptions | None = None, inputs: InputOptions | None = None,
+               output_dir: Any = None, force: bool = False, tensorboard: Any = None, keep: bool | None = None,
+               on_item: Any = None, notes: Any = None, progress: Any = None) -> Result:
+    """The one shape of every image command's API function: the model loaded and the inputs
+    planned (:func:`prepare`), the session made by ``make_session(prep, mopts, keep)`` (``keep``
+    resolved: by default, kept when no output_dir is given), its batches run (:func:`execute`).
+    A session that is a context manager (activations' capture) is entered around the run."""
+    mopts = model_options or ModelOptions(model)
+    prep = prepare(command, mopts, inputs or InputOptions(images), hooks=hooks, notes=notes)
+    keep = output_dir is None if keep is None else keep
+    with contextlib.ExitStack() as stack:
+        session = make_session(prep, mopts, keep)
+        if isinstance(session, contextlib.AbstractContextManager):
+            session = stack.enter_context(session)
+        total = len(prep.plan.paths) if prep.plan.paths else 0
+        return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
+                       keep=keep, tensorboard=tensorboard, on_item=on_item)
 
 
 def tracked(batches: Iterator[InputBatch], total: int, progress: Callable[[int, int], None] | None

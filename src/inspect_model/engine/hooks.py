@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+from inspect_model.devices import model_device
 from inspect_model.engine.records import CallRecord, TensorCapture, flatten_tensors
 from inspect_model.errors import ModelLoadError, ModelRuntimeError, one_line, out_of_memory
 
@@ -405,12 +406,3 @@ def _raising_module(model: nn.Module, exc: BaseException) -> str | None:
         tb = tb.tb_next
     return found
 
-
-def model_device(model: nn.Module) -> str | None:
-    """The device of the model's first parameter (or buffer): ``"cpu"``, ``"cuda:0"``; None
-    for a model with neither."""
-    for t in model.parameters():
-        return str(t.device)
-    for t in model.buffers():
-        return str(t.device)
-    return None

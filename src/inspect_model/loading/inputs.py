@@ -164,13 +164,17 @@ class InputPlan:
         return {
             "images": [str(p) for p in self.paths],
             "preprocessing": self.preprocess.describe() if self.preprocess else None,
-            "input_size": list(self.input_size) if self.input_size else None,
+            # None where images keep their own sizes (no crop: detectors, segmenters, --preset unit)
+            "input_size": list(self.input_size) if self.input_size and not self._own_sizes() else None,
             "batch_size": self.batch_size,
             "channels": self.channels,
             "seed": self.seed,
             "fill": None if self.paths else self.fill,
             "skip_bad_inputs": self.skip_bad,
         }
+
+    def _own_sizes(self) -> bool:
+        return bool(self.paths) and self.preprocess is not None and not self.preprocess.crop
 
     def batches(self) -> Iterator[InputBatch]:
         import torch
@@ -277,8 +281,11 @@ def plan_inputs(
     pre = None
     if paths:
         hw = size[-1] if size and len(size) == 3 else None
+        from inspect_model.loading.loaded import infer_task
+
+        # infer_task: torchvision's detector and segmenter classes (by name or built in code)
         pre = build_preprocess(transforms=loaded.transforms, preset=preset, resize=resize, crop=crop,
-                               mean=mean, std=std, input_hw=hw)
+                               mean=mean, std=std, input_hw=hw, task=infer_task(loaded.model))
         if input_size and size and len(size) == 3:
             # An explicit --input-size with images: crop to it.
             pre.crop = size[-1]

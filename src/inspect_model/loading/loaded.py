@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from inspect_model.devices import model_device
 from inspect_model.errors import ModelLoadError
 
 if TYPE_CHECKING:
@@ -101,13 +102,6 @@ def brief(exc: BaseException) -> str:
 
     text = one_line(exc)
     return type(exc).__name__ if text == type(exc).__name__ else f"{type(exc).__name__}: {text}"
-
-
-def model_device(model: nn.Module) -> str | None:
-    """The device of the model's first parameter or buffer, None if it has neither."""
-    for t in list(model.parameters()) + list(model.buffers()):
-        return str(t.device)
-    return None
 
 
 def infer_task(model: Any) -> str:

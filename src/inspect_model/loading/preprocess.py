@@ -3,7 +3,9 @@
 ``Preprocess`` turns a PIL image into a normalised tensor (resize, centre crop, to tensor,
 normalise) and remembers where the crop came from, so that a map computed on the crop can
 be drawn back on the original image (:meth:`Preprocess.uncrop_box`). ``build_preprocess``
-resolves the options, a preset (``PRESETS``) and the weights' own transforms into one.
+resolves the options, a preset (``PRESETS``), the weights' own transforms and the default of
+the model's task (``TASK_DEFAULTS``: detectors and segmenters are not fed like classifiers)
+into one.
 """
 
 from __future__ import annotations
@@ -23,6 +25,19 @@ PRESETS: dict[str, dict[str, Any]] = {
     "inception": {"resize": 342, "crop": 299, "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)},
     "clip": {"resize": 224, "crop": 224, "mean": (0.4815, 0.4578, 0.4082), "std": (0.2686, 0.2613, 0.2758)},
     "unit": {"resize": None, "crop": None, "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0)},
+}
+
+# What torchvision's detectors and segmenters take when no weights bring their transforms
+# (--weights none, a module built in code): their weights' presets. A detector resizes and
+# normalises inside the model (GeneralizedRCNNTransform, SSD's too) and takes the whole image
+# in [0, 1] (``ObjectDetection``: to tensor, nothing else), so its boxes are in the image's own
+# pixels; a segmenter's ``SemanticSegmentation`` resizes the shorter side to 520, keeps the
+# whole image (no crop) and normalises with ImageNet's values. A classifier's centre crop
+# would cut off part of the picture the boxes and masks are drawn on.
+TASK_DEFAULTS: dict[str, dict[str, Any]] = {
+    "detection": dict(PRESETS["unit"], source="torchvision detection preset"),
+    "segmentation": {"resize": 520, "crop": None, "mean": PRESETS["imagenet"]["mean"],
+                     "std": PRESETS["imagenet"]["std"], "source": "torchvision segmentation preset"},
 }
 
 
@@ -95,23 +110,29 @@ class Preprocess:
 
 
 def preprocess_from_weights(transforms: Any) -> Preprocess | None:
-    """The :class:`Preprocess` equal to a torchvision weights' ImageClassification transform."""
+    """The :class:`Preprocess` equal to a torchvision weights' transform: ImageClassification
+    (resize, crop, normalise), SemanticSegmentation (resize, normalise: no crop) or
+    ObjectDetection (to tensor only: the detector resizes and normalises itself)."""
     if transforms is None:
         return None
     if isinstance(transforms, Preprocess):  # timm's and HF's preprocessing, already mapped
         import dataclasses
 
         return dataclasses.replace(transforms)
+    if type(transforms).__name__ == "ObjectDetection":  # no attributes: the whole image in [0, 1]
+        p = TASK_DEFAULTS["detection"]
+        return Preprocess(resize=None, crop=None, mean=p["mean"], std=p["std"], source="weights transforms")
     crop = getattr(transforms, "crop_size", None)
     resize = getattr(transforms, "resize_size", None)
     mean = getattr(transforms, "mean", None)
     std = getattr(transforms, "std", None)
-    if not crop or mean is None or std is None:
+    segmentation = not hasattr(transforms, "crop_size") and hasattr(transforms, "resize_size")
+    if not (crop or segmentation) or mean is None or std is None:
         return None
     interp = getattr(transforms, "interpolation", None)
     return Preprocess(
         resize=int(resize[0]) if resize else None,
-        crop=int(crop[0]),
+        crop=int(crop[0]) if crop else None,
         mean=tuple(float(m) for m in mean),
         std=tuple(float(s) for s in std),
         interpolation=getattr(interp, "value", "bilinear"),
@@ -128,12 +149,18 @@ def build_preprocess(
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
     input_hw: int | None = None,
+    task: str | None = None,
 ) -> Preprocess:
     """Explicit options win over a preset, which wins over the weights' own transforms,
-    which win over an ImageNet-style default sized for the model (``input_hw``)."""
+    which win over the default of a detection or segmentation ``task`` (``TASK_DEFAULTS``),
+    which wins over an ImageNet-style default sized for the model (``input_hw``)."""
     if preset is not None and preset not in PRESETS:
         raise UsageError(f"--preset '{preset}' is not one of {', '.join(PRESETS)}")
     base = preprocess_from_weights(transforms) if preset is None else None
+    if base is None and preset is None and task in TASK_DEFAULTS:
+        d = TASK_DEFAULTS[task]
+        base = Preprocess(resize=d["resize"], crop=d["crop"], mean=tuple(d["mean"]), std=tuple(d["std"]),
+                          source=d["source"])
     if base is None:
         p = dict(PRESETS[preset or "imagenet"])
         if preset is None and input_hw and input_hw != 224:

@@ -1,9 +1,9 @@
 """What the ``file`` and ``module`` sources share: running a user's code to get a model.
 
-``FILE.py:NAME`` (:mod:`~inspect_model.loading.sources.file`) and ``package.module:NAME``
-(:mod:`~inspect_model.loading.sources.module`). ``NAME`` may be an ``nn.Module`` instance, an
-``nn.Module`` class or a function returning a module (dotted for nested attributes:
-``zoo.py:Builders.small``); ``--model-arg`` values are passed to the class or function.
+``FILE.py:NAME`` and ``package.module:NAME`` (:mod:`~inspect_model.loading.sources.user_code`).
+``NAME`` may be an ``nn.Module`` instance, an ``nn.Module`` class or a function returning a
+module (dotted for nested attributes: ``zoo.py:Builders.small``); ``--model-arg`` values are
+passed to the class or function.
 Loading ``FILE.py`` runs that file, as ``python FILE.py`` would (but with ``__name__`` not
 ``"__main__"``), so only load files you trust.
 """
@@ -18,8 +18,9 @@ import sys
 import traceback
 from typing import TYPE_CHECKING, Any
 
+from inspect_model.devices import model_device
 from inspect_model.errors import ModelLoadError, suggest
-from inspect_model.loading.loaded import LoadedModel, brief, from_module, model_device
+from inspect_model.loading.loaded import LoadedModel, brief, from_module
 
 if TYPE_CHECKING:
     from torch import nn

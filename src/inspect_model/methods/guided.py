@@ -75,6 +75,15 @@ class GuidedBackwardMode(TorchDispatchMode):
     the gradient at the activation's output) is clamped at zero for the ``kinds`` chosen.
     ``guided`` / ``seen`` count the sites met, by kind."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in torch._disable_dynamo unless this says
+        # False; the wrapper imports torch._dynamo on the first op it sees (seconds, tens of
+        # seconds on a loaded machine, on the first guided call of a process). This mode is
+        # only active around the backward pass of an eager module (a compiled model's
+        # eager _orig_mod, see guided_backprop), never where Dynamo traces.
+        return False
+
     def __init__(self, kinds: Collection[str] = ("relu",)) -> None:
         super().__init__()
         self.kinds = frozenset(kinds)
@@ -200,10 +209,14 @@ def guided_backprop(
         for k in range(k_total):
             idx = torch.tensor([row[k] for row in targets], device=flat.device)
             onehot = torch.zeros_like(flat).scatter_(1, idx[:, None], 1.0)
+            # The scalar sum of the picked scores, not grad_outputs=onehot: the same gradient
+            # (exactly: d/dflat is onehot), but a tensor grad_outputs makes autograd import
+            # torch.fx's symbolic shapes and sympy (about a second) on a process's first call.
+            picked_sum = (flat * onehot).sum()
             mode = GuidedBackwardMode(kinds)
             try:
                 with mode:
-                    (g,) = torch.autograd.grad(flat, leaf, grad_outputs=onehot, retain_graph=k < k_total - 1)
+                    (g,) = torch.autograd.grad(picked_sum, leaf, retain_graph=k < k_total - 1)
             except RuntimeError as exc:
                 msg = (str(exc).strip().splitlines() or [""])[0]
                 raise ModelRuntimeError(f"backward pass failed: {type(exc).__name__}: {msg}") from exc

@@ -3,7 +3,7 @@
 diverging colormap centred on 0), ``<method>.<class>.overlay.png`` (on the original picture),
 with ``save_raw`` ``<method>.<class>.npy``, with evaluation ``evaluation_curves.png``; contact
 sheets (rows: image x target, columns: input and methods) at the top as
-``contact_sheet_NNN.png``, pages of :data:`SHEET_ROWS` rows.
+``contact_sheet_NNN.png``, in pages (:mod:`inspect_model.render.sheet_pages`).
 """
 
 from __future__ import annotations
@@ -13,13 +13,11 @@ from typing import Any
 
 from inspect_model.render import attributions as ra
 from inspect_model.render.files import class_tag, image_dir
-from inspect_model.render.sink import Drawer, Sink
-
-SHEET_ROWS = 16  # rows per contact-sheet page: memory stays bounded for any number of images
-RANK_PAGES = 100000  # a rank's pages are numbered from rank * RANK_PAGES, renumbered after a merge
+from inspect_model.render.sheet_pages import SheetDrawer
+from inspect_model.render.sink import Sink
 
 
-class AttributionsDrawer(Drawer):
+class AttributionsDrawer(SheetDrawer):
     """Draws what :class:`inspect_model.api.attributions.AttributionsSession` records; an
     item's data is (loaded image or None, model input (C, ...), {method: (K, *sample)})."""
 
@@ -27,15 +25,7 @@ class AttributionsDrawer(Drawer):
                  overlays: bool, curves: bool) -> None:
         self.categories, self.preprocess, self.methods = categories, preprocess, methods
         self.save_raw, self.overlays, self.curves = save_raw, overlays, curves
-        self.page_base = 0
-        self.reset()
-
-    def reset(self) -> None:
-        self.sheet_rows: list[Any] = []  # (label, input thumbnail, [(map thumbnail, caption)])
-        self.sheets: list[str] = []
-
-    def start(self, rank: int) -> None:
-        self.page_base = rank * RANK_PAGES
+        super().__init__()  # sheet_rows: (label, input thumbnail, [(map thumbnail, caption)])
 
     def draw(self, item: Any, sink: Sink) -> dict[str, Any]:
         from inspect_model.render import overlay as ov
@@ -90,44 +80,9 @@ class AttributionsDrawer(Drawer):
                            rf.curves_figure(series, title))
         return {"evaluation_curves": name} if name else {}
 
-    def draw_summary(self, sink: Sink, result: Any) -> None:
-        self._flush_sheet(sink, final=True)
-        result.payload["contact_sheets"] = list(self.sheets)
-        from inspect_model.render.faithfulness import draw_average_curves
-
-        draw_average_curves(sink, result)
-
-    def flush(self, sink: Sink) -> None:
-        self._flush_sheet(sink, final=True)
-
-    def _flush_sheet(self, sink: Sink, *, final: bool) -> None:
-        if sink.out is None or not self.sheet_rows or (not final and len(self.sheet_rows) < SHEET_ROWS):
-            return
-        while self.sheet_rows and (final or len(self.sheet_rows) >= SHEET_ROWS):
-            rows, self.sheet_rows = self.sheet_rows[:SHEET_ROWS], self.sheet_rows[SHEET_ROWS:]
-            page = self.page_base + len(self.sheets) + 1
-            methods = list(self.methods)
-            name = sink.image(f"contact_sheet_{page:03d}.png", lambda rows=rows, page=page: ra.sheet(
-                rows, methods, title=f"attributions (page {page})"))
-            if name is not None:
-                self.sheets.append(name)
-
-    # ------------------------------------------------------------------ resumable state
-    def state_dict(self) -> dict[str, Any]:
-        return {"sheets": list(self.sheets), "sheet_rows": list(self.sheet_rows)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.sheets = [str(s) for s in state["sheets"]]
-        self.sheet_rows = list(state["sheet_rows"])
-
-    def merge(self, states: list[dict[str, Any]]) -> None:
-        self.sheets = [str(p) for st in states for p in st["sheets"]]
-
-    def renames(self) -> dict[str, str]:
-        """Every rank's pages, numbered 1, 2, ... in rank order."""
-        new = {old: f"contact_sheet_{i + 1:03d}.png" for i, old in enumerate(self.sheets)}
-        self.sheets = list(new.values())
-        return new
+    def _page(self, rows: list[Any], page: int) -> Any:
+        methods = list(self.methods)
+        return lambda: ra.sheet(rows, methods, title=f"attributions (page {page})")
 
 
 def _label(target: dict[str, Any]) -> str:

@@ -3,7 +3,7 @@
 (the bare map with a colour bar), or for a clip's (T, H, W) map ``.strip.png`` and
 ``.overlay.gif`` (:mod:`inspect_model.render.video`), with ``save_raw`` ``.input.npy`` / ``.layer.npy``, with
 evaluation ``evaluation_curves.png``; contact sheets (rows: image x target, columns: method x
-layer) at the top as ``contact_sheet_NNN.png``, pages of :data:`SHEET_ROWS` rows.
+layer) at the top as ``contact_sheet_NNN.png``, in pages (:mod:`inspect_model.render.sheet_pages`).
 """
 
 from __future__ import annotations
@@ -12,30 +12,22 @@ from pathlib import Path
 from typing import Any
 
 from inspect_model.render.files import class_tag, image_dir, safe_name
-from inspect_model.render.sink import Drawer, Sink
-
-SHEET_ROWS = 16  # rows per contact-sheet page: memory stays bounded for any number of images
-RANK_PAGES = 100000  # a rank's pages are numbered from rank * RANK_PAGES, renumbered after the merge
+from inspect_model.render.sheet_pages import SheetDrawer
+from inspect_model.render.sink import Sink
 
 
-class CamDrawer(Drawer):
+class CamDrawer(SheetDrawer):
     """Draws what :class:`inspect_model.api.cam.CamSession` records. ``columns`` (method,
     layer) is set by the session once the layers are resolved."""
+
+    photo = True
 
     def __init__(self, *, categories: list[str] | None, preprocess: Any, alpha: float, colormap: str,
                  save_raw: bool, curves: bool, task: str = "classification") -> None:
         self.categories, self.preprocess, self.task = categories, preprocess, task
         self.alpha, self.colormap, self.save_raw, self.curves = alpha, colormap, save_raw, curves
         self.columns: list[tuple[str, str]] = []
-        self.page_base = 0  # first contact-sheet page number - 1 (another rank's pages come first)
-        self.reset()
-
-    def reset(self) -> None:
-        self.sheet_rows: list[Any] = []
-        self.sheets: list[str] = []
-
-    def start(self, rank: int) -> None:
-        self.page_base = rank * RANK_PAGES
+        super().__init__()
 
     def draw(self, item: Any, sink: Sink) -> dict[str, Any]:
         from inspect_model.render import overlay as ov
@@ -105,65 +97,28 @@ class CamDrawer(Drawer):
                 return {"evaluation_curves": name} if name else {}
         return {}
 
-    def draw_summary(self, sink: Sink, result: Any) -> None:
-        self._flush_sheet(sink, final=True)
-        result.payload["contact_sheets"] = list(self.sheets)
-        from inspect_model.render.faithfulness import draw_average_curves
+    def _sheet_wanted(self) -> bool:
+        """A sheet when there are several images or several columns."""
+        return bool(len(self.columns) > 1 or len(self.sheet_rows) > 1 or self.sheets)
 
-        draw_average_curves(sink, result)
-
-    def flush(self, sink: Sink) -> None:
-        self._flush_sheet(sink, final=True)
-
-    def _flush_sheet(self, sink: Sink, *, final: bool) -> None:
-        """A contact-sheet page when it is full (or at the end), when there are several
-        images or several columns."""
-        if sink.out is None or not self.sheet_rows:
-            return
-        if not final and len(self.sheet_rows) < SHEET_ROWS:
-            return
-        several = len(self.columns) > 1 or len(self.sheet_rows) > 1 or self.sheets
-        if not several:
-            self.sheet_rows = []
-            return
+    def _page(self, rows: list[Any], page: int) -> Any:
         from inspect_model.render.overlay import SheetCell, contact_sheet
 
-        while self.sheet_rows and (final or len(self.sheet_rows) >= SHEET_ROWS):
-            rows, self.sheet_rows = self.sheet_rows[:SHEET_ROWS], self.sheet_rows[SHEET_ROWS:]
-            cols = [f"{m} @ {lay}" for m, lay in self.columns]
-            page = self.page_base + len(self.sheets) + 1
+        cols = [f"{m} @ {lay}" for m, lay in self.columns]
 
-            def draw(rows: list[Any] = rows, cols: list[str] = cols, page: int = page) -> Any:
-                # The cells are thumbnails that jobs queued before this one draw: a worker
-                # waits for them (the queue is first in, first out, so they have started),
-                # and the model computes on meanwhile.
-                cells = [(label, [None if c is None else SheetCell(_thumb(c[0]), c[1]) for c in row])
-                         for label, row in rows]
-                return contact_sheet(cells, cols, title=f"class activation maps (page {page})")
+        def draw() -> Any:
+            # The cells are thumbnails that jobs queued before this one draw: a worker
+            # waits for them (the queue is first in, first out, so they have started),
+            # and the model computes on meanwhile.
+            cells = [(label, [None if c is None else SheetCell(_thumb(c[0]), c[1]) for c in row])
+                     for label, row in rows]
+            return contact_sheet(cells, cols, title=f"class activation maps (page {page})")
 
-            name = sink.image(f"contact_sheet_{page:03d}.png", draw, photo=True)
-            if name is not None:
-                self.sheets.append(name)
+        return draw
 
-    # ------------------------------------------------------------------ resumable state
-    def state_dict(self) -> dict[str, Any]:
-        """Pages written and rows waiting for a page (thumbnails drawn by the workers: their
-        images, not futures)."""
-        rows = [(label, [None if c is None else (_thumb(c[0]), c[1]) for c in row]) for label, row in self.sheet_rows]
-        return {"sheets": list(self.sheets), "sheet_rows": rows}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.sheets = [str(s) for s in state["sheets"]]
-        self.sheet_rows = list(state["sheet_rows"])
-
-    def merge(self, states: list[dict[str, Any]]) -> None:
-        self.sheets = [str(p) for st in states for p in st["sheets"]]
-
-    def renames(self) -> dict[str, str]:
-        """Every rank's pages, numbered 1, 2, ... in rank order."""
-        new = {old: f"contact_sheet_{i + 1:03d}.png" for i, old in enumerate(self.sheets)}
-        self.sheets = list(new.values())
-        return new
+    def _stored_rows(self, rows: list[Any]) -> list[Any]:
+        """Thumbnails drawn by the workers: their images, not futures."""
+        return [(label, [None if c is None else (_thumb(c[0]), c[1]) for c in row]) for label, row in rows]
 
 
 def _map_job(sink: Sink, names: dict[str, Any], picture: Any, arr: Any, box: Any, alpha: float, cmap: str,

@@ -185,7 +185,8 @@ def contact_sheet(rows: Sequence[tuple[str, Sequence[SheetCell | None]]], column
     # Each row is as tall as its tallest thumbnail: landscape images leave no blank band.
     row_h = [max([c.image.size[1] for c in cells if c is not None] or [THUMB // 2]) for _, cells in rows]
     label_w = 150
-    head_lines = [raster.wrap_text(c, fs, cell_w - 2 * pad, max_lines=2) for c in columns] or [[]]
+    # Headers are bold: measured bold, each wrapped (or ellipsised) within its own column.
+    head_lines = [raster.wrap_text(c, fs, cell_w - 2 * pad, max_lines=2, bold=True) for c in columns] or [[]]
     head_h = (fs + 4) * max(len(h) for h in head_lines) + pad * 2
     title_h = (fs + 10) if title else 0
     width = label_w + n_cols * cell_w + pad
@@ -193,8 +194,8 @@ def contact_sheet(rows: Sequence[tuple[str, Sequence[SheetCell | None]]], column
     img = Image.new("RGB", (width, height), raster.BG)
     d = ImageDraw.Draw(img)
     if title:
-        d.text((width // 2, pad), raster.fit_text(title, fs + 1, width - 2 * pad), font=raster.font(fs + 1, True),
-               fill=raster.FG, anchor="ma")
+        d.text((width // 2, pad), raster.fit_text(title, fs + 1, width - 2 * pad, bold=True),
+               font=raster.font(fs + 1, True), fill=raster.FG, anchor="ma")
     y0 = title_h
     for ci, lines in enumerate(head_lines):
         cx = label_w + ci * cell_w + cell_w // 2

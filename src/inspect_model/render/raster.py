@@ -82,34 +82,39 @@ def text_size(text: str, size: int, bold: bool = False) -> tuple[int, int]:
     return math.ceil(right), math.ceil(max(bottom, size))
 
 
-def fit_text(text: str, size: int, width: int) -> str:
-    """``text`` shortened with an ellipsis in the middle so that it fits ``width`` pixels."""
+def fit_text(text: str, size: int, width: int, bold: bool = False) -> str:
+    """``text`` shortened with an ellipsis in the middle so that it fits ``width`` pixels
+    (measured in the font it is drawn in: bold is wider)."""
     text = shown(text)
-    if text_size(text, size)[0] <= width or len(text) <= 3:
+    if text_size(text, size, bold)[0] <= width or len(text) <= 3:
         return text
     lo, hi = 1, len(text)
     while lo < hi:  # the longest shortening that fits
         mid = (lo + hi + 1) // 2
         cand = text[: mid // 2] + "…" + text[len(text) - (mid - mid // 2):]
-        if text_size(cand, size)[0] <= width:
+        if text_size(cand, size, bold)[0] <= width:
             lo = mid
         else:
             hi = mid - 1
     return text[: lo // 2] + "…" + text[len(text) - (lo - lo // 2):]
 
 
-def wrap_text(text: str, size: int, width: int, max_lines: int = 2) -> list[str]:
-    """``text`` broken into at most ``max_lines`` lines of ``width`` pixels (the last one
-    shortened with an ellipsis when the text is longer)."""
+def wrap_text(text: str, size: int, width: int, max_lines: int = 2, bold: bool = False) -> list[str]:
+    """``text`` broken into at most ``max_lines`` lines of ``width`` pixels in the (``bold``)
+    font it is drawn in (the last one shortened with an ellipsis when the text is longer)."""
     lines: list[str] = []
     rest = shown(text)
     while rest and len(lines) < max_lines - 1:
-        if text_size(rest, size)[0] <= width:
+        if text_size(rest, size, bold)[0] <= width:
             break
         cut = len(rest)
-        while cut > 1 and text_size(rest[:cut], size)[0] > width:
+        while cut > 1 and text_size(rest[:cut], size, bold)[0] > width:
             cut -= 1
         space = rest.rfind(" ", 0, cut)
+        if 0 < space and len(lines) == max_lines - 2 and text_size(rest[space:].strip(), size, bold)[0] <= width:
+            lines.append(rest[:space].rstrip())  # a word break that leaves the rest whole: "gradcam @" /
+            rest = rest[space:].lstrip()  # "backbone.fpn", not "gradcam @ backbone." / "fpn"
+            break
         for sep in (" ", "_", "-", ".", "/"):
             at = rest.rfind(sep, 0, cut)
             if at > cut // 2:
@@ -119,7 +124,7 @@ def wrap_text(text: str, size: int, width: int, max_lines: int = 2) -> list[str]
         lines.append(rest[:cut].rstrip())
         rest = rest[cut:].lstrip()
     if rest:
-        lines.append(fit_text(rest, size, width))
+        lines.append(fit_text(rest, size, width, bold))
     return lines
 
 
@@ -197,7 +202,7 @@ def titled(body: Image.Image, lines: Sequence[str], *, size: int = 13, right: Im
     want = max([text_size(t, size, i == 0)[0] for i, t in enumerate(lines)] + [0]) + 2 * margin
     width = max(inner_w + 2 * margin, min(want, 1000), 200)
     title_w = width - 2 * margin
-    shown = [fit_text(t, size, title_w) for t in lines]
+    shown = [fit_text(t, size, title_w, i == 0) for i, t in enumerate(lines)]
     head = margin + line_h * len(shown) + (margin // 2 if shown else 0)
     foot = (line_h + margin // 2) if note else 0
     height = head + max(body.size[1], right.size[1] if right is not None else 0) + foot + margin

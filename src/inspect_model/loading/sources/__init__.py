@@ -23,18 +23,17 @@ from inspect_model.errors import ModelLoadError, UsageError
 from inspect_model.loading.loaded import LoadedModel, LoadRequest, ModelSource
 from inspect_model.loading.sources import (
     export,
-    file,
     hf,
-    module,
     pickled,
     timm,
     torchscript,
     torchvision,
+    user_code,
 )
 
 SOURCES: list[ModelSource] = [
-    hf.SOURCE, timm.SOURCE, torchscript.SOURCE, export.SOURCE, pickled.SOURCE, torchvision.SOURCE, file.SOURCE,
-    module.SOURCE,
+    hf.SOURCE, timm.SOURCE, torchscript.SOURCE, export.SOURCE, pickled.SOURCE, torchvision.SOURCE, user_code.FILE,
+    user_code.MODULE,
 ]
 
 

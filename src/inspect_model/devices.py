@@ -1,0 +1,25 @@
+"""Where a model's tensors live: :func:`model_device`, the one copy every layer uses.
+
+It sits at the bottom of the layers, beside :mod:`inspect_model.errors` (pyproject's
+import-linter contract), because both the engine (which gives a model back on the device it
+found it on) and loading (which moves a freshly built model, and leaves a borrowed one where
+it is) need it, and neither of those may import the other. It imports nothing but torch's
+types, and those only for type checking.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+def model_device(model: nn.Module) -> str | None:
+    """The device of the model's first parameter (or buffer): ``"cpu"``, ``"cuda:0"``; None
+    for a model with neither."""
+    for t in model.parameters():
+        return str(t.device)
+    for t in model.buffers():
+        return str(t.device)
+    return None
