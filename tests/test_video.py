@@ -248,15 +248,6 @@ def test_bad_videos_are_one_line_and_write_nothing(cli, tmp_path: Path, videos: 
          code=2)
 
 
-def test_resume_refuses_clips_in_one_line(cli, tmp_path: Path, videos: dict[str, Path]) -> None:
-    """--resume shards image files: a clip plan is refused by the runner, and nothing is written."""
-    r, out = _video_cli(cli, tmp_path, videos, "cam", "--resume")
-    assert r.exit_code != 0
-    assert r.stderr.strip().startswith("error: --resume and torchrun shard image files")
-    assert len(r.stderr.strip().splitlines()) == 1
-    assert not out.exists()
-
-
 def test_activation_grids_of_clips_have_one_column_per_frame(cli, tmp_path: Path, videos: dict[str, Path]) -> None:
     r, out = _video_cli(cli, tmp_path, videos, "activations", "-l", "features.0")
     assert r.exit_code == 0, r.stderr
