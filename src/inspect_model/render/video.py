@@ -133,9 +133,11 @@ def clip_map_job(sink: Any, names: dict[str, Any], clip: Any, x: Any, maps: np.n
 
 
 def render_frame_grid(sample: np.ndarray, channel_dim: int, *, title: str, channels: Any = None,
-                      scale: str = "layer", cmap: str = "viridis", layer: str = "") -> tuple[Image.Image, Any]:
+                      scale: str = "layer", cmap: str = "viridis", layer: str = "",
+                      note: str = "") -> tuple[Image.Image, Any]:
     """A (C, T, h, w) output (channels at ``channel_dim``) as rows of channels and columns of
-    frames, on one shared colour scale (``--scale tile``: each tile its own)."""
+    frames, on one shared colour scale (``--scale tile``: each tile its own); ``note``: how the
+    output was laid out on the grid (tokens), under the title and in the layout's note."""
     import numpy as np
     from PIL import Image, ImageDraw
 
@@ -177,8 +179,9 @@ def render_frame_grid(sample: np.ndarray, channel_dim: int, *, title: str, chann
         d.text((lab_w - 4, band + r * (th + gap) + th // 2), f"ch {ch}", font=font, fill=raster.FG, anchor="rm")
     side = raster.colorbar(max(body.size[1], 160), vmin, vmax, cmap, label)
     sub = f"{n} of {c} channels x {len(frames)} of {t} frames, {h}x{w} each"
-    img = raster.titled(body, [title, sub], right=side, note=constant)
-    return img, GridLayout("frames", n, len(frames), tuple(idx), c, f"{len(frames)} of {t} frames")
+    img = raster.titled(body, [title, sub] + ([note] if note else []), right=side, note=constant)
+    return img, GridLayout("frames", n, len(frames), tuple(idx), c,
+                           f"{len(frames)} of {t} frames" + (f"; {note}" if note else ""))
 
 
 class _ClipLabels:
