@@ -78,7 +78,8 @@ def _runs(data: dict, where: str) -> dict[str, list[str]]:
     out = {}
     for kind, commands in (("clip", CLIP_COMMANDS), ("pair", PAIR_COMMANDS)):
         for command, extra in commands.items():
-            out[f"{kind}-{command}"] = [command, *data[kind], *COMMON, *extra, "-o", str(root / where / f"{kind}-{command}")]
+            name = f"{kind}-{command}"
+            out[name] = [command, *data[kind], *COMMON, *extra, "-o", str(root / where / name)]
     return out
 
 

@@ -62,7 +62,8 @@ def test_every_clip_entry_and_map_says_its_clip_frames_and_times(cli, data: dict
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_every_flow_sample_names_its_two_images(cli, data: dict, command: str, tmp_path: Path) -> None:
     pics = [str(p) for p in data["pics"]]
-    r = cli([command, data["flow"], *pics, str(data["video"]), "--frames", "3", "--json", "-q", "-o", str(tmp_path / "o"),
+    r = cli([command, data["flow"], *pics, str(data["video"]), "--frames", "3", "--json", "-q",
+             "-o", str(tmp_path / "o"),
              *COMMANDS[command], *(["-l", "conv"] if command == "cam" else [])])
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)

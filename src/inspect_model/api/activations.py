@@ -125,7 +125,8 @@ class ActivationsSession(Session):
             self.entries.append(entry)
             data = {"kept": [(k, k.tensor[i]) for k in per_sample], "image": img,
                     "batch": (b, batch_level) if i == 0 else None, "hist": res.histograms if i == 0 else None,
-                    "frames": {key: (as_frames(t[i], lay), self.layouts[key]["note"]) for key, (t, lay) in grids.items()}}
+                    "frames": {key: (as_frames(t[i], lay), self.layouts[key]["note"])
+                               for key, (t, lay) in grids.items()}}
             items.append(ImageItem(entry, data))
         return items
 

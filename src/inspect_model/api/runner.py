@@ -2,8 +2,9 @@
 delivers a :class:`Result`, in one process (a world of size 1), with ``--resume``, and under
 ``torchrun`` alike.
 
-Each rank takes one contiguous block of whole batches of the sorted input list
-(:func:`inspect_model.api.world.shard`; one process: all of them), so every image keeps its
+Each rank takes one contiguous block of whole batches of the sorted input list (a video or
+flow model's clips or pairs: :func:`units`; :func:`inspect_model.api.world.shard`; one
+process: all of them), so every image keeps its
 run index (``images/NNNN-stem``) and batch number. A rank draws its files into rank 0's
 staging folder as its items come (bounded memory); with ``--resume`` it checkpoints its
 state after each batch (:mod:`inspect_model.api.resume`). At the end every rank's state

@@ -52,7 +52,8 @@ def _named(names: list[str] | None, n: int, stem: str, what: str) -> list[str]:
     if names is None:
         return [f"{stem}-{i}" for i in range(n)]
     if len(names) != n:
-        raise InputError(f"{len(names)} names for a tensor of {n} {what}: give one name per {stem.replace('input', 'image')}")
+        one = "image" if stem == "input" else stem
+        raise InputError(f"{len(names)} names for a tensor of {n} {what}: give one name per {one}")
     return [str(m) for m in names]
 
 
