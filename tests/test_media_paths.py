@@ -149,3 +149,26 @@ def test_resume_after_a_kill_equals_one_process(name: str, one_process: Path, re
 def test_torchrun_equals_one_process(name: str, one_process: Path, torchrun: Path) -> None:
     _same(_report(one_process, name, sheets=False), _report(torchrun, name, sheets=False))
     assert _files(one_process, name, sheets=False) == _files(torchrun, name, sheets=False)
+
+
+def test_a_bad_video_is_one_skipped_sample_of_one_shard(tmp_path: Path) -> None:
+    """--skip-bad-inputs: a video that cannot be probed is a unit of its own; the shard that
+    holds it records it as skipped (once), and a shard of only such samples is no error."""
+    from inspect_model.errors import InputError
+    from inspect_model.loading.clips import ClipPlan, VideoPreprocess
+    from inspect_model.loading.video import ClipOptions
+
+    good = write_video(tmp_path / "good.mp4", [f[:, :64] for f in moving_square(12, size=(48, 64))])
+    bad = tmp_path / "bad.mp4"
+    bad.write_bytes(b"not a video" * 50)
+    plan = ClipPlan([bad, good], VideoPreprocess((32,), (32, 32)), ClipOptions(4, 1, 2), 4, 2, skip_bad=True)
+    assert plan.units() == [str(bad), f"{good}#clip0", f"{good}#clip1"]
+    plan.select([str(bad)])
+    assert list(plan.batches()) == [] and [p for p, _ in plan.skipped] == [str(bad)]
+    plan.skipped.clear()
+    plan.select([f"{good}#clip1"])
+    (batch,) = plan.batches()
+    assert batch.names == [f"{good}#clip1"] and batch.tensor.shape == (1, 3, 4, 32, 32) and not plan.skipped
+    only_bad = ClipPlan([bad], VideoPreprocess((32,), (32, 32)), ClipOptions(4), 4, 2, skip_bad=True)
+    with pytest.raises(InputError, match="none of the 1 videos could be read"):
+        list(only_bad.batches())
