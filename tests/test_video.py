@@ -248,18 +248,34 @@ def test_bad_videos_are_one_line_and_write_nothing(cli, tmp_path: Path, videos: 
          code=2)
 
 
-def test_resume_refuses_clips_in_one_line(cli, tmp_path: Path, videos: dict[str, Path]) -> None:
-    """--resume shards image files: a clip plan is refused by the runner, and nothing is written."""
-    r, out = _video_cli(cli, tmp_path, videos, "cam", "--resume")
-    assert r.exit_code != 0
-    assert r.stderr.strip().startswith("error: --resume and torchrun shard image files")
-    assert len(r.stderr.strip().splitlines()) == 1
-    assert not out.exists()
-
-
 def test_activation_grids_of_clips_have_one_column_per_frame(cli, tmp_path: Path, videos: dict[str, Path]) -> None:
     r, out = _video_cli(cli, tmp_path, videos, "activations", "-l", "features.0")
     assert r.exit_code == 0, r.stderr
     grid = json.loads(r.stdout)["grids"][0]
     assert grid["kind"] == "frames" and grid["cols"] == 4, grid  # one column per frame of the clip
     assert (out / grid["file"]).is_file()
+
+
+def test_labels_of_tiny_clips_fit_their_frames() -> None:
+    """32-pixel frames are enlarged (whole factors, square pixels) so that 'frame N T.TTs'
+    fits, on two lines if need be; the GIF's frames too; nothing is cut with an ellipsis."""
+    import io
+
+    from PIL import Image
+
+    from inspect_model.render import raster
+    from inspect_model.render.video import GIF_LEAST, STRIP_LEAST, animated_overlay, clip_strip, label_lines
+
+    frames = [Image.new("RGB", (32, 24), (20 * i, 40, 90)) for i in range(10)]
+    labels = [f"frame {i * 30 + 1000} {i * 3 + 100.25:.2f}s" for i in range(10)]
+    strip = clip_strip(frames, labels, ["title"])
+    assert strip.size[0] >= 8 * STRIP_LEAST
+    for lab in labels:
+        lines = label_lines(lab, 10, STRIP_LEAST)
+        assert " ".join(lines) == lab and all(raster.text_size(t, 10)[0] <= STRIP_LEAST for t in lines)
+    gif = Image.open(io.BytesIO(animated_overlay(frames, labels, 10.0)))
+    assert gif.n_frames == 10 and max(gif.size) >= GIF_LEAST
+    gif.seek(3)
+    rgb = np.asarray(gif.convert("RGB"))
+    assert (rgb[:, -1] == (20 * 3, 40, 90)).all(axis=-1).any()  # the frame shows beside the label box
+    assert label_lines("frame 7 0.70s", 11, GIF_LEAST - 6) == ["frame 7 0.70s"]  # one line when it fits

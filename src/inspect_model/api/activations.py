@@ -74,7 +74,7 @@ class ActivationsSession(Session):
         self.prep, self.mopts = prep, mopts
         self.layer_specs, self.depth, self.scale, self.colormap = list(r.layers), depth, r.scale, r.colormap
         self.save_raw, self.raw_format = save_raw, r.raw_format
-        notes = notes or (lambda text: None)
+        notes = self.notes = notes or (lambda text: None)
         net = prep.loaded.model
         self.selected = select_layers(net, layers, depth=depth)
         if layers:
@@ -92,6 +92,7 @@ class ActivationsSession(Session):
         self.capture = ActivationCapture(net, self.selected, keep=keep, hist_bins=64 if histograms else 0,
                                          model_name=prep.loaded.name)
         self.entries: list[dict[str, Any]] = []
+        self.layouts: dict[str, dict[str, Any]] = {}  # a clip layer's (t, h, w) layout, by output key
         self.warnings = Warnings()
         self.batch_index = 0
         from inspect_model.render.draw_activations import ActivationsDrawer
@@ -116,13 +117,37 @@ class ActivationsSession(Session):
         items = []
         per_sample = [k for k in res.kept if k.per_sample]
         batch_level = [k for k in res.kept if not k.per_sample]
+        from inspect_model.methods.cam3d import as_frames
+
+        grids = self._clip_layouts(per_sample, tuple(batch.tensor.shape[2:]) if batch.tensor.dim() == 5 else None)
         for i, img in enumerate(res.images):
             entry = {"index": img.index, "image": img.name, "files": {}}
             self.entries.append(entry)
             data = {"kept": [(k, k.tensor[i]) for k in per_sample], "image": img,
-                    "batch": (b, batch_level) if i == 0 else None, "hist": res.histograms if i == 0 else None}
+                    "batch": (b, batch_level) if i == 0 else None, "hist": res.histograms if i == 0 else None,
+                    "frames": {key: (as_frames(t[i], lay), self.layouts[key]["note"])
+                               for key, (t, lay) in grids.items()}}
             items.append(ImageItem(entry, data))
         return items
+
+    def _clip_layouts(self, kept: list[Any], thw: tuple[int, ...] | None) -> dict[str, Any]:
+        """Drawn clip layers whose output lies on a (t, h, w) grid (3-D conv maps, Swin3D's
+        channels-last stages, MViT's tokens: methods/cam3d.py): key -> (output, layout);
+        each layout noted once and kept for the report's layer rows."""
+        from inspect_model.methods.cam3d import clip_layout, layout_note
+
+        out: dict[str, Any] = {}
+        for k in kept if thw is not None else []:
+            lay = clip_layout(self.prep.loaded.model, k.name, tuple(k.tensor.shape), thw) \
+                if k.name in self.draw_layers else None
+            if lay is None:
+                continue
+            out[k.key] = (k.tensor, lay)
+            if k.key not in self.layouts:
+                note = layout_note(lay, int(k.tensor.shape[1]) if lay.kind == "tokens" else None)
+                self.layouts[k.key] = {**lay.describe(), "note": note}
+                self.notes(f"layer {k.key}: {note}")
+        return out
 
     def finish(self) -> Result:
         from inspect_model.render import activations as render
@@ -139,6 +164,9 @@ class ActivationsSession(Session):
         drawn = list(self.selected) if self.layer_specs else []
         payload = {**render.to_payload(report, images=self.entries, grids=self.drawer.grids, drawn=drawn),
                    "skipped": skipped}
+        for row in payload["layers"]:
+            if row["key"] in self.layouts:
+                row["layout"] = self.layouts[row["key"]]
         quantized = [r.key for r in report.layers if r.dtype in render.QUANTIZED_DTYPES]
         if quantized:  # the engine dequantizes them (engine/hooks.py)
             payload["quantized_layers"] = {"count": len(quantized), "statistics": "dequantized values"}
@@ -166,7 +194,7 @@ class ActivationsSession(Session):
 
     def state_dict(self) -> dict[str, Any]:
         return {"capture": self.capture.state_dict(), "entries": self.entries, "drawer": self.drawer.state_dict(),
-                "warnings": self.warnings, "batch_index": self.batch_index}
+                "warnings": self.warnings, "batch_index": self.batch_index, "layouts": self.layouts}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.capture.load_state_dict(state["capture"])
@@ -174,11 +202,13 @@ class ActivationsSession(Session):
         self.drawer.load_state_dict(state["drawer"])
         self.warnings = state["warnings"]
         self.batch_index = count(state["batch_index"], "the batch index")
+        self.layouts = dict(state.get("layouts") or {})
 
     def merge(self, states: list[dict[str, Any]]) -> None:
         self.capture.merge([st["capture"] for st in states])
         self.entries = [e for st in states for e in st["entries"]]
         self.drawer.merge([st["drawer"] for st in states])
+        self.layouts = {k: v for st in states for k, v in (st.get("layouts") or {}).items()}
         self.warnings.merge(st["warnings"] for st in states[1:])
 
 

@@ -130,6 +130,7 @@ class GradsSession(Session):
         self.grad_run: Any = None
         self.partial: Any = None  # a GradPartial to go on from (a resumed run, or the merge of every shard)
         self.count = 0
+        self.media: dict[str, dict[str, Any]] = {}  # image -> its clip / pair record
         self.warnings = Warnings()
         from inspect_model.render.draw_gradients import GradsDrawer
 
@@ -151,8 +152,10 @@ class GradsSession(Session):
 
         def on_batch(samples: list[Any]) -> None:
             for s in samples:
+                item = ImageItem(sample_payload(s, self.count))
                 if handle is not None:
-                    handle(ImageItem(sample_payload(s, self.count)))
+                    handle(item)  # a clip's or pair's record joins the entry there (api/media.py)
+                self._keep_media(item.entry)
                 self.count += 1
 
         # Under torchrun or --resume (api/runner.py), ``partial`` holds what this shard
@@ -160,6 +163,12 @@ class GradsSession(Session):
         return GradRun(self.prep.loaded.model, labels=lab, categories=cats, on_batch=on_batch,
                        partial=self.partial, label_base=self.index_base, progress=self.progress,
                        objective=self.objective, **self.kw)
+
+    def _keep_media(self, entry: dict[str, Any]) -> None:
+        """A clip's or flow pair's record (``clip``/``pair``), for the report's entry too."""
+        extra = {k: entry[k] for k in ("clip", "pair") if k in entry}
+        if extra:
+            self.media[str(entry["image"])] = extra
 
     def snapshot(self) -> Any:
         """What has been summed so far (gradients on the CPU): a checkpoint or a shard's part."""
@@ -188,7 +197,10 @@ class GradsSession(Session):
         if failed:
             more = f" (also failed: {', '.join(f.name for f in failed[1:])})" if len(failed) > 1 else ""
             failures = [f"gradient check '{failed[0].name}' failed: {failed[0].detail}{more}"]
-        return Result("grads", self.resolved_options(), {**render.to_payload(rep), "skipped": skipped},
+        payload = render.to_payload(rep)
+        for e in payload.get("images", []):
+            e.update(self.media.get(str(e["image"]), {}))
+        return Result("grads", self.resolved_options(), {**payload, "skipped": skipped},
                       self.warnings.to_list(), failures=failures, record=rep)
 
     def resolved_options(self) -> dict[str, Any]:
@@ -207,7 +219,7 @@ class GradsSession(Session):
         self.count = index
 
     def state_dict(self) -> dict[str, Any]:
-        return {"partial": self.snapshot(), "count": self.count, "warnings": self.warnings}
+        return {"partial": self.snapshot(), "count": self.count, "warnings": self.warnings, "media": self.media}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from inspect_model.methods.gradients import GradPartial
@@ -216,11 +228,13 @@ class GradsSession(Session):
             raise TypeError("grads state: not a GradPartial")
         self.partial, self.warnings = state["partial"], state["warnings"]
         self.count = count(state["count"], "the image count")
+        self.media = dict(state.get("media") or {})
 
     def merge(self, states: list[dict[str, Any]]) -> None:
         from inspect_model.methods.gradients import merge_partials
 
         self.partial = merge_partials([st["partial"] for st in states])
+        self.media = {k: v for st in states for k, v in (st.get("media") or {}).items()}
         self.warnings.merge(st["warnings"] for st in states[1:])
 
     def reduce(self, group: Any) -> None:

@@ -14,9 +14,9 @@ def media_binding(command: str, loaded: Any, plan: Any, binding: Any, categories
                    notes: Callable[[str], None] | None) -> tuple[Any, Any]:
     """A pair model's plan brings its own binding (the second images); for the gradient
     commands it scores the mean flow magnitude, the one 'class' (loading/pairs.py)."""
-    from inspect_model.loading.pairs import FLOW_TARGET, OBJECTIVE_COMMANDS, PairPlan
+    from inspect_model.loading.pairs import FLOW_TARGET, OBJECTIVE_COMMANDS, PairBinding
 
-    if not isinstance(plan, PairPlan):
+    if not isinstance(getattr(plan, "binding", None), PairBinding):  # image pairs, frame pairs, tensor pairs
         return binding, categories
     plan.binding.objective = command in OBJECTIVE_COMMANDS
     if notes is not None:
@@ -37,7 +37,7 @@ def media_records(session: Any, item: Any) -> None:
     clip = extra.get("clip")
     for rec in item.entry.get("maps", []) if clip is not None else []:
         if isinstance(rec, dict):
-            rec["clip"], rec["frames"] = clip["clip"], clip["frames"]
+            rec["clip"], rec["frames"], rec["times"] = clip["clip"], clip["frames"], clip["times"]
 
 
 def flow_file(session: Any, item: Any, sink: Any, folder: Callable[[int, str], str]) -> None:

@@ -79,7 +79,7 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
     """Load the model (its notes go to ``notes``) and plan the inputs."""
     import torch
 
-    from inspect_model.loading.inputs import TensorPlan, plan_inputs
+    from inspect_model.loading.inputs import plan_inputs
     from inspect_model.loading.models import require_hookable
     from inspect_model.loading.shapes import parse_dtype
     from inspect_model.methods.targets import check_label_count, load_labels
@@ -119,14 +119,18 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
             notes(f"several inputs: images feed input {binding.image_label} (--image-input); "
                   f"other inputs: {others}{wrt}")
     images = inputs.images
+    from inspect_model.api.media import media_binding
+
     if isinstance(images, torch.Tensor):
+        from inspect_model.loading.pair_tensors import tensor_plan
+
         bs = inputs.batch_size or int(images.shape[0]) or 1
-        plan: Any = TensorPlan(images.to(device=dev), names=inputs.names, batch_size=bs, seed=inputs.seed)
+        plan: Any = tensor_plan(loaded, images.to(device=dev), names=inputs.names, batch_size=bs, seed=inputs.seed)
+        binding, categories = media_binding(command, loaded, plan, binding, categories, notes)  # a flow model's pairs
     else:
         if isinstance(images, (str, Path)):
             images = [images]
         batch_size = inputs.batch_size or default_batch or (8 if images else 1)
-        from inspect_model.api.media import media_binding
         from inspect_model.api.options import parse_floats
         from inspect_model.loading.video import ClipOptions
 

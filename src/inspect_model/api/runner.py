@@ -2,8 +2,9 @@
 delivers a :class:`Result`, in one process (a world of size 1), with ``--resume``, and under
 ``torchrun`` alike.
 
-Each rank takes one contiguous block of whole batches of the sorted input list
-(:func:`inspect_model.api.world.shard`; one process: all of them), so every image keeps its
+Each rank takes one contiguous block of whole batches of the sorted input list (a video or
+flow model's clips or pairs: :func:`units`; :func:`inspect_model.api.world.shard`; one
+process: all of them), so every image keeps its
 run index (``images/NNNN-stem``) and batch number. A rank draws its files into rank 0's
 staging folder as its items come (bounded memory); with ``--resume`` it checkpoints its
 state after each batch (:mod:`inspect_model.api.resume`). At the end every rank's state
@@ -72,9 +73,6 @@ def run(session: Session, batches: Iterable[InputBatch], world: World | None = N
         raise UsageError("--resume needs --output-dir DIR (the run's state is kept there)")
     if world.size > 1 or resume:
         session.check_scalable("torchrun" if world.size > 1 else "--resume")
-        if hasattr(getattr(getattr(session, "prep", None), "plan", None), "extra_record"):  # shards count paths
-            raise UsageError("--resume and torchrun shard image files; video clips and image pairs "
-                             "(video and optical-flow models) run in one process: drop --resume")
     group = Group(world)
     try:
         with sigterm_unwinds():
@@ -101,7 +99,7 @@ class _Run:
 
     def __call__(self, batches: Iterable[InputBatch]) -> Result:
         session, group, plan = self.session, self.group, self.plan
-        paths = list(getattr(plan, "paths", None) or [])
+        paths = units(plan)  # image files; clips or pairs of a video / flow model (loading/samples.py)
         self._same_inputs(paths)
         fp = rs.fingerprint(session.command, session.resolved_options()) if self.resume else ""
         first, end, first_batch = shard(len(paths), getattr(plan, "batch_size", 1) or 1, group.size, group.rank)
@@ -115,8 +113,8 @@ class _Run:
             try:
                 done = self._restore(fp, len(mine))
                 if paths:
-                    plan.paths = mine[done:]  # batches() is a generator: it reads the paths when it starts
-                if (paths and not plan.paths) or (not paths and group.rank != 0):
+                    take(plan, mine[done:])  # batches() is a generator: it reads them when it starts
+                if (paths and not mine[done:]) or (not paths and group.rank != 0):
                     batches = iter(())  # nothing left for this rank (synthetic input: rank 0 runs it)
                 ck = rs.Checkpoint(self.staging, group.rank, group.size, session.command, fp,
                                    [str(p) for p in mine]) if self.resume and self.staging is not None else None
@@ -249,7 +247,7 @@ class _Run:
                           [w for st in states for w in st["written"]])
                 _rename(out, self.drawer.renames())
         if paths:
-            plan.paths = paths
+            take(plan, None if hasattr(plan, "units") else paths)
         result = session.finish()
         result.session = session
         result.items = self.items if self.keep else None
@@ -262,6 +260,22 @@ class _Run:
             sink.close()
             out.commit()
         return result
+
+
+def units(plan: Any) -> list[Any]:
+    """What a run shards and counts: the plan's image files, or the clips or frame pairs of a
+    video or flow model's plan, by name (:mod:`inspect_model.loading.samples`)."""
+    if hasattr(plan, "units"):
+        return plan.units()
+    return list(getattr(plan, "paths", None) or [])
+
+
+def take(plan: Any, chosen: list[Any] | None) -> None:
+    """The plan reads only ``chosen`` of its units (None: all of them again)."""
+    if hasattr(plan, "units"):
+        plan.select(chosen)
+    else:
+        plan.paths = chosen
 
 
 def _close(sink: Sink | None, *, cancel: bool) -> None:

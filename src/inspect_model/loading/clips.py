@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import InputError
-from inspect_model.loading.video import ClipOptions, LoadedClip, clip_indices, display_copy, probe, read_frames
+from inspect_model.loading.samples import Sample, Samples, probed
+from inspect_model.loading.video import ClipOptions, LoadedClip, clip_indices, display_copy, read_frames
 
 if TYPE_CHECKING:
     import torch
@@ -129,7 +130,6 @@ class ClipPlan:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     processed: int = 0
-    videos: list[dict[str, Any]] = field(default_factory=list)  # what each video held
     records: dict[str, dict[str, Any]] = field(default_factory=dict)  # the current batch's clip records
 
     def describe(self) -> dict[str, Any]:
@@ -144,26 +144,52 @@ class ClipPlan:
         rec = self.records.get(name)
         return {"clip": rec} if rec is not None else {}
 
-    def clips(self) -> Iterator[tuple[str, torch.Tensor, LoadedClip]]:
+    def __post_init__(self) -> None:
+        self.samples = Samples(self._samples)
+
+    def units(self) -> list[str]:
+        """The clips, by name: what shards and checkpoints count (loading/samples.py)."""
+        return self.samples.units()
+
+    def select(self, names: list[str] | None) -> None:
+        self.samples.select(names)
+
+    def _samples(self) -> list[Sample]:
+        out = []
         for path in self.paths:
+            info, error = probed(path, self.skip_bad)
+            if info is not None:
+                try:
+                    plans = clip_indices(info.frames, self.frames, self.options.stride, self.options.clips,
+                                         name=f"video '{path}'")
+                except InputError as exc:
+                    if not self.skip_bad:
+                        raise
+                    info, error = None, str(exc)
+            if info is None:
+                out.append(Sample(str(path), path, error=error))
+                continue
+            out += [Sample(str(path) if len(plans) == 1 else f"{path}#clip{k}", path, k, tuple(idx), info=info)
+                    for k, idx in enumerate(plans)]
+        return out
+
+    def clips(self) -> Iterator[tuple[str, torch.Tensor, LoadedClip]]:
+        for s in self.samples.chosen():
+            if s.info is None:
+                self.skipped.append((str(s.path), str(s.error)))
+                continue
             try:
-                info = probe(path)
-                plans = clip_indices(info.frames, self.frames, self.options.stride, self.options.clips,
-                                     name=f"video '{path}'")
-                self.videos.append(info.describe())
-                for k, idx in enumerate(plans):
-                    decoded = read_frames(info, idx)
-                    pics = [f.image for f in decoded]
-                    x = self.preprocess(pics)
-                    clip = LoadedClip(path, k, [f.index for f in decoded], [f.time for f in decoded],
-                                      [display_copy(p) for p in pics], (info.width, info.height), info.frames,
-                                      info.fps)
-                    name = str(path) if len(plans) == 1 else f"{path}#clip{k}"
-                    yield name, x, clip
+                info = s.info
+                decoded = read_frames(info, s.indices)
             except InputError as exc:
                 if not self.skip_bad:
                     raise
-                self.skipped.append((str(path), str(exc)))
+                self.skipped.append((s.name, str(exc)))
+                continue
+            pics = [f.image for f in decoded]
+            clip = LoadedClip(s.path, s.clip, [f.index for f in decoded], [f.time for f in decoded],
+                              [display_copy(p) for p in pics], (info.width, info.height), info.frames, info.fps)
+            yield s.name, self.preprocess(pics), clip
 
     def batches(self) -> Iterator[Any]:
         import torch
@@ -193,7 +219,8 @@ class ClipPlan:
                 names, xs, clips = [], [], []
         if names:
             yield flush()
-        if self.processed == 0:
+        everything = self.samples.only is None  # a shard or a resumed rest may hold only skipped clips
+        if self.processed == 0 and (everything or all(s.info is None for s in self.samples.all or [])):
             first = self.skipped[0][1] if self.skipped else "no clip"
             raise InputError(f"none of the {len(self.paths)} videos could be read; first: {first}")
 

@@ -271,39 +271,73 @@ class PairPlan:
         rec = self.records.get(name)
         return {"pair": rec} if rec is not None else {}
 
-    def _pairs(self) -> Iterator[tuple[str, Any, Any, LoadedPair | None]]:
-        from inspect_model.loading.images import load_image
+    def __post_init__(self) -> None:
+        from inspect_model.loading.samples import Samples
+
+        self.samples = Samples(self._samples)
+
+    def units(self) -> list[str]:
+        """The pairs, by name: what shards and checkpoints count (loading/samples.py)."""
+        return self.samples.units() if self.paths else []
+
+    def select(self, names: list[str] | None) -> None:
+        self.samples.select(names)
+
+    def _samples(self) -> list[Any]:
+        from inspect_model.loading.samples import Sample, probed
+        from inspect_model.loading.video import ClipOptions, clip_indices
 
         images = pair_images(self.paths)
-        pending: list[Any] = []
-        for p in self.paths:
-            if p in images:
-                pending.append(load_image(p))
-                if len(pending) == 2:
-                    a, b = pending
-                    pending = []
-                    yield (str(a.path), self.preprocess(a.image), self.preprocess(b.image),
-                           LoadedPair(a.path, a.image, b.image, (str(a.path), str(b.path))))
-                continue
-            yield from self._video_pairs(p)
-
-    def _video_pairs(self, path: Path) -> Iterator[tuple[str, Any, Any, LoadedPair]]:
-        from inspect_model.loading.video import ClipOptions, clip_indices, display_copy, probe, read_frames
-
+        still = set(images)
+        out: list[Sample] = []
         opts = self.options or ClipOptions()
         frames = opts.frames or 2
-        if frames < 2:
-            raise InputError("a flow model needs --frames 2 or more (N frames give N-1 pairs)")
-        info = probe(path)
-        for k, idx in enumerate(clip_indices(info.frames, frames, opts.stride, opts.clips, name=f"video '{path}'")):
-            decoded = read_frames(info, idx)
-            tensors = [self.preprocess(f.image) for f in decoded]
-            for j in range(len(decoded) - 1):
-                a, b = decoded[j], decoded[j + 1]
-                name = f"{path}#{a.index:06d}-{b.index:06d}"
-                yield (name, tensors[j], tensors[j + 1],
-                       LoadedPair(path, display_copy(a.image), display_copy(b.image),
-                                  (f"{path}#{a.index}", f"{path}#{b.index}"), (a.index, b.index), (a.time, b.time)))
+        seen = 0
+        for p in self.paths:
+            if p in still:
+                if seen % 2 == 0:
+                    out.append(Sample(str(p), p, second=images[seen + 1]))
+                seen += 1
+                continue
+            if frames < 2:
+                raise InputError("a flow model needs --frames 2 or more (N frames give N-1 pairs)")
+            info, error = probed(p, self.skip_bad)
+            if info is None:
+                out.append(Sample(str(p), p, error=error))
+                continue
+            plans = clip_indices(info.frames, frames, opts.stride, opts.clips, name=f"video '{p}'")
+            for k, idx in enumerate(plans):
+                tag = f"#clip{k}" if len(plans) > 1 else ""  # overlapping clips share pairs
+                out += [Sample(f"{p}{tag}#{a:06d}-{b:06d}", p, k, (a, b), info=info) for a, b in zip(idx, idx[1:])]
+        return out
+
+    def _pairs(self) -> Iterator[tuple[str, Any, Any, LoadedPair | None]]:
+        from inspect_model.loading.images import load_image
+        from inspect_model.loading.samples import by_clip
+
+        for group in by_clip(self.samples.chosen()):
+            s = group[0]
+            if s.second is not None:
+                a, b = load_image(s.path), load_image(s.second)
+                yield (s.name, self.preprocess(a.image), self.preprocess(b.image),
+                       LoadedPair(a.path, a.image, b.image, (str(a.path), str(b.path))))
+            elif s.info is None:
+                self.skipped.append((str(s.path), str(s.error)))
+            else:
+                yield from self._video_pairs(group)
+
+    def _video_pairs(self, group: list[Any]) -> Iterator[tuple[str, Any, Any, LoadedPair]]:
+        """The pairs of one clip, its frames decoded once."""
+        from inspect_model.loading.video import display_copy, read_frames
+
+        path = group[0].path
+        decoded = {f.index: f for f in read_frames(group[0].info, sorted({i for s in group for i in s.indices}))}
+        tensors = {i: self.preprocess(f.image) for i, f in decoded.items()}
+        for s in group:
+            a, b = decoded[s.indices[0]], decoded[s.indices[1]]
+            yield (s.name, tensors[a.index], tensors[b.index],
+                   LoadedPair(path, display_copy(a.image), display_copy(b.image),
+                              (f"{path}#{a.index}", f"{path}#{b.index}"), (a.index, b.index), (a.time, b.time)))
 
     def batches(self) -> Iterator[Any]:
         import torch

@@ -86,3 +86,34 @@ def infer_layout3d(model: nn.Module, name: str, shape: tuple[int, ...], input_th
     raise LayerSelectionError(
         f"layer '{name}' outputs {tuple(shape)}: no extent over frames and space; a clip's activation map "
         "needs (N, C, T, H, W) feature maps or (N, tokens, D) tokens; try --layer auto")
+
+
+def clip_layout(model: nn.Module, name: str, shape: tuple[int, ...], input_thw: tuple[int, ...]) -> Layout | None:
+    """The (t, h, w) layout of a clip layer's output for ``activations``' grids: as for CAM
+    (:func:`infer_layout3d`), or None where the output has none (vectors, 1x1 maps)."""
+    if len(shape) not in (3, 5):
+        return None
+    try:
+        return infer_layout3d(model, name, shape, input_thw)
+    except (LayerSelectionError, UsageError):
+        return None
+
+
+def as_frames(sample: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """One clip's output (no batch dim) in ``layout`` as (C, t, h, w): tokens on their grid
+    (class token dropped), Swin3D's channels-last stages with channels first."""
+    from inspect_model.methods.cam_methods import to_spatial
+
+    return to_spatial(sample[None], layout)[0]
+
+
+def layout_note(layout: Layout, tokens: int | None = None) -> str:
+    """``1568 tokens on an 8x14x14 (frames, h, w) grid, class token dropped`` and the like."""
+    grid = "x".join(str(g) for g in layout.grid)
+    if layout.kind == "tokens":
+        drop = "" if not layout.prefix else ", class token dropped" if layout.prefix == 1 else \
+            f", {layout.prefix} leading tokens dropped"
+        return f"{tokens if tokens is not None else '?'} tokens on a {grid} (frames, h, w) grid{drop}"
+    if layout.kind == "nthwc":
+        return f"(frames, h, w, channels) output on a {grid} grid, channels last"
+    return f"(channels, frames, h, w) output on a {grid} grid"

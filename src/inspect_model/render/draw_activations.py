@@ -37,7 +37,7 @@ class ActivationsDrawer(Drawer):
         npz: dict[str, Any] = {}
         for k, sample in data["kept"]:
             if k.name in self.draw_layers:
-                path = self._grid(k, sample, entry, base, sink)
+                path = self._grid(k, sample, entry, base, sink, data.get("frames", {}).get(k.key))
                 if path is not None:
                     files[f"grid:{k.key}"] = path
             if self.save_raw and sink.out is not None:
@@ -67,10 +67,15 @@ class ActivationsDrawer(Drawer):
                     bucket_counts=counts, global_step=entry["index"])
         return files
 
-    def _grid(self, k: Any, sample: Any, entry: dict[str, Any], base: str, sink: Sink) -> str | None:
+    def _grid(self, k: Any, sample: Any, entry: dict[str, Any], base: str, sink: Sink,
+              frames: tuple[Any, str] | None = None) -> str | None:
+        """``frames``: the output as (C, t, h, w) and its layout's note, for a clip layer whose
+        output lies on a (t, h, w) grid (tokens, channels-last stages: api/activations.py)."""
         from inspect_model.render.grids import figure_to_array, render_activation
 
         cdim = None if k.channel_dim is None else k.channel_dim - 1
+        if frames is not None:
+            sample, cdim = frames[0], 0
         title = f"{k.key} ({k.type}) - {Path(entry['image']).name or entry['image']}"
         values, spec, scale, cmap = _numpy(sample), self.channels, self.scale, self.colormap
         picture: dict[str, Any] = {}
@@ -80,7 +85,8 @@ class ActivationsDrawer(Drawer):
                 from inspect_model.render.video import render_frame_grid
 
                 img, picture["layout"] = render_frame_grid(values, cdim or 0, title=title, channels=spec,
-                                                           scale=scale, cmap=cmap, layer=k.key)
+                                                           scale=scale, cmap=cmap, layer=k.key,
+                                                           note=frames[1] if frames is not None else "")
                 return img
             img, picture["layout"] = render_activation(values, cdim, title=title, channels=spec, scale=scale,
                                                        cmap=cmap, layer=k.key)

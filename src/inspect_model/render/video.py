@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 STRIP_COLS = 8  # frames per row of a strip
 STRIP_SIDE = 160  # a strip frame's long side, pixels
+STRIP_LEAST = 96  # smaller frames (a 32-pixel clip) are enlarged to this, so that their labels fit
+GIF_LEAST = 160  # the same for the animation's frames
 GRID_FRAMES = 16  # frames drawn per channel row (more are sampled evenly)
 GRID_CHANNELS = 16  # channel rows drawn at most
 
@@ -60,20 +62,22 @@ def clip_strip(overlays: Sequence[Image.Image], labels: Sequence[str], title: Se
 
     from inspect_model.render import raster
 
-    thumbs = [_fit(o, STRIP_SIDE) for o in overlays]
+    thumbs = [_fit(o, STRIP_SIDE, least=STRIP_LEAST) for o in overlays]
     tw, th = max(t.size[0] for t in thumbs), max(t.size[1] for t in thumbs)
-    band, gap = 14, 4
+    lines = [label_lines(lab, 10, tw) for lab in labels]
+    band, gap = 2 + 12 * max((len(x) for x in lines), default=1), 4
     cols = min(STRIP_COLS, len(thumbs))
     rows = -(-len(thumbs) // cols)
     body = Image.new("RGB", (cols * (tw + gap) + gap, rows * (th + band + gap) + gap), (255, 255, 255))
     d = ImageDraw.Draw(body)
     f = raster.font(10)
-    for k, (t, lab) in enumerate(zip(thumbs, labels)):
+    for k, (t, lab) in enumerate(zip(thumbs, lines)):
         r, c = divmod(k, cols)
         x, y = gap + c * (tw + gap), gap + r * (th + band + gap)
-        d.text((x + tw // 2, y + band - 2), raster.fit_text(lab, 10, tw), font=f, fill=raster.FG, anchor="mb")
+        for j, text in enumerate(lab):
+            d.text((x + tw // 2, y + band - 2 - 12 * (len(lab) - 1 - j)), text, font=f, fill=raster.FG, anchor="mb")
         body.paste(t, (x, y + band))
-    side = raster.colorbar(max(body.size[1], 160), 0.0, 1.0, cmap, bar)
+    side = raster.colorbar(max(body.size[1], 160, raster.text_size(bar, 11)[0] + 12), 0.0, 1.0, cmap, bar)
     return raster.titled(body, list(title), right=side)
 
 
@@ -88,10 +92,12 @@ def animated_overlay(overlays: Sequence[Image.Image], labels: Sequence[str], fps
 
     frames = []
     for o, lab in zip(overlays, labels):
-        im = _fit(o, 320).copy()
+        im = _fit(o, 320, least=GIF_LEAST).copy()
+        lines = label_lines(lab, 11, im.size[0] - 6)
         d = ImageDraw.Draw(im)
-        d.rectangle((0, 0, raster.text_size(lab, 11)[0] + 6, 15), fill=(0, 0, 0))
-        d.text((3, 2), lab, font=raster.font(11), fill=(255, 255, 255))
+        d.rectangle((0, 0, max(raster.text_size(t, 11)[0] for t in lines) + 6, 2 + 13 * len(lines)), fill=(0, 0, 0))
+        for j, text in enumerate(lines):
+            d.text((3, 2 + 13 * j), text, font=raster.font(11), fill=(255, 255, 255))
         frames.append(im.convert("P", palette=1, colors=255))  # 1: Image.Palette.ADAPTIVE
     buf = io.BytesIO()
     duration = max(20, round(1000 / fps)) if fps else 125
@@ -100,14 +106,30 @@ def animated_overlay(overlays: Sequence[Image.Image], labels: Sequence[str], fps
     return buf.getvalue()
 
 
-def _fit(img: Image.Image, side: int) -> Image.Image:
+def _fit(img: Image.Image, side: int, *, least: int = 0) -> Image.Image:
+    """``img`` shrunk to ``side`` pixels on its long side, or a smaller one enlarged by a whole
+    factor (pixels kept square, no blur) to at least ``least``."""
     from PIL import Image
 
     w, h = img.size
+    if max(w, h) < least:
+        k = -(-least // max(w, h))
+        return img.resize((w * k, h * k), Image.NEAREST)
     s = side / max(w, h)
     if s >= 1:
         return img
     return img.resize((max(1, round(w * s)), max(1, round(h * s))), Image.BILINEAR)
+
+
+def label_lines(label: str, size: int, width: int) -> list[str]:
+    """``frame 17 1.70s`` as one line when it fits ``width`` pixels, else as ``frame 17`` over
+    ``1.70s``, each shortened only if it still does not fit."""
+    from inspect_model.render import raster
+
+    if raster.text_size(label, size)[0] <= width or label.count(" ") < 2:
+        return [raster.fit_text(label, size, width)]
+    head, tail = label.rsplit(" ", 1)
+    return [raster.fit_text(head, size, width), raster.fit_text(tail, size, width)]
 
 
 def clip_map_job(sink: Any, names: dict[str, Any], clip: Any, x: Any, maps: np.ndarray, box: Any, *,
@@ -133,9 +155,11 @@ def clip_map_job(sink: Any, names: dict[str, Any], clip: Any, x: Any, maps: np.n
 
 
 def render_frame_grid(sample: np.ndarray, channel_dim: int, *, title: str, channels: Any = None,
-                      scale: str = "layer", cmap: str = "viridis", layer: str = "") -> tuple[Image.Image, Any]:
+                      scale: str = "layer", cmap: str = "viridis", layer: str = "",
+                      note: str = "") -> tuple[Image.Image, Any]:
     """A (C, T, h, w) output (channels at ``channel_dim``) as rows of channels and columns of
-    frames, on one shared colour scale (``--scale tile``: each tile its own)."""
+    frames, on one shared colour scale (``--scale tile``: each tile its own); ``note``: how the
+    output was laid out on the grid (tokens), under the title and in the layout's note."""
     import numpy as np
     from PIL import Image, ImageDraw
 
@@ -177,8 +201,9 @@ def render_frame_grid(sample: np.ndarray, channel_dim: int, *, title: str, chann
         d.text((lab_w - 4, band + r * (th + gap) + th // 2), f"ch {ch}", font=font, fill=raster.FG, anchor="rm")
     side = raster.colorbar(max(body.size[1], 160), vmin, vmax, cmap, label)
     sub = f"{n} of {c} channels x {len(frames)} of {t} frames, {h}x{w} each"
-    img = raster.titled(body, [title, sub], right=side, note=constant)
-    return img, GridLayout("frames", n, len(frames), tuple(idx), c, f"{len(frames)} of {t} frames")
+    img = raster.titled(body, [title, sub] + ([note] if note else []), right=side, note=constant)
+    return img, GridLayout("frames", n, len(frames), tuple(idx), c,
+                           f"{len(frames)} of {t} frames" + (f"; {note}" if note else ""))
 
 
 class _ClipLabels:
