@@ -179,6 +179,7 @@ def test_cam_on_clips_writes_strips_and_animations(cli, tmp_path: Path, videos: 
 
     r, out = _video_cli(cli, tmp_path, videos, "cam", "--method", "gradcam,eigencam,scorecam")
     assert r.exit_code == 0, r.stderr
+    assert "(2 image(s): " in r.stderr  # Score-CAM's count: the video's two clips, not one file
     doc = json.loads(r.stdout)
     jsonschema.Draft202012Validator(json.loads((SCHEMAS / "cam.json").read_text())).validate(doc)
     assert [e["clip"]["frames"] for e in doc["images"]] == [[0, 1, 2, 3], [36, 37, 38, 39]]

@@ -166,7 +166,9 @@ class CamSession(Session):
                        f"{lay.layout.channels} channels)")
         if "scorecam" in self.methods:
             plan = self.prep.plan
-            n_images = len(plan.paths) if plan.paths else int(x.shape[0])
+            from inspect_model.api.runner import units
+
+            n_images = len(units(plan)) or int(x.shape[0])  # images, or clips or frame pairs
             per = sum(lay.layout.channels for lay in self.cam_layers)
             from inspect_model.methods.cam_passes import scorecam_batch_size
 

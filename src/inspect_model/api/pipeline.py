@@ -199,7 +199,9 @@ def run_images(command: str, model: Any, images: Any, make_session: Callable[[Pr
         session = make_session(prep, mopts, keep)
         if isinstance(session, contextlib.AbstractContextManager):
             session = stack.enter_context(session)
-        total = len(prep.plan.paths) if prep.plan.paths else 0
+        from inspect_model.api.runner import units
+
+        total = len(units(prep.plan))  # images, or the clips or frame pairs of a video or flow model
         return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
                        keep=keep, tensorboard=tensorboard, on_item=on_item)
 
