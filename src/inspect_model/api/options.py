@@ -62,6 +62,9 @@ class InputOptions:
     frames: int | None = None  # frames per clip (None: the model's default)
     stride: int = 1  # frames between two frames of a clip
     clips: int = 1  # clips per video
+    text: list[str] | None = None  # texts to tokenise (Hugging Face text models; loading/text.py)
+    text_file: Path | str | None = None  # one text per line
+    tokenizer: Path | str | None = None  # the tokenizer's folder (default: the model's own)
 
 
 def parse_model_args(items: list[str] | dict[str, Any] | None) -> dict[str, Any]:
