@@ -39,7 +39,8 @@ class AttentionRequest(Request):
                                   "indices (-1 = last), module names or all (default: raw the last, legrad all).",
                                   multiple=True, param="layers")
     heads: str = option("mean", "--heads", help="raw: head indices like 0,3, all, or a fusion: mean, max, min.")
-    query: str = option("cls", "--query", help="raw: the query token: cls, mean, or a token index.")
+    query: str = option("cls", "--query", help="raw: the query token: cls, mean, last, or a token "
+                       "index (text: cls is [CLS], or a decoder's last token).")
     head_fusion: str = option("mean", "--head-fusion", help="rollout: how heads are fused: mean, max, min.")
     discard_ratio: float = option(0.0, "--discard-ratio", help="rollout: the fraction of lowest attentions dropped "
                                "per layer.")
