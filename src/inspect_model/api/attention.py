@@ -94,6 +94,7 @@ class AttentionSession(Session):
         self.keep_maps = keep_maps
         self.entries: list[dict[str, Any]] = []
         self.maps: list[Any] = []
+        self.text_maps: list[Any] = []  # --text: methods.attention_text.TextAttention per batch
         self.info: dict[str, Any] | None = None
         self.warnings = Warnings()
         self.evaluator = None
@@ -111,6 +112,10 @@ class AttentionSession(Session):
     def feed(self, batch: Any) -> list[ImageItem]:
         from inspect_model.methods.attention_run import compute_attention
 
+        if getattr(batch, "text", None) is not None:  # token ids of texts (issue 26)
+            from inspect_model.api.attention_text import feed_text
+
+            return feed_text(self, batch)
         x = batch.tensor
         res = compute_attention(self.prep.loaded.model, x, self.options, target=self.spec)
         if self.info is None:
@@ -168,6 +173,10 @@ class AttentionSession(Session):
                                          if m["method"] != "raw"))
             payload["evaluation"] = self.evaluator.summary(self.entries, columns)
         record = _AttentionRecord(self.maps) if self.keep_maps else None
+        if self.keep_maps and self.text_maps:
+            from inspect_model.api.attention_text import TextRecord
+
+            record = TextRecord(self.text_maps)
         return Result("attention", self.resolved_options(), payload, self.warnings.to_list(), record=record)
 
     def resolved_options(self) -> dict[str, Any]:

@@ -1,0 +1,220 @@
+"""Attention pictures of text models (issue 26): arrays and tokens in, PIL images out.
+
+- :func:`token_matrix`: one (queries x keys) map with the tokens along both sides;
+- :func:`head_matrices`: one layer, one token matrix per head (or fused map), one colour scale;
+- :func:`token_strips`: the tokens of a text in a row, each coloured by a per-token value
+  (rollout or raw attention from the query token, grad-rollout or LeGrad relevance), one
+  row per method, each row scaled to its largest value outside the query token;
+- :func:`strip_html`: the same strips as HTML for report.html (colours from the same tables).
+
+:func:`draw_text` writes one text's files for :class:`~inspect_model.render.attention.AttentionDrawer`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from inspect_model.render.files import class_tag, image_dir, safe_name
+from inspect_model.render.sink import Sink
+
+if TYPE_CHECKING:
+    import numpy as np
+    from PIL import Image
+
+LABELS_UP_TO = 64  # tokens named along a matrix's sides up to this length
+
+
+def _token(t: str, most: int = 12) -> str:
+    from inspect_model.render.raster import shown
+
+    t = shown(t).replace("\u0120", "_").replace("\u2581", "_")  # GPT-2's and SentencePiece's space marks
+    return t if len(t) <= most else t[: most - 1] + "…"
+
+
+def token_matrix(m: np.ndarray, tokens: Sequence[str], vmax: float, cmap: str, *, vmin: float = 0.0,
+                 side: int = 240) -> Image.Image:
+    """(L, L) values, queries down and keys across, with the tokens along the left and top."""
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    from inspect_model.render import raster
+
+    a = (np.asarray(m, dtype=np.float32) - vmin) / (vmax - vmin if vmax > vmin else 1.0)
+    n = a.shape[0]
+    px = max(3, min(24, side // max(n, 1)))
+    heat = Image.fromarray(raster.colorize(a, cmap), "RGB").resize((a.shape[1] * px, n * px), Image.NEAREST)
+    if n > LABELS_UP_TO:
+        return heat
+    size = max(7, min(11, px - 2))
+    names = [_token(t) for t in tokens[:n]]
+    lab = max(raster.text_size(t, size)[0] for t in names) + 4 if names else 0
+    img = Image.new("RGB", (lab + heat.size[0], lab + heat.size[1]), raster.BG)
+    img.paste(heat, (lab, lab))
+    d = ImageDraw.Draw(img)
+    for i, t in enumerate(names):
+        d.text((lab - 3, lab + i * px + px // 2), t, font=raster.font(size), fill=raster.FG, anchor="rm")
+        up = raster.vertical_text(t, size)
+        img.paste(up, (lab + i * px + (px - up.size[0]) // 2, lab - 2 - up.size[1]))
+    return img
+
+
+def head_matrices(maps: np.ndarray, tokens: Sequence[str], labels: Sequence[str], title: Sequence[str], *,
+                  cmap: str = "viridis", columns: int = 4,
+                  what: str = "attention probability (rows: queries)") -> Image.Image:
+    """``maps`` (heads, L, L) of one layer -> one token matrix per head, one colour bar (0 .. max)."""
+    import numpy as np
+    from PIL import Image
+
+    from inspect_model.render import raster
+    from inspect_model.render.attention import _label
+
+    maps = np.asarray(maps, dtype=np.float32)
+    vmax = float(np.nanmax(maps)) if maps.size else 0.0
+    cells = [token_matrix(m, tokens, vmax, cmap) for m in maps]
+    cw, ch = cells[0].size
+    lab_h, pad = 16, 8
+    cols = min(columns, len(cells))
+    rows = -(-len(cells) // cols)
+    body = Image.new("RGB", (cols * (cw + pad), rows * (ch + lab_h + pad)), raster.BG)
+    for i, (c, lab) in enumerate(zip(cells, labels, strict=False)):
+        x, y = (i % cols) * (cw + pad), (i // cols) * (ch + lab_h + pad)
+        body.paste(_label(lab, cw, lab_h), (x, y))
+        body.paste(c, (x, y + lab_h))
+    bar = raster.colorbar(max(body.size[1], 120), 0.0, vmax, cmap, what)
+    return raster.titled(body, list(title), right=bar, note=raster.constant_note(maps))
+
+
+def token_strips(rows: Sequence[tuple[str, np.ndarray]], tokens: Sequence[str], title: Sequence[str], *,
+                 cmap: str = "viridis", query: int | None = None) -> Image.Image:
+    """One row per (label, (L,) values): the tokens as boxes coloured by value / the row's max."""
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    from inspect_model.render import raster
+
+    size, pad, box_h = 12, 3, 22
+    names = [_token(t, 16) for t in tokens]
+    widths = [raster.text_size(t, size)[0] + 10 for t in names]
+    lab_w = max([raster.text_size(r[0], size, True)[0] for r in rows] + [40]) + 10
+    width = lab_w + sum(widths) + pad * len(widths)
+    body = Image.new("RGB", (width, len(rows) * (box_h + 2 * pad) + 4), raster.BG)
+    d = ImageDraw.Draw(body)
+    lut = raster.colormap_lut(cmap)
+    for r, (label, values) in enumerate(rows):
+        y = r * (box_h + 2 * pad) + pad
+        d.text((lab_w - 8, y + box_h // 2), label, font=raster.font(size, True), fill=raster.FG, anchor="rm")
+        v = np.asarray(values, dtype=np.float32)
+        top = _top(v, query)
+        x = lab_w
+        for i, (t, w) in enumerate(zip(names, widths, strict=False)):
+            rgb = tuple(int(c) for c in lut[raster.levels(np.clip(v[i:i + 1] / top, 0, 1))[0]])
+            d.rectangle((x, y, x + w, y + box_h), fill=rgb, outline=(0, 0, 0) if i == query else rgb,
+                        width=2 if i == query else 1)
+            ink = (0, 0, 0) if 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] > 140 else (255, 255, 255)
+            d.text((x + w // 2, y + box_h // 2), t, font=raster.font(size), fill=ink, anchor="mm")
+            x += w + pad
+    bar = raster.colorbar(max(body.size[1], 80), 0.0, 1.0, cmap, "value / row max")  # (query token aside)
+    note = "" if query is None else f"outlined: the query token ({query}: {_token(tokens[query], 16)})"
+    return raster.titled(body, list(title), right=bar, note=note)
+
+
+def _top(v: np.ndarray, query: int | None) -> float:
+    """A strip's scale: its largest value outside the query token, whose own share in both
+    rollouts is the identity's (it would wash out every other token); that token saturates."""
+    import numpy as np
+
+    rest = np.delete(v, query) if query is not None and 0 <= query < v.size and v.size > 1 else v
+    top = float(np.nanmax(rest)) if rest.size else 0.0
+    return top if top > 0 else 1.0
+
+
+def strip_html(entry: dict[str, Any], cmap: str = "viridis") -> str:
+    """The per-token heat strips of one text's report entry, as HTML (report.html)."""
+    import html
+
+    import numpy as np
+
+    from inspect_model.render import raster
+
+    text = entry.get("text") or {}
+    tokens = text.get("tokens") or []
+    lut = raster.colormap_lut(cmap)
+    out = [f'<div class="strip"><p class="meta">{html.escape(str(entry.get("image")))}: '
+           f'{html.escape(str(text.get("text", "")))}</p>']
+    for m in entry.get("maps") or []:
+        values = m.get("values")
+        if not values or isinstance(values[0], list):
+            values = np.mean(np.asarray(values, dtype=np.float64), axis=0).tolist() if values else None
+        if not values:
+            continue
+        v = np.asarray([0.0 if x is None else x for x in values], dtype=np.float64)
+        top = _top(v, text.get("query"))
+        spans = []
+        for i, tok in enumerate(tokens[: len(v)]):
+            rgb = lut[raster.levels(np.clip(v[i:i + 1] / top, 0, 1))[0]]
+            ink = "#000" if 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] > 140 else "#fff"
+            edge = ";outline:2px solid #000" if i == text.get("query") else ""
+            spans.append(f'<span title="{v[i]:.4g}" style="background:rgb({rgb[0]},{rgb[1]},{rgb[2]});color:{ink};'
+                         f'padding:1px 3px;margin:1px{edge}">{html.escape(_token(str(tok), 24))}</span>')
+        label = m["method"] + ("" if m.get("layer") in (None, "all") else f" {_short(m['layer'])}")
+        out.append(f'<div><b style="display:inline-block;min-width:120px" title="{html.escape(str(m.get("layer")))}">'
+                   f'{html.escape(label)}</b>'
+                   + "".join(spans) + "</div>")
+    out.append("</div>")
+    return "".join(out)
+
+
+def draw_text(drawer: Any, item: Any, sink: Sink) -> dict[str, Any]:
+    """One text's files: ``raw.<layer>.png`` (token matrices per head), ``<method>.<class>.png``
+    (rollout's and grad-rollout's tokens x tokens matrix), ``strips.png``, ``mosaic.png``."""
+    import numpy as np
+
+    data, entry = item.data, item.entry
+    res, i = data.result, data.index
+    n = res.lengths[i]
+    tokens = entry["text"]["tokens"]
+    base = image_dir(entry["index"], entry["image"])
+    t = entry["target"]
+    what = f"class {t['class']}{' ' + t['label'] if t['label'] else ''} (p={t['probability']:.3f})" if t else ""
+    tag = class_tag(t["class"], drawer.categories) if t else "all"
+    cmap = "viridis" if drawer.colormap == "jet" else drawer.colormap  # jet: the overlays' default
+    strips: list[tuple[str, Any]] = []
+    for rec in entry["maps"]:
+        method, layer = rec["method"], rec["layer"]
+        if method == "raw":
+            m = res.raw[layer][i, :, :n, :n].numpy()
+            fig = head_matrices(m, tokens, res.head_labels[layer], [layer, f"attention, queries x keys: "
+                                                                    f"{entry['image']}"], cmap=cmap)
+            rec["files"]["grid"] = sink.image(f"{base}/raw.{safe_name(layer)}.png", fig)
+            strips.append((f"raw {_short(layer)}", m.mean(axis=0)[res.queries[i]]))
+            stem = f"{base}/raw.{safe_name(layer)}"
+        else:
+            strips.append((method, res.values[method][i, :n].numpy()))
+            m = res.matrices[method][i, :n, :n].numpy() if method in res.matrices else res.values[method][i, :n].numpy()
+            if method in res.matrices:
+                fig = head_matrices(m[None], tokens, [f"{method}, tokens x tokens"], [f"{method}: {entry['image']}",
+                                                                                       what], cmap=cmap,
+                                    what=f"{method} (rows: queries)")
+                rec["files"]["matrix"] = sink.image(f"{base}/{method}.{tag}.png", fig)
+            stem = f"{base}/{method}.{tag}"
+        if drawer.save_raw:
+            rec["files"]["raw"] = sink.npy(f"{stem}.npy", np.asarray(m))
+    out: dict[str, Any] = {}
+    if strips:
+        q = res.queries[i]
+        fig = token_strips(strips, tokens, [f"per-token values: {entry['image']}", what or
+                                            f"from query token {q}"], cmap=cmap, query=q)
+        out["strips"] = sink.image(f"{base}/strips.png", fig)
+    if res.mosaic is not None:
+        from inspect_model.render.attention import mosaic
+
+        rows = res.mosaic[i, :, :, :n].numpy()[:, :, None, :]
+        out["mosaic"] = sink.image(f"{base}/mosaic.png", mosaic(rows, res.layers, [
+            f"attention of query token {res.queries[i]}, every layer by every head", entry["image"]], side=96))
+    return out
+
+
+def _short(name: str) -> str:
+    parts = name.split(".")
+    return ".".join(p for p in parts if p.isdigit()) or parts[-1]
