@@ -94,6 +94,9 @@ class ActivationsSession(Session):
         self.entries: list[dict[str, Any]] = []
         self.warnings = Warnings()
         self.batch_index = 0
+        from inspect_model.methods.token_positions import position_stats
+
+        self.positions = position_stats(prep, list(r.layers) or None)  # --text: per token position (issue 26)
         from inspect_model.render.draw_activations import ActivationsDrawer
 
         self.drawer = ActivationsDrawer(draw_layers=self.draw_layers, save_raw=save_raw, raw_format=self.raw_format,
@@ -104,10 +107,20 @@ class ActivationsSession(Session):
 
     def __enter__(self) -> ActivationsSession:
         self.capture.__enter__()
+        if self.positions is not None:
+            try:
+                self.positions.__enter__()
+            except BaseException:
+                self.capture.__exit__(None, None, None)
+                raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.capture.__exit__(*exc)
+        try:
+            if self.positions is not None:
+                self.positions.__exit__(None, None, None)
+        finally:
+            self.capture.__exit__(*exc)
 
     def feed(self, batch: Any) -> list[ImageItem]:
         res = self.capture.run(batch.tensor, batch.names)
@@ -118,6 +131,8 @@ class ActivationsSession(Session):
         batch_level = [k for k in res.kept if not k.per_sample]
         for i, img in enumerate(res.images):
             entry = {"index": img.index, "image": img.name, "files": {}}
+            if getattr(batch, "text", None) is not None:
+                entry["text"] = {"text": batch.text.texts[i], "tokens": batch.text.tokens[i]}
             self.entries.append(entry)
             data = {"kept": [(k, k.tensor[i]) for k in per_sample], "image": img,
                     "batch": (b, batch_level) if i == 0 else None, "hist": res.histograms if i == 0 else None}
@@ -139,6 +154,8 @@ class ActivationsSession(Session):
         drawn = list(self.selected) if self.layer_specs else []
         payload = {**render.to_payload(report, images=self.entries, grids=self.drawer.grids, drawn=drawn),
                    "skipped": skipped}
+        if self.positions is not None:
+            payload["positions"] = self.positions.report()
         quantized = [r.key for r in report.layers if r.dtype in render.QUANTIZED_DTYPES]
         if quantized:  # the engine dequantizes them (engine/hooks.py)
             payload["quantized_layers"] = {"count": len(quantized), "statistics": "dequantized values"}
@@ -166,7 +183,8 @@ class ActivationsSession(Session):
 
     def state_dict(self) -> dict[str, Any]:
         return {"capture": self.capture.state_dict(), "entries": self.entries, "drawer": self.drawer.state_dict(),
-                "warnings": self.warnings, "batch_index": self.batch_index}
+                "warnings": self.warnings, "batch_index": self.batch_index,
+                "positions": self.positions.state_dict() if self.positions is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.capture.load_state_dict(state["capture"])
@@ -174,11 +192,15 @@ class ActivationsSession(Session):
         self.drawer.load_state_dict(state["drawer"])
         self.warnings = state["warnings"]
         self.batch_index = count(state["batch_index"], "the batch index")
+        if self.positions is not None and state.get("positions") is not None:
+            self.positions.merge([state["positions"]])
 
     def merge(self, states: list[dict[str, Any]]) -> None:
         self.capture.merge([st["capture"] for st in states])
         self.entries = [e for st in states for e in st["entries"]]
         self.drawer.merge([st["drawer"] for st in states])
+        if self.positions is not None:
+            self.positions.merge([st["positions"] for st in states if st.get("positions") is not None])
         self.warnings.merge(st["warnings"] for st in states[1:])
 
 

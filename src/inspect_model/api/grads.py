@@ -134,10 +134,19 @@ class GradsSession(Session):
         from inspect_model.render.draw_gradients import GradsDrawer
 
         self.drawer = GradsDrawer()
+        from inspect_model.methods.token_positions import position_stats
+
+        self.positions = position_stats(prep, list(r.layers) or None, gradients=True)  # --text (issue 26)
+
+    def _positions(self) -> Any:
+        import contextlib
+
+        return self.positions if self.positions is not None else contextlib.nullcontext()
 
     def run(self, batches: Iterable[Any], handle: Callable[[ImageItem], None]) -> None:
         self.grad_run = self._grad_run(handle)
-        self.grad_run.run(batches)
+        with self._positions():
+            self.grad_run.run(batches)
 
     def _grad_run(self, handle: Callable[[ImageItem], None] | None = None) -> Any:
         from inspect_model.methods.grad_objective import read_labels_file
@@ -188,8 +197,10 @@ class GradsSession(Session):
         if failed:
             more = f" (also failed: {', '.join(f.name for f in failed[1:])})" if len(failed) > 1 else ""
             failures = [f"gradient check '{failed[0].name}' failed: {failed[0].detail}{more}"]
-        return Result("grads", self.resolved_options(), {**render.to_payload(rep), "skipped": skipped},
-                      self.warnings.to_list(), failures=failures, record=rep)
+        payload = {**render.to_payload(rep), "skipped": skipped}
+        if self.positions is not None:
+            payload["positions"] = self.positions.report()
+        return Result("grads", self.resolved_options(), payload, self.warnings.to_list(), failures=failures, record=rep)
 
     def resolved_options(self) -> dict[str, Any]:
         kw = self.kw
@@ -207,7 +218,8 @@ class GradsSession(Session):
         self.count = index
 
     def state_dict(self) -> dict[str, Any]:
-        return {"partial": self.snapshot(), "count": self.count, "warnings": self.warnings}
+        return {"partial": self.snapshot(), "count": self.count, "warnings": self.warnings,
+                "positions": self.positions.state_dict() if self.positions is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from inspect_model.methods.gradients import GradPartial
@@ -216,11 +228,15 @@ class GradsSession(Session):
             raise TypeError("grads state: not a GradPartial")
         self.partial, self.warnings = state["partial"], state["warnings"]
         self.count = count(state["count"], "the image count")
+        if self.positions is not None and state.get("positions") is not None:
+            self.positions.merge([state["positions"]])
 
     def merge(self, states: list[dict[str, Any]]) -> None:
         from inspect_model.methods.gradients import merge_partials
 
         self.partial = merge_partials([st["partial"] for st in states])
+        if self.positions is not None:
+            self.positions.merge([st["positions"] for st in states if st.get("positions") is not None])
         self.warnings.merge(st["warnings"] for st in states[1:])
 
     def reduce(self, group: Any) -> None:

@@ -108,7 +108,8 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
     if inputs.text or inputs.text_file is not None or inputs.tokenizer is not None:  # issue 26: texts
         from inspect_model.loading.text import text_run
 
-        plan, categories = text_run(loaded, inputs, spec=mopts.model, device=dev, categories=categories)
+        plan, categories = text_run(loaded, inputs, spec=mopts.model, device=dev, categories=categories,
+                                     command=command)
         return Prepared(loaded, plan, categories, dev, torch_dtype, plan.binding)
     from inspect_model.loading.multi_inputs import plan_binding
 

@@ -133,6 +133,7 @@ class TextBinding:
     ids_key: str | None = "input_ids"  # None: ids go in positionally
     mask_key: str | None = "attention_mask"  # None: the model takes no mask
     mask: Any = None  # the current batch's (B, L) mask
+    last_only: bool = False  # a causal LM under grads: its logits (B, L, V) -> those at each text's last token
 
     def set_batch(self, mask: torch.Tensor) -> None:
         self.mask = mask
@@ -160,11 +161,28 @@ class TextBinding:
                 return self.call(args[0])
             return None
 
-        handle = model.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
+        handles = [model.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)]
+        if self.last_only:
+            handles.append(model.register_forward_hook(self._last_token))
         try:
             yield
         finally:
-            handle.remove()
+            for h in handles:
+                h.remove()
+
+    def _last_token(self, _mod: Any, _args: Any, out: Any) -> Any:
+        """The next-token logits at each text's last real token, (B, V): the score explained."""
+        import torch
+
+        logits = getattr(out, "logits", out)
+        if self.mask is None or not isinstance(logits, torch.Tensor) or logits.dim() != 3:
+            return None
+        last = (self.mask.sum(dim=1) - 1).to(logits.device)
+        picked = logits[torch.arange(logits.shape[0], device=logits.device), last]
+        if hasattr(out, "logits"):
+            out["logits"] = picked
+            return out
+        return picked
 
 
 def binding_for(model: nn.Module) -> TextBinding:
@@ -258,9 +276,11 @@ def is_causal_lm(model: Any) -> bool:
     return name.endswith(("ForCausalLM", "LMHeadModel"))
 
 
-def text_run(loaded: Any, inputs: Any, *, spec: Any, device: Any, categories: Any) -> tuple[TextPlan, Any]:
+def text_run(loaded: Any, inputs: Any, *, spec: Any, device: Any, categories: Any,
+             command: str = "") -> tuple[TextPlan, Any]:
     """The plan of ``--text``/``--text-file`` and the class names: a language model's are its
-    tokens (so ``--target`` may name one)."""
+    tokens (so ``--target`` may name one). Under ``grads`` a language model's score is its
+    next-token logits at each text's last token."""
     if not inputs.text and inputs.text_file is None:
         raise UsageError("--tokenizer needs --text or --text-file")
     clash = [flag for flag, given in (("images", inputs.images is not None and not (
@@ -275,4 +295,5 @@ def text_run(loaded: Any, inputs: Any, *, spec: Any, device: Any, categories: An
         vocab = int(getattr(getattr(loaded, "config", None), "vocab_size", 0) or len(plan.tokenizer))
         names = plan.tokenizer.convert_ids_to_tokens(list(range(min(vocab, len(plan.tokenizer)))))
         categories = [str(t) for t in names] + [f"<id {i}>" for i in range(len(names), vocab)]
+        plan.binding.last_only = command == "grads"
     return plan, categories
