@@ -111,8 +111,11 @@ def test_grad_rollout_equals_chefer(kind):
         for a, g in zip(out.attentions, grads, strict=True):  # Chefer et al. 2021, eq. 5-6
             abar = (g[b] * a[b]).clamp(min=0).mean(0).double()
             r = r + abar @ r
-        assert (r - torch.eye(7, dtype=torch.float64)).abs().max() > 1e-4  # the gradient term is there
-        assert torch.allclose(got.matrices["grad-rollout"][b, :n, :n].double(), r[:n, :n], atol=1e-6)
+        # The gradient term beside the identity, compared on its own scale (a random BERT's is ~1e-5).
+        want = (r - torch.eye(7, dtype=torch.float64))[:n, :n]
+        have = got.matrices["grad-rollout"][b, :n, :n].double() - torch.eye(n, dtype=torch.float64)
+        assert want.abs().max() > 1e-7
+        assert torch.allclose(have, want, rtol=1e-3, atol=2.5e-7)  # float32 next to the 1 of the identity
 
 
 def test_legrad_equals_the_formula_on_bert():
