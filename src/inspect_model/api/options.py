@@ -118,6 +118,9 @@ def check_request(inputs: InputOptions | None, *, batch_size: int | None = None)
         raise UsageError(f"--batch-size must be 1 or more, got {bs}")
     if inputs is None:
         return
+    from inspect_model.loading.text import check_text_request
+
+    check_text_request(inputs)  # --text, --text-file, --tokenizer (issue 26)
     sizes = [parse_size(s) for s in inputs.input_size or []]
     if inputs.images is None or (isinstance(inputs.images, (list, tuple)) and not inputs.images):
         check_memory(sizes, bs or 1)  # a random input: its size is known now

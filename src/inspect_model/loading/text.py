@@ -276,19 +276,31 @@ def is_causal_lm(model: Any) -> bool:
     return name.endswith(("ForCausalLM", "LMHeadModel"))
 
 
-def text_run(loaded: Any, inputs: Any, *, spec: Any, device: Any, categories: Any,
-             command: str = "") -> tuple[TextPlan, Any]:
-    """The plan of ``--text``/``--text-file`` and the class names: a language model's are its
-    tokens (so ``--target`` may name one). Under ``grads`` a language model's score is its
-    next-token logits at each text's last token."""
+def check_text_request(inputs: Any) -> list[str] | None:
+    """The text options checked before anything is loaded (no torch): the texts, or None
+    for a run without ``--text``."""
     if not inputs.text and inputs.text_file is None:
-        raise UsageError("--tokenizer needs --text or --text-file")
+        if inputs.tokenizer is not None:
+            raise UsageError("--tokenizer needs --text or --text-file")
+        return None
     clash = [flag for flag, given in (("images", inputs.images is not None and not (
         isinstance(inputs.images, (list, tuple)) and not inputs.images)), ("--input-size", inputs.input_size),
         ("--inputs-file", inputs.inputs_file), ("--image-input", inputs.image_input)) if given]
     if clash:
         raise UsageError(f"--text feeds the model its token ids; drop {clash[0]}")
-    texts = read_texts(inputs.text, inputs.text_file)
+    if inputs.tokenizer is not None and not os.path.isdir(str(inputs.tokenizer)):
+        raise InputError(f"--tokenizer '{inputs.tokenizer}' is not a folder; give a folder written by "
+                         "tokenizer.save_pretrained")
+    return read_texts(inputs.text, inputs.text_file)
+
+
+def text_run(loaded: Any, inputs: Any, *, spec: Any, device: Any, categories: Any,
+             command: str = "") -> tuple[TextPlan, Any]:
+    """The plan of ``--text``/``--text-file`` and the class names: a language model's are its
+    tokens (so ``--target`` may name one). Under ``grads`` a language model's score is its
+    next-token logits at each text's last token."""
+    texts = check_text_request(inputs)
+    assert texts is not None
     plan = plan_text(loaded, texts, tokenizer=inputs.tokenizer, spec=spec, batch_size=inputs.batch_size or 8,
                      device=device, seed=inputs.seed)
     if categories is None and is_causal_lm(loaded.model):

@@ -1,0 +1,190 @@
+"""``--text``, ``--text-file`` and ``--tokenizer`` on the command line and in the API (issue 26):
+attention's token maps and report.html strips, activations' and grads' statistics per token
+position (against the model's own hidden states), and every bad input's one-line error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+
+from conftest import run_cli
+from fixtures.text_models import save_text_model
+
+transformers = pytest.importorskip("transformers")
+
+TEXTS = ["the movie was very good", "the plot was dull"]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("text")
+    out = {k: save_text_model(k, root / k, trained=k == "bert") for k in ("bert", "gpt2")}
+    out["bare"] = save_text_model("gpt2", root / "bare", with_tokenizer=False)
+    return out
+
+
+def _json(args: list[str]) -> dict:
+    r = run_cli(args + ["--json", "-q"])
+    assert r.exit_code == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _validate(doc: dict) -> None:
+    from inspect_model.schemas import load_schema
+
+    jsonschema.Draft202012Validator(load_schema(doc["command"])).validate(doc)
+
+
+def test_attention_text_files_json_and_html(folders, tmp_path):
+    out = tmp_path / "o"
+    args = ["attention", str(folders["bert"]), "--weights", "default", "--text", TEXTS[0], "--text", TEXTS[1],
+            "-m", "all", "--heads", "all", "--mosaic", "-o", str(out)]
+    r = run_cli(args)
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads((out / "report.json").read_text())
+    _validate(doc)
+    assert doc["text"] is True and doc["causal"] is False and doc["prefix_tokens"] == 0
+    first = doc["images"][0]
+    assert first["text"]["tokens"] == ["[CLS]", "the", "movie", "was", "very", "good", "[SEP]"]
+    assert first["text"]["query"] == 0 and first["target"]["label"] == "positive"
+    by = {m["method"]: m for m in first["maps"]}
+    assert set(by) == {"raw", "rollout", "grad-rollout", "legrad"}
+    assert len(by["rollout"]["values"]) == 7 and len(by["raw"]["values"]) == 4  # 4 heads x 7 tokens
+    assert abs(sum(by["rollout"]["values"]) - 1) < 1e-5  # a row of the row-stochastic product
+    assert len(doc["images"][1]["text"]["tokens"]) == 6  # padding left out
+    folder = out / "images" / "0000-text-0"
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == ["grad-rollout.c1-positive.png", "mosaic.png", "raw.bert.encoder.layer.1.attention.self.png",
+                     "rollout.c1-positive.png", "strips.png"]
+    page = (out / "report.html").read_text()
+    assert page.count('<div class="strip">') == 2 and "background:rgb(" in page and ">movie</span>" in page
+    txt = (out / "report.txt").read_text()
+    assert "text of up to 7 tokens" in txt and "peak at token" in txt
+
+
+def test_attention_decoder_query_is_the_last_token_and_target_a_token(folders):
+    doc = _json(["attention", str(folders["gpt2"]), "--weights", "default", "--text", "the cat sat on the mat",
+                 "--text", "a dog ran", "-m", "raw,grad-rollout", "--target", "park"])
+    _validate(doc)
+    assert doc["causal"] is True
+    assert [i["text"]["query"] for i in doc["images"]] == [5, 2]
+    assert {i["target"]["label"] for i in doc["images"]} == {"park"}  # a token of the vocabulary
+    raw = next(m for m in doc["images"][1]["maps"] if m["method"] == "raw")
+    assert len(raw["values"][0]) == 3 and raw["query"] == "token 2"
+
+
+def test_tokenizer_option_and_text_file(folders, tmp_path):
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat sat\n\na dog ran to the park\n")
+    doc = _json(["attention", str(folders["bare"]), "--weights", "default", "--tokenizer", str(folders["gpt2"]),
+                 "--text-file", str(texts), "--query", "0"])
+    assert [i["text"]["text"] for i in doc["images"]] == ["the cat sat", "a dog ran to the park"]
+    assert doc["options"]["inputs"]["text"]["tokenizer"] == str(folders["gpt2"])
+    assert [i["text"]["query"] for i in doc["images"]] == [0, 0]
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["--text", "hi"], 4, "--text needs a tokenizer, and {bare} has none in its folder; give --tokenizer DIR"),
+    (["--text", "hi", "--tokenizer", "{nowhere}"], 4, "--tokenizer '{nowhere}' is not a folder"),
+    (["--tokenizer", "{gpt2}"], 2, "--tokenizer needs --text or --text-file"),
+    (["--text-file", "{nowhere}"], 4, "text file '{nowhere}' does not exist"),
+    (["--text", " "], 4, "--text is empty"),
+    (["--text", "hi", "--tokenizer", "{gpt2}", "--input-size", "8"], 2, "--text feeds the model its token ids; drop "
+     "--input-size"),
+    (["--text", "hi", "--tokenizer", "{gpt2}", "--evaluate"], 2, "--evaluate scores maps over images"),
+    (["--text", "hi", "--tokenizer", "{gpt2}", "--query", "mean"], 2, "--query mean is for images"),
+])
+def test_bad_text_inputs_one_line(folders, tmp_path, args, code, message):
+    fill = {"bare": str(folders["bare"]), "gpt2": str(folders["gpt2"]), "nowhere": str(tmp_path / "nowhere")}
+    args = [a.format(**fill) for a in args]
+    r = run_cli(["attention", str(folders["bare"]), "--weights", "default", "-q", *args])
+    assert r.exit_code == code, r.stderr
+    assert r.stderr.startswith("error: " + message.format(**fill)), r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+
+
+def test_text_for_a_vision_model_is_refused(folders):
+    r = run_cli(["activations", "resnet18", "--weights", "none", "--text", "hi", "-q"])
+    assert r.exit_code == 4 and r.stderr == ("error: --text needs a tokenizer, and resnet18 has none in its folder; "
+                                             "give --tokenizer DIR (a folder written by tokenizer.save_pretrained)\n")
+
+
+def test_text_options_only_where_they_apply():
+    r = run_cli(["cam", "resnet18", "--text", "hi"])
+    assert r.exit_code == 2 and "--text" in r.stderr
+
+
+def _positions(tok, model, texts, layer_of):
+    """Per-position mean and mean token norm of each block's output, from the model's own
+    hidden states over the real tokens (independent of the hooks)."""
+    enc = tok(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hs = model(**enc, output_hidden_states=True).hidden_states
+    mask = enc["attention_mask"].bool()
+    want = {}
+    for i, name in enumerate(layer_of):
+        h = hs[i + 1].double()
+        want[name] = ([float(h[:, p][mask[:, p]].mean()) for p in range(h.shape[1])],
+                      [float(h[:, p][mask[:, p]].norm(dim=-1).mean()) for p in range(h.shape[1])])
+    return want
+
+
+def test_activations_per_position_statistics(folders):
+    doc = _json(["activations", str(folders["bert"]), "--weights", "default", "--text", TEXTS[0], "--text", TEXTS[1]])
+    _validate(doc)
+    rows = {r["name"]: r for r in doc["positions"]["layers"]}
+    assert list(rows) == ["bert.encoder.layer.0", "bert.encoder.layer.1"]
+    assert rows["bert.encoder.layer.0"]["tokens"] == [2, 2, 2, 2, 2, 2, 1]  # position 6: only the longer text
+    assert doc["images"][1]["text"]["tokens"][-1] == "[SEP]"
+    tok = transformers.AutoTokenizer.from_pretrained(folders["bert"])
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(folders["bert"]).eval()
+    # BERT's last hidden state is the last block's output; hidden_states[l + 1] is block l's.
+    for name, (mean, norm) in _positions(tok, model, TEXTS, list(rows)).items():
+        assert rows[name]["mean"] == pytest.approx(mean, abs=1e-6)
+        assert rows[name]["norm"] == pytest.approx(norm, rel=1e-5)
+
+
+def test_grads_per_position_gradient_of_the_next_token(folders):
+    doc = _json(["grads", str(folders["gpt2"]), "--weights", "default", "--text", "the cat sat", "--text", "a dog",
+                 "--layers", "transformer.h.0"])
+    _validate(doc)
+    rows = {(r["name"], r["kind"]): r for r in doc["positions"]["layers"]}
+    grad = rows[("transformer.h.0", "gradient")]
+    assert grad["tokens"] == [2, 2, 1]
+    # By hand: d(next-token logit of each text's last token, the predicted one)/d(block 1's output).
+    tok = transformers.AutoTokenizer.from_pretrained(folders["gpt2"])
+    tok.pad_token = tok.eos_token
+    model = transformers.AutoModelForCausalLM.from_pretrained(folders["gpt2"]).eval()
+    enc = tok(["the cat sat", "a dog"], padding=True, return_tensors="pt")
+    kept = {}
+    handle = model.transformer.h[0].register_forward_hook(lambda _m, _a, out: kept.setdefault("h", out[0] if
+                                                                                            isinstance(out, tuple)
+                                                                                            else out))
+    logits = model(**enc).logits
+    handle.remove()
+    last = enc["attention_mask"].sum(1) - 1
+    picked = logits[torch.arange(2), last]
+    score = picked.gather(1, picked.argmax(1, keepdim=True)).sum()
+    g = torch.autograd.grad(score, kept["h"])[0].double()
+    mask = enc["attention_mask"].bool()
+    norms = [float(g[:, p][mask[:, p]].norm(dim=-1).mean()) for p in range(g.shape[1])]
+    assert grad["norm"] == pytest.approx(norms, rel=1e-4, abs=1e-9)
+    assert min(norms) > 0  # block 0's output reaches the last token's logit through block 1's attention
+
+
+def test_api_attention_text(folders):
+    import inspect_model as im
+    from inspect_model.api.options import InputOptions
+
+    res = im.attention(str(folders["gpt2"]), methods=["rollout", "legrad"], inputs=InputOptions(text=["the cat sat",
+                                                                                                    "a dog"]),
+                       model_options=im.ModelOptions(str(folders["gpt2"]), weights="default"))
+    texts = res.record.texts
+    assert [t["values"]["rollout"].shape[0] for t in texts] == [3, 2]
+    assert texts[0]["matrices"]["rollout"].shape == (3, 3) and texts[0]["query"] == 2
+    doc = res.to_dict()
+    assert doc["images"][1]["text"]["tokens"] == ["a", "dog"]
