@@ -108,6 +108,10 @@ class AttentionSession(Session):
                                        boxes=request.boxes, notes=notes, progress=progress)
         self.drawer = AttentionDrawer(categories=prep.categories, preprocess=prep.plan.preprocess,
                                       colormap=request.colormap, save_raw=request.save_raw, query=request.query)
+        if getattr(prep.plan, "texts", None) is not None:  # --text: token maps (issue 26)
+            from inspect_model.render.attention_text import TextDrawer
+
+            self.drawer = TextDrawer(self.drawer)
 
     def feed(self, batch: Any) -> list[ImageItem]:
         from inspect_model.methods.attention_run import compute_attention

@@ -242,10 +242,6 @@ class AttentionDrawer(Drawer):
 
         if item.data is None or sink.out is None:
             return item.entry.get("files", {})
-        if not isinstance(item.data, tuple):  # a text (api/attention_text.py)
-            from inspect_model.render.attention_text import draw_text
-
-            return draw_text(self, item, sink)
         img, x, res, i = item.data
         entry, pre = item.entry, self.preprocess
         if img is not None:

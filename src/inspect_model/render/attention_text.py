@@ -5,9 +5,10 @@
 - :func:`token_strips`: the tokens of a text in a row, each coloured by a per-token value
   (rollout or raw attention from the query token, grad-rollout or LeGrad relevance), one
   row per method, each row scaled to its largest value outside the query token;
-- :func:`strip_html`: the same strips as HTML for report.html (colours from the same tables).
+- the same strips as HTML for report.html: :mod:`inspect_model.render.token_strips`.
 
-:func:`draw_text` writes one text's files for :class:`~inspect_model.render.attention.AttentionDrawer`.
+:class:`TextDrawer` writes each text's files (:func:`draw_text`) in place of
+:class:`~inspect_model.render.attention.AttentionDrawer`.
 """
 
 from __future__ import annotations
@@ -16,20 +17,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.render.files import class_tag, image_dir, safe_name
-from inspect_model.render.sink import Sink
+from inspect_model.render.sink import Drawer, Sink
+from inspect_model.render.token_strips import short_layer, strip_scale, token_label
 
 if TYPE_CHECKING:
     import numpy as np
     from PIL import Image
 
 LABELS_UP_TO = 64  # tokens named along a matrix's sides up to this length
-
-
-def _token(t: str, most: int = 12) -> str:
-    from inspect_model.render.raster import shown
-
-    t = shown(t).replace("\u0120", "_").replace("\u2581", "_")  # GPT-2's and SentencePiece's space marks
-    return t if len(t) <= most else t[: most - 1] + "…"
 
 
 def token_matrix(m: np.ndarray, tokens: Sequence[str], vmax: float, cmap: str, *, vmin: float = 0.0,
@@ -47,7 +42,7 @@ def token_matrix(m: np.ndarray, tokens: Sequence[str], vmax: float, cmap: str, *
     if n > LABELS_UP_TO:
         return heat
     size = max(7, min(11, px - 2))
-    names = [_token(t) for t in tokens[:n]]
+    names = [token_label(t) for t in tokens[:n]]
     lab = max(raster.text_size(t, size)[0] for t in names) + 4 if names else 0
     img = Image.new("RGB", (lab + heat.size[0], lab + heat.size[1]), raster.BG)
     img.paste(heat, (lab, lab))
@@ -94,7 +89,7 @@ def token_strips(rows: Sequence[tuple[str, np.ndarray]], tokens: Sequence[str], 
     from inspect_model.render import raster
 
     size, pad, box_h = 12, 3, 22
-    names = [_token(t, 16) for t in tokens]
+    names = [token_label(t, 16) for t in tokens]
     widths = [raster.text_size(t, size)[0] + 10 for t in names]
     lab_w = max([raster.text_size(r[0], size, True)[0] for r in rows] + [40]) + 10
     width = lab_w + sum(widths) + pad * len(widths)
@@ -105,7 +100,7 @@ def token_strips(rows: Sequence[tuple[str, np.ndarray]], tokens: Sequence[str], 
         y = r * (box_h + 2 * pad) + pad
         d.text((lab_w - 8, y + box_h // 2), label, font=raster.font(size, True), fill=raster.FG, anchor="rm")
         v = np.asarray(values, dtype=np.float32)
-        top = _top(v, query)
+        top = strip_scale(v, query)
         x = lab_w
         for i, (t, w) in enumerate(zip(names, widths, strict=False)):
             rgb = tuple(int(c) for c in lut[raster.levels(np.clip(v[i:i + 1] / top, 0, 1))[0]])
@@ -115,54 +110,8 @@ def token_strips(rows: Sequence[tuple[str, np.ndarray]], tokens: Sequence[str], 
             d.text((x + w // 2, y + box_h // 2), t, font=raster.font(size), fill=ink, anchor="mm")
             x += w + pad
     bar = raster.colorbar(max(body.size[1], 80), 0.0, 1.0, cmap, "value / row max")  # (query token aside)
-    note = "" if query is None else f"outlined: the query token ({query}: {_token(tokens[query], 16)})"
+    note = "" if query is None else f"outlined: the query token ({query}: {token_label(tokens[query], 16)})"
     return raster.titled(body, list(title), right=bar, note=note)
-
-
-def _top(v: np.ndarray, query: int | None) -> float:
-    """A strip's scale: its largest value outside the query token, whose own share in both
-    rollouts is the identity's (it would wash out every other token); that token saturates."""
-    import numpy as np
-
-    rest = np.delete(v, query) if query is not None and 0 <= query < v.size and v.size > 1 else v
-    top = float(np.nanmax(rest)) if rest.size else 0.0
-    return top if top > 0 else 1.0
-
-
-def strip_html(entry: dict[str, Any], cmap: str = "viridis") -> str:
-    """The per-token heat strips of one text's report entry, as HTML (report.html)."""
-    import html
-
-    import numpy as np
-
-    from inspect_model.render import raster
-
-    text = entry.get("text") or {}
-    tokens = text.get("tokens") or []
-    lut = raster.colormap_lut(cmap)
-    out = [f'<div class="strip"><p class="meta">{html.escape(str(entry.get("image")))}: '
-           f'{html.escape(str(text.get("text", "")))}</p>']
-    for m in entry.get("maps") or []:
-        values = m.get("values")
-        if not values or isinstance(values[0], list):
-            values = np.mean(np.asarray(values, dtype=np.float64), axis=0).tolist() if values else None
-        if not values:
-            continue
-        v = np.asarray([0.0 if x is None else x for x in values], dtype=np.float64)
-        top = _top(v, text.get("query"))
-        spans = []
-        for i, tok in enumerate(tokens[: len(v)]):
-            rgb = lut[raster.levels(np.clip(v[i:i + 1] / top, 0, 1))[0]]
-            ink = "#000" if 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] > 140 else "#fff"
-            edge = ";outline:2px solid #000" if i == text.get("query") else ""
-            spans.append(f'<span title="{v[i]:.4g}" style="background:rgb({rgb[0]},{rgb[1]},{rgb[2]});color:{ink};'
-                         f'padding:1px 3px;margin:1px{edge}">{html.escape(_token(str(tok), 24))}</span>')
-        label = m["method"] + ("" if m.get("layer") in (None, "all") else f" {_short(m['layer'])}")
-        out.append(f'<div><b style="display:inline-block;min-width:120px" title="{html.escape(str(m.get("layer")))}">'
-                   f'{html.escape(label)}</b>'
-                   + "".join(spans) + "</div>")
-    out.append("</div>")
-    return "".join(out)
 
 
 def draw_text(drawer: Any, item: Any, sink: Sink) -> dict[str, Any]:
@@ -187,7 +136,7 @@ def draw_text(drawer: Any, item: Any, sink: Sink) -> dict[str, Any]:
             fig = head_matrices(m, tokens, res.head_labels[layer], [layer, f"attention, queries x keys: "
                                                                     f"{entry['image']}"], cmap=cmap)
             rec["files"]["grid"] = sink.image(f"{base}/raw.{safe_name(layer)}.png", fig)
-            strips.append((f"raw {_short(layer)}", m.mean(axis=0)[res.queries[i]]))
+            strips.append((f"raw {short_layer(layer)}", m.mean(axis=0)[res.queries[i]]))
             stem = f"{base}/raw.{safe_name(layer)}"
         else:
             strips.append((method, res.values[method][i, :n].numpy()))
@@ -215,6 +164,14 @@ def draw_text(drawer: Any, item: Any, sink: Sink) -> dict[str, Any]:
     return out
 
 
-def _short(name: str) -> str:
-    parts = name.split(".")
-    return ".".join(p for p in parts if p.isdigit()) or parts[-1]
+class TextDrawer(Drawer):
+    """The attention drawer of a text run: each text's files (:func:`draw_text`)."""
+
+    def __init__(self, base: Any) -> None:
+        self.base = base
+        self.categories, self.colormap, self.save_raw = base.categories, base.colormap, base.save_raw
+
+    def draw(self, item: Any, sink: Sink) -> dict[str, Any]:
+        if item.data is None or sink.out is None:
+            return item.entry.get("files", {})
+        return draw_text(self, item, sink)
