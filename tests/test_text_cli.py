@@ -188,3 +188,28 @@ def test_api_attention_text(folders):
     assert texts[0]["matrices"]["rollout"].shape == (3, 3) and texts[0]["query"] == 2
     doc = res.to_dict()
     assert doc["images"][1]["text"]["tokens"] == ["a", "dog"]
+
+
+def _cache_repo(home: Path, repo: str, src: Path) -> None:
+    import shutil
+
+    sha = "1" * 40
+    root = home / "hub" / ("models--" + repo.replace("/", "--"))
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text(sha)
+    shutil.copytree(src, root / "snapshots" / sha)
+
+
+def test_hub_id_tokenizer_from_the_cache_offline(folders, tmp_path, monkeypatch):
+    home = tmp_path / "hfhome"
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    _cache_repo(home, "acme/tiny-gpt2", folders["gpt2"])
+    _cache_repo(home, "acme/bare", folders["bare"])
+    doc = _json(["attention", "hf:acme/tiny-gpt2", "--weights", "default", "--text", "the cat sat", "-m", "raw"])
+    assert doc["images"][0]["text"]["tokens"] == ["the", "cat", "sat"]
+    r = run_cli(["attention", "hf:acme/bare", "--weights", "default", "--text", "hi", "-q"])
+    assert r.exit_code == 4 and r.stderr == (
+        "error: --text needs a tokenizer, and hf:acme/bare has none in its folder (HF_HUB_OFFLINE is set: only the "
+        "cache was read); give --tokenizer DIR (a folder written by tokenizer.save_pretrained)\n")

@@ -81,7 +81,11 @@ def tokenizer_folder(loaded: Any, given: str | os.PathLike[str] | None, spec: An
     name = getattr(loaded, "name", None) or str(spec)
     folder = _model_folder(loaded, spec)
     if folder is None or not _has_tokenizer(folder):
-        raise InputError(f"--text needs a tokenizer, and {name} has none in its folder; give --tokenizer DIR "
+        from inspect_model.loading.hub_models import offline
+
+        hub = isinstance(spec, str) and spec.startswith("hf:") and not os.path.isdir(spec.removeprefix("hf:"))
+        why = f" ({offline()} is set: only the cache was read)" if hub and offline() else ""
+        raise InputError(f"--text needs a tokenizer, and {name} has none in its folder{why}; give --tokenizer DIR "
                          "(a folder written by tokenizer.save_pretrained)")
     return folder
 
@@ -99,8 +103,12 @@ def _model_folder(loaded: Any, spec: Any) -> str | None:
     if ref and not os.path.isdir(ref):
         from inspect_model.loading.hub_models import hub_file
 
-        for fn in TOKENIZER_FILES:
-            hub_file(ref, [fn], what=f"the tokenizer of {loaded.name}", required=False)
+        what = f"the tokenizer of {loaded.name}"
+        fast = [hub_file(ref, [fn], what=what, required=False)
+                for fn in ("tokenizer_config.json", "tokenizer.json", "special_tokens_map.json")]
+        if fast[1] is None:  # no tokenizer.json: the vocabulary files a slow tokenizer is built from
+            for fn in TOKENIZER_FILES[2:8]:
+                hub_file(ref, [fn], what=what, required=False)
     folder = getattr(getattr(loaded, "config", None), "_name_or_path", None)
     return str(folder) if folder and os.path.isdir(str(folder)) else (ref if ref and os.path.isdir(ref) else None)
 
