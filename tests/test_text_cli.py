@@ -213,3 +213,81 @@ def test_hub_id_tokenizer_from_the_cache_offline(folders, tmp_path, monkeypatch)
     assert r.exit_code == 4 and r.stderr == (
         "error: --text needs a tokenizer, and hf:acme/bare has none in its folder (HF_HUB_OFFLINE is set: only the "
         "cache was read); give --tokenizer DIR (a folder written by tokenizer.save_pretrained)\n")
+
+
+def test_a_tokenizer_never_runs_the_folders_code(folders, tmp_path, monkeypatch):
+    """A tokenizer_config.json naming its own class (auto_map): its code is never run."""
+    import shutil
+
+    evil = tmp_path / "evil"
+    shutil.copytree(folders["gpt2"], evil)
+    cfg = json.loads((evil / "tokenizer_config.json").read_text())
+    cfg.update(tokenizer_class="EvilTokenizer", auto_map={"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]})
+    (evil / "tokenizer_config.json").write_text(json.dumps(cfg))
+    marker = tmp_path / "ran"
+    (evil / "tokenization_evil.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+        "from transformers import PreTrainedTokenizerFast\nclass EvilTokenizer(PreTrainedTokenizerFast):\n    pass\n")
+    r = run_cli(["attention", str(folders["gpt2"]), "--weights", "default", "--tokenizer", str(evil), "--text", "hi",
+                 "-q"], stdin="y\n")
+    assert not marker.exists()  # transformers reads the files (tokenizer.json) or refuses; never the code
+    assert r.exit_code in (0, 4), r.stderr
+    if r.exit_code == 4:
+        assert r.stderr.startswith(f"error: cannot read the tokenizer in '{evil}': ") and r.stderr.count("\n") == 1
+
+
+def test_a_failing_forward_gives_the_model_back():
+    from fixtures.text_models import build_model
+
+    from inspect_model.methods.attention import AttentionOptions
+    from inspect_model.methods.attention_text import compute_text_attention
+
+    model = build_model("gpt2")
+    flags = [p.requires_grad for p in model.parameters()]
+
+    def boom(ids):
+        model(input_ids=ids)
+        raise RuntimeError("boom")
+
+    with pytest.raises(Exception, match="boom"):
+        compute_text_attention(model, torch.tensor([[3, 4, 5]]), options=AttentionOptions(methods=("grad-rollout",)),
+                               forward=boom)
+    assert [p.requires_grad for p in model.parameters()] == flags and not model.training
+    assert not any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks for m in model.modules())
+
+
+def _chromium() -> str | None:
+    import shutil
+
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(_chromium() is None, reason="no chromium executable (apt-get install -y chromium)")
+def test_token_strips_in_a_real_browser(folders, tmp_path):
+    """report.html's strips: every token a coloured box, the query outlined; a screenshot
+    (INSPECT_MODEL_SCREENSHOT_DIR keeps it)."""
+    import os
+
+    sync_api = pytest.importorskip("playwright.sync_api")
+    out = tmp_path / "o"
+    r = run_cli(["attention", str(folders["bert"]), "--weights", "default", "--text", TEXTS[0], "--text", TEXTS[1],
+                 "-m", "rollout,grad-rollout", "-o", str(out), "-q"])
+    assert r.exit_code == 0, r.stderr
+    shots = Path(os.environ.get("INSPECT_MODEL_SCREENSHOT_DIR", tmp_path))
+    shots.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 900})
+            page.goto((out / "report.html").as_uri())
+            page.wait_for_load_state("load")
+            boxes = page.evaluate("Array.from(document.querySelectorAll('div.strip span')).map(s => "
+                                  "[s.textContent, getComputedStyle(s).backgroundColor, s.getBoundingClientRect().width,"
+                                  " getComputedStyle(s).outlineStyle])")
+            page.screenshot(path=str(shots / "report_html_attention_text.png"), full_page=True)
+        finally:
+            browser.close()
+    assert len(boxes) == 2 * (7 + 6)  # two methods per text, every real token
+    assert all(w > 5 and bg.startswith("rgb(") for _, bg, w, _ in boxes)
+    assert [t for t, *_ in boxes[:7]] == ["[CLS]", "the", "movie", "was", "very", "good", "[SEP]"]
+    assert boxes[0][3] == "solid" and boxes[1][3] == "none"  # the query token, [CLS], outlined

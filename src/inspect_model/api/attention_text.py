@@ -65,7 +65,10 @@ def text_entry(session: Any, index: int, batch: Any, res: Any, i: int) -> dict[s
             session.warnings.add(f"{method}: the values of {batch.names[i]} are constant ({float(row.max()):.3g}): "
                                  "nothing to show")
         layer = "+".join(session.options.layers) if method == "legrad" and session.options.layers else "all"
-        maps.append({"method": method, "layer": layer, "target": target, "rank": 0, "peak_token": int(row.argmax()),
+        rest = row.clone()
+        if n > 1:
+            rest[q] = float("-inf")  # the query's own share is the identity's in both rollouts
+        maps.append({"method": method, "layer": layer, "target": target, "rank": 0, "peak_token": int(rest.argmax()),
                      "max": float(row.max()), "min": float(row.min()), "values": [float(x) for x in row],
                      "files": {}})
     for layer, a in res.raw.items():
