@@ -150,3 +150,30 @@ def test_queries_and_heads():
     with pytest.raises(UsageError, match="--heads 4 is out of range"):
         compute_text_attention(model, ids, mask, AttentionOptions(methods=("raw",), heads="0,4"))
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+@pytest.mark.parametrize("kind", ("gpt2", "llama"))
+def test_legrad_equals_the_formula_on_decoders(kind):
+    """s^l = lm_head(final norm(block l's output at the last real token)), the next-token logit."""
+    ids, mask = batch()
+    got = compute_text_attention(build_model(kind, "sdpa"), ids, mask, AttentionOptions(methods=("legrad",)))
+    model = build_model(kind, "eager")
+    blocks = model.transformer.h if kind == "gpt2" else model.model.layers
+    norm = model.transformer.ln_f if kind == "gpt2" else model.model.norm
+    kept: list[torch.Tensor] = []
+    hooks = [b.register_forward_hook(lambda _m, _a, out: kept.append(out[0] if isinstance(out, tuple) else out))
+             for b in blocks]
+    out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+    for h in hooks:
+        h.remove()
+    last = mask.sum(1) - 1
+    idx = torch.tensor(got.targets).view(-1, 1)
+    total = 0
+    for h, a in zip(kept, out.attentions, strict=True):
+        s = model.lm_head(norm(h))[torch.arange(2), last].gather(1, idx).sum()
+        g = torch.autograd.grad(s, a, retain_graph=True)[0]
+        total = total + g.clamp(min=0).mean(1).sum(1) / mask.sum(1, keepdim=True)
+    want = total / len(kept)
+    assert want.max() > 0
+    for b, n in enumerate(mask.sum(1).tolist()):
+        assert torch.allclose(got.values["legrad"][b, :n], want[b, :n], rtol=1e-4, atol=1e-8)

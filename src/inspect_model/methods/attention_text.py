@@ -95,11 +95,12 @@ def text_projection(model: nn.Module, last: torch.Tensor) -> Any:
     if isinstance(getattr(model, "classifier", None), torch.nn.Module) and hasattr(base, "pooler"):
         pooler = base.pooler
         return lambda t: model.classifier(pooler(t) if pooler is not None else t[:, 0])
+    # The final norm works token by token: the last real token is picked first (one row, not L).
     if isinstance(getattr(model, "score", None), torch.nn.Module) and norm is not None:
-        return lambda t: model.score(norm(t))[rows, last]
+        return lambda t: model.score(norm(t[rows, last]))
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is not None and norm is not None:
-        return lambda t: head(norm(t))[rows, last]
+        return lambda t: head(norm(t[rows, last]))
     return None
 
 
