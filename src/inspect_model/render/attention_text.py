@@ -155,12 +155,13 @@ def draw_text(drawer: Any, item: Any, sink: Sink) -> dict[str, Any]:
         fig = token_strips(strips, tokens, [f"per-token values: {entry['image']}", what or
                                             f"from query token {q}"], cmap=cmap, query=q)
         out["strips"] = sink.image(f"{base}/strips.png", fig)
-    if res.mosaic is not None:
-        from inspect_model.render.attention import mosaic
-
-        rows = res.mosaic[i, :, :, :n].numpy()[:, :, None, :]
-        out["mosaic"] = sink.image(f"{base}/mosaic.png", mosaic(rows, res.layers, [
-            f"attention of query token {res.queries[i]}, every layer by every head", entry["image"]], side=96))
+    if res.mosaic is not None:  # every layer by every head: one strip each, the query's attention
+        names = [short_layer(n) for n in res.layers]
+        rows = [(f"{names[li]} h{h}", res.mosaic[i, li, h, :n].numpy()) for li in range(res.mosaic.shape[1])
+                for h in range(res.mosaic.shape[2])]
+        out["mosaic"] = sink.image(f"{base}/mosaic.png", token_strips(rows, tokens, [
+            f"attention of query token {res.queries[i]}, every layer (rows: layer, head)", entry["image"]],
+            cmap=cmap, query=res.queries[i]))
     return out
 
 
