@@ -48,7 +48,7 @@ class TextBatch:
 
 def read_texts(texts: Sequence[str] | None, text_file: str | os.PathLike[str] | None) -> list[str]:
     """``--text`` values, then the lines of ``--text-file`` (blank lines skipped)."""
-    out = [str(t) for t in texts or []]
+    out = [texts] if isinstance(texts, str) else [str(t) for t in texts or []]
     if text_file is not None:
         path = Path(text_file)
         if not path.is_file():
@@ -274,7 +274,8 @@ def plan_text(loaded: Any, texts: list[str], *, tokenizer: Any, spec: Any, batch
     config = getattr(loaded, "config", None)
     limit = int(getattr(config, "max_position_embeddings", 0) or getattr(config, "n_positions", 0) or 0)
     own = int(getattr(tok, "model_max_length", 0) or 0)
-    max_length = min(v for v in (limit, own if 0 < own < 10**6 else 0, 512) if v > 0)
+    known = [v for v in (limit, own if 0 < own < 10**6 else 0) if v > 0]
+    max_length = min(known) if known else 512  # nothing says: BERT's length
     return TextPlan(texts, tok, binding_for(loaded.model), batch_size, max_length, folder, device=device, seed=seed)
 
 
