@@ -145,6 +145,8 @@ def test_queries_and_heads():
     assert got.queries == [1, 1]
     got = compute_text_attention(model, ids, mask, AttentionOptions(methods=("rollout",), query="-2"))
     assert got.queries == [5, 3]  # from the end of each text
+    got = compute_text_attention(build_model("bert"), ids, mask, AttentionOptions(methods=("rollout",), query="last"))
+    assert got.queries == [6, 4] and not got.causal
     with pytest.raises(UsageError, match="--query 9 is out of range"):
         compute_text_attention(model, ids, mask, AttentionOptions(methods=("rollout",), query="9"))
     with pytest.raises(UsageError, match="--heads 4 is out of range"):

@@ -92,6 +92,8 @@ def test_tokenizer_option_and_text_file(folders, tmp_path):
     (["--text", "hi", "--tokenizer", "{nowhere}"], 4, "--tokenizer '{nowhere}' is not a folder"),
     (["--tokenizer", "{gpt2}"], 2, "--tokenizer needs --text or --text-file"),
     (["--text-file", "{nowhere}"], 4, "text file '{nowhere}' does not exist"),
+    (["--text-file", "{blank}"], 4, "text file '{blank}' holds no text (one text per line)"),
+    (["--text", "hi", "--tokenizer", "{empty}"], 4, "--tokenizer '{empty}' holds no tokenizer"),
     (["--text", " "], 4, "--text is empty"),
     (["--text", "hi", "--tokenizer", "{gpt2}", "--input-size", "8"], 2, "--text feeds the model its token ids; drop "
      "--input-size"),
@@ -99,7 +101,10 @@ def test_tokenizer_option_and_text_file(folders, tmp_path):
     (["--text", "hi", "--tokenizer", "{gpt2}", "--query", "mean"], 2, "--query mean is for images"),
 ])
 def test_bad_text_inputs_one_line(folders, tmp_path, args, code, message):
-    fill = {"bare": str(folders["bare"]), "gpt2": str(folders["gpt2"]), "nowhere": str(tmp_path / "nowhere")}
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "blank.txt").write_text("\n  \n")
+    fill = {"bare": str(folders["bare"]), "gpt2": str(folders["gpt2"]), "nowhere": str(tmp_path / "nowhere"),
+            "empty": str(tmp_path / "empty"), "blank": str(tmp_path / "blank.txt")}
     args = [a.format(**fill) for a in args]
     r = run_cli(["attention", str(folders["bare"]), "--weights", "default", "-q", *args])
     assert r.exit_code == code, r.stderr
