@@ -106,21 +106,17 @@ def text_projection(model: nn.Module, last: torch.Tensor) -> Any:
 
 def _scores(model: nn.Module, out: Any, last: torch.Tensor) -> torch.Tensor | None:
     """(B, classes) of the explained position: a language model's logits at the last real token."""
+    import torch
+
     from inspect_model.methods.attention_models import model_scores
 
     try:
         s = model_scores(out)
     except ModelRuntimeError:
         return None
-    if s.dim() == 3:
-        s = s[torch_arange(s.shape[0], s.device), last.to(s.device)]
+    if s.dim() == 3:  # (B, L, V): each text's last real token
+        s = s[torch.arange(s.shape[0], device=s.device), last.to(s.device)]
     return s if s.dim() == 2 else None
-
-
-def torch_arange(n: int, device: Any) -> torch.Tensor:
-    import torch
-
-    return torch.arange(n, device=device)
 
 
 def resolve(target: Any, scores: torch.Tensor) -> list[int]:
