@@ -296,3 +296,15 @@ def test_token_strips_in_a_real_browser(folders, tmp_path):
     assert all(w > 5 and bg.startswith("rgb(") for _, bg, w, _ in boxes)
     assert [t for t, *_ in boxes[:7]] == ["[CLS]", "the", "movie", "was", "very", "good", "[SEP]"]
     assert boxes[0][3] == "solid" and boxes[1][3] == "none"  # the query token, [CLS], outlined
+
+
+def test_activations_grids_and_raw_arrays_hold_the_real_tokens(folders, tmp_path):
+    import numpy as np
+
+    out = tmp_path / "o"
+    r = run_cli(["activations", str(folders["bert"]), "--weights", "default", "--text", TEXTS[0], "--text", TEXTS[1],
+                 "--layers", "bert.encoder.layer.1", "--save-raw", "-o", str(out), "-q"])
+    assert r.exit_code == 0, r.stderr
+    shapes = [np.load(out / "images" / d / "bert.encoder.layer.1.npy").shape for d in ("0000-text-0", "0001-text-1")]
+    assert shapes == [(7, 32), (6, 32)]  # the second text's padding left out
+    assert (out / "images" / "0001-text-1" / "bert.encoder.layer.1.png").is_file()

@@ -134,7 +134,11 @@ class ActivationsSession(Session):
             if getattr(batch, "text", None) is not None:
                 entry["text"] = {"text": batch.text.texts[i], "tokens": batch.text.tokens[i]}
             self.entries.append(entry)
-            data = {"kept": [(k, k.tensor[i]) for k in per_sample], "image": img,
+            kept = [(k, k.tensor[i]) for k in per_sample]
+            if getattr(batch, "text", None) is not None:  # a text's grids and raw arrays: its real tokens only
+                n, width = batch.text.lengths[i], int(batch.tensor.shape[1])
+                kept = [(k, t[:n] if t.dim() >= 1 and t.shape[0] == width else t) for k, t in kept]
+            data = {"kept": kept, "image": img,
                     "batch": (b, batch_level) if i == 0 else None, "hist": res.histograms if i == 0 else None}
             items.append(ImageItem(entry, data))
         return items
