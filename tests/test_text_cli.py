@@ -308,3 +308,4 @@ def test_activations_grids_and_raw_arrays_hold_the_real_tokens(folders, tmp_path
     shapes = [np.load(out / "images" / d / "bert.encoder.layer.1.npy").shape for d in ("0000-text-0", "0001-text-1")]
     assert shapes == [(7, 32), (6, 32)]  # the second text's padding left out
     assert (out / "images" / "0001-text-1" / "bert.encoder.layer.1.png").is_file()
+    assert "mean token norm per position" in (out / "report.txt").read_text()
