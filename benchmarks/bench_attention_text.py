@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_attention import best  # noqa: E402
+from bench_attention import best
 
 
 def build(kind: str, tokens: int) -> Any:

@@ -95,8 +95,8 @@ def test_tokenizer_option_and_text_file(folders, tmp_path):
     (["--text-file", "{blank}"], 4, "text file '{blank}' holds no text (one text per line)"),
     (["--text", "hi", "--tokenizer", "{empty}"], 4, "--tokenizer '{empty}' holds no tokenizer"),
     (["--text", " "], 4, "--text is empty"),
-    (["--text", "hi", "--tokenizer", "{gpt2}", "--input-size", "8"], 2, "--text feeds the model its token ids; drop "
-     "--input-size"),
+    (["--text", "hi", "--tokenizer", "{gpt2}", "--input-size", "8"], 2,
+     "--text feeds the model its token ids; drop --input-size"),
     (["--text", "hi", "--tokenizer", "{gpt2}", "--evaluate"], 2, "--evaluate scores maps over images"),
     (["--text", "hi", "--tokenizer", "{gpt2}", "--query", "mean"], 2, "--query mean is for images"),
 ])
@@ -243,7 +243,6 @@ def test_a_tokenizer_never_runs_the_folders_code(folders, tmp_path, monkeypatch)
 
 def test_a_failing_forward_gives_the_model_back():
     from fixtures.text_models import build_model
-
     from inspect_model.methods.attention import AttentionOptions
     from inspect_model.methods.attention_text import compute_text_attention
 

@@ -79,15 +79,15 @@ def tokenizer_folder(loaded: Any, given: str | os.PathLike[str] | None, spec: An
                              "vocab.json, tokenizer.model)")
         return folder
     name = getattr(loaded, "name", None) or str(spec)
-    folder = _model_folder(loaded, spec)
-    if folder is None or not _has_tokenizer(folder):
+    found = _model_folder(loaded, spec)
+    if found is None or not _has_tokenizer(found):
         from inspect_model.loading.hub_models import offline
 
         hub = isinstance(spec, str) and spec.startswith("hf:") and not os.path.isdir(spec.removeprefix("hf:"))
         why = f" ({offline()} is set: only the cache was read)" if hub and offline() else ""
         raise InputError(f"--text needs a tokenizer, and {name} has none in its folder{why}; give --tokenizer DIR "
                          "(a folder written by tokenizer.save_pretrained)")
-    return folder
+    return found
 
 
 def _has_tokenizer(folder: str) -> bool:

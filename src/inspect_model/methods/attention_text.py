@@ -93,7 +93,7 @@ def text_projection(model: nn.Module, last: torch.Tensor) -> Any:
     norm = next((getattr(base, a) for a in ("norm", "ln_f", "final_layer_norm", "final_layernorm")
                  if isinstance(getattr(base, a, None), torch.nn.Module)), None)
     if isinstance(getattr(model, "classifier", None), torch.nn.Module) and hasattr(base, "pooler"):
-        pooler = base.pooler
+        pooler = getattr(base, "pooler", None)
         return lambda t: model.classifier(pooler(t) if pooler is not None else t[:, 0])
     # The final norm works token by token: the last real token is picked first (one row, not L).
     if isinstance(getattr(model, "score", None), torch.nn.Module) and norm is not None:
@@ -225,8 +225,7 @@ def compute_text_attention(model: nn.Module, ids: torch.Tensor, mask: torch.Tens
                 emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
                 if emb is None:
                     raise ModelRuntimeError(f"{type(model).__name__} has no input embeddings to take gradients at")
-                handles.append(emb.register_forward_hook(
-                    lambda _m, _a, out: leaf.append(out.detach().requires_grad_(True)) or leaf[-1]))
+                handles.append(emb.register_forward_hook(_make_leaf(leaf)))
             for name in legrad_layers:
                 block = block_of(model, name)
                 handles.append(modules[block].register_forward_hook(
@@ -253,6 +252,15 @@ def compute_text_attention(model: nn.Module, ids: torch.Tensor, mask: torch.Tens
             for h in handles:
                 h.remove()
     return _finish(st, capture.calls, raw_layers, causal, scores, classes, passes)
+
+
+def _make_leaf(leaf: list[Any]) -> Any:
+    """A forward hook: the embeddings' output, detached and made a leaf that requires grad
+    (same values, so the model's outputs are unchanged); kept in ``leaf``."""
+    def hook(_m: Any, _a: Any, out: torch.Tensor) -> torch.Tensor:
+        leaf.append(out.detach().requires_grad_(True))
+        return leaf[-1]
+    return hook
 
 
 def _backward(model: nn.Module, st: _State, scores: torch.Tensor, classes: list[int], leaf: torch.Tensor,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 if TYPE_CHECKING:
     import torch
@@ -50,7 +50,6 @@ class _Sums:
         self.width = self.width or other.width
 
     def report(self) -> dict[str, Any]:
-        import torch
 
         n = self.count * max(self.width, 1)
         safe = n.clamp_min(1)
@@ -104,7 +103,7 @@ class PositionStats:
     sums: dict[tuple[str, str], _Sums] = field(default_factory=dict)
     _handles: list[Any] = field(default_factory=list)
 
-    def __enter__(self) -> PositionStats:
+    def __enter__(self) -> Self:
         modules = dict(self.model.named_modules())
         try:
             for name in self.layers:

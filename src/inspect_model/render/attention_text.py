@@ -133,8 +133,8 @@ def draw_text(drawer: Any, item: Any, sink: Sink) -> dict[str, Any]:
         method, layer = rec["method"], rec["layer"]
         if method == "raw":
             m = res.raw[layer][i, :, :n, :n].numpy()
-            fig = head_matrices(m, tokens, res.head_labels[layer], [layer, f"attention, queries x keys: "
-                                                                    f"{entry['image']}"], cmap=cmap)
+            title = [layer, f"attention, queries x keys: {entry['image']}"]
+            fig = head_matrices(m, tokens, res.head_labels[layer], title, cmap=cmap)
             rec["files"]["grid"] = sink.image(f"{base}/raw.{safe_name(layer)}.png", fig)
             strips.append((f"raw {short_layer(layer)}", m.mean(axis=0)[res.queries[i]]))
             stem = f"{base}/raw.{safe_name(layer)}"

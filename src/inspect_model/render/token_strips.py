@@ -46,8 +46,8 @@ def strip_html(entry: dict[str, Any], cmap: str = "viridis") -> str:
     text = entry.get("text") or {}
     tokens = text.get("tokens") or []
     lut = raster.colormap_lut(cmap)
-    out = [f'<div class="strip"><p class="meta">{html.escape(str(entry.get("image")))}: '
-           f'{html.escape(str(text.get("text", "")))}</p>']
+    head = f'{html.escape(str(entry.get("image")))}: {html.escape(str(text.get("text", "")))}'
+    out = [f'<div class="strip"><p class="meta">{head}</p>']
     for m in entry.get("maps") or []:
         values = m.get("values")
         if not values or isinstance(values[0], list):
