@@ -308,3 +308,46 @@ def test_activations_grids_and_raw_arrays_hold_the_real_tokens(folders, tmp_path
     assert shapes == [(7, 32), (6, 32)]  # the second text's padding left out
     assert (out / "images" / "0001-text-1" / "bert.encoder.layer.1.png").is_file()
     assert "mean token norm per position" in (out / "report.txt").read_text()
+
+
+def _close(a: object, b: object) -> bool:
+    """Equal, floats to 1e-5 relative (float sums in another order)."""
+    import math
+
+    if isinstance(a, float) and isinstance(b, (int, float)):
+        return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+THREE = ["the cat sat on the mat", "a dog ran", "the movie was very good"]
+
+
+@pytest.mark.parametrize("command", ["attention", "activations"])
+def test_resume_and_torchrun_shard_the_texts(folders, tmp_path, command):
+    """Texts are sharded and resumed like image paths: --resume and two torchrun ranks give the
+    one-process report (attention's maps, activations' per-position sums)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    common = [command, str(folders["gpt2"]), "--weights", "default", *[a for t in THREE for a in ("--text", t)],
+              "--batch-size", "1", "--json", "-q"] + (["-m", "all"] if command == "attention" else [])
+    one = run_cli([*common, "-o", str(tmp_path / "one")])
+    resumed = run_cli([*common, "-o", str(tmp_path / "resumed"), "--resume"])
+    env = dict(os.environ, OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                          "-m", "inspect_model", *common, "-o", str(tmp_path / "two")],
+                         capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert one.exit_code == 0 and resumed.exit_code == 0 and two.returncode == 0, two.stderr[-2000:]
+    a, b, c = json.loads(one.stdout), json.loads(resumed.stdout), json.loads(two.stdout)
+    assert [i["image"] for i in c["images"]] == ["text-0", "text-1", "text-2"]
+    key = "images" if command == "attention" else "positions"
+    assert _close(a[key], b[key]) and _close(a[key], c[key])
+    assert sorted(a["files"]) == sorted(c["files"])

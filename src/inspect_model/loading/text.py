@@ -224,10 +224,18 @@ class TextPlan:
     processed: int = 0
     truncated: int = 0
 
+    def __post_init__(self) -> None:
+        # One name per text, in order: the runner shards and resumes a run by these (torchrun,
+        # --resume), as it does image paths; batches() reads the texts of the names it is given.
+        self.paths = [Path(n) for n in self.names(0, len(self.texts))]
+
     def describe(self) -> dict[str, Any]:
+        import hashlib
+
+        digest = hashlib.sha256("\n".join(self.texts).encode("utf-8", "surrogateescape")).hexdigest()
         return {"images": [], "preprocessing": None, "input_size": None, "batch_size": self.batch_size,
                 "channels": None, "seed": self.seed, "fill": "text", "skip_bad_inputs": False,
-                "text": {"texts": len(self.texts), "tokenizer": self.tokenizer_dir,
+                "text": {"texts": len(self.texts), "sha256": digest, "tokenizer": self.tokenizer_dir,
                          "tokenizer_class": type(self.tokenizer).__name__, "max_length": self.max_length,
                          "padding": "right"}}
 
@@ -238,15 +246,16 @@ class TextPlan:
         from inspect_model.loading.batch import InputBatch
 
         self.processed = 0
-        for start in range(0, len(self.texts), self.batch_size):
-            chunk = self.texts[start:start + self.batch_size]
+        for start in range(0, len(self.paths), self.batch_size):
+            names = [p.name for p in self.paths[start:start + self.batch_size]]
+            chunk = [self.texts[int(n.rsplit("-", 1)[1])] for n in names]
             ids, mask, tokens = tokenize(self.tokenizer, chunk, self.max_length)
             full = [len(self.tokenizer(t, add_special_tokens=True)["input_ids"]) for t in chunk]
             self.truncated += sum(int(f > self.max_length) for f in full)
             ids, mask = ids.to(self.device), mask.to(self.device)
             self.binding.set_batch(mask)
             self.processed += len(chunk)
-            yield InputBatch(ids, self.names(start, len(chunk)), None, text=TextBatch(mask, tokens, list(chunk)))
+            yield InputBatch(ids, names, None, text=TextBatch(mask, tokens, list(chunk)))
         if self.truncated:
             self.warnings.append(f"{self.truncated} text(s) longer than {self.max_length} tokens were cut to "
                                  f"{self.max_length}")
