@@ -118,9 +118,15 @@ def test_text_for_a_vision_model_is_refused(folders):
                                              "give --tokenizer DIR (a folder written by tokenizer.save_pretrained)\n")
 
 
-def test_text_options_only_where_they_apply():
+def test_text_options_only_where_they_apply(folders):
     r = run_cli(["cam", "resnet18", "--text", "hi"])
     assert r.exit_code == 2 and "--text" in r.stderr
+    import inspect_model as im
+    from inspect_model.api.options import InputOptions
+    from inspect_model.errors import UsageError
+
+    with pytest.raises(UsageError, match="^cam does not take text; --text works with activations, grads, attention$"):
+        im.cam(str(folders["gpt2"]), inputs=InputOptions(text=["hi"]))
 
 
 def _positions(tok, model, texts, layer_of):
