@@ -174,6 +174,12 @@ def test_readme_has_examples() -> None:
 @pytest.mark.parametrize("line", LINES)
 def test_readme_command_line_runs(line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _workdir(tmp_path)
+    if "tiny-" in line:  # the text models of README's "Text models" (issue 26), built here
+        from fixtures.text_models import save_text_model
+
+        for kind in ("bert", "gpt2"):
+            save_text_model(kind, tmp_path / f"tiny-{kind}", trained=kind == "bert")
+        (tmp_path / "texts.txt").write_text("the cat sat on the mat\na dog ran to the park\n")
     monkeypatch.chdir(tmp_path)
     argv, stdin, pipe = _argv(line)
     r = run_cli(argv, stdin=stdin)

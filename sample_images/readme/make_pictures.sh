@@ -49,6 +49,20 @@ inspect-model attention vit_b_16 sample_images/cat.jpg --weights none --method r
 cp "$tmp"/attn/images/0000-cat/rollout.*.png "$out/attention_rollout.png"
 cp "$tmp"/attn/images/0000-cat/mosaic.png "$out/attention_mosaic.png"
 
+# Text (issue 26): the two-layer BERT of tests/fixtures/text_models.py, trained here in seconds on
+# "does the text say good?", saved with a tokenizer built from a vocab.txt.
+python - "$tmp" <<'PY'
+import sys
+sys.path.insert(0, "tests")
+from pathlib import Path
+from fixtures.text_models import save_text_model
+save_text_model("bert", Path(sys.argv[1]) / "tiny-bert", trained=True)
+PY
+inspect-model attention "$tmp/tiny-bert" --weights default --text "the movie was very good" --text "the plot was dull" \
+  -m all --heads all --output-dir "$tmp/text" --quiet > /dev/null
+cp "$tmp"/text/images/0000-text-0/strips.png "$out/attention_text_strips.png"
+cp "$tmp"/text/images/0001-text-1/raw.bert.encoder.layer.1.attention.self.png "$out/attention_text_heads.png"
+
 # Detection and segmentation: the tiny Faster R-CNN and FCN of tests/fixtures/dense.py, trained
 # here in about a minute on synthetic shapes (red squares: class 1, blue discs: class 2), so these
 # maps show what a trained model looks at.

@@ -39,6 +39,7 @@ class CommandSpec:
     hooks: bool = True  # registers hooks on the model (HOOK_COMMANDS: refuses models that cannot be hooked)
     images: bool = True
     labels: bool = True
+    text: bool = False  # takes --text/--text-file/--tokenizer (Hugging Face text models; loading/text.py)
     run: tuple[str, ...] | None = None
     streams: bool = True
     usage: str = ""  # README table: the command's arguments as typed (``cam MODEL IMAGE...``)
@@ -133,7 +134,7 @@ register(CommandSpec(
          "per layer and image.",
     example="inspect-model activations resnet34 cat.jpg --layer type:Conv2d[0] --output-dir acts",
     api="inspect_model.api.activations:activations", request="inspect_model.api.activations:ActivationsRequest",
-    schema="activations.json", labels=False,
+    schema="activations.json", labels=False, text=True,
 ))
 register(CommandSpec(
     name="grads", usage="grads MODEL [IMAGE...]",
@@ -146,7 +147,7 @@ register(CommandSpec(
          "--jacobian-norm an estimate of the Jacobian's Frobenius norm.",
     example="inspect-model grads resnet18 cat.jpg --weights none --fail-on nan,inf,exploding --output-dir g",
     api="inspect_model.api.grads:grads", request="inspect_model.api.grads:GradsRequest",
-    schema="grads.json",
+    schema="grads.json", text=True,
 ))
 register(CommandSpec(
     name="guided-backprop", usage="guided-backprop MODEL IMAGE...",
@@ -201,7 +202,7 @@ register(CommandSpec(
          "faithfulness exactly as cam --evaluate does, and ranks the methods.",
     example="inspect-model attention vit_b_16 cat.jpg --method rollout,grad-rollout,legrad --output-dir attn",
     api="inspect_model.api.attention:attention", request="inspect_model.api.attention:AttentionRequest",
-    renderer="inspect_model.render.attention:render_result", schema="attention.json",
+    renderer="inspect_model.render.attention:render_result", schema="attention.json", text=True,
 ))
 register(CommandSpec(
     name="check", usage="check MODEL",

@@ -95,6 +95,9 @@ class ActivationsSession(Session):
         self.layouts: dict[str, dict[str, Any]] = {}  # a clip layer's (t, h, w) layout, by output key
         self.warnings = Warnings()
         self.batch_index = 0
+        from inspect_model.methods.token_positions import position_stats
+
+        self.positions = position_stats(prep, list(r.layers) or None)  # --text: per token position (issue 26)
         from inspect_model.render.draw_activations import ActivationsDrawer
 
         self.drawer = ActivationsDrawer(draw_layers=self.draw_layers, save_raw=save_raw, raw_format=self.raw_format,
@@ -105,10 +108,20 @@ class ActivationsSession(Session):
 
     def __enter__(self) -> ActivationsSession:
         self.capture.__enter__()
+        if self.positions is not None:
+            try:
+                self.positions.__enter__()
+            except BaseException:
+                self.capture.__exit__(None, None, None)
+                raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.capture.__exit__(*exc)
+        try:
+            if self.positions is not None:
+                self.positions.__exit__(None, None, None)
+        finally:
+            self.capture.__exit__(*exc)
 
     def feed(self, batch: Any) -> list[ImageItem]:
         res = self.capture.run(batch.tensor, batch.names)
@@ -122,8 +135,14 @@ class ActivationsSession(Session):
         grids = self._clip_layouts(per_sample, tuple(batch.tensor.shape[2:]) if batch.tensor.dim() == 5 else None)
         for i, img in enumerate(res.images):
             entry = {"index": img.index, "image": img.name, "files": {}}
+            if getattr(batch, "text", None) is not None:
+                entry["text"] = {"text": batch.text.texts[i], "tokens": batch.text.tokens[i]}
             self.entries.append(entry)
-            data = {"kept": [(k, k.tensor[i]) for k in per_sample], "image": img,
+            kept = [(k, k.tensor[i]) for k in per_sample]
+            if getattr(batch, "text", None) is not None:  # a text's grids and raw arrays: its real tokens only
+                n, width = batch.text.lengths[i], int(batch.tensor.shape[1])
+                kept = [(k, t[:n] if t.dim() >= 1 and t.shape[0] == width else t) for k, t in kept]
+            data = {"kept": kept, "image": img,
                     "batch": (b, batch_level) if i == 0 else None, "hist": res.histograms if i == 0 else None,
                     "frames": {key: (as_frames(t[i], lay), self.layouts[key]["note"])
                                for key, (t, lay) in grids.items()}}
@@ -167,6 +186,8 @@ class ActivationsSession(Session):
         for row in payload["layers"]:
             if row["key"] in self.layouts:
                 row["layout"] = self.layouts[row["key"]]
+        if self.positions is not None:
+            payload["positions"] = self.positions.report()
         quantized = [r.key for r in report.layers if r.dtype in render.QUANTIZED_DTYPES]
         if quantized:  # the engine dequantizes them (engine/hooks.py)
             payload["quantized_layers"] = {"count": len(quantized), "statistics": "dequantized values"}
@@ -194,7 +215,8 @@ class ActivationsSession(Session):
 
     def state_dict(self) -> dict[str, Any]:
         return {"capture": self.capture.state_dict(), "entries": self.entries, "drawer": self.drawer.state_dict(),
-                "warnings": self.warnings, "batch_index": self.batch_index, "layouts": self.layouts}
+                "warnings": self.warnings, "batch_index": self.batch_index, "layouts": self.layouts,
+                "positions": self.positions.state_dict() if self.positions is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.capture.load_state_dict(state["capture"])
@@ -203,12 +225,16 @@ class ActivationsSession(Session):
         self.warnings = state["warnings"]
         self.batch_index = count(state["batch_index"], "the batch index")
         self.layouts = dict(state.get("layouts") or {})
+        if self.positions is not None and state.get("positions") is not None:
+            self.positions.merge([state["positions"]])
 
     def merge(self, states: list[dict[str, Any]]) -> None:
         self.capture.merge([st["capture"] for st in states])
         self.entries = [e for st in states for e in st["entries"]]
         self.drawer.merge([st["drawer"] for st in states])
         self.layouts = {k: v for st in states for k, v in (st.get("layouts") or {}).items()}
+        if self.positions is not None:
+            self.positions.merge([st["positions"] for st in states if st.get("positions") is not None])
         self.warnings.merge(st["warnings"] for st in states[1:])
 
 

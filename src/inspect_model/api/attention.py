@@ -39,7 +39,8 @@ class AttentionRequest(Request):
                                   "indices (-1 = last), module names or all (default: raw the last, legrad all).",
                                   multiple=True, param="layers")
     heads: str = option("mean", "--heads", help="raw: head indices like 0,3, all, or a fusion: mean, max, min.")
-    query: str = option("cls", "--query", help="raw: the query token: cls, mean, or a token index.")
+    query: str = option("cls", "--query", help="raw: the query token: cls, mean, last, or a token "
+                       "index (text: cls is [CLS], or a decoder's last token).")
     head_fusion: str = option("mean", "--head-fusion", help="rollout: how heads are fused: mean, max, min.")
     discard_ratio: float = option(0.0, "--discard-ratio", help="rollout: the fraction of lowest attentions dropped "
                                "per layer.")
@@ -93,6 +94,7 @@ class AttentionSession(Session):
         self.keep_maps = keep_maps
         self.entries: list[dict[str, Any]] = []
         self.maps: list[Any] = []
+        self.text_maps: list[Any] = []  # --text: methods.attention_text.TextAttention per batch
         self.info: dict[str, Any] | None = None
         self.warnings = Warnings()
         self.evaluator = None
@@ -106,10 +108,18 @@ class AttentionSession(Session):
                                        boxes=request.boxes, notes=notes, progress=progress)
         self.drawer = AttentionDrawer(categories=prep.categories, preprocess=prep.plan.preprocess,
                                       colormap=request.colormap, save_raw=request.save_raw, query=request.query)
+        if getattr(prep.plan, "texts", None) is not None:  # --text: token maps (issue 26)
+            from inspect_model.render.attention_text import TextDrawer
+
+            self.drawer = TextDrawer(self.drawer)
 
     def feed(self, batch: Any) -> list[ImageItem]:
         from inspect_model.methods.attention_run import compute_attention
 
+        if getattr(batch, "text", None) is not None:  # token ids of texts (issue 26)
+            from inspect_model.api.attention_text import feed_text
+
+            return feed_text(self, batch)
         x = batch.tensor
         res = compute_attention(self.prep.loaded.model, x, self.options, target=self.spec)
         if self.info is None:
@@ -167,6 +177,10 @@ class AttentionSession(Session):
                                          if m["method"] != "raw"))
             payload["evaluation"] = self.evaluator.summary(self.entries, columns)
         record = _AttentionRecord(self.maps) if self.keep_maps else None
+        if self.keep_maps and self.text_maps:
+            from inspect_model.api.attention_text import TextRecord
+
+            record = TextRecord(self.text_maps)
         return Result("attention", self.resolved_options(), payload, self.warnings.to_list(), record=record)
 
     def resolved_options(self) -> dict[str, Any]:

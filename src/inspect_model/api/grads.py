@@ -135,10 +135,19 @@ class GradsSession(Session):
         from inspect_model.render.draw_gradients import GradsDrawer
 
         self.drawer = GradsDrawer()
+        from inspect_model.methods.token_positions import position_stats
+
+        self.positions = position_stats(prep, list(r.layers) or None, gradients=True)  # --text (issue 26)
+
+    def _positions(self) -> Any:
+        import contextlib
+
+        return self.positions if self.positions is not None else contextlib.nullcontext()
 
     def run(self, batches: Iterable[Any], handle: Callable[[ImageItem], None]) -> None:
         self.grad_run = self._grad_run(handle)
-        self.grad_run.run(batches)
+        with self._positions():
+            self.grad_run.run(batches)
 
     def _grad_run(self, handle: Callable[[ImageItem], None] | None = None) -> Any:
         from inspect_model.methods.grad_objective import read_labels_file
@@ -197,11 +206,12 @@ class GradsSession(Session):
         if failed:
             more = f" (also failed: {', '.join(f.name for f in failed[1:])})" if len(failed) > 1 else ""
             failures = [f"gradient check '{failed[0].name}' failed: {failed[0].detail}{more}"]
-        payload = render.to_payload(rep)
+        payload = {**render.to_payload(rep), "skipped": skipped}
         for e in payload.get("images", []):
             e.update(self.media.get(str(e["image"]), {}))
-        return Result("grads", self.resolved_options(), {**payload, "skipped": skipped},
-                      self.warnings.to_list(), failures=failures, record=rep)
+        if self.positions is not None:
+            payload["positions"] = self.positions.report()
+        return Result("grads", self.resolved_options(), payload, self.warnings.to_list(), failures=failures, record=rep)
 
     def resolved_options(self) -> dict[str, Any]:
         kw = self.kw
@@ -219,7 +229,8 @@ class GradsSession(Session):
         self.count = index
 
     def state_dict(self) -> dict[str, Any]:
-        return {"partial": self.snapshot(), "count": self.count, "warnings": self.warnings, "media": self.media}
+        return {"partial": self.snapshot(), "count": self.count, "warnings": self.warnings, "media": self.media,
+                "positions": self.positions.state_dict() if self.positions is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from inspect_model.methods.gradients import GradPartial
@@ -229,12 +240,16 @@ class GradsSession(Session):
         self.partial, self.warnings = state["partial"], state["warnings"]
         self.count = count(state["count"], "the image count")
         self.media = dict(state.get("media") or {})
+        if self.positions is not None and state.get("positions") is not None:
+            self.positions.merge([state["positions"]])
 
     def merge(self, states: list[dict[str, Any]]) -> None:
         from inspect_model.methods.gradients import merge_partials
 
         self.partial = merge_partials([st["partial"] for st in states])
         self.media = {k: v for st in states for k, v in (st.get("media") or {}).items()}
+        if self.positions is not None:
+            self.positions.merge([st["positions"] for st in states if st.get("positions") is not None])
         self.warnings.merge(st["warnings"] for st in states[1:])
 
     def reduce(self, group: Any) -> None:

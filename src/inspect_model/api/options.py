@@ -62,6 +62,9 @@ class InputOptions:
     frames: int | None = None  # frames per clip (None: the model's default)
     stride: int = 1  # frames between two frames of a clip
     clips: int = 1  # clips per video
+    text: list[str] | None = None  # texts to tokenise (Hugging Face text models; loading/text.py)
+    text_file: Path | str | None = None  # one text per line
+    tokenizer: Path | str | None = None  # the tokenizer's folder (default: the model's own)
 
 
 def parse_model_args(items: list[str] | dict[str, Any] | None) -> dict[str, Any]:
@@ -115,6 +118,9 @@ def check_request(inputs: InputOptions | None, *, batch_size: int | None = None)
         raise UsageError(f"--batch-size must be 1 or more, got {bs}")
     if inputs is None:
         return
+    from inspect_model.loading.text import check_text_request
+
+    check_text_request(inputs)  # --text, --text-file, --tokenizer (issue 26)
     sizes = [parse_size(s) for s in inputs.input_size or []]
     if inputs.images is None or (isinstance(inputs.images, (list, tuple)) and not inputs.images):
         check_memory(sizes, bs or 1)  # a random input: its size is known now

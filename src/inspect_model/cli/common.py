@@ -216,6 +216,11 @@ FramesOpt = Annotated[int | None, typer.Option("--frames", help="Frames per clip
                                                "model's, 16 for torchvision's); a flow model pairs consecutive ones.")]
 StrideOpt = Annotated[int, typer.Option("--stride", help="Take every S-th frame of a video.")]
 ClipsOpt = Annotated[int, typer.Option("--clips", help="Clips per video, spread evenly over it.")]
+TextOpt = Annotated[list[str] | None, typer.Option("--text", help="A text to tokenise and feed (Hugging Face text "
+                                                   "models); repeat for a batch, padded.")]
+TextFileOpt = Annotated[Path | None, typer.Option("--text-file", help="A file of texts to feed, one per line.")]
+TokenizerOpt = Annotated[Path | None, typer.Option("--tokenizer", help="The tokenizer's folder for --text (default: "
+                                                   "the model's own folder).")]
 LabelsOpt = Annotated[
     Path | None,
     typer.Option("--class-names", "--labels", help="File of the model's class names: one per line, or JSON "

@@ -70,7 +70,11 @@ INPUT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("frames", c.FramesOpt, None),
     ("stride", c.StrideOpt, 1),
     ("clips", c.ClipsOpt, 1),
+    ("text", c.TextOpt, None),
+    ("text_file", c.TextFileOpt, None),
+    ("tokenizer", c.TokenizerOpt, None),
 )
+TEXT_OPTIONS = ("text", "text_file", "tokenizer")  # only commands that take text (CommandSpec.text)
 RUN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("output_dir", c.OutputDirOpt, None),
     ("force", c.ForceOpt, False),
@@ -116,13 +120,14 @@ class RunOptions:
             require_tensorboard()
 
 
-def shared_options(*, labels: bool = True, images: bool = True,
+def shared_options(*, labels: bool = True, images: bool = True, text: bool = False,
                    run: tuple[str, ...] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a command taking ``model``, ``images``, its own options and the injected
     ``opts``/``inputs``/``run_opts``. ``labels=False`` leaves ``--labels`` out (for commands
-    that name no classes); ``run`` names the run options the command has (default: all)."""
+    that name no classes), ``text`` adds ``--text``/``--text-file``/``--tokenizer``; ``run`` names the run options the command has (default: all)."""
     input_options = tuple(o for o in INPUT_OPTIONS if (labels or o[0] != "labels")
-                          and (images or o[0] not in ("preset", "resize", "crop", "mean", "std", "skip_bad_inputs")))
+                          and (images or o[0] not in ("preset", "resize", "crop", "mean", "std", "skip_bad_inputs"))
+                          and (text or o[0] not in TEXT_OPTIONS))
     run_options = tuple(o for o in RUN_OPTIONS if run is None or o[0] in run or o[0] in ("config", "debug")
                         or (o[0] == "wait" and "output_dir" in run))
 

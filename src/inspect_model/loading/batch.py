@@ -5,7 +5,7 @@ of :mod:`inspect_model.loading.inputs` and the clip and pair plans of
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -20,3 +20,4 @@ class InputBatch:
     tensor: torch.Tensor  # (N, C, H, W) on the run's device and dtype
     names: list[str]  # image paths, or "random-0", ...
     images: list[LoadedImage] | None  # None for synthetic input
+    text: Any = None  # loading.text.TextBatch when the tensor is token ids of texts (--text)

@@ -76,14 +76,14 @@ def parse_heads(text: str) -> str | tuple[int, ...]:
 
 
 def parse_query(text: str) -> str | int:
-    """``--query``: ``cls`` (the first token), ``mean`` (all queries), or a token index."""
+    """``--query``: ``cls`` (the first token), ``mean`` (all queries), ``last``, or a token index."""
     low = str(text).strip().lower()
-    if low in ("cls", "mean"):
+    if low in ("cls", "mean", "last"):
         return low
     try:
         return int(low)
     except ValueError as exc:
-        raise UsageError(f"--query '{text}': give cls, mean or a token index") from exc
+        raise UsageError(f"--query '{text}': give cls, mean, last or a token index") from exc
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ def query_rows(a: torch.Tensor, query: str | int, prefix: int) -> torch.Tensor:
     """(B, h, Nq, Nk) -> (B, h, Nk): the chosen query's row (``cls`` = token 0)."""
     if query == "mean":
         return a.mean(dim=2)
-    i = 0 if query == "cls" else int(query)
+    i = 0 if query == "cls" else -1 if query == "last" else int(query)
     if not -a.shape[2] <= i < a.shape[2]:
         raise UsageError(f"--query {i} is out of range: the attention has {a.shape[2]} query tokens")
     return a[:, :, i]

@@ -164,7 +164,10 @@ def report_text(doc: dict) -> str:  # type: ignore[type-arg]
     """The plain-text report of an ``attention`` run (the ``--json`` document in)."""
     lines = [f"attention of {doc.get('model')}: {', '.join(doc.get('methods', []))}"]
     layers = doc.get("layers") or []
-    if layers and doc.get("windowed"):
+    if layers and doc.get("text"):
+        lines.append(f"{len(layers)} attention layers ({layers[0]} .. {layers[-1]}), {doc.get('heads')} heads, "
+                     f"text of up to {doc.get('tokens')} tokens" + (", causal" if doc.get("causal") else ""))
+    elif layers and doc.get("windowed"):
         lines.append(f"{len(layers)} attention layers ({layers[0]} .. {layers[-1]}), windowed (Swin/MaxViT): "
                      "what each token receives in its window, on each stage's feature map")
     elif layers:
@@ -176,7 +179,9 @@ def report_text(doc: dict) -> str:  # type: ignore[type-arg]
         what = f"  class {t['class']}{' ' + t['label'] if t['label'] else ''} p={t['probability']:.3f}" if t else ""
         lines.append(f"[{img['index']}] {img['image']}{what}")
         for m in img.get("maps", []):
-            if m["method"] == "raw":
+            if "values" in m:
+                lines.append(_text_line(img, m))
+            elif m["method"] == "raw":
                 heads = ", ".join(m["heads"]) if len(m["heads"]) <= 4 else f"{len(m['heads'])} heads"
                 lines.append(f"    raw {m['layer']}: query {m['query']}, {heads}, "
                              f"{m['grid'][0]}x{m['grid'][1]} tokens, max {m['max']:.3g}")
@@ -196,6 +201,23 @@ def report_text(doc: dict) -> str:  # type: ignore[type-arg]
     for w in doc.get("warnings", []):
         lines.append(f"warning: {w.get('message', w)}")
     return "\n".join(lines) + "\n"
+
+
+def _text_line(img: dict, m: dict) -> str:  # type: ignore[type-arg]
+    """A text's map: its peak token other than the query (raw: the query's attention, heads averaged)."""
+    import numpy as np
+
+    tokens = (img.get("text") or {}).get("tokens") or []
+    v = np.asarray(m["values"], dtype=np.float64)
+    v = v.mean(axis=0) if v.ndim == 2 else v
+    q = (img.get("text") or {}).get("query")
+    rest = v.copy()
+    if q is not None and 0 <= q < v.size and v.size > 1:
+        rest[q] = -np.inf  # the query's own share is the identity's in both rollouts
+    peak = int(rest.argmax()) if v.size else 0
+    tok = tokens[peak] if peak < len(tokens) else "?"
+    what = f"raw {m['layer']}: query {m['query']}, " if m["method"] == "raw" else f"{m['method']:<13} "
+    return f"    {what}peak at token {peak} {tok!r} ({v[peak] if v.size else 0:.3g}), the query token aside"
 
 
 def render_result(result: Any, rich: bool) -> Any:

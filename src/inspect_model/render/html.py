@@ -238,6 +238,12 @@ def render_html(doc: dict[str, Any]) -> str:
     for title, records, columns in tables(doc):
         parts.append(f"<h2>{_esc(title)} ({len(records)})</h2>")
         parts.append(_table(records, columns))
+    texts = [i for i in doc.get("images") or [] if isinstance(i, dict) and i.get("text") and i.get("maps")]
+    if texts:  # attention --text: per-token heat strips (render/token_strips.py)
+        from inspect_model.render.token_strips import strip_html
+
+        parts.append(f"<h2>Tokens ({len(texts)} text(s); each row scaled to its largest value outside the outlined query token)</h2>")
+        parts += [strip_html(i) for i in texts[:MAX_ROWS // 20]]
     if top:
         parts.append("<h2>Pictures of the whole run</h2>")
         parts.append(_figures(top, caps, wide=True))

@@ -97,6 +97,11 @@ CAM_MAPS: Columns = [
 ]
 GUIDED_MAPS: Columns = [("Image", at("image")), ("Target", _target), ("Score", at("target", "score")),
                         ("max|g|", at("max_abs")), ("mean|g|", at("mean_abs")), ("Nonzero %", pct("nonzero_fraction"))]
+ATTENTION_MAPS: Columns = [
+    ("Image", at("image")), ("Method", at("method")), ("Layer", at("layer")), ("Target", _target),
+    ("Prob", at("target", "probability")), ("Min", at("min")), ("Max", at("max")),
+    ("Peak", lambda r: r.get("peak_token", r.get("peak_cell"))),
+]
 GENERIC: Columns = [("Name", lambda r: r.get("key", r.get("name", r.get("image")))),
                     ("Type", lambda r: r.get("type", r.get("kind")))]
 
@@ -122,6 +127,8 @@ def tables(doc: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]], Columns
         out.append(("Checks", doc.get("checks") or [], CHECK))
     elif command == "cam":
         out.append(("Maps (one row per image, target, method and layer)", _maps(doc), CAM_MAPS))
+    elif command == "attention":
+        out.append(("Maps (one row per image or text, method and layer)", _maps(doc), ATTENTION_MAPS))
     elif command == "guided-backprop":
         out.append(("Maps (one row per image and target)", _maps(doc), GUIDED_MAPS))
     out = [(t, rows, cols) for t, rows, cols in out if rows]

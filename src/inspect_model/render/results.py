@@ -15,11 +15,24 @@ def _lines(lines: list[str]) -> str:
     return "".join(f"{line}\n" for line in lines)
 
 
+def _positions(r: Any, most: int = 16) -> list[str]:
+    """``--text``: each chosen layer's mean token norm per position (the JSON has the rest)."""
+    pos = r.payload.get("positions") if isinstance(r.payload, dict) else None
+    if not pos:
+        return []
+    lines = [f"mean token norm per position ({pos['over']}):"]
+    for row in pos["layers"]:
+        vals = " ".join("-" if v is None else f"{v:.3g}" for v in row["norm"][:most])
+        lines.append(f"  {row['name']} ({row['kind']}): {vals}" + (" ..." if len(row["norm"]) > most else ""))
+    return lines
+
+
 def _activations(r: Any, rich: bool) -> Any:
     from inspect_model.render import activations as render
 
     fn = render.render_rich if rich else render.render_text
-    return fn(r.record, r.files, r.warnings, r.payload.get("drawn_layers"))
+    out = fn(r.record, r.files, r.warnings, r.payload.get("drawn_layers"))
+    return [*out, *_positions(r)] if rich else out + _lines(_positions(r))
 
 
 def _grads(r: Any, rich: bool) -> Any:
@@ -27,7 +40,9 @@ def _grads(r: Any, rich: bool) -> Any:
     from inspect_model.render.table import warning_text
 
     warned = warning_text({"warnings": r.warnings})
-    return [*render.render_rich(r.record), *warned] if rich else render.render_text(r.record) + _lines(warned)
+    if rich:
+        return [*render.render_rich(r.record), *_positions(r), *warned]
+    return render.render_text(r.record) + _lines(_positions(r)) + _lines(warned)
 
 
 def _jacobian(r: Any, rich: bool) -> Any:

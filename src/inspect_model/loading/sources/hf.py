@@ -5,7 +5,8 @@ through :mod:`inspect_model.loading.hub_models` (cache first, offline switches h
 transformers itself only ever reads a local directory: no network, and ``use_safetensors``
 means no pickle is read. The Auto class and the task follow the config's ``architectures``
 (``...ForImageClassification``, ``...ForObjectDetection``, ``...ForSemanticSegmentation``,
-``...ForVideoClassification``; :data:`ARCHITECTURES`), the base model otherwise. A repo's own
+``...ForVideoClassification``, text ``...ForSequenceClassification``, ``...ForCausalLM``;
+:data:`ARCHITECTURES`), the base model otherwise. A repo's own
 code (``auto_map``: its ``modeling_*.py``) runs only with ``--trust-remote-code`` on the
 command line: ``trust_remote_code`` is always passed, so transformers never asks on stdin. Class names
 come from ``id2label``; preprocessing from the image processor's config, mapped onto
@@ -38,6 +39,12 @@ ARCHITECTURES = (
     ("ForUniversalSegmentation", "AutoModelForUniversalSegmentation", "segmentation"),
     ("ForImageSegmentation", "AutoModelForImageSegmentation", "segmentation"),
     ("ForVideoClassification", "AutoModelForVideoClassification", "video"),
+    # Text models keep their heads (issue 26): a classifier's class names come from id2label;
+    # a language model's "classes" are its vocabulary (named by its tokenizer under --text).
+    ("ForSequenceClassification", "AutoModelForSequenceClassification", "classification"),
+    ("ForCausalLM", "AutoModelForCausalLM", "custom"),
+    ("LMHeadModel", "AutoModelForCausalLM", "custom"),
+    ("ForMaskedLM", "AutoModelForMaskedLM", "custom"),
 )
 
 
