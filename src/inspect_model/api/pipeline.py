@@ -106,17 +106,7 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
     if inputs.labels and loaded.categories:  # the model names its classes: check at once
         check_label_count(categories, len(loaded.categories))
     if inputs.text or inputs.text_file is not None or inputs.tokenizer is not None:  # issue 26: texts
-        from inspect_model.errors import UsageError
-        from inspect_model.loading.text import text_run
-        from inspect_model.registry import COMMANDS
-
-        if command in COMMANDS and not COMMANDS[command].text:
-            takes = ", ".join(n for n, s in COMMANDS.items() if s.text)
-            raise UsageError(f"{command} does not take text; --text works with {takes}")
-
-        plan, categories = text_run(loaded, inputs, spec=mopts.model, device=dev, categories=categories,
-                                     command=command)
-        return Prepared(loaded, plan, categories, dev, torch_dtype, plan.binding)
+        return _prepare_text(command, mopts, inputs, loaded, dev, torch_dtype, categories)
     from inspect_model.loading.multi_inputs import plan_binding
 
     binding = plan_binding(loaded.model, inputs.input_size, image_input=inputs.image_input,
@@ -156,6 +146,20 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
         )
         binding, categories = media_binding(command, loaded, plan, binding, categories, notes)
     return Prepared(loaded, plan, categories, dev, torch_dtype, binding)
+
+
+def _prepare_text(command: str, mopts: ModelOptions, inputs: InputOptions, loaded: Any, dev: Any,
+                  torch_dtype: Any, categories: Any) -> Prepared:
+    """:func:`prepare`'s plan for ``--text``: the texts tokenised and bound to the model."""
+    from inspect_model.errors import UsageError
+    from inspect_model.loading.text import text_run
+    from inspect_model.registry import COMMANDS
+
+    if command in COMMANDS and not COMMANDS[command].text:
+        takes = ", ".join(n for n, s in COMMANDS.items() if s.text)
+        raise UsageError(f"{command} does not take text; --text works with {takes}")
+    plan, categories = text_run(loaded, inputs, spec=mopts.model, device=dev, categories=categories, command=command)
+    return Prepared(loaded, plan, categories, dev, torch_dtype, plan.binding)
 
 
 def _spec_text(spec: Any) -> str:
