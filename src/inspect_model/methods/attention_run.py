@@ -42,6 +42,8 @@ class _State:
     mosaic: list[Any] = field(default_factory=list)  # per call: (B, h, Nk)
     owners: dict[str, Any] = field(default_factory=dict)  # windowed layer -> its WindowOwner
     windowed: set[str] = field(default_factory=set)
+    wlayers: list[Any] = field(default_factory=list)  # WindowLayer per windowed call (rollout, grad-rollout)
+    wblocks: dict[int, Any] = field(default_factory=dict)  # call index -> (B, G, N, N) rollout blocks
 
 
 def _check_call(st: _State, call: Any, model: nn.Module) -> None:
@@ -52,11 +54,17 @@ def _check_call(st: _State, call: Any, model: nn.Module) -> None:
         if call.name not in st.owners:
             raise ModelRuntimeError(f"attention in {what}, in a layout this tool cannot map back to the image "
                                     "(windowed or grid attention of neither Swin nor MaxViT)")
-        if st.opts.methods != ("raw",):
-            raise ModelRuntimeError(f"rollout, grad-rollout and legrad need one token sequence through every "
-                                    f"layer; {what} (Swin/MaxViT): use --method raw")
+        if st.tokens is not None and st.opts.methods != ("raw",):
+            raise ModelRuntimeError(f"attention in {what} after global attention over {st.tokens} tokens: "
+                                    "rollout through a mix of windowed and global attention is not supported")
+        if "legrad" in st.opts.methods:
+            raise ModelRuntimeError(f"legrad scores each block's tokens through the model's head; {what} "
+                                    "(Swin/MaxViT): use raw, rollout or grad-rollout")
         st.windowed.add(call.name)
         return
+    if st.windowed and st.opts.methods != ("raw",):
+        raise ModelRuntimeError(f"attention in '{call.name}' is global after windowed attention: rollout through "
+                                "a mix of windowed and global attention is not supported")
     if call.queries != call.keys:
         raise ModelRuntimeError(
             f"attention in '{call.name}' maps {call.queries} queries to {call.keys} keys: these methods need "
@@ -79,6 +87,13 @@ def _on_forward(st: _State, model: nn.Module) -> Any:
 
                 rows = call.probs().mean(dim=2)  # (B * windows, heads, N): mean over the window's queries
                 st.raw[call.name] = unpartition(rows.float(), st.batch, st.owners[call.name]).cpu()
+            if "rollout" in st.opts.methods or "grad-rollout" in st.opts.methods:
+                from inspect_model.methods import attention_hier as ah
+
+                st.wlayers.append(ah.window_layer(call, st.owners[call.name], st.batch))
+                if "rollout" in st.opts.methods:
+                    st.wblocks[call.index] = ah.fused_blocks(call.probs(), st.wlayers[-1], st.batch,
+                                                             st.opts.head_fusion, st.opts.discard_ratio)
             return
         if call.name in st.raw_layers or st.opts.mosaic:
             rows = am.query_rows(call.probs(), st.query, st.prefix or 0).float()
@@ -231,13 +246,18 @@ def _finish(st: _State, calls: list[Any], hw: tuple[int, int], raw_layers: list[
             scores: Any, classes: list[int] | None, passes: dict[str, int]) -> am.AttentionResult:
     import torch
 
+    from inspect_model.methods import attention_hier
+
     b = st.batch
-    if st.tokens is None:  # windowed attention only (Swin): maps are already on their feature maps
-        first = st.raw[raw_layers[0]]
-        st.tokens, st.prefix, st.heads = int(first.shape[-2] * first.shape[-1]), 0, int(first.shape[1])
+    maps: dict[str, torch.Tensor] = attention_hier.maps(st)  # windowed (Swin, MaxViT): on the first map
+    if st.tokens is None:  # windowed attention only: maps are already on their feature maps
+        first = st.wlayers[0].hw if st.wlayers else tuple(st.raw[raw_layers[0]].shape[-2:])
+        st.tokens, st.prefix, st.heads = int(first[0] * first[1]), 0, int(calls[0].heads)
+        grid = (int(first[0]), int(first[1]))
+    else:
+        grid = patch_grid(st.tokens - (st.prefix or 0), hw)
     assert st.heads is not None and st.prefix is not None
     p, n = st.prefix, st.tokens
-    grid = patch_grid(n - p, hw)
 
     def to_grid(row: torch.Tensor) -> torch.Tensor:  # (..., N) -> (..., rows, cols)
         return row[..., p:].reshape(*row.shape[:-1], *grid).float().cpu()
@@ -245,10 +265,9 @@ def _finish(st: _State, calls: list[Any], hw: tuple[int, int], raw_layers: list[
     def cls_row(r: torch.Tensor) -> torch.Tensor:  # (B, N, N) -> (B, N)
         return r[:, 0] if p else r.mean(dim=1)
 
-    maps: dict[str, torch.Tensor] = {}
     if st.rollout is not None:
         maps["rollout"] = to_grid(cls_row(st.rollout))
-    if "grad-rollout" in st.opts.methods:
+    if "grad-rollout" in st.opts.methods and not st.wlayers:
         r = torch.eye(n, dtype=torch.float32).expand(b, n, n).clone()
         for i in sorted(st.abar):
             a = st.abar[i].float().cpu()
