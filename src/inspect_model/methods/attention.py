@@ -41,7 +41,10 @@ FUSIONS = ("mean", "max", "min")
 
 
 def parse_methods(items: Sequence[str] | str | None) -> tuple[str, ...]:
-    """``--method`` values (comma lists allowed, ``all``) -> method names in canonical order."""
+    """``--method`` values (comma lists allowed, ``all``) -> method names in canonical order:
+    the attention methods, then CAM-family ones (``gradcam`` ..., ``methods.attention_cam``)."""
+    from inspect_model.methods.attention_cam import cam_name, cam_names
+
     if isinstance(items, str):
         items = [items]
     names: list[str] = []
@@ -54,10 +57,18 @@ def parse_methods(items: Sequence[str] | str | None) -> tuple[str, ...]:
                 names.extend(METHODS)
             elif tok in METHODS:
                 names.append(tok)
+            elif (cam := cam_name(tok)) is not None:
+                names.append(cam)
             else:
                 raise UsageError(f"--method '{tok}' is not an attention method; choose from "
-                                 + ", ".join(METHODS) + suggest(tok, list(METHODS)))
-    return tuple(m for m in METHODS if m in names)
+                                 + ", ".join(METHODS) + f" (and CAM methods: {', '.join(cam_names())})"
+                                 + suggest(tok, list(METHODS)))
+    return tuple(m for m in (*METHODS, *cam_names()) if m in names)
+
+
+def cam_methods(methods: Sequence[str]) -> tuple[str, ...]:
+    """The CAM-family names among ``methods``."""
+    return tuple(m for m in methods if m not in METHODS)
 
 
 def parse_heads(text: str) -> str | tuple[int, ...]:
@@ -97,6 +108,7 @@ class AttentionOptions:
     head_fusion: str = "mean"
     discard_ratio: float = 0.0
     mosaic: bool = False  # keep every layer's and head's query row (the layer-by-head mosaic)
+    cam_layer: str = "auto"  # the layer of the CAM-family methods (methods.attention_cam)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "methods", parse_methods(self.methods))
@@ -110,14 +122,23 @@ class AttentionOptions:
 
     @property
     def needs_grad(self) -> bool:
-        return any(m in GRADIENT_METHODS for m in self.methods)
+        from inspect_model.methods.cam_methods import REGISTRY
+
+        return any(m in GRADIENT_METHODS or (m in REGISTRY and REGISTRY[m].needs_gradients) for m in self.methods)
+
+    @property
+    def score_backward(self) -> bool:
+        """A backward pass of the target's score: grad-rollout's, shared by gradient CAMs."""
+        from inspect_model.methods.cam_methods import REGISTRY
+
+        return any(m == "grad-rollout" or (m in REGISTRY and REGISTRY[m].needs_gradients) for m in self.methods)
 
 
 @dataclass
 class AttentionResult:
     """Maps on the patch grid and what they were computed from."""
 
-    maps: dict[str, torch.Tensor]  # method -> (B, rows, cols), for rollout/grad-rollout/legrad
+    maps: dict[str, torch.Tensor]  # method -> (B, rows, cols), for rollout/grad-rollout/legrad and CAMs
     raw: dict[str, torch.Tensor]  # layer -> (B, heads shown, rows, cols)
     head_labels: dict[str, list[str]]  # layer -> labels of its raw maps' second axis ("head 0", "mean of 12 heads")
     layers: list[str]  # attention layers, in call order
@@ -132,6 +153,7 @@ class AttentionResult:
     calls: list[Any] = field(default_factory=list)
     mosaic: torch.Tensor | None = None  # (B, layers, heads, rows, cols) with options.mosaic
     windowed: list[str] = field(default_factory=list)  # raw layers of windowed attention (Swin, MaxViT)
+    cam_layer: str | None = None  # the layer of the CAM-family maps
 
 
 def select_layers(specs: Sequence[str], names: Sequence[str]) -> list[str]:

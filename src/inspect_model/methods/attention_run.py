@@ -148,8 +148,11 @@ def _scores_and_targets(out: Any, target: Any, *, required: bool) -> tuple[Any, 
         return None, None
 
 
-def run(model: nn.Module, x: torch.Tensor, opts: am.AttentionOptions, target: Any) -> am.AttentionResult:
+def run(model: nn.Module, x: torch.Tensor, opts: am.AttentionOptions, target: Any,
+        cam_layer: Any = None) -> am.AttentionResult:
     import torch
+
+    from inspect_model.methods import attention_cam
 
     from inspect_model.engine.attention import AttentionCapture, attention_modules
     from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
@@ -165,11 +168,16 @@ def run(model: nn.Module, x: torch.Tensor, opts: am.AttentionOptions, target: An
     blocks: dict[str, Any] = {}
     handles: list[Any] = []
     passes = {"forward": 0, "backward": 0}
+    cams = am.cam_methods(methods)
+    tap = attention_cam.CamTap(model, attention_cam.resolve(model, x, cam_layer or opts.cam_layer), cams) \
+        if cams else None
     options = CaptureOptions(outputs=False, eval_mode=True, freeze_params=True, grad_enabled=opts.needs_grad)
     with HookEngine(model, [], options) as eng:
         try:
             modules = dict(model.named_modules())
             _hook_windows(model, names, st, handles)
+            if tap is not None:
+                tap.attach(handles)
             for name in legrad_layers:
                 block = block_of(model, name)
                 handles.append(modules[block].register_forward_hook(
@@ -177,7 +185,8 @@ def run(model: nn.Module, x: torch.Tensor, opts: am.AttentionOptions, target: An
             xin = x.detach().clone().requires_grad_(opts.needs_grad)
             capture = AttentionCapture(model, wanted=None if wanted is None else wanted.__contains__,
                                        forward=_on_forward(st, model),
-                                       backward=_on_backward(st) if opts.needs_grad else None)
+                                       backward=_on_backward(st) if any(m in am.GRADIENT_METHODS for m in
+                                                                        methods) else None)
             with capture:
                 out = run_forward(eng, lambda: model(xin))
                 passes["forward"] += 1
@@ -189,8 +198,8 @@ def run(model: nn.Module, x: torch.Tensor, opts: am.AttentionOptions, target: An
                 if opts.needs_grad:
                     assert scores is not None and classes is not None
                     idx = torch.tensor(classes, device=scores.device).view(-1, 1)
-                    if "grad-rollout" in methods:
-                        st.phase = "grad-rollout"
+                    if opts.score_backward:  # grad-rollout's, shared by the gradient CAMs
+                        st.phase = "grad-rollout" if "grad-rollout" in methods else "score"
                         torch.autograd.grad(scores.gather(1, idx).sum(), xin, retain_graph="legrad" in methods)
                         passes["backward"] += 1
                     if "legrad" in methods:
@@ -200,7 +209,13 @@ def run(model: nn.Module, x: torch.Tensor, opts: am.AttentionOptions, target: An
         finally:
             for h in handles:
                 h.remove()
-    return _finish(st, capture.calls, hw, raw_layers, scores, classes, passes)
+    if st.tokens is None and not st.windowed:  # no attention layer asked for (CAM methods only)
+        _check_call(st, capture.calls[0], model)
+    res = _finish(st, capture.calls, hw, raw_layers, scores, classes, passes)
+    if tap is not None:
+        res.maps.update(tap.maps(classes))
+        res.cam_layer = tap.layer.name
+    return res
 
 
 def _hook_windows(model: nn.Module, names: list[str], st: _State, handles: list[Any]) -> None:
@@ -251,7 +266,8 @@ def _finish(st: _State, calls: list[Any], hw: tuple[int, int], raw_layers: list[
     b = st.batch
     maps: dict[str, torch.Tensor] = attention_hier.maps(st)  # windowed (Swin, MaxViT): on the first map
     if st.tokens is None:  # windowed attention only: maps are already on their feature maps
-        first = st.wlayers[0].hw if st.wlayers else tuple(st.raw[raw_layers[0]].shape[-2:])
+        first = (st.wlayers[0].hw if st.wlayers else tuple(st.raw[raw_layers[0]].shape[-2:]) if raw_layers
+                 else st.owners[calls[0].name].hw)
         st.tokens, st.prefix, st.heads = int(first[0] * first[1]), 0, int(calls[0].heads)
         grid = (int(first[0]), int(first[1]))
     else:
@@ -318,8 +334,9 @@ def _raw_maps(st: _State, layers: list[str], to_grid: Any) -> tuple[dict[str, An
 
 
 def compute_attention(model: nn.Module, x: torch.Tensor, options: am.AttentionOptions | None = None,
-                      target: Any = "predicted") -> am.AttentionResult:
+                      target: Any = "predicted", cam_layer: Any = None) -> am.AttentionResult:
     """The maps of ``options.methods`` for the batch ``x`` (B, C, H, W); the model is given
     back as it was. ``target``: ``predicted``, a class index, a :class:`TargetSpec` or one
-    class index per image (gradient methods)."""
-    return run(model, x, options or am.AttentionOptions(), target)
+    class index per image (gradient methods). ``cam_layer``: a ``CamLayer`` already resolved
+    for the CAM-family methods (else ``options.cam_layer`` is resolved with a probe pass)."""
+    return run(model, x, options or am.AttentionOptions(), target, cam_layer)
