@@ -21,43 +21,53 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from inspect_model.errors import ModelRuntimeError
+from inspect_model.errors import UsageError
 from inspect_model.methods.attention import AttentionOptions
 from inspect_model.methods.attention_run import compute_attention
 
 timm = pytest.importorskip("timm")
 
 
+def sharpened(model: nn.Module) -> nn.Module:
+    """Weights larger than the init's (std 0.02), so that attention is far from uniform and
+    the maps have structure to compare."""
+    torch.manual_seed(1)
+    for name, p in model.named_parameters():
+        if p.dim() >= 2 or "bias_table" in name:
+            nn.init.normal_(p, std=0.4)
+    return model
+
+
 def tv_swin() -> nn.Module:
     from torchvision.models.swin_transformer import SwinTransformer
 
     torch.manual_seed(0)
-    return SwinTransformer(patch_size=[4, 4], embed_dim=8, depths=[2, 2], num_heads=[2, 2], window_size=[3, 3],
-                           num_classes=3).eval().double()
+    return sharpened(SwinTransformer(patch_size=[4, 4], embed_dim=8, depths=[2, 2], num_heads=[2, 2],
+                                     window_size=[3, 3], num_classes=3).eval().double())
 
 
 def tv_swin_v2() -> nn.Module:
     from torchvision.models.swin_transformer import SwinTransformer, SwinTransformerBlockV2, PatchMergingV2
 
     torch.manual_seed(0)
-    return SwinTransformer(patch_size=[4, 4], embed_dim=8, depths=[2, 2], num_heads=[2, 2], window_size=[4, 4],
-                           num_classes=3, block=SwinTransformerBlockV2,
-                           downsample_layer=PatchMergingV2).eval().double()
+    return sharpened(SwinTransformer(patch_size=[4, 4], embed_dim=8, depths=[2, 2], num_heads=[2, 2],
+                                     window_size=[4, 4], num_classes=3, block=SwinTransformerBlockV2,
+                                     downsample_layer=PatchMergingV2).eval().double())
 
 
 def timm_swin() -> nn.Module:
     torch.manual_seed(0)
-    return timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, img_size=40, patch_size=4,
-                             window_size=3, depths=(2, 2), num_heads=(2, 2), embed_dim=8,
-                             num_classes=3).eval().double()
+    return sharpened(timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, img_size=40, patch_size=4,
+                                       window_size=3, depths=(2, 2), num_heads=(2, 2), embed_dim=8,
+                                       num_classes=3).eval().double())
 
 
 def maxvit() -> nn.Module:
     from torchvision.models.maxvit import MaxVit
 
     torch.manual_seed(0)
-    return MaxVit(input_size=(32, 32), stem_channels=8, partition_size=2, block_channels=[8, 16],
-                  block_layers=[1, 1], head_dim=4, stochastic_depth_prob=0.0, num_classes=3).eval().double()
+    return sharpened(MaxVit(input_size=(32, 32), stem_channels=8, partition_size=2, block_channels=[8, 16],
+                            block_layers=[1, 1], head_dim=4, stochastic_depth_prob=0.0, num_classes=3).eval().double())
 
 
 class Softmaxes(TorchFunctionMode):
@@ -185,17 +195,64 @@ def test_rollout_and_grad_rollout_equal_dense_products(family):
     assert res.grid == geo[0][:2]
     for name in ("rollout", "grad-rollout"):
         torch.testing.assert_close(res.maps[name].double(), ref[name], rtol=1e-5, atol=1e-7)
-        assert float(ref[name].std()) > 1e-4 * float(ref[name].mean())  # a map with structure
+        assert float(ref[name].std()) > 0.01 * float(ref[name].mean())  # structure, far above the tolerance
     assert len({g[:2] for g in geo}) == 2  # two stages joined by a merge
     if family != "maxvit":  # and padding (10x10 and 5x5 maps in windows of 3 or 4)
         assert any(g[3] != g[:2] for g in geo)
 
 
-def test_legrad_refused_on_windowed_attention():
-    from torchvision.models.swin_transformer import SwinTransformer
+def legrad_reference(model: nn.Module, x: torch.Tensor, geo: list, blocks: list[nn.Module], project,
+                     target: int) -> torch.Tensor:
+    """LeGrad (Bousselham et al. 2024) over ``blocks`` of the last stage, written out: the
+    head on each block's output, its gradient at that block's probabilities, ReLU, mean over
+    heads and queries, each window's keys put back on the map, the mean over the blocks."""
+    outs: dict[nn.Module, torch.Tensor] = {}
+    handles = [b.register_forward_hook(lambda m, a, o: outs.__setitem__(m, o)) for b in blocks]
+    mode = Softmaxes()
+    with mode:
+        model(x)
+    for h in handles:
+        h.remove()
+    probs = [p.reshape(-1, *p.shape[-3:]) for p in mode.probs]
+    last = [i for i, g in enumerate(geo) if g[:2] == geo[-1][:2]]
+    assert len(last) == len(blocks)
+    maps = []
+    for i, block in zip(last, blocks, strict=True):
+        s = project(outs[block])[:, target].sum()
+        g = torch.autograd.grad(s, mode.probs[i], retain_graph=True)[0].reshape(probs[i].shape)
+        rel = g.clamp(min=0).mean(dim=(1, 2))  # (B * windows, N)
+        h, w, win, (ph, pw) = geo[i]
+        b = x.shape[0]
+        flat = torch.zeros(b, ph * pw, dtype=torch.float64)
+        flat[:, win.reshape(-1)] = rel.reshape(b, -1)
+        maps.append(flat.reshape(b, ph, pw)[:, :h, :w])
+    return torch.stack(maps).mean(0)
 
-    torch.manual_seed(0)
-    model = SwinTransformer(patch_size=[4, 4], embed_dim=8, depths=[2], num_heads=[2], window_size=[3, 3],
-                            num_classes=3).eval()
-    with pytest.raises(ModelRuntimeError, match="legrad .* use raw, rollout or grad-rollout"):
-        compute_attention(model, torch.randn(1, 3, 24, 24), AttentionOptions(methods=("legrad",)))
+
+@pytest.mark.parametrize("family", ["torchvision", "timm", "maxvit"])
+def test_legrad_on_the_last_stage_equals_the_written_out_rule(family):
+    model = {"torchvision": tv_swin, "timm": timm_swin, "maxvit": maxvit}[family]()
+    side = 32 if family == "maxvit" else 40
+    x = torch.randn(2, 3, side, side, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    if family == "torchvision":
+        geo, blocks = swin_geometry(model, True), list(model.features[-1])
+        project = lambda t: model.head(model.flatten(model.avgpool(model.permute(model.norm(t)))))  # noqa: E731
+    elif family == "timm":
+        geo, blocks = swin_geometry(model, False), list(model.layers[-1].blocks)
+        project = lambda t: model.forward_head(model.norm(t))  # noqa: E731
+    else:
+        geo = maxvit_geometry(model)
+        last = model.blocks[-1].layers[-1].layers
+        blocks, project = [last.window_attention, last.grid_attention], model.classifier
+    ref = legrad_reference(model, x, geo, blocks, project, target=2)
+    res = compute_attention(model, x, AttentionOptions(methods=("legrad",)), target=2)
+    assert res.passes == {"forward": 1, "backward": 1}
+    torch.testing.assert_close(res.maps["legrad"].double(), ref, rtol=1e-5, atol=1e-9)
+    assert float(ref.std()) > 0.05 * float(ref.mean())
+
+
+def test_legrad_refuses_an_earlier_stage():
+    with pytest.raises(UsageError, match=r"legrad at 'features.1.0.attn': the model's head reads only the last "
+                       r"stage's tokens .*choose layers of the last stage \(features.3.0.attn \.\.\)"):
+        compute_attention(tv_swin(), torch.randn(1, 3, 40, 40, dtype=torch.float64),
+                          AttentionOptions(methods=("legrad",), layers=("all",)))

@@ -38,6 +38,7 @@ class _State:
     abar: dict[int, Any] = field(default_factory=dict)  # call index -> (B, N, N)
     legrad: Any = None  # (B, Nk) running sum
     legrad_count: int = 0
+    legrad_hw: Any = None  # the feature map of windowed LeGrad layers
     phase: str = ""
     mosaic: list[Any] = field(default_factory=list)  # per call: (B, h, Nk)
     owners: dict[str, Any] = field(default_factory=dict)  # windowed layer -> its WindowOwner
@@ -57,9 +58,6 @@ def _check_call(st: _State, call: Any, model: nn.Module) -> None:
         if st.tokens is not None and st.opts.methods != ("raw",):
             raise ModelRuntimeError(f"attention in {what} after global attention over {st.tokens} tokens: "
                                     "rollout through a mix of windowed and global attention is not supported")
-        if "legrad" in st.opts.methods:
-            raise ModelRuntimeError(f"legrad scores each block's tokens through the model's head; {what} "
-                                    "(Swin/MaxViT): use raw, rollout or grad-rollout")
         st.windowed.add(call.name)
         return
     if st.windowed and st.opts.methods != ("raw",):
@@ -111,7 +109,12 @@ def _on_backward(st: _State) -> Any:
         if st.phase == "grad-rollout":
             st.abar[call.index] = (grad * call.probs()).clamp_min_(0).mean(dim=1)
         elif st.phase == "legrad" and call.name in st.legrad_layers:
-            rel = grad.clamp(min=0).mean(dim=(1, 2))
+            rel = grad.clamp(min=0).mean(dim=(1, 2))  # (B, Nk), windowed (B * G, N)
+            if call.name in st.windowed:  # put back on the stage's feature map, (B, H * W)
+                from inspect_model.methods.attention_windows import unpartition
+
+                owner = st.owners[call.name]
+                rel, st.legrad_hw = unpartition(rel[:, None], st.batch, owner).flatten(1), owner.hw
             st.legrad = rel if st.legrad is None else st.legrad + rel
             st.legrad_count += 1
     return fn
@@ -150,12 +153,9 @@ def _scores_and_targets(out: Any, target: Any, *, required: bool) -> tuple[Any, 
 
 def run(model: nn.Module, x: torch.Tensor, opts: am.AttentionOptions, target: Any,
         cam_layer: Any = None) -> am.AttentionResult:
-    import torch
-
-    from inspect_model.methods import attention_cam
-
     from inspect_model.engine.attention import AttentionCapture, attention_modules
     from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
+    from inspect_model.methods import attention_cam
 
     names = attention_modules(model)
     methods = opts.methods
@@ -178,8 +178,8 @@ def run(model: nn.Module, x: torch.Tensor, opts: am.AttentionOptions, target: An
             _hook_windows(model, names, st, handles)
             if tap is not None:
                 tap.attach(handles)
-            for name in legrad_layers:
-                block = block_of(model, name)
+            block_names = _legrad_blocks(model, st, legrad_layers)
+            for block in dict.fromkeys(block_names.values()):
                 handles.append(modules[block].register_forward_hook(
                     lambda _m, _a, out, block=block: blocks.__setitem__(block, tokens_of(out))))
             xin = x.detach().clone().requires_grad_(opts.needs_grad)
@@ -196,16 +196,9 @@ def run(model: nn.Module, x: torch.Tensor, opts: am.AttentionOptions, target: An
                         "scaled_dot_product_attention or softmax attention ran in the forward pass")
                 scores, classes = _scores_and_targets(out, target, required=opts.needs_grad)
                 if opts.needs_grad:
-                    assert scores is not None and classes is not None
-                    idx = torch.tensor(classes, device=scores.device).view(-1, 1)
-                    if opts.score_backward:  # grad-rollout's, shared by the gradient CAMs
-                        st.phase = "grad-rollout" if "grad-rollout" in methods else "score"
-                        torch.autograd.grad(scores.gather(1, idx).sum(), xin, retain_graph="legrad" in methods)
-                        passes["backward"] += 1
-                    if "legrad" in methods:
-                        st.phase = "legrad"
-                        _legrad_backward(model, [blocks[block_of(model, n)] for n in legrad_layers], idx, xin)
-                        passes["backward"] += 1
+                    _backward_passes(model, st, scores, classes, xin, passes,
+                                     [blocks[block_names[n]] for n in _legrad_stage(st, legrad_layers, block_names,
+                                                                                     blocks)])
         finally:
             for h in handles:
                 h.remove()
@@ -216,6 +209,51 @@ def run(model: nn.Module, x: torch.Tensor, opts: am.AttentionOptions, target: An
         res.maps.update(tap.maps(classes))
         res.cam_layer = tap.layer.name
     return res
+
+
+def _backward_passes(model: nn.Module, st: _State, scores: Any, classes: Any, xin: torch.Tensor,
+                     passes: dict[str, int], legrad_tokens: list[Any]) -> None:
+    """The target score's backward pass (grad-rollout's, shared by the gradient CAMs), then
+    LeGrad's."""
+    import torch
+
+    assert scores is not None and classes is not None
+    idx = torch.tensor(classes, device=scores.device).view(-1, 1)
+    methods = st.opts.methods
+    if st.opts.score_backward:
+        st.phase = "grad-rollout" if "grad-rollout" in methods else "score"
+        torch.autograd.grad(scores.gather(1, idx).sum(), xin, retain_graph="legrad" in methods)
+        passes["backward"] += 1
+    if "legrad" in methods:
+        st.phase = "legrad"
+        _legrad_backward(model, legrad_tokens, idx, xin)
+        passes["backward"] += 1
+
+
+def _legrad_blocks(model: nn.Module, st: _State, layers: list[str]) -> dict[str, str]:
+    """Attention layer -> the block whose output LeGrad scores: the window owner when it is
+    not the attention module itself (timm Swin's block, MaxViT's partition layer), else the
+    transformer block around it."""
+    out = {}
+    for n in layers:
+        owner = st.owners.get(n)
+        out[n] = owner.name if owner is not None and owner.name != n else block_of(model, n)
+    return out
+
+
+def _legrad_stage(st: _State, layers: list[str], block_names: dict[str, str], blocks: dict[str, Any]) -> list[str]:
+    """The LeGrad layers whose blocks give the head's tokens: all of them for a ViT; for a
+    hierarchical model those of the last stage (earlier stages have other widths)."""
+    if not layers or not st.windowed:
+        return layers
+    last = tuple(blocks[block_names[layers[-1]]].shape)
+    keep = [n for n in layers if tuple(blocks[block_names[n]].shape) == last]
+    if st.opts.layers and len(keep) < len(layers):
+        bad = next(n for n in layers if n not in keep)
+        raise UsageError(f"legrad at '{bad}': the model's head reads only the last stage's tokens "
+                         f"{last[1:]}; choose layers of the last stage ({keep[0]} ..)")
+    st.legrad_layers = set(keep)
+    return keep
 
 
 def _hook_windows(model: nn.Module, names: list[str], st: _State, handles: list[Any]) -> None:
@@ -292,7 +330,8 @@ def _finish(st: _State, calls: list[Any], hw: tuple[int, int], raw_layers: list[
     if "legrad" in st.opts.methods:
         if st.legrad is None:
             raise ModelRuntimeError("legrad: no gradient reached the chosen attention layers")
-        maps["legrad"] = to_grid(st.legrad / st.legrad_count)
+        mean = st.legrad / st.legrad_count
+        maps["legrad"] = mean.reshape(b, *st.legrad_hw).float().cpu() if st.legrad_hw else to_grid(mean)
     raw, labels = _raw_maps(st, raw_layers, to_grid)
     layer_names = list(dict.fromkeys(c.name for c in calls))
     return am.AttentionResult(maps=maps, raw=raw, head_labels=labels, layers=layer_names, heads=st.heads,
