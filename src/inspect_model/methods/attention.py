@@ -154,6 +154,7 @@ class AttentionResult:
     mosaic: torch.Tensor | None = None  # (B, layers, heads, rows, cols) with options.mosaic
     windowed: list[str] = field(default_factory=list)  # raw layers of windowed attention (Swin, MaxViT)
     cam_layer: str | None = None  # the layer of the CAM-family maps
+    hierarchical: bool = False  # windowed attention (Swin, MaxViT): rollout on the first stage's map
 
 
 def select_layers(specs: Sequence[str], names: Sequence[str]) -> list[str]:

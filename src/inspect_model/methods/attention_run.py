@@ -339,7 +339,7 @@ def _finish(st: _State, calls: list[Any], hw: tuple[int, int], raw_layers: list[
                               scores=None if scores is None else scores.detach().float().cpu(),
                               targets=classes, passes=passes, calls=calls,
                               mosaic=to_grid(torch.stack(st.mosaic, dim=1)) if st.mosaic else None,
-                              windowed=[n for n in raw_layers if n in st.windowed])
+                              windowed=[n for n in raw_layers if n in st.windowed], hierarchical=bool(st.windowed))
 
 
 def _raw_maps(st: _State, layers: list[str], to_grid: Any) -> tuple[dict[str, Any], dict[str, list[str]]]:

@@ -179,7 +179,9 @@ def report_text(doc: dict) -> str:  # type: ignore[type-arg]
     layers = doc.get("layers") or []
     if layers and doc.get("windowed"):
         lines.append(f"{len(layers)} attention layers ({layers[0]} .. {layers[-1]}), windowed (Swin/MaxViT): "
-                     "what each token receives in its window, on each stage's feature map")
+                     "raw is what each token receives in its window, on each stage's feature map; rollout "
+                     f"and grad-rollout lie on the first stage's {'x'.join(str(g) for g in doc.get('grid') or [])} "
+                     "map, LeGrad on the last stage's")
     elif layers:
         lines.append(f"{len(layers)} attention layers ({layers[0]} .. {layers[-1]}), {doc.get('heads')} heads, "
                      f"{doc.get('tokens')} tokens = {doc.get('prefix_tokens')} prefix + "
