@@ -39,6 +39,8 @@ class _State:
     legrad: Any = None  # (B, Nk) running sum
     legrad_count: int = 0
     legrad_hw: Any = None  # the feature map of windowed LeGrad layers
+    gr_row: Any = None  # (B, N): grad-rollout's class row, folded from the output end
+    gr_last: int = 0  # the call index folded last
     phase: str = ""
     mosaic: list[Any] = field(default_factory=list)  # per call: (B, h, Nk)
     owners: dict[str, Any] = field(default_factory=dict)  # windowed layer -> its WindowOwner
@@ -107,7 +109,11 @@ def _on_forward(st: _State, model: nn.Module) -> Any:
 def _on_backward(st: _State) -> Any:
     def fn(call: Any, grad: torch.Tensor) -> None:
         if st.phase == "grad-rollout":
-            st.abar[call.index] = (grad * call.probs()).clamp_min_(0).mean(dim=1)
+            abar = (grad * call.probs()).clamp_min_(0).mean(dim=1)  # (B, N, N); windowed (B * G, N, N)
+            if call.name in st.windowed:
+                st.abar[call.index] = abar  # folded at the end with the windows (attention_hier)
+            else:
+                _fold_grad_rollout(st, call.index, abar)
         elif st.phase == "legrad" and call.name in st.legrad_layers:
             rel = grad.clamp(min=0).mean(dim=(1, 2))  # (B, Nk), windowed (B * G, N)
             if call.name in st.windowed:  # put back on the stage's feature map, (B, H * W)
@@ -118,6 +124,26 @@ def _on_backward(st: _State) -> Any:
             st.legrad = rel if st.legrad is None else st.legrad + rel
             st.legrad_count += 1
     return fn
+
+
+def _fold_grad_rollout(st: _State, index: int, abar: torch.Tensor) -> None:
+    """Chefer et al.'s R = (I + Ā_L) ... (I + Ā_1), read only in its class row (the mean row
+    without a class token): u^T R from the output end, u <- u + u Ā_l, as the backward pass
+    brings the layers, last first. No (tokens x tokens) product is formed."""
+    import torch
+
+    if st.gr_row is None:
+        n = abar.shape[-1]
+        st.gr_row = torch.zeros(st.batch, n, dtype=abar.dtype, device=abar.device)
+        if st.prefix:
+            st.gr_row[:, 0] = 1.0
+        else:
+            st.gr_row += 1.0 / n
+    elif index >= st.gr_last:
+        raise ModelRuntimeError("grad-rollout needs the attention layers in one chain (the backward pass "
+                                f"reached layer {index} after layer {st.gr_last})")
+    st.gr_row = st.gr_row + torch.bmm(st.gr_row[:, None].to(abar.dtype), abar)[:, 0]
+    st.gr_last = index
 
 
 def _targets(target: Any, scores: torch.Tensor) -> list[int]:
@@ -322,11 +348,9 @@ def _finish(st: _State, calls: list[Any], hw: tuple[int, int], raw_layers: list[
     if st.rollout is not None:
         maps["rollout"] = to_grid(cls_row(st.rollout))
     if "grad-rollout" in st.opts.methods and not st.wlayers:
-        r = torch.eye(n, dtype=torch.float32).expand(b, n, n).clone()
-        for i in sorted(st.abar):
-            a = st.abar[i].float().cpu()
-            r = r + torch.bmm(a, r)
-        maps["grad-rollout"] = to_grid(cls_row(r))
+        if st.gr_row is None:
+            raise ModelRuntimeError("grad-rollout: no gradient reached the attention layers")
+        maps["grad-rollout"] = to_grid(st.gr_row)
     if "legrad" in st.opts.methods:
         if st.legrad is None:
             raise ModelRuntimeError("legrad: no gradient reached the chosen attention layers")
