@@ -12,7 +12,9 @@ different scores, so asking for both takes two over the same forward graph):
   variant; the class token's own column is kept), Â = (A + I) / 2 with rows renormalised,
   R = Â_L ... Â_1 kept as one running (tokens x tokens) product; the map is the class row;
 - ``grad-rollout`` (Chefer, Gur & Wolf, ICCV 2021, "Generic attention-model explainability",
-  eq. 5-6): Ā = E_h[(∇A ⊙ A)^+], R = R + Ā R from R = I; the map is the class row;
+  eq. 5-6): Ā = E_h[(∇A ⊙ A)^+] with ∇ the target logit's gradient, R = R + Ā R from R = I;
+  the map is the class row, folded from the output end as the backward pass brings each
+  layer (u <- u + u Ā), so no (tokens x tokens) product is formed;
 - ``legrad`` (Bousselham et al. 2024, as torch-cam 0.5's ``LeGrad``): for each chosen block l,
   the class score s^l of that block's tokens through the model's head, ∂s^l/∂A^l, its positive
   part averaged over heads and queries; maps averaged over layers. The per-layer gradients come
@@ -20,7 +22,9 @@ different scores, so asking for both takes two over the same forward graph):
   so what reaches A^l is ∂s^l/∂A^l exactly.
 
 Maps are (B, rows, cols) on the patch grid, unnormalised; the class ("prefix") tokens are
-dropped from the keys.
+dropped from the keys. Windowed, hierarchical models (Swin, MaxViT) are handled in
+:mod:`.attention_hier` (rollout, grad-rollout on the first stage's map) and LeGrad on their
+last stage; CAM-family methods asked for in the same run in :mod:`.attention_cam`.
 """
 
 from __future__ import annotations
