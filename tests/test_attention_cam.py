@@ -81,8 +81,13 @@ def test_swin_rollout_beside_gradcam_at_the_last_stage():
     model = SwinTransformer(patch_size=[4, 4], embed_dim=8, depths=[2, 2], num_heads=[2, 2], window_size=[3, 3],
                             num_classes=3).eval().double()
     x = torch.randn(2, 3, 40, 40, dtype=torch.float64)
-    res = compute_attention(model, x, AttentionOptions(methods=("rollout", "gradcam")), target=2)
+    flags = [p.requires_grad for p in model.parameters()]
+    res = compute_attention(model, x, AttentionOptions(methods=("rollout", "grad-rollout", "legrad", "gradcam")),
+                            target=2)
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())  # given back
+    assert [p.requires_grad for p in model.parameters()] == flags and all(p.grad is None for p in model.parameters())
     assert res.cam_layer == "features.3" and res.maps["gradcam"].shape == (2, 5, 5)
+    assert res.passes == {"forward": 1, "backward": 2}
     assert res.maps["rollout"].shape == (2, 10, 10)
     cams = compute_cams(model, x, methods=("gradcam",), target=[2, 2])
     for c in cams.maps:
