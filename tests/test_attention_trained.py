@@ -16,8 +16,9 @@ code (``test_grad_rollout_equals_chefer``: the logit's gradient, the clamp befor
 mean). On a two-layer toy it lost the pointing game to raw attention (0.31 against 0.33):
 there the class row is Ā_2[0] + Ā_1[0] + (Ā_2 Ā_1)[0], and the two direct terms (the class
 token's own attention, which this model does not use to find the square: 0.29 and 0.33 of
-hits alone) outweigh the cross-layer term that follows the evidence through the patch tokens
-(0.48 of hits alone) about 400 to 1, because each Ā sums to ~0.05 per row. That is the
+hits alone, on 96 images) outweigh the cross-layer term that follows the evidence through
+the patch tokens (0.48 of hits alone) 250 to 400 times, because each Ā's class row sums to
+only 0.05-0.08 (their product's, to 0.0002). That is the
 rule working as written on a model too shallow for it, not a bug. With four layers (the
 same data, 250 steps) the products carry weight: over three training seeds grad-rollout
 hit 0.80, 0.57 and 0.97 against 0.52, 0.42 and 0.52 for raw attention's best layer.
