@@ -125,7 +125,8 @@ class AttentionSession(Session):
         res = compute_attention(self.prep.loaded.model, x, self.options, target=self.spec, cam_layer=self.cam_layer)
         if self.info is None:
             self.info = {"layers": res.layers, "heads": res.heads, "tokens": res.tokens, "prefix_tokens": res.prefix,
-                         "grid": list(res.grid), "windowed": bool(res.windowed or res.hierarchical), "cam_layer": res.cam_layer,
+                         "grid": list(res.grid), "windowed": bool(res.windowed or res.hierarchical),
+                         "cam_layer": res.cam_layer,
                          "passes_per_batch": dict(res.passes)}
         if self.keep_maps:
             self.maps.append(res)
