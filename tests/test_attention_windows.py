@@ -47,7 +47,11 @@ def tv_swin() -> nn.Module:
 
 
 def tv_swin_v2() -> nn.Module:
-    from torchvision.models.swin_transformer import PatchMergingV2, SwinTransformer, SwinTransformerBlockV2
+    from torchvision.models.swin_transformer import (
+        PatchMergingV2,
+        SwinTransformer,
+        SwinTransformerBlockV2,
+    )
 
     torch.manual_seed(0)
     return sharpened(SwinTransformer(patch_size=[4, 4], embed_dim=8, depths=[2, 2], num_heads=[2, 2],
