@@ -2,6 +2,9 @@
 
     python benchmarks/bench_attention.py [--model vit_b_16] [--batch 8] [--repeats 3] [--threads N]
 
+(``--model swin_t`` or ``maxvit_t`` times the windowed path: rollout through shifted windows
+and patch merging, LeGrad on the last stage.)
+
 Baselines (weights none, eval, parameters frozen as the methods run them):
 - forward: ``model(x)`` under ``torch.no_grad()``;
 - forward+backward: ``model(x)``, then the gradient of the top class's score with respect to
@@ -48,7 +51,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = torchvision.models.get_model(args.model, weights=None).eval()
-    torch.nn.init.normal_(model.heads.head.weight, std=0.02)  # torchvision starts the head at zero
+    head = getattr(getattr(model, "heads", None), "head", None)
+    if head is not None:
+        torch.nn.init.normal_(head.weight, std=0.02)  # torchvision starts ViT's head at zero
     x = torch.randn(args.batch, 3, args.size, args.size)
 
     def forward() -> None:

@@ -137,7 +137,7 @@ def test_attention_cli_json_equals_api(images: list[str], cli, tmp_path: Path) -
     result.save(out_api)
     files_cli = sorted(p.relative_to(out_cli).as_posix() for p in out_cli.rglob("*") if p.is_file())
     files_api = sorted(p.relative_to(out_api).as_posix() for p in out_api.rglob("*") if p.is_file())
-    assert files_cli == files_api and len(files_cli) == 3 + 2 * 5
+    assert files_cli == files_api and len(files_cli) == 3 + 2 * 6  # per image: 3 methods, compare, raw, mosaic
     for name in files_cli:
         if name.endswith(".png"):
             assert (out_cli / name).read_bytes() == (out_api / name).read_bytes(), name

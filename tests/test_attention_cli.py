@@ -82,17 +82,31 @@ def test_resume_equals_plain_run(cli, spec: str, tmp_path: Path) -> None:
     assert a["images"] == b["images"] and sorted(a["files"]) == sorted(b["files"])
 
 
-def test_evaluate_ranks_the_maps(cli, spec: str) -> None:
-    r = cli(["attention", spec, IMAGES[0], "--input-size", "3x32x32", "-m", "all", "--evaluate", "--metric",
-             "deletion,insertion", "--eval-steps", "4", "--json", "-q"])
+def test_evaluate_ranks_the_maps(cli, spec: str, tmp_path: Path) -> None:
+    """One run ranks rollout, grad-rollout, LeGrad and Grad-CAM (issue 26, item 5), from one
+    forward pass and two backward passes (grad-rollout's, shared by Grad-CAM, and LeGrad's)."""
+    r = cli(["attention", spec, IMAGES[0], "--input-size", "3x32x32", "-m", "all,gradcam", "--evaluate", "--metric",
+             "deletion,insertion", "--eval-steps", "4", "--json", "-q", "-o", str(tmp_path / "out")])
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     jsonschema.Draft202012Validator(load_schema("attention")).validate(doc)
+    assert doc["passes_per_batch"] == {"forward": 1, "backward": 2}
     rows = doc["evaluation"]["average"]
-    assert sorted(row["method"] for row in rows) == ["grad-rollout", "legrad", "rollout"]
+    assert sorted(row["method"] for row in rows) == ["grad-rollout", "gradcam", "legrad", "rollout"]
     assert all(set(row["scores"]) >= {"deletion", "insertion"} for row in rows)
     scored = [m for m in doc["images"][0]["maps"] if m["method"] != "raw"]
     assert all(len(m["evaluation"]["curves"]["deletion"]) == 5 for m in scored)
+    cam = next(m for m in scored if m["method"] == "gradcam")
+    assert cam["layer"] == doc["cam_layer"] == "encoder.layers.encoder_layer_1.ln_1"  # as cam's --layer auto
+    assert (tmp_path / "out" / cam["files"]["overlay"]).is_file() and "/gradcam." in cam["files"]["overlay"]
+    assert (tmp_path / "out" / doc["images"][0]["files"]["compare"]).is_file()
+
+
+def test_cam_methods_refused_with_the_way_out(cli, spec: str) -> None:
+    r = cli(["attention", spec, IMAGES[0], "--input-size", "3x32x32", "-m", "rollout,scorecam"])
+    assert r.exit_code == 2 and r.stderr.strip().splitlines() == [
+        "error: --method 'scorecam' takes a classifier check or passes of its own: run `inspect-model cam MODEL "
+        "IMAGES --method scorecam` (attention adds gradcam, gradcam++, xgradcam, layercam, hirescam, eigencam)"]
 
 
 def _close(a: object, b: object) -> bool:

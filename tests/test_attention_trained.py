@@ -9,6 +9,20 @@ Deletion/insertion are computed here independently of the tool's faithfulness co
 ranked by the map (blown up bilinearly), removed (set to 0, the noise mean) or inserted
 (onto 0) in 8 steps, the target's sigmoid averaged over the steps (the area under the
 curve). The pointing game: a hit when the map's peak patch overlaps the target's square.
+
+Why four layers (issue 26, item 2). Gradient rollout (Chefer et al. 2021) gives the class
+row of R = (I + Ā_L) ... (I + Ā_1), Ā = E_h[(∇A ⊙ A)^+]; ours equals their formula and their
+code (``test_grad_rollout_equals_chefer``: the logit's gradient, the clamp before the head
+mean). On a two-layer toy it lost the pointing game to raw attention (0.31 against 0.33):
+there the class row is Ā_2[0] + Ā_1[0] + (Ā_2 Ā_1)[0], and the two direct terms (the class
+token's own attention, which this model does not use to find the square: 0.29 and 0.33 of
+hits alone, on 96 images) outweigh the cross-layer term that follows the evidence through
+the patch tokens (0.48 of hits alone) 250 to 400 times, because each Ā's class row sums to
+only 0.05-0.08 (their product's, to 0.0002). That is the
+rule working as written on a model too shallow for it, not a bug, and more training did not
+change it (400 steps: 0.20 against 0.29 for the last layer's raw attention). With four layers (the
+same data, 250 steps) the products carry weight: over three training seeds grad-rollout
+hit 0.80, 0.57 and 0.97 against 0.52, 0.42 and 0.52 for raw attention's best layer.
 """
 
 from __future__ import annotations
@@ -48,10 +62,10 @@ def trained() -> torch.nn.Module:
 
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
-    model = VisionTransformer(image_size=SIDE, patch_size=PATCH, num_layers=2, num_heads=2, hidden_dim=32,
+    model = VisionTransformer(image_size=SIDE, patch_size=PATCH, num_layers=4, num_heads=2, hidden_dim=32,
                               mlp_dim=64, num_classes=3)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(150):
+    for _ in range(250):
         x, labels, _, _ = make_batch(32, g)
         loss = F.binary_cross_entropy_with_logits(model(x), labels)
         opt.zero_grad()
@@ -66,18 +80,16 @@ def up(m: torch.Tensor) -> torch.Tensor:
 
 def curve_auc(model: torch.nn.Module, x: torch.Tensor, target: torch.Tensor, m: torch.Tensor, insert: bool) -> float:
     order = up(m).flatten(1).argsort(dim=1, descending=True)  # most relevant first
-    aucs = []
+    rows = torch.arange(x.shape[0])
+    scores = []
     with torch.no_grad():
-        for i in range(x.shape[0]):
-            scores = []
-            for k in range(0, SIDE * SIDE + 1, SIDE * SIDE // 8):
-                keep = torch.zeros(SIDE * SIDE, dtype=torch.bool)
-                keep[order[i, :k]] = True
-                keep = keep.view(1, SIDE, SIDE)
-                img = torch.where(keep, x[i], 0.0) if insert else torch.where(keep, 0.0, x[i])
-                scores.append(model(img[None]).sigmoid()[0, target[i]].item())
-            aucs.append(sum(scores) / len(scores))
-    return sum(aucs) / len(aucs)
+        for k in range(0, SIDE * SIDE + 1, SIDE * SIDE // 8):
+            keep = torch.zeros(x.shape[0], SIDE * SIDE, dtype=torch.bool)
+            keep[rows[:, None], order[:, :k]] = True
+            keep = keep.view(-1, 1, SIDE, SIDE)
+            img = torch.where(keep, x, 0.0) if insert else torch.where(keep, 0.0, x)
+            scores.append(model(img).sigmoid()[rows, target])
+    return torch.stack(scores).mean().item()  # the mean over images of each curve's mean
 
 
 def pointing(m: torch.Tensor, boxes: torch.Tensor) -> float:
@@ -95,8 +107,8 @@ def results():
     x, labels, target, boxes = make_batch(48, torch.Generator().manual_seed(1))
     with torch.no_grad():
         exact = ((model(x) > 0).float() == labels).all(1).float().mean().item()
-    res = compute_attention(model, x, AttentionOptions(methods=("all",), layers=("-1",)), target=target.tolist())
-    raw = res.raw[next(iter(res.raw))][:, 0]  # the last layer's class-token attention, heads averaged
+    res = compute_attention(model, x, AttentionOptions(methods=("all",), layers=("all",)), target=target.tolist())
+    raw = [r[:, 0] for r in res.raw.values()]  # each layer's class-token attention, heads averaged
     return model, x, target, boxes, exact, res, raw
 
 
@@ -112,13 +124,9 @@ def test_insertion_beats_deletion(results, method):
     assert ins > dele, (method, ins, dele)
 
 
-def test_legrad_wins_pointing_game_over_raw_attention(results):
+@pytest.mark.parametrize("method", ["grad-rollout", "legrad"])
+def test_wins_pointing_game_over_raw_attention_of_every_layer(results, method):
     _, _, _, boxes, _, res, raw = results
-    assert pointing(res.maps["legrad"], boxes) > pointing(raw, boxes)
-
-
-@pytest.mark.xfail(strict=False, reason="measured 0.31 (grad-rollout) vs 0.33 (raw attention) on this two-layer "
-                   "toy: the first layer's class-token row of (grad * A)^+ outweighs the last layer's")
-def test_grad_rollout_wins_pointing_game_over_raw_attention(results):
-    _, _, _, boxes, _, res, raw = results
-    assert pointing(res.maps["grad-rollout"], boxes) > pointing(raw, boxes)
+    assert len(raw) == 4
+    best_raw = max(pointing(r, boxes) for r in raw)
+    assert pointing(res.maps[method], boxes) > best_raw, (method, pointing(res.maps[method], boxes), best_raw)

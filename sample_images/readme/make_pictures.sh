@@ -48,6 +48,30 @@ inspect-model attention vit_b_16 sample_images/cat.jpg --weights none --method r
   --mosaic --output-dir "$tmp/attn" --quiet > /dev/null
 cp "$tmp"/attn/images/0000-cat/rollout.*.png "$out/attention_rollout.png"
 cp "$tmp"/attn/images/0000-cat/mosaic.png "$out/attention_mosaic.png"
+# Swin: a tiny torchvision Swin (tests/fixtures/attention_models.py) trained here in a few minutes
+# on grey noise with two coloured squares; asked about the colour of one of them.
+python - "$tmp" <<'PY'
+import sys
+from pathlib import Path
+import torch
+from PIL import Image
+sys.path.insert(0, "tests")
+from fixtures.attention_models import squares, tiny_swin_squares
+tmp = Path(sys.argv[1])
+x, _, a = squares(1, 7)  # the target, blue, top left; green bottom right
+Image.fromarray((x[0].permute(1, 2, 0).numpy() * 255).round().astype("uint8")).resize((256, 256), Image.NEAREST) \
+    .save(tmp / "squares.png")
+torch.save(tiny_swin_squares().state_dict(), tmp / "swin.pt")
+(tmp / "swin_models.py").write_text(
+    f"import sys\nimport torch\nsys.path.insert(0, {str(Path('tests').resolve())!r})\n"
+    "from fixtures.attention_models import tiny_swin_squares\n"
+    "def swin():\n    m = tiny_swin_squares(0)\n"
+    f"    m.load_state_dict(torch.load({str(tmp / 'swin.pt')!r}, weights_only=True))\n    return m\n")
+print(int(a[0]), file=open(tmp / "target.txt", "w"))
+PY
+(cd "$tmp" && inspect-model attention swin_models.py:swin squares.png --resize 64 --crop 64 --mean 0 --std 1 \
+  -m rollout,grad-rollout,legrad,gradcam --target "$(cat target.txt)" -o swin --quiet > /dev/null)
+cp "$tmp"/swin/images/0000-squares/compare.*.png "$out/attention_swin_compare.png"
 
 # Text (issue 26): the two-layer BERT of tests/fixtures/text_models.py, trained here in seconds on
 # "does the text say good?", saved with a tokenizer built from a vocab.txt.

@@ -34,7 +34,9 @@ class AttentionRequest(Request):
     command: ClassVar[str] = "attention"
 
     methods: tuple[str, ...] = option(("rollout",), "--method", "-m", help="raw, rollout, grad-rollout, legrad or all; "
-                                   "repeat or comma-separate.", multiple=True, param="method")
+                                   "also CAM methods (gradcam, gradcam++, xgradcam, layercam, hirescam, eigencam) "
+                                   "from the same passes, at --cam-layer; repeat or comma-separate.",
+                                   multiple=True, param="method")
     layers: tuple[str, ...] = option((), "--layers", "--layer", "-l", help="Attention layers for raw and legrad: "
                                   "indices (-1 = last), module names or all (default: raw the last, legrad all).",
                                   multiple=True, param="layers")
@@ -45,6 +47,8 @@ class AttentionRequest(Request):
     discard_ratio: float = option(0.0, "--discard-ratio", help="rollout: the fraction of lowest attentions dropped "
                                "per layer.")
     mosaic: bool = option(False, "--mosaic", help="Also draw every layer by every head (mosaic.png).")
+    cam_layer: str = option("auto", "--cam-layer", help="The layer of the CAM methods in --method (auto: the one "
+                            "cam picks; for a ViT the last block's first norm on the patch grid).", complete="layer")
     target: str | tuple[str, ...] | None = option("predicted", "--target", "-t", type=str, help=TARGET_HELP,
                                                complete="target")
     colormap: str = option("jet", "--colormap", "--cmap", help=COLORMAP_HELP, complete="colormap")
@@ -76,7 +80,7 @@ class AttentionRequest(Request):
 
         return AttentionOptions(methods=self.methods or ("rollout",), layers=self.layers, heads=self.heads,
                                 query=self.query, head_fusion=self.head_fusion, discard_ratio=self.discard_ratio,
-                                mosaic=self.mosaic)
+                                mosaic=self.mosaic, cam_layer=self.cam_layer)
 
 
 class AttentionSession(Session):
@@ -98,6 +102,7 @@ class AttentionSession(Session):
         self.info: dict[str, Any] | None = None
         self.warnings = Warnings()
         self.evaluator = None
+        self.cam_layer: Any = None
         if request.evaluate:
             from inspect_model.api.cam_evaluate import Evaluator, check_evaluate_request
 
@@ -114,6 +119,7 @@ class AttentionSession(Session):
             self.drawer = TextDrawer(self.drawer)
 
     def feed(self, batch: Any) -> list[ImageItem]:
+        from inspect_model.methods.attention import cam_methods
         from inspect_model.methods.attention_run import compute_attention
 
         if getattr(batch, "text", None) is not None:  # token ids of texts (issue 26)
@@ -121,10 +127,16 @@ class AttentionSession(Session):
 
             return feed_text(self, batch)
         x = batch.tensor
-        res = compute_attention(self.prep.loaded.model, x, self.options, target=self.spec)
+        if self.cam_layer is None and cam_methods(self.options.methods):  # resolved once, as cam does
+            from inspect_model.methods.attention_cam import resolve
+
+            self.cam_layer = resolve(self.prep.loaded.model, x, self.options.cam_layer,
+                                     declared=getattr(self.prep.loaded, "cam_layer", None))
+        res = compute_attention(self.prep.loaded.model, x, self.options, target=self.spec, cam_layer=self.cam_layer)
         if self.info is None:
             self.info = {"layers": res.layers, "heads": res.heads, "tokens": res.tokens, "prefix_tokens": res.prefix,
-                         "grid": list(res.grid), "windowed": bool(res.windowed),
+                         "grid": list(res.grid), "windowed": bool(res.windowed or res.hierarchical),
+                         "cam_layer": res.cam_layer,
                          "passes_per_batch": dict(res.passes)}
         if self.keep_maps:
             self.maps.append(res)
@@ -157,6 +169,7 @@ class AttentionSession(Session):
                                   "(torchvision starts ViT's head at zero, so with --weights none every score is 0)")
             r, c = divmod(int(a.argmax()), a.shape[1])
             layer = "+".join(self.options.layers) if method == "legrad" and self.options.layers else "all"
+            layer = res.cam_layer if method not in ("rollout", "grad-rollout", "legrad") else layer
             maps.append({"method": method, "layer": layer, "target": target, "rank": 0, "peak_cell": [r, c],
                          "max": float(a.max()), "min": float(a.min()), "files": {}})
         for layer, v in res.raw.items():
@@ -187,7 +200,7 @@ class AttentionSession(Session):
         r, o = self.request, self.options
         return self.prep.options(
             self.mopts, methods=list(o.methods), layers=list(o.layers), heads=o.heads, query=o.query,
-            head_fusion=o.head_fusion, discard_ratio=o.discard_ratio, mosaic=o.mosaic,
+            head_fusion=o.head_fusion, discard_ratio=o.discard_ratio, mosaic=o.mosaic, cam_layer=o.cam_layer,
             target=list(r.target) if isinstance(r.target, tuple) else r.target, colormap=r.colormap,
             save_raw=r.save_raw, evaluate=r.evaluate, metrics=list(getattr(self, "metrics", r.metrics)),
             boxes=str(r.boxes) if r.boxes else None, eval_steps=r.eval_steps, eval_batch=r.eval_batch)

@@ -265,7 +265,8 @@ class AttentionCapture:
                 vv = v.detach()
                 if vv.shape[-3] != g.shape[-3]:
                     vv = vv.repeat_interleave(g.shape[-3] // vv.shape[-3], dim=-3)
-                ga = torch.matmul(g.detach().to(call.probs().dtype), vv.to(call.probs().dtype).transpose(-2, -1))
+                dtype = _float_of(vv)  # not call.probs(): LeGrad needs dS/dA alone, no recomputed A
+                ga = torch.matmul(g.detach().to(dtype), vv.to(dtype).transpose(-2, -1))
                 self._backward(call, as_heads(ga, shape[0]))
             out.register_hook(grad_hook)
 
@@ -329,13 +330,18 @@ class AttentionCapture:
             gh = gh.permute(0, 2, 1, 3) if first or gh.dim() == 3 else gh.permute(1, 2, 0, 3)
             gh = gh.reshape(batch, heads, *gh.shape[-2:])
             vv = v.detach().reshape(batch, heads, *v.shape[-2:])
-            dtype = call.probs().dtype
+            dtype = _float_of(vv)
             self._backward(call, torch.matmul(gh.to(dtype), vv.to(dtype).transpose(-2, -1)))
         attn_out.register_hook(grad_hook)
 
     def _backward(self, call: AttentionCall, grad: torch.Tensor) -> None:
         assert self.backward_fn is not None
         self.backward_fn(call, grad)
+
+
+def _float_of(t: torch.Tensor) -> torch.dtype:
+    """The dtype probabilities are recomputed in (``attention_ops.recompute``)."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
 def _once(fn: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:

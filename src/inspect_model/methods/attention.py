@@ -12,7 +12,9 @@ different scores, so asking for both takes two over the same forward graph):
   variant; the class token's own column is kept), Â = (A + I) / 2 with rows renormalised,
   R = Â_L ... Â_1 kept as one running (tokens x tokens) product; the map is the class row;
 - ``grad-rollout`` (Chefer, Gur & Wolf, ICCV 2021, "Generic attention-model explainability",
-  eq. 5-6): Ā = E_h[(∇A ⊙ A)^+], R = R + Ā R from R = I; the map is the class row;
+  eq. 5-6): Ā = E_h[(∇A ⊙ A)^+] with ∇ the target logit's gradient, R = R + Ā R from R = I;
+  the map is the class row, folded from the output end as the backward pass brings each
+  layer (u <- u + u Ā), so no (tokens x tokens) product is formed;
 - ``legrad`` (Bousselham et al. 2024, as torch-cam 0.5's ``LeGrad``): for each chosen block l,
   the class score s^l of that block's tokens through the model's head, ∂s^l/∂A^l, its positive
   part averaged over heads and queries; maps averaged over layers. The per-layer gradients come
@@ -20,7 +22,9 @@ different scores, so asking for both takes two over the same forward graph):
   so what reaches A^l is ∂s^l/∂A^l exactly.
 
 Maps are (B, rows, cols) on the patch grid, unnormalised; the class ("prefix") tokens are
-dropped from the keys.
+dropped from the keys. Windowed, hierarchical models (Swin, MaxViT) are handled in
+:mod:`.attention_hier` (rollout, grad-rollout on the first stage's map) and LeGrad on their
+last stage; CAM-family methods asked for in the same run in :mod:`.attention_cam`.
 """
 
 from __future__ import annotations
@@ -41,7 +45,10 @@ FUSIONS = ("mean", "max", "min")
 
 
 def parse_methods(items: Sequence[str] | str | None) -> tuple[str, ...]:
-    """``--method`` values (comma lists allowed, ``all``) -> method names in canonical order."""
+    """``--method`` values (comma lists allowed, ``all``) -> method names in canonical order:
+    the attention methods, then CAM-family ones (``gradcam`` ..., ``methods.attention_cam``)."""
+    from inspect_model.methods.attention_cam import cam_name, cam_names
+
     if isinstance(items, str):
         items = [items]
     names: list[str] = []
@@ -54,10 +61,18 @@ def parse_methods(items: Sequence[str] | str | None) -> tuple[str, ...]:
                 names.extend(METHODS)
             elif tok in METHODS:
                 names.append(tok)
+            elif (cam := cam_name(tok)) is not None:
+                names.append(cam)
             else:
                 raise UsageError(f"--method '{tok}' is not an attention method; choose from "
-                                 + ", ".join(METHODS) + suggest(tok, list(METHODS)))
-    return tuple(m for m in METHODS if m in names)
+                                 + ", ".join(METHODS) + f" (and CAM methods: {', '.join(cam_names())})"
+                                 + suggest(tok, list(METHODS)))
+    return tuple(m for m in (*METHODS, *cam_names()) if m in names)
+
+
+def cam_methods(methods: Sequence[str]) -> tuple[str, ...]:
+    """The CAM-family names among ``methods``."""
+    return tuple(m for m in methods if m not in METHODS)
 
 
 def parse_heads(text: str) -> str | tuple[int, ...]:
@@ -97,6 +112,7 @@ class AttentionOptions:
     head_fusion: str = "mean"
     discard_ratio: float = 0.0
     mosaic: bool = False  # keep every layer's and head's query row (the layer-by-head mosaic)
+    cam_layer: str = "auto"  # the layer of the CAM-family methods (methods.attention_cam)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "methods", parse_methods(self.methods))
@@ -110,14 +126,23 @@ class AttentionOptions:
 
     @property
     def needs_grad(self) -> bool:
-        return any(m in GRADIENT_METHODS for m in self.methods)
+        from inspect_model.methods.cam_methods import REGISTRY
+
+        return any(m in GRADIENT_METHODS or (m in REGISTRY and REGISTRY[m].needs_gradients) for m in self.methods)
+
+    @property
+    def score_backward(self) -> bool:
+        """A backward pass of the target's score: grad-rollout's, shared by gradient CAMs."""
+        from inspect_model.methods.cam_methods import REGISTRY
+
+        return any(m == "grad-rollout" or (m in REGISTRY and REGISTRY[m].needs_gradients) for m in self.methods)
 
 
 @dataclass
 class AttentionResult:
     """Maps on the patch grid and what they were computed from."""
 
-    maps: dict[str, torch.Tensor]  # method -> (B, rows, cols), for rollout/grad-rollout/legrad
+    maps: dict[str, torch.Tensor]  # method -> (B, rows, cols), for rollout/grad-rollout/legrad and CAMs
     raw: dict[str, torch.Tensor]  # layer -> (B, heads shown, rows, cols)
     head_labels: dict[str, list[str]]  # layer -> labels of its raw maps' second axis ("head 0", "mean of 12 heads")
     layers: list[str]  # attention layers, in call order
@@ -132,6 +157,8 @@ class AttentionResult:
     calls: list[Any] = field(default_factory=list)
     mosaic: torch.Tensor | None = None  # (B, layers, heads, rows, cols) with options.mosaic
     windowed: list[str] = field(default_factory=list)  # raw layers of windowed attention (Swin, MaxViT)
+    cam_layer: str | None = None  # the layer of the CAM-family maps
+    hierarchical: bool = False  # windowed attention (Swin, MaxViT): rollout on the first stage's map
 
 
 def select_layers(specs: Sequence[str], names: Sequence[str]) -> list[str]:

@@ -6,8 +6,10 @@
 - :func:`score_projection`: intermediate tokens (B, N, D) -> class scores (B, classes), as the
   model's own head would compute them (torch-cam's LeGrad ``score_projection``): torchvision's
   ViT as torch-cam 0.5 does it (the head on the layer-normed *mean* token), timm through
-  ``forward_head(norm(x))``, HF ViT/DeiT through the final layer norm and the classifier on
-  the class token, HF CLIP classification on the mean patch token.
+  ``forward_head(norm(x))`` (timm Swin: on the last stage's (B, H, W, C) map), torchvision's
+  Swin and MaxViT through their own norm, pooling and head on the last stage's map, HF
+  ViT/DeiT through the final layer norm and the classifier on the class token, HF CLIP
+  classification on the mean patch token.
 """
 
 from __future__ import annotations
@@ -70,6 +72,10 @@ def score_projection(model: nn.Module) -> Projection | None:
     heads, ln = _get(model, "heads"), _get(model, "encoder.ln")
     if heads is not None and ln is not None and hasattr(model, "conv_proj"):
         return lambda t: heads(ln(t.mean(dim=1)))  # torchvision ViT, as torch-cam 0.5
+    if all(hasattr(model, a) for a in ("features", "norm", "permute", "avgpool", "flatten", "head")):
+        return lambda t: model.head(model.flatten(model.avgpool(model.permute(model.norm(t)))))  # torchvision Swin
+    if all(hasattr(model, a) for a in ("stem", "blocks", "classifier")) and hasattr(model, "partition_size"):
+        return lambda t: model.classifier(t)  # torchvision MaxViT: pool, norm, MLP head over (B, C, H, W)
     if callable(getattr(model, "forward_head", None)) and isinstance(getattr(model, "norm", None), torch.nn.Module):
         return lambda t: model.forward_head(model.norm(t))  # timm
     base = next((getattr(model, a) for a in ("vit", "deit") if hasattr(model, a)), None)
@@ -102,6 +108,6 @@ def tokens_of(output: Any) -> torch.Tensor:
     import torch
 
     t = output[0] if isinstance(output, tuple | list) else output
-    if not isinstance(t, torch.Tensor) or t.dim() != 3:
+    if not isinstance(t, torch.Tensor) or t.dim() not in (3, 4):  # 4: a Swin/MaxViT feature map
         raise ModelRuntimeError("a transformer block returned no (batch, tokens, features) tensor")
     return t

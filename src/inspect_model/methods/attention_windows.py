@@ -89,3 +89,17 @@ def _maxvit(rows: torch.Tensor, batch: int, p: int, h: int, w: int, kind: str) -
     else:  # (B * P*P, heads, G)
         x = rows.reshape(batch, p, p, heads, h // p, w // p).permute(0, 3, 4, 1, 5, 2)
     return x.reshape(batch, heads, h, w)
+
+
+def positions(owner: WindowOwner, groups: int, n: int) -> torch.Tensor:
+    """(groups * n,) long: the row-major index on the (H, W) feature map of each token the
+    attention op sees (window g, token t at g * n + t), -1 for a padding token; the inverse
+    of :func:`unpartition`, read off it applied to the window tokens' own indices."""
+    import torch
+
+    assert owner.hw is not None
+    ids = torch.arange(groups * n, dtype=torch.float64).reshape(groups, 1, n)
+    where = unpartition(ids, 1, owner).reshape(-1).long()  # (H*W,): the window token at each place
+    pos = torch.full((groups * n,), -1, dtype=torch.long)
+    pos[where] = torch.arange(where.numel())
+    return pos

@@ -160,6 +160,19 @@ def method_overlay(image: Image.Image, m: np.ndarray, hw: tuple[int, int], title
     return raster.titled(body, list(title), right=bar, note=raster.constant_note(m))
 
 
+def side_by_side(image: Image.Image, maps: Sequence[tuple[str, np.ndarray]], hw: tuple[int, int], title: str,
+                 row: str, *, box: Sequence[float] | None = None, cmap: str = "jet") -> Image.Image:
+    """One row: each method's map (normalised to [0, 1]) over ``image``, captioned with its grid."""
+    from inspect_model.render import raster
+    from inspect_model.render.overlay import SheetCell, contact_sheet, overlay, thumbnail
+
+    cells = [SheetCell(thumbnail(overlay(image, upsample(normalise(m), hw), box, alpha=0.5, cmap=cmap)),
+                       f"{m.shape[0]}x{m.shape[1]} map" + (", constant" if raster.constant_note(m) else ""))
+             for name, m in maps]
+    sheet = contact_sheet([(row, cells)], [name for name, _ in maps], title=title)
+    return raster.titled(sheet, [], right=raster.colorbar(sheet.size[1], 0.0, 1.0, cmap, "relevance (normalised)"))
+
+
 def report_text(doc: dict) -> str:  # type: ignore[type-arg]
     """The plain-text report of an ``attention`` run (the ``--json`` document in)."""
     lines = [f"attention of {doc.get('model')}: {', '.join(doc.get('methods', []))}"]
@@ -169,7 +182,9 @@ def report_text(doc: dict) -> str:  # type: ignore[type-arg]
                      f"text of up to {doc.get('tokens')} tokens" + (", causal" if doc.get("causal") else ""))
     elif layers and doc.get("windowed"):
         lines.append(f"{len(layers)} attention layers ({layers[0]} .. {layers[-1]}), windowed (Swin/MaxViT): "
-                     "what each token receives in its window, on each stage's feature map")
+                     "raw is what each token receives in its window, on each stage's feature map; rollout "
+                     f"and grad-rollout lie on the first stage's {'x'.join(str(g) for g in doc.get('grid') or [])} "
+                     "map, LeGrad on the last stage's")
     elif layers:
         lines.append(f"{len(layers)} attention layers ({layers[0]} .. {layers[-1]}), {doc.get('heads')} heads, "
                      f"{doc.get('tokens')} tokens = {doc.get('prefix_tokens')} prefix + "
@@ -270,6 +285,12 @@ class AttentionDrawer(Drawer):
                 stem = f"{base}/{method}.{tag}" if method != "raw" else f"{base}/raw.{safe_name(layer)}"
                 rec["files"]["raw"] = sink.npy(f"{stem}.npy", m)
         out: dict[str, Any] = {}
+        methods = [r["method"] for r in entry["maps"] if r["method"] != "raw"]
+        if len(methods) > 1:  # the methods side by side (issue 26: rollout beside Grad-CAM)
+            fig = side_by_side(picture, [(m, res.maps[m][i].numpy()) for m in methods], res.input_hw,
+                               f"{', '.join(methods)}: {entry['image']}", what or "all classes", box=box,
+                               cmap=self.colormap)
+            out["compare"] = sink.image(f"{base}/compare.{tag}.png", fig)
         if res.mosaic is not None:
             fig = mosaic(res.mosaic[i].numpy(), res.layers,
                          [f"attention of query {self.query}, every layer by every head", entry["image"]])
