@@ -113,13 +113,17 @@ def test_models_without_a_faithful_copy_run_as_they_are() -> None:
 def test_batch_size_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     x = torch.zeros(2, 3, 224, 224)  # one input: 602,112 bytes; x 24 = 14.45 MB
     assert cp.scorecam_batch_size(x, 4096, 5) == 5
-    assert cp.scorecam_batch_size(x, 4096, None) == (1 << 30) // (24 * 3 * 224 * 224 * 4) == 74
+    assert (1 << 30) // (24 * 3 * 224 * 224 * 4) == 74  # the budget allows 74; a CPU takes at most 64
+    assert cp.scorecam_batch_size(x, 4096, None) == cp.CPU_MAX_BATCH == 64
+    assert cp.scorecam_batch_size(torch.zeros(1, 3, 448, 448), 4096, None) == (1 << 30) // (24 * 3 * 448 * 448 * 4)
     assert cp.scorecam_batch_size(x, 10, None) == 10  # never more than there are masked inputs
     assert cp.scorecam_batch_size(torch.zeros(1, 3, 4096, 4096), 100, None) == 1
     # The accelerator branch, run on the CPU: half of the free memory reported by CUDA.
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 << 30, 80 << 30))
     assert cp.memory_budget(torch.device("cuda")) == 4 << 30
     assert cp.memory_budget(torch.device("cpu")) == cp.CPU_BUDGET
+    # Off the CPU the cap is SCORECAM_MAX_BATCH (a meta tensor stands for an accelerator's here).
+    assert cp.scorecam_batch_size(torch.zeros(2, 3, 64, 64, device="meta"), 4096, None) == cp.SCORECAM_MAX_BATCH
 
 
 def test_equal_masks_run_once_and_constant_channels_share_the_zero_input() -> None:
