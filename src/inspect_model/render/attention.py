@@ -45,7 +45,7 @@ def _label(text: str, width: int, height: int, size: int = 11, bold: bool = Fals
     from inspect_model.render import raster
 
     img = Image.new("RGB", (width, height), raster.BG)
-    lines = raster.wrap_text(text, size, width - 4, max_lines=3)
+    lines = raster.wrap_text(text, size, width - 4, max_lines=3, bold=bold)
     d = ImageDraw.Draw(img)
     y0 = height // 2 - len(lines) * (size + 3) // 2
     for i, t in enumerate(lines):
