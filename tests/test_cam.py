@@ -410,3 +410,21 @@ def test_registry_properties_drive_all_and_gradients() -> None:
     assert all(name in cm.method_help() for name in cm.REGISTRY)
     with pytest.raises(UsageError, match="gradkam.*did you mean 'gradcam'"):
         parse_methods(["gradkam"])
+
+
+def test_eigencam_sign_on_activations_whose_channel_sum_is_flat() -> None:
+    """LayerNorm-like activations (every position's channels sum to 0): the channel sum
+    cannot fix the principal component's sign, so its largest magnitude is made positive
+    (left to the SVD, each of 8 maps would have it positive with probability 1/2)."""
+    from inspect_model.methods.cam_methods import eigen_map
+
+    torch.manual_seed(5)
+    A = torch.randn(8, 16, 6, 6)
+    A = A - A.mean(dim=1, keepdim=True)  # channel sum 0 at every position
+    got = eigen_map(A)
+    for m in got:
+        assert float(m.flatten()[m.abs().argmax()]) > 0
+    # A ReLU-like map keeps the channel-sum rule: the bright blob is positive.
+    B = torch.zeros(1, 8, 6, 6)
+    B[0, :, 2:4, 2:4] = torch.rand(8, 2, 2) + 1.0
+    assert float(eigen_map(B)[0, 2:4, 2:4].mean()) > 0

@@ -137,7 +137,10 @@ def eigen_map(A: torch.Tensor) -> torch.Tensor:
     """Eigen-CAM: the activations projected on their first principal component.
 
     A (N, C, h, w) -> (N, h, w). The SVD's sign is arbitrary; it is fixed so that the map
-    correlates positively with the channel sum (pytorch-grad-cam leaves it to chance)."""
+    correlates positively with the channel sum (pytorch-grad-cam leaves it to chance). Where
+    the channel sum says nothing (|cosine| below SIGN_MIN_COS, or its variation below 1e-3 of
+    the map's: a LayerNorm output sums to about the same at every token), the map's largest magnitude is made positive instead
+    (the svd_flip convention), so the sign no longer follows rounding noise."""
     import torch
 
     n, c = A.shape[:2]
@@ -148,8 +151,16 @@ def eigen_map(A: torch.Tensor) -> torch.Tensor:
     proj = (X @ vh[:, 0, :, None]).squeeze(-1)  # (N, hw)
     ref = A.sum(dim=1).reshape(n, -1)
     ref = ref - ref.mean(dim=1, keepdim=True)
-    sign = torch.where((proj * ref).sum(dim=1) < 0, -1.0, 1.0).to(proj.dtype)
+    dot = (proj * ref).sum(dim=1)
+    cos = dot / (proj.norm(dim=1) * ref.norm(dim=1)).clamp_min(1e-30)
+    peak = proj.gather(1, proj.abs().argmax(dim=1, keepdim=True))[:, 0]
+    says = (cos.abs() >= SIGN_MIN_COS) & (ref.norm(dim=1) >= 1e-3 * proj.norm(dim=1))  # not rounding noise
+    by = torch.where(says, dot, peak)
+    sign = torch.where(by < 0, -1.0, 1.0).to(proj.dtype)
     return (proj * sign[:, None]).reshape(n, *sp)
+
+
+SIGN_MIN_COS = 0.05  # eigen_map: below this the channel sum does not decide the sign
 
 
 # ----------------------------------------------------------------------------- Score-CAM
