@@ -146,20 +146,22 @@ def _fold_grad_rollout(st: _State, index: int, abar: torch.Tensor) -> None:
     st.gr_last = index
 
 
-def _targets(target: Any, scores: torch.Tensor) -> list[int]:
+def one_target_each(target: Any, scores: torch.Tensor, what: str = "image") -> list[int]:
+    """One class (or token) per ``what`` (image, text) for ``target``: predicted (also for
+    None), an index, a TargetSpec or a list of one per row."""
     from inspect_model.methods.targets import TargetSpec, parse_target, resolve_targets
 
     if isinstance(target, int) and not isinstance(target, bool):
         target = TargetSpec("class", index=target, text=str(target))
-    elif isinstance(target, str):
-        target = parse_target(target)
+    elif isinstance(target, str) or target is None:
+        target = parse_target(target or "predicted")
     elif not isinstance(target, TargetSpec):
         rows = [int(t) for t in list(target)]
         if len(rows) != scores.shape[0]:
-            raise UsageError(f"{len(rows)} targets for {scores.shape[0]} images")
+            raise UsageError(f"{len(rows)} targets for {scores.shape[0]} {what}s")
         return rows
     if target.kind == "top" and target.k > 1:
-        raise UsageError("attention explains one class per image: use --target predicted or a class")
+        raise UsageError(f"attention explains one class per {what}: use --target predicted or a class")
     return [r[0] for r in resolve_targets(target, scores)]
 
 
@@ -170,7 +172,7 @@ def _scores_and_targets(out: Any, target: Any, *, required: bool) -> tuple[Any, 
 
     try:
         scores = model_scores(out)
-        return scores, _targets(target, scores.detach())
+        return scores, one_target_each(target, scores.detach())
     except InspectModelError:
         if required:
             raise

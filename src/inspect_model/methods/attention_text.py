@@ -121,20 +121,9 @@ def _scores(model: nn.Module, out: Any, last: torch.Tensor) -> torch.Tensor | No
 
 def resolve(target: Any, scores: torch.Tensor) -> list[int]:
     """One class (or token) per text for ``target``: predicted, an index, a TargetSpec, a list."""
-    from inspect_model.methods.targets import TargetSpec, parse_target, resolve_targets
+    from inspect_model.methods.attention_run import one_target_each
 
-    if isinstance(target, int) and not isinstance(target, bool):
-        target = TargetSpec("class", index=target, text=str(target))
-    elif isinstance(target, str) or target is None:
-        target = parse_target(target or "predicted")
-    elif not isinstance(target, TargetSpec):
-        rows = [int(t) for t in list(target)]
-        if len(rows) != scores.shape[0]:
-            raise UsageError(f"{len(rows)} targets for {scores.shape[0]} texts")
-        return rows
-    if target.kind == "top" and target.k > 1:
-        raise UsageError("attention explains one class per text: use --target predicted or a class")
-    return [r[0] for r in resolve_targets(target, scores)]
+    return one_target_each(target, scores, "text")
 
 
 @dataclass

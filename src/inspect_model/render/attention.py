@@ -53,22 +53,14 @@ def _label(text: str, width: int, height: int, size: int = 11, bold: bool = Fals
     return img
 
 
-def head_grid(maps: np.ndarray, labels: Sequence[str], title: Sequence[str], *, cmap: str = "viridis",
-              columns: int = 6) -> Image.Image:
-    """``maps`` (heads, rows, cols) of one layer -> a grid of cells with one colour bar, from
-    the layer's smallest to its largest value (windowed attention received is close to
-    1 / window everywhere: a scale from 0 would show one flat colour)."""
-    import numpy as np
+def labelled_grid(cells: Sequence[Image.Image], labels: Sequence[str], columns: int, pad: int) -> Image.Image:
+    """Equal-sized ``cells`` in rows of ``columns``, each under its label."""
     from PIL import Image
 
     from inspect_model.render import raster
 
-    maps = np.asarray(maps, dtype=np.float32)
-    vmax = float(np.nanmax(maps)) if maps.size else 0.0
-    vmin = float(np.nanmin(maps)) if maps.size else 0.0
-    cells = [_cell(m, vmax, cmap, vmin=vmin) for m in maps]
     cw, ch = cells[0].size
-    lab_h, pad = 16, 4
+    lab_h = 16
     cols = min(columns, len(cells))
     rows = -(-len(cells) // cols)
     body = Image.new("RGB", (cols * (cw + pad), rows * (ch + lab_h + pad)), raster.BG)
@@ -76,6 +68,23 @@ def head_grid(maps: np.ndarray, labels: Sequence[str], title: Sequence[str], *, 
         x, y = (i % cols) * (cw + pad), (i // cols) * (ch + lab_h + pad)
         body.paste(_label(lab, cw, lab_h), (x, y))
         body.paste(c, (x, y + lab_h))
+    return body
+
+
+def head_grid(maps: np.ndarray, labels: Sequence[str], title: Sequence[str], *, cmap: str = "viridis",
+              columns: int = 6) -> Image.Image:
+    """``maps`` (heads, rows, cols) of one layer -> a grid of cells with one colour bar, from
+    the layer's smallest to its largest value (windowed attention received is close to
+    1 / window everywhere: a scale from 0 would show one flat colour)."""
+    import numpy as np
+
+    from inspect_model.render import raster
+
+    maps = np.asarray(maps, dtype=np.float32)
+    vmax = float(np.nanmax(maps)) if maps.size else 0.0
+    vmin = float(np.nanmin(maps)) if maps.size else 0.0
+    cells = [_cell(m, vmax, cmap, vmin=vmin) for m in maps]
+    body = labelled_grid(cells, labels, columns, pad=4)
     bar = raster.colorbar(max(body.size[1], 120), vmin, vmax, cmap, "attention probability")
     return raster.titled(body, list(title), right=bar, note=raster.constant_note(maps))
 

@@ -59,23 +59,14 @@ def head_matrices(maps: np.ndarray, tokens: Sequence[str], labels: Sequence[str]
                   what: str = "attention probability (rows: queries)") -> Image.Image:
     """``maps`` (heads, L, L) of one layer -> one token matrix per head, one colour bar (0 .. max)."""
     import numpy as np
-    from PIL import Image
 
     from inspect_model.render import raster
-    from inspect_model.render.attention import _label
+    from inspect_model.render.attention import labelled_grid
 
     maps = np.asarray(maps, dtype=np.float32)
     vmax = float(np.nanmax(maps)) if maps.size else 0.0
     cells = [token_matrix(m, tokens, vmax, cmap) for m in maps]
-    cw, ch = cells[0].size
-    lab_h, pad = 16, 8
-    cols = min(columns, len(cells))
-    rows = -(-len(cells) // cols)
-    body = Image.new("RGB", (cols * (cw + pad), rows * (ch + lab_h + pad)), raster.BG)
-    for i, (c, lab) in enumerate(zip(cells, labels, strict=False)):
-        x, y = (i % cols) * (cw + pad), (i // cols) * (ch + lab_h + pad)
-        body.paste(_label(lab, cw, lab_h), (x, y))
-        body.paste(c, (x, y + lab_h))
+    body = labelled_grid(cells, labels, columns, pad=8)
     bar = raster.colorbar(max(body.size[1], 120), 0.0, vmax, cmap, what)
     return raster.titled(body, list(title), right=bar, note=raster.constant_note(maps))
 
