@@ -113,8 +113,14 @@ def torchrun(data: dict[str, Path]) -> Path:
     return data["root"] / "torchrun"
 
 
+# A parameter's gradient is a float32 sum over every sample; batched another way (shards of
+# other sizes, a clip's frames split across ranks) the sum runs in another order and differs by
+# a few units of float32 rounding per term: 1.7e-6 relative was seen on a 3-D conv's gradient.
+REL = 1e-5
+
+
 def _close(a: Any, b: Any, path: str = "$") -> None:
-    """Equal; floats to 1e-6 relative (moments merged, float32 gradients summed in another order)."""
+    """Equal; floats to REL relative (moments merged, float32 gradients summed in another order)."""
     if isinstance(a, dict):
         assert set(a) == set(b), (path, set(a) ^ set(b))
         for k in a:
@@ -124,7 +130,7 @@ def _close(a: Any, b: Any, path: str = "$") -> None:
         for i, (x, y) in enumerate(zip(a, b)):
             _close(x, y, f"{path}[{i}]")
     elif isinstance(a, float) and isinstance(b, float):
-        assert math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9), (path, a, b)
+        assert math.isclose(a, b, rel_tol=REL, abs_tol=1e-9), (path, a, b)
     else:
         assert a == b, (path, a, b)
 
@@ -146,10 +152,10 @@ def _files(base: Path, command: str, *, sheets: bool = True) -> list[str]:
 
 def _same(one: dict[str, Any], two: dict[str, Any]) -> None:
     """Reports equal (see _close); a parameter's mean gradient can cancel to rounding noise,
-    so it is compared to 1e-6 of its largest |gradient| element instead."""
+    so it is compared to REL of its largest |gradient| element instead."""
     for a, b in zip(one.get("params", []), two.get("params", []), strict=True):
         if a["has_grad"]:
-            assert math.isclose(a["mean"], b["mean"], rel_tol=1e-6, abs_tol=1e-6 * a["max_abs"]), (a, b)
+            assert math.isclose(a["mean"], b["mean"], rel_tol=REL, abs_tol=REL * a["max_abs"]), (a, b)
         a.pop("mean"), b.pop("mean")
     _close(one, two)
 
