@@ -163,6 +163,8 @@ def test_grads_per_position_gradient_of_the_next_token(folders):
     doc = _json(["grads", str(folders["gpt2"]), "--weights", "default", "--text", "the cat sat", "--text", "a dog",
                  "--layers", "transformer.h.0"])
     _validate(doc)
+    tokens = [e["text"]["tokens"] for e in doc["images"]]  # every entry names its text's tokens
+    assert [e["text"]["text"] for e in doc["images"]] == ["the cat sat", "a dog"] and len(tokens[0]) == 3, tokens
     rows = {(r["name"], r["kind"]): r for r in doc["positions"]["layers"]}
     grad = rows[("transformer.h.0", "gradient")]
     assert grad["tokens"] == [2, 2, 1]

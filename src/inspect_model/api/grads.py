@@ -7,7 +7,7 @@ Failed checks of ``fail_on`` are listed in ``Result.failures`` (the CLI exits 1)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -147,7 +147,15 @@ class GradsSession(Session):
     def run(self, batches: Iterable[Any], handle: Callable[[ImageItem], None]) -> None:
         self.grad_run = self._grad_run(handle)
         with self._positions():
-            self.grad_run.run(batches)
+            self.grad_run.run(self._texts(batches))
+
+    def _texts(self, batches: Iterable[Any]) -> Iterator[Any]:
+        """``batches``, keeping each text's record (``--text``) for its report entry."""
+        for b in batches:
+            text = getattr(b, "text", None)
+            for i, name in enumerate(b.names if text is not None else ()):
+                self.media[str(name)] = {"text": {"text": text.texts[i], "tokens": list(text.tokens[i])}}
+            yield b
 
     def _grad_run(self, handle: Callable[[ImageItem], None] | None = None) -> Any:
         from inspect_model.methods.grad_objective import read_labels_file
@@ -177,7 +185,7 @@ class GradsSession(Session):
         """A clip's or flow pair's record (``clip``/``pair``), for the report's entry too."""
         extra = {k: entry[k] for k in ("clip", "pair") if k in entry}
         if extra:
-            self.media[str(entry["image"])] = extra
+            self.media[str(entry["image"])] = {**self.media.get(str(entry["image"]), {}), **extra}
 
     def snapshot(self) -> Any:
         """What has been summed so far (gradients on the CPU): a checkpoint or a shard's part."""
