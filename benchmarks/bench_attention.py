@@ -88,5 +88,55 @@ def main() -> None:
         print(f"  {name:<18} {t:8.3f} s  {ratio:5.2f}x {base}{mark}")
 
 
+TITLE = "attention"
+
+
+def measure(ctx):  # type: ignore[no-untyped-def]
+    """vit_b_16 at 224 px (batch 8 in full mode and on an accelerator; 2 quick, 1 smoke):
+    raw and rollout against one no-grad forward, grad-rollout and LeGrad against one forward
+    + backward to the input (issue 26: each <= 1.15x)."""
+    import torch
+
+    from common import Row, Target
+    from inspect_model.methods.attention import AttentionOptions
+    from inspect_model.methods.attention_run import compute_attention
+
+    batch = 8 if ctx.mode == "full" or ctx.device.type != "cpu" else (2 if ctx.mode == "quick" else 1)
+    model = ctx.model("vit_b_16")
+    torch.nn.init.normal_(model.heads.head.weight, std=0.02)  # torchvision starts ViT's head at zero
+    x = ctx.images(batch, 224)
+
+    def forward() -> None:
+        with torch.no_grad():
+            model(x)
+
+    def forward_backward() -> None:
+        flags = [p.requires_grad for p in model.parameters()]
+        for p in model.parameters():
+            p.requires_grad_(False)
+        try:
+            xin = x.clone().requires_grad_(True)
+            y = model(xin)
+            torch.autograd.grad(y.gather(1, y.argmax(1, keepdim=True)).sum(), xin)
+        finally:
+            for p, f in zip(model.parameters(), flags, strict=True):
+                p.requires_grad_(f)
+
+    def method(name: str) -> Any:
+        opts = AttentionOptions(methods=(name,))
+        return lambda: compute_attention(model, x, opts)
+
+    names = ("raw", "rollout", "grad-rollout", "legrad")
+    t = ctx.time({"forward": forward, "forward+backward": forward_backward, **{n: method(n) for n in names}})
+    rows = []
+    for n in names:
+        base = "forward" if n in ("raw", "rollout") else "forward+backward"
+        target = Target("ratio", 1.15, "<= 1.15x " + base) if n != "raw" else Target("info", 0, "-")
+        what = "no-grad forward" if base == "forward" else "forward + backward to the input"
+        rows.append(Row("attention", f"attention {n} vit_b_16 batch {batch}", t[n], t[base], target,
+                        floor_what=what))
+    return rows
+
+
 if __name__ == "__main__":
     main()

@@ -183,5 +183,43 @@ def main() -> None:
         memory(args)
 
 
+TITLE = "attributions"
+
+
+def measure(ctx):  # type: ignore[no-untyped-def]
+    """Integrated gradients (32 Gauss-Legendre steps; 4 in smoke mode) on resnet18, rows of
+    the batch size per model call, against 32 forward + backward passes done by hand
+    (issue 27: <= 1.1x) and captum's IntegratedGradients at the same settings (faster). The
+    peak-memory check (256 against 32 steps) needs fresh processes: run this script alone."""
+    import warnings
+
+    from common import Row, Target
+
+    size = 224 if ctx.mode == "full" or ctx.device.type != "cpu" else (112 if ctx.mode == "quick" else 64)
+    steps = 4 if ctx.mode == "smoke" else 32
+    batch = ctx.sizes.batch
+    model = ctx.model("resnet18")
+    x = ctx.images(batch, size)
+    targets = [i * 7 % 1000 for i in range(batch)]
+    fns = {"floor": lambda: floor_ig(model, x, targets, steps), "ours": lambda: ours(model, x, targets, steps, batch)}
+    if ctx.peers["captum"]:
+        from captum.attr import IntegratedGradients
+
+        def peer() -> Any:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return IntegratedGradients(model).attribute(x, target=targets, n_steps=steps, internal_batch_size=batch,
+                                                            method="gausslegendre")
+
+        fns["peer"] = peer
+    t = ctx.time(fns)
+    work = f"integrated gradients ({steps} steps) resnet18 batch {batch} ({size} px)"
+    return [Row("attributions", work, t["ours"], t["floor"], Target("ratio", 1.1, "<= 1.1x floor"),
+                floor_what=f"{steps} forward + backward passes by hand"),
+            Row("attributions", work + " against captum", t["ours"], t["floor"],
+                Target("speedup", 1.0, "faster than captum"), peer=t.get("peer"), peer_name="captum",
+                floor_what=f"{steps} forward + backward passes by hand")]
+
+
 if __name__ == "__main__":
     main()

@@ -21,6 +21,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 
 def write_clip(path: Path, frames: int = 96, size: tuple[int, int] = (1080, 1920)) -> Path:
@@ -91,6 +92,46 @@ def main() -> None:
     print(f"r3d_18 forward on (1, 3, 64, 112, 112):     {forward:7.3f} s")
     print(f"ratio decode / forward:                     {decode / forward:7.2f}  (target < 1)")
     print(f"ratio (decode + preprocess) / forward:      {(decode + prep) / forward:7.2f}")
+
+
+TITLE = "video"
+
+
+def measure(ctx):  # type: ignore[no-untyped-def]
+    """Decoding 64 frames of a 1080p H.264 clip from a seek against r3d_18's forward pass on
+    them (issue 25: < 1x). Quick mode: 16 frames of 540p; smoke: 4 frames of 144p."""
+    import tempfile
+
+    import torch
+
+    from common import Row, Target
+    from inspect_model.loading.clips import video_preprocess
+    from inspect_model.loading.models import load_torchvision
+    from inspect_model.loading.video import clip_indices, probe, read_frames
+
+    n, size = {"full": (64, (1080, 1920)), "quick": (16, (540, 960)), "smoke": (4, (144, 256))}[ctx.mode]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_clip(Path(tmp) / "clip.mp4", frames=max(n + 32, 48), size=size)
+        info = probe(path)
+        (idx,) = clip_indices(info.frames, n, 1, 1)
+        frames: list[Any] = []
+        pre = video_preprocess(load_torchvision("r3d_18", weights=None, device="meta"))
+        model = ctx.model("r3d_18")
+        batch: list[Any] = []
+
+        def decode() -> None:
+            frames[:] = read_frames(info, idx)
+
+        def forward() -> None:
+            if not batch:
+                batch.append(pre([f.image for f in frames])[None].to(ctx.device))
+            with torch.no_grad():
+                model(batch[0])
+
+        decode()
+        t = ctx.time({"ours": decode, "floor": forward})
+    return [Row("video", f"decode {n} frames of {size[0]}p (seek + decode)", t["ours"], t["floor"],
+                Target("ratio", 1.0, "< 1x the forward"), floor_what="r3d_18 forward on them")]
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def test_smoke_run_completes_and_prints_one_table(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     benches = {r["bench"] for r in doc["rows"]}
     assert benches >= {"summary", "activations", "memory", "grads", "guided-backprop", "cam", "faithfulness",
-                       "dataset", "pictures"}
+                       "attention", "attributions", "video", "dataset", "pictures"}
     assert any(r["work"].startswith("Score-CAM") for r in doc["rows"])
     assert all("ERROR" not in r["work"] for r in doc["rows"])
     assert doc["machine"]["device"] == "cpu" and doc["machine"]["mode"] == "smoke"
