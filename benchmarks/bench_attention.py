@@ -33,6 +33,31 @@ def best(fns: dict[str, Any], repeats: int) -> dict[str, float]:
     return times
 
 
+def baselines(model: Any, x: Any) -> dict[str, Any]:
+    """The passes the methods are measured against (weights none, eval, parameters frozen as
+    the methods run them): ``forward`` under no_grad, and ``forward+backward``, the gradient
+    of the top class's score with respect to the input."""
+    import torch
+
+    def forward() -> None:
+        with torch.no_grad():
+            model(x)
+
+    def forward_backward() -> None:
+        flags = [p.requires_grad for p in model.parameters()]
+        for p in model.parameters():
+            p.requires_grad_(False)
+        try:
+            xin = x.clone().requires_grad_(True)
+            y = model(xin)
+            torch.autograd.grad(y.gather(1, y.argmax(1, keepdim=True)).sum(), xin)
+        finally:
+            for p, f in zip(model.parameters(), flags, strict=True):
+                p.requires_grad_(f)
+
+    return {"forward": forward, "forward+backward": forward_backward}
+
+
 def main() -> None:
     import torch
     import torchvision
@@ -56,28 +81,14 @@ def main() -> None:
         torch.nn.init.normal_(head.weight, std=0.02)  # torchvision starts ViT's head at zero
     x = torch.randn(args.batch, 3, args.size, args.size)
 
-    def forward() -> None:
-        with torch.no_grad():
-            model(x)
-
-    def forward_backward() -> None:
-        flags = [p.requires_grad for p in model.parameters()]
-        for p in model.parameters():
-            p.requires_grad_(False)
-        try:
-            xin = x.clone().requires_grad_(True)
-            y = model(xin)
-            torch.autograd.grad(y.gather(1, y.argmax(1, keepdim=True)).sum(), xin)
-        finally:
-            for p, f in zip(model.parameters(), flags, strict=True):
-                p.requires_grad_(f)
-
     def method(name: str) -> Any:
         opts = AttentionOptions(methods=(name,))
         return lambda: compute_attention(model, x, opts)
 
-    fns = {"forward": forward, "raw": method("raw"), "rollout": method("rollout"),
-           "forward+backward": forward_backward, "grad-rollout": method("grad-rollout"), "legrad": method("legrad")}
+    base = baselines(model, x)
+    fns = {"forward": base["forward"], "raw": method("raw"), "rollout": method("rollout"),
+           "forward+backward": base["forward+backward"], "grad-rollout": method("grad-rollout"),
+           "legrad": method("legrad")}
     times = best(fns, args.repeats)
     print(f"{args.model}, weights none, batch {args.batch}, {args.size}x{args.size}, "
           f"{torch.get_num_threads()} thread(s), best of {args.repeats}")
@@ -106,28 +117,12 @@ def measure(ctx):  # type: ignore[no-untyped-def]
     torch.nn.init.normal_(model.heads.head.weight, std=0.02)  # torchvision starts ViT's head at zero
     x = ctx.images(batch, 224)
 
-    def forward() -> None:
-        with torch.no_grad():
-            model(x)
-
-    def forward_backward() -> None:
-        flags = [p.requires_grad for p in model.parameters()]
-        for p in model.parameters():
-            p.requires_grad_(False)
-        try:
-            xin = x.clone().requires_grad_(True)
-            y = model(xin)
-            torch.autograd.grad(y.gather(1, y.argmax(1, keepdim=True)).sum(), xin)
-        finally:
-            for p, f in zip(model.parameters(), flags, strict=True):
-                p.requires_grad_(f)
-
     def method(name: str) -> Any:
         opts = AttentionOptions(methods=(name,))
         return lambda: compute_attention(model, x, opts)
 
     names = ("raw", "rollout", "grad-rollout", "legrad")
-    t = ctx.time({"forward": forward, "forward+backward": forward_backward, **{n: method(n) for n in names}})
+    t = ctx.time({**baselines(model, x), **{n: method(n) for n in names}})
     rows = []
     for n in names:
         base = "forward" if n in ("raw", "rollout") else "forward+backward"

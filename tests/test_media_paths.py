@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from fixtures.videos import moving_square, video_net_file, write_video
-from test_runner_paths import FAULTY, _env, _files, _report, _same
+from test_runner_paths import DRIVER, FAULTY, _env, _files, _report, _same
 
 FLOW_NET = '''
 import torch
@@ -41,17 +41,6 @@ COMMON = ["--batch-size", "2", "--json", "-q"]
 CLIP_COMMANDS = {"activations": ["-l", "features.0"], "grads": [], "cam": ["--method", "gradcam,layercam"],
                  "guided-backprop": []}
 PAIR_COMMANDS = {"activations": ["-l", "conv"], "grads": [], "cam": ["-l", "conv"]}
-DRIVER = """
-import json, os, sys
-from inspect_model.cli.app import main
-codes = {}
-for name, args in json.loads(sys.argv[1]).items():
-    try:
-        main(args)
-    except SystemExit as exc:
-        codes[name] = exc.code
-open(sys.argv[2] + "-" + os.environ["RANK"] + ".json", "w").write(json.dumps(codes))
-"""
 
 
 @pytest.fixture(scope="module")
