@@ -41,6 +41,7 @@ from inspect_model.engine.attention_ops import (
     KernelWatch,
     as_float,
     as_heads,
+    kernel_watch,
     mask4,
     native_probs,
     recompute,
@@ -201,7 +202,7 @@ class AttentionCapture:
         disabled = torch._C.DisableTorchFunction()
         disabled.__enter__()
         name = self._stack[-1][0] if self._stack else ""
-        watch = KernelWatch(grab=self.wanted is None or self.wanted(name))
+        watch = kernel_watch(self.wanted is None or self.wanted(name))
         watch.__enter__()
         self._mha_open.append((watch, disabled))
 

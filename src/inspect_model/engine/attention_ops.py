@@ -7,13 +7,14 @@ the softmax it computes), and reshaping helpers. Imports only torch.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["KernelWatch", "as_float", "as_heads", "mask4", "native_probs", "recompute"]
+__all__ = ["KernelWatch", "kernel_watch", "as_float", "as_heads", "mask4", "native_probs", "recompute"]
 
 
 def recompute(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
@@ -59,6 +60,13 @@ class KernelWatch(TorchDispatchMode):
     wanted (``grab``): it computes them anyway, and its output is bit for bit the same (checked
     in the tests); elsewhere Q and K are recomputed from its inputs."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # False: torch would wrap __torch_dispatch__ in torch._disable_dynamo, which imports
+        # torch._dynamo (about a second) on the first op. Only safe while nothing is compiled:
+        # kernel_watch() picks GuardedKernelWatch once Dynamo is loaded.
+        return False
+
     def __init__(self, grab: bool = False) -> None:
         super().__init__()
         self.grab = grab
@@ -96,6 +104,17 @@ class KernelWatch(TorchDispatchMode):
         out, weights = func(*[asked[a.name] for a in func._schema.arguments])
         self.weights = weights
         return out, None  # what the kernel returns for need_weights=False
+
+
+class GuardedKernelWatch(KernelWatch):
+    """The watch as torch defines modes by default: Dynamo does not trace into it."""
+
+    __torch_dispatch__ = torch._disable_dynamo(KernelWatch.__torch_dispatch__, recursive=True)
+
+
+def kernel_watch(grab: bool) -> KernelWatch:
+    """A watch; Dynamo-guarded when Dynamo is loaded (a compiled model may run under it)."""
+    return (GuardedKernelWatch if "torch._dynamo" in sys.modules else KernelWatch)(grab=grab)
 
 
 def bind(func: Any, args: Any, kwargs: Any) -> dict[str, Any]:

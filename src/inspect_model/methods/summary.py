@@ -14,6 +14,7 @@ no arithmetic runs; models that cannot run on meta fall back to a real forward p
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -93,6 +94,13 @@ def _mac_counter(stack: list[str], macs: dict[str, int], analytic: set[str] | No
             extra[op] = _sdpa_cpu_macs
 
     class MacCounter(TorchDispatchMode):
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            # torch's default (True) wraps __torch_dispatch__ in torch._disable_dynamo, which
+            # imports torch._dynamo (about a second) on the first op; needed only when a
+            # compiled model may run under the counter, i.e. when Dynamo is loaded.
+            return "torch._dynamo" in sys.modules
+
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
