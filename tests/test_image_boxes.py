@@ -180,3 +180,35 @@ def test_frame_of_a_squashing_preprocess():
     back = frame.from_picture(frame.to_picture([1.5, 2.5, 30.0, 40.0]))
     assert list(back) == pytest.approx([1.5, 2.5, 30.0, 40.0], abs=1e-9)
     assert picture_frame(None, None, (64, 64)) is None
+
+
+@pytest.mark.parametrize("size,resize,crop,squash", [
+    ((250, 150), 80, 64, False),  # resized 133.3 -> 133 wide, the crop starts at 34.5 -> 34
+    ((151, 257), 97, 60, False),  # portrait, odd sides
+    ((250, 150), 64, None, False),  # a segmenter's resize without a crop
+    ((250, 150), 90, 120, False),  # a crop larger than the resized picture: padded
+    ((250, 150), 75, 60, True),  # both sides resized (timm/HF processors)
+])
+def test_crop_box_is_where_the_input_pixels_come_from(size, resize, crop, squash):
+    """The input's box on the picture, measured through the real preprocessing: each pixel
+    of a float picture holds its own x (another picture: y), a linear ramp, which a bilinear
+    resize keeps linear away from the borders; input pixel j then holds the picture's x at
+    its centre less 0.5, so a line fitted to (j + 0.5, value + 0.5) gives the crop's left
+    edge and its scale."""
+    from inspect_model.loading.preprocess import Preprocess
+
+    w, h = size
+    pre = Preprocess(resize=resize, crop=crop, mean=(0,), std=(1,), interpolation="bilinear", squash=squash)
+    ramps = [np.broadcast_to(np.arange(w, dtype=np.float32)[None, :], (h, w)),  # x (float: no rounding)
+             np.broadcast_to(np.arange(h, dtype=np.float32)[:, None], (h, w))]  # y
+    t = [pre(Image.fromarray(np.ascontiguousarray(r), mode="F"))[0] * 255 for r in ramps]  # (H_in, W_in) each
+    hin, win = t[0].shape
+    left, top, right, bottom = pre.uncrop_box(w, h)
+    for axis, (lo, hi, n) in enumerate([(left, right, win), (top, bottom, hin)]):
+        line = (t[0][hin // 2, :] if axis == 0 else t[1][:, win // 2]).numpy()  # a middle row / column
+        centres = np.arange(n) + 0.5
+        real = np.flatnonzero(line > 0.5)  # padding is 0 (and so is the picture's first pixel: left out too)
+        real = real[3:-3]  # the resampling filter is cut at the picture's borders
+        slope, intercept = np.polyfit(centres[real], line[real] + 0.5, 1)
+        assert slope == pytest.approx((hi - lo) / n, abs=2e-3), (axis, slope)
+        assert intercept == pytest.approx(lo, abs=0.25), (axis, intercept, lo)
