@@ -81,8 +81,8 @@ class DenseCam:
         if self.boxes_path is None:
             return None
         from inspect_model.loading.boxes import load_labelled_boxes, match_boxes
+        from inspect_model.loading.geometry import picture_frame
         from inspect_model.methods.targets import parse_target
-        from inspect_model.render.dense import from_picture
 
         if self.boxes is None:
             names = list(self.s.prep.plan.paths) if self.s.prep.plan.paths else []
@@ -92,19 +92,19 @@ class DenseCam:
         hw = (int(batch.tensor.shape[-2]), int(batch.tensor.shape[-1]))
         out = []
         for i, name in enumerate(batch.names):
-            img = batch.images[i].image if batch.images is not None else None
-            crop = pre.uncrop_box(*img.size) if pre is not None and img is not None else None
-            size = img.size if img is not None else (hw[1], hw[0])
+            # the mapping the pictures and image_box use, inverted; a tensor input is its own picture
+            frame = picture_frame(pre, batch.images[i].image if batch.images is not None else None, hw)
             rows = []
             for box, label in self.boxes.get(name, []):
                 idx = None
                 if label is not None:
                     idx = parse_target(label, self.s.prep.categories).index
-                rows.append((from_picture(box, crop, hw, size), idx))
+                rows.append((frame.from_picture(box) if frame is not None else tuple(map(float, box)), idx))
             out.append(rows)
         return out
 
     def feed(self, batch: Any) -> list[ImageItem]:
+        from inspect_model.loading.geometry import picture_frame
         from inspect_model.methods.task_cam import compute_task_cams
 
         model = self.s.prep.loaded.model
@@ -128,7 +128,9 @@ class DenseCam:
             name = batch.names[i]
             img = batch.images[i] if batch.images is not None else None
             maps = [m for m in res.maps if m.row.sample == i]
-            entry = self._entry(res, i, maps, index, name, img)
+            frame = picture_frame(self.s.prep.plan.preprocess, img.image if img is not None else None,
+                                  (int(batch.tensor.shape[-2]), int(batch.tensor.shape[-1])))
+            entry = self._entry(res, i, maps, index, name, img, frame)
             self.s.entries.append(entry)
             extra = {"class_map": res.selection.class_maps[i] if res.selection.class_maps else None,
                      "detections": res.selection.detections[i] if res.selection.detections else []}
@@ -138,7 +140,10 @@ class DenseCam:
             self.s.evaluator.feed_dense(res, batch, self.s.entries[-len(items):], self.objective)
         return items
 
-    def _entry(self, res: Any, i: int, maps: list[Any], index: int, name: str, img: Any) -> dict[str, Any]:
+    def _entry(self, res: Any, i: int, maps: list[Any], index: int, name: str, img: Any,
+               frame: Any) -> dict[str, Any]:
+        """One image's report; ``frame`` (a PictureFrame, None for a tensor input) puts every box
+        on the original picture too (``image_box``), as the pictures draw it."""
         rows = [r for r in res.selection.rows if r.sample == i]
         for m in maps:
             for w in m.warnings:
@@ -151,7 +156,7 @@ class DenseCam:
                 "target": {"class": m.row.label, "label": m.row.name, "score": m.row.score, "probability": prob},
                 "class_independent": m.method == "eigencam", "raw_min": m.raw_min, "raw_max": m.raw_max,
                 "warnings": list(m.warnings), "files": {}, "stats": m.stats(),
-                self.task: m.row.record(),
+                self.task: m.row.record(frame),
             })
         entry: dict[str, Any] = {
             "index": index, "image": name, "size": list(img.image.size) if img is not None else None,
@@ -160,10 +165,12 @@ class DenseCam:
         if self.task == "detection":
             dets = res.selection.detections[i] if res.selection.detections else []
             entry["predictions"] = [{"class": lab, "label": _name(lab, self.s.prep.categories), "score": sc,
-                                     "probability": sc, "box": box} for box, lab, sc in dets[: self.s.top]]
-            entry["detections"] = [r.record() for r in rows]
+                                     "probability": sc, "box": box,
+                                     "image_box": frame.to_picture(box) if frame is not None else None}
+                                    for box, lab, sc in dets[: self.s.top]]
+            entry["detections"] = [r.record(frame) for r in rows]
         else:
-            entry["segments"] = [r.record() for r in rows]
+            entry["segments"] = [r.record(frame) for r in rows]
             entry["legend"] = res.selection.per_sample[i]["classes"]
         return entry
 

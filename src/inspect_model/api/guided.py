@@ -149,13 +149,22 @@ class GuidedSession(Session):
             self.gradients.append(res.gradients)
         items = []
         for i in range(x.shape[0]):
-            entry = self._entry(self.index_base + len(self.entries), batch.names[i], res, i)
+            frame = self._frame(batch, i) if res.rows is not None else None
+            entry = self._entry(self.index_base + len(self.entries), batch.names[i], res, i, frame)
             self.entries.append(entry)
             items.append(ImageItem(entry, (x[i].detach().float().cpu(), res.gradients[i],
                                            None if ggc is None else ggc[i])))
         return items
 
-    def _entry(self, index: int, name: str, res: Any, i: int) -> dict[str, Any]:
+    def _frame(self, batch: Any, i: int) -> Any:
+        """Where sample ``i``'s input lies on its picture (None for a tensor input): a
+        detection's ``image_box``."""
+        from inspect_model.loading.geometry import picture_frame
+
+        img = batch.images[i].image if batch.images is not None else None
+        return picture_frame(self.prep.plan.preprocess, img, (int(batch.tensor.shape[-2]), int(batch.tensor.shape[-1])))
+
+    def _entry(self, index: int, name: str, res: Any, i: int, frame: Any = None) -> dict[str, Any]:
         from inspect_model.render.cam_report import class_name
 
         maps = []
@@ -170,7 +179,7 @@ class GuidedSession(Session):
             })
             if res.rows is not None:  # the detection or segmentation target this map explains
                 row = [r for r in res.rows if r.sample == i][k]
-                maps[-1][self.objective.task] = row.record()
+                maps[-1][self.objective.task] = row.record(frame)
         return {"index": index, "image": name, "targets": [int(t) for t in res.targets[i]], "maps": maps,
                 "files": {}}
 

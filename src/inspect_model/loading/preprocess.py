@@ -63,29 +63,37 @@ class Preprocess:
             d["squash"] = True
         return d
 
-    def geometry(self, width: int, height: int) -> tuple[float, float, float, float, float]:
-        """(scale, left, top, crop_w, crop_h) in resized pixels: where the crop came from."""
-        scale = 1.0
-        if self.resize:
-            scale = self.resize / min(width, height)
-        rw, rh = width * scale, height * scale
-        cw = ch = float(self.crop) if self.crop else 0.0
-        if not self.crop:
-            cw, ch = rw, rh
-        left = (rw - cw) / 2.0
-        top = (rh - ch) / 2.0
-        return scale, left, top, cw, ch
+    def resized_size(self, width: int, height: int) -> tuple[int, int]:
+        """(width, height) after the resize, as torchvision computes it: the shorter side to
+        ``resize``, the longer one ``int(resize * long / short)`` (truncated); both sides
+        with ``squash``."""
+        if not self.resize:
+            return width, height
+        if self.squash:
+            return self.resize, self.resize
+        if width <= height:
+            return self.resize, int(self.resize * height / width)
+        return int(self.resize * width / height), self.resize
+
+    def geometry(self, width: int, height: int) -> tuple[float, float, float, float, float, float]:
+        """(scale_x, scale_y, left, top, crop_w, crop_h), the crop in resized pixels: where the
+        crop came from. torchvision's ``center_crop`` starts at ``int(round((side - crop) / 2))``,
+        and when the crop is larger it pads ``(crop - side) // 2`` before (a negative start)."""
+        rw, rh = self.resized_size(width, height)
+        cw, ch = (self.crop, self.crop) if self.crop else (rw, rh)
+
+        def start(side: int, c: int) -> int:
+            return -((c - side) // 2) if c > side else int(round((side - c) / 2.0))
+
+        return rw / width, rh / height, float(start(rw, cw)), float(start(rh, ch)), float(cw), float(ch)
 
     def uncrop_box(self, width: int, height: int) -> tuple[float, float, float, float]:
         """The crop's box (left, top, right, bottom) in original-image pixels. A map over the
-        model input covers exactly this box of the original (it may reach outside it)."""
-        if self.squash and self.resize:
-            sx, sy = self.resize / width, self.resize / height
-            c = float(self.crop or self.resize)
-            left = top = (self.resize - c) / 2.0
-            return (left / sx, top / sy, (left + c) / sx, (top + c) / sy)
-        scale, left, top, cw, ch = self.geometry(width, height)
-        return (left / scale, top / scale, (left + cw) / scale, (top + ch) / scale)
+        model input covers exactly this box of the original (it may reach outside it), to the
+        pixel: the sizes and offsets are torchvision's integers (tests/test_image_boxes.py
+        measures them through the real resize and crop)."""
+        sx, sy, left, top, cw, ch = self.geometry(width, height)
+        return (left / sx, top / sy, (left + cw) / sx, (top + ch) / sy)
 
     def __call__(self, img: Image.Image) -> torch.Tensor:
         import torch

@@ -16,6 +16,8 @@ from inspect_model.errors import InputError, UsageError
 if TYPE_CHECKING:
     import torch
 
+    from inspect_model.loading.geometry import PictureFrame
+
 Box = tuple[float, float, float, float]
 
 
@@ -39,14 +41,20 @@ class Row:
     scored_mask: Any = None  # segmentation: (h, w) bool, the pixels scored (output resolution)
     notes: list[str] = field(default_factory=list)
 
-    def record(self) -> dict[str, Any]:
-        """The JSON form (no tensors)."""
+    def record(self, frame: PictureFrame | None = None) -> dict[str, Any]:
+        """The JSON form (no tensors). Boxes in model-input pixels, and beside each the same
+        box on the original picture through ``frame`` (``image_box``, ``matched_image_box``,
+        ``image_region``: null when no picture is known, a tensor input)."""
+        def pic(box: list[float] | None) -> list[float] | None:
+            return frame.to_picture(box) if frame is not None else None
+
         out: dict[str, Any] = {"class": self.label, "label": self.name, "score": self.score}
         if self.confidence is not None:
-            out.update(box=self.box, confidence=self.confidence, matched_box=self.matched_box, iou=self.iou)
+            out.update(box=self.box, confidence=self.confidence, matched_box=self.matched_box, iou=self.iou,
+                       image_box=pic(self.box), matched_image_box=pic(self.matched_box))
         if self.mask_source is not None:
             out.update(area=self.area, area_fraction=self.area_fraction, mask_source=self.mask_source,
-                       region=self.box)
+                       region=self.box, image_region=pic(self.box))
         return out
 
 

@@ -81,9 +81,12 @@ def _map_rows(rec: dict[str, Any]) -> list[list[str]]:
 
 
 def _dense_target(m: dict[str, Any]) -> str:
-    """A detection's box, or a segmentation target's area and mask (issue 24)."""
+    """A detection's box (in the picture's pixels, as ``--boxes`` takes them, when the picture
+    is known), or a segmentation target's area and mask (issue 24)."""
     if "detection" in m:
-        return " box [" + ", ".join(f"{v:.0f}" for v in m["detection"]["box"]) + "]"
+        det = m["detection"]
+        box = det.get("image_box") or det["box"]
+        return " box [" + ", ".join(f"{v:.0f}" for v in box) + "]"
     if "segmentation" in m:
         seg = m["segmentation"]
         return f" {100 * seg['area_fraction']:.1f}% of pixels ({seg['mask_source']})"

@@ -3,7 +3,8 @@ and the legend of a segmentation (predicted classes and their areas).
 
 Coordinates: a detection's box and a mask are in model-input pixels; the overlay is drawn
 on the original picture through the crop ``box`` (left, top, right, bottom) that the
-preprocessing gives, so :func:`to_picture` maps input pixels onto the picture.
+preprocessing gives, so :func:`~inspect_model.loading.geometry.to_picture` maps input pixels
+onto the picture (the same mapping gives the reports' ``image_box``).
 """
 
 from __future__ import annotations
@@ -11,37 +12,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from inspect_model.loading.geometry import from_picture, to_picture
+
 if TYPE_CHECKING:
     import numpy as np
     from PIL import Image
+
+__all__ = ["annotate", "from_picture", "legend", "to_picture"]  # the mappings: re-exported from loading
 
 HIGHLIGHT = (255, 40, 40)  # the detection the map explains
 OTHERS = (255, 255, 255)  # the image's other detections
 NAMED = (40, 230, 40)  # a box named in --boxes
 PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75),
            (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207)]
-
-
-def to_picture(box: Sequence[float], crop: Sequence[float] | None, input_hw: tuple[int, int],
-               picture_size: tuple[int, int]) -> tuple[float, float, float, float]:
-    """A box in model-input pixels -> picture pixels."""
-    h, w = input_hw
-    left, top, right, bottom = crop if crop is not None else (0.0, 0.0, float(picture_size[0]),
-                                                               float(picture_size[1]))
-    sx, sy = (right - left) / w, (bottom - top) / h
-    x0, y0, x1, y1 = box
-    return left + x0 * sx, top + y0 * sy, left + x1 * sx, top + y1 * sy
-
-
-def from_picture(box: Sequence[float], crop: Sequence[float] | None, input_hw: tuple[int, int],
-                 picture_size: tuple[int, int]) -> tuple[float, float, float, float]:
-    """A box in original-picture pixels (``--boxes``) -> model-input pixels."""
-    h, w = input_hw
-    left, top, right, bottom = crop if crop is not None else (0.0, 0.0, float(picture_size[0]),
-                                                               float(picture_size[1]))
-    sx, sy = w / (right - left), h / (bottom - top)
-    x0, y0, x1, y1 = box
-    return (x0 - left) * sx, (y0 - top) * sy, (x1 - left) * sx, (y1 - top) * sy
 
 
 def _label(d: Any, xy: tuple[float, float], text: str, colour: tuple[int, int, int], size: int) -> None:

@@ -7,7 +7,9 @@ parts that would otherwise be kept twice are written from their one source here:
 - ``properties.options``: the report's ``options`` object, from the command's request
   fields (names and JSON types from their annotations) plus the model and input options
   every image command shares;
-- ``$defs.method.enum`` (cam): the CAM method registry.
+- ``$defs.method.enum`` (cam): the CAM method registry;
+- ``$defs.input_box`` and ``$defs.image_box`` (cam, guided-backprop): a detection's box in
+  model-input pixels and in the original picture's pixels (:data:`BOX_DEFS`).
 
 ``python -m inspect_model.schemas.generate --check`` fails when a published file differs
 from what this module makes of it (tests/test_registry.py runs it); ``--write`` rewrites
@@ -62,6 +64,19 @@ OVERRIDE: dict[str, dict[str, Any]] = {
 #: Commands whose options are their request alone (no model/input options).
 OWN_OPTIONS = {"models"}
 
+_BOX = {"type": ["array", "null"], "items": {"type": "number"}, "minItems": 4, "maxItems": 4}
+#: The two frames a detection's box is reported in (``$defs``, referenced by the report bodies
+#: of the commands that explain detections): the model input's pixels, where the model found
+#: it, and the original picture's pixels, where the pictures draw it and ``--boxes`` gives it.
+BOX_DEFS: dict[str, dict[str, Any]] = {
+    "input_box": dict(_BOX, description="x0, y0, x1, y1 in model-input pixels (after --resize/--crop or the "
+                      "model's own preprocessing)"),
+    "image_box": dict(_BOX, description="x0, y0, x1, y1 in the original picture's pixels, as --boxes takes "
+                      "them and the pictures draw them (the input box mapped back through the resize and "
+                      "crop); null when no picture is known (a tensor input)"),
+}
+BOX_COMMANDS = ("cam", "guided-backprop")
+
 
 def json_type(annotation: Any) -> dict[str, Any]:
     """The JSON Schema of a request field's annotation."""
@@ -110,6 +125,8 @@ def regenerate(command: str, doc: dict[str, Any]) -> dict[str, Any]:
     out = json.loads(json.dumps(doc))
     out["properties"]["command"] = {"const": command}
     out["properties"]["options"] = options_schema(command)
+    if command in BOX_COMMANDS:
+        out.setdefault("$defs", {}).update(json.loads(json.dumps(BOX_DEFS)))
     if command == "cam":
         from inspect_model.methods.cam_methods import METHODS
 
