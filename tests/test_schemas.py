@@ -57,3 +57,22 @@ def test_nan_is_written_as_null_with_a_flag() -> None:
     doc = json.loads(text)
     assert doc["a"] is None and doc["b"] == [1.0, None]
     assert doc["nonfinite"] == ["$.a", "$.b[1]"]
+
+
+IMAGE_COMMANDS = {
+    "activations": [],
+    "grads": [],
+    "guided-backprop": [],
+    "cam": ["--method", "gradcam"],
+    "attributions": ["--method", "saliency,integrated-gradients", "--steps", "4"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(IMAGE_COMMANDS))
+def test_reports_without_an_output_directory_validate(cli, models_py: Path, command: str) -> None:
+    """--json with no -o: lists of files that were not written are empty, not missing."""
+    image = str(Path(__file__).resolve().parents[1] / "sample_images" / "cat.jpg")
+    r = cli([command, f"{models_py}:TinyCNN", image, "--resize", "32", "--crop", "32", "--json",
+             *IMAGE_COMMANDS[command]])
+    assert r.exit_code == 0, r.stderr
+    _validate(command, r.stdout)

@@ -253,6 +253,8 @@ class _Run:
         result.items = self.items if self.keep else None
         if sink.active:
             self.drawer.draw_summary(sink, result)
+        else:
+            self.drawer.no_summary(result)
         sink.drain()
         self.clock.stamp(result, images)
         if out is not None:

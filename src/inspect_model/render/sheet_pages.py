@@ -43,6 +43,9 @@ class SheetDrawer(Drawer):
 
         draw_average_curves(sink, result)
 
+    def no_summary(self, result: Any) -> None:
+        result.payload["contact_sheets"] = []
+
     def flush(self, sink: Sink) -> None:
         self._flush_sheet(sink, final=True)
 

@@ -195,6 +195,9 @@ class Drawer:
     def draw_summary(self, sink: Sink, result: Any) -> None:
         """Pictures of the whole run (overview, contact sheets, flow plots)."""
 
+    def no_summary(self, result: Any) -> None:
+        """The run writes no files: the report's lists of them are empty, not missing."""
+
     def flush(self, sink: Sink) -> None:
         """Everything this rank drew is queued (before its state is gathered)."""
 
