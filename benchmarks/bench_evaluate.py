@@ -218,18 +218,19 @@ def measure(ctx):  # type: ignore[no-untyped-def]
         return lambda: cam(model, xs, methods=["gradcam"], layers=["layer4"], evaluate=metrics is not None,
                            metrics=metrics, eval_steps=steps)
 
-    from inspect_model.methods.faithfulness_passes import count_inputs
+    from inspect_model.methods.faithfulness_passes import count_inputs, pass_rows
 
-    # What the scores cannot avoid: one forward pass of every perturbed input they read
-    # (64 a pass, as evaluate_maps), on top of the maps judged.
+    # What the scores cannot avoid: one forward pass of every perturbed input they read, as
+    # many a pass as evaluate_maps runs, on top of the maps judged.
     n_inputs = count_inputs([0, 1], ["deletion", "insertion", "road", "confidence"], steps, original_known=True)
-    noise = torch.randn(min(n_inputs, 64), 3, size, size, generator=torch.Generator().manual_seed(1)).to(ctx.device)
+    per = pass_rows(xs, None)
+    noise = torch.randn(min(n_inputs, per), 3, size, size, generator=torch.Generator().manual_seed(1)).to(ctx.device)
 
     def unavoidable() -> None:
         run(None)()
         with torch.no_grad():
-            for start in range(0, n_inputs, 64):
-                model(noise[: min(64, n_inputs - start)])
+            for start in range(0, n_inputs, per):
+                model(noise[: min(per, n_inputs - start)])
 
     t = ctx.time({"floor": run(None), "ours": run(["all"]), "passes": unavoidable},
                  repeats=1 if ctx.mode == "full" else None)
@@ -238,7 +239,7 @@ def measure(ctx):  # type: ignore[no-untyped-def]
                     floor_what="cam gradcam (the maps judged)"))
     rows.append(Row("faithfulness", work + ": against its forward passes", t["ours"], t["passes"],
                     Target("info", text="overhead over the passes"),
-                    floor_what=f"the maps + {n_inputs} plain forward inputs ({n_inputs // 2} a map)"))
+                    floor_what=f"the maps + {n_inputs} plain forward inputs ({n_inputs // 2} a map, {per} a pass)"))
     return rows
 
 

@@ -113,10 +113,13 @@ def test_models_without_a_faithful_copy_run_as_they_are() -> None:
 def test_batch_size_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     x = torch.zeros(2, 3, 224, 224)  # one input: 602,112 bytes; x 24 = 14.45 MB
     assert cp.scorecam_batch_size(x, 4096, 5) == 5
-    assert (1 << 30) // (24 * 3 * 224 * 224 * 4) == 74  # the budget allows 74; a CPU takes at most 64
-    assert cp.scorecam_batch_size(x, 4096, None) == cp.CPU_MAX_BATCH == 64
-    assert cp.scorecam_batch_size(torch.zeros(1, 3, 448, 448), 4096, None) == (1 << 30) // (24 * 3 * 448 * 448 * 4)
-    assert cp.scorecam_batch_size(x, 10, None) == 10  # never more than there are masked inputs
+    # A CPU takes at most 64 a pass, and at most 4 MiB of input: 6 inputs of 3x224x224, 27 of
+    # 3x112x112, 64 (not 85) of 3x64x64; the 1 GiB memory budget (24 bytes an input byte) allows more.
+    assert (1 << 30) // (24 * 3 * 224 * 224 * 4) == 74
+    assert cp.scorecam_batch_size(x, 4096, None) == (4 << 20) // (3 * 224 * 224 * 4) == 6
+    assert cp.scorecam_batch_size(torch.zeros(1, 3, 112, 112), 4096, None) == 27
+    assert cp.scorecam_batch_size(torch.zeros(1, 3, 64, 64), 4096, None) == cp.CPU_MAX_BATCH == 64
+    assert cp.scorecam_batch_size(torch.zeros(1, 3, 64, 64), 10, None) == 10  # never more than there are inputs
     assert cp.scorecam_batch_size(torch.zeros(1, 3, 4096, 4096), 100, None) == 1
     # The accelerator branch, run on the CPU: half of the free memory reported by CUDA.
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 << 30, 80 << 30))
@@ -124,6 +127,8 @@ def test_batch_size_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cp.memory_budget(torch.device("cpu")) == cp.CPU_BUDGET
     # Off the CPU the cap is SCORECAM_MAX_BATCH (a meta tensor stands for an accelerator's here).
     assert cp.scorecam_batch_size(torch.zeros(2, 3, 64, 64, device="meta"), 4096, None) == cp.SCORECAM_MAX_BATCH
+    assert cp.scorecam_batch_size(torch.zeros(1, 3, 448, 448, device="meta"), 4096, None) == (1 << 30) // (
+        24 * 3 * 448 * 448 * 4) == 18  # the memory budget (a meta device's: 1 GiB) binds before the cap
 
 
 def test_equal_masks_run_once_and_constant_channels_share_the_zero_input() -> None:

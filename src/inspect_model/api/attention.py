@@ -60,7 +60,8 @@ class AttentionRequest(Request):
     boxes: Any = option(None, "--boxes", type=Path, help="With --evaluate: JSON or CSV of boxes image,x0,y0,x1,y1 "
                      "in original-image pixels, for the pointing and energy games.")
     eval_steps: int = option(32, "--eval-steps", help="Steps of the deletion and insertion curves.")
-    eval_batch: int = option(64, "--eval-batch", help="Perturbed inputs per forward pass (--evaluate).")
+    eval_batch: int | None = option(None, "--eval-batch", type=int, help="Perturbed inputs per forward pass (--evaluate); "
+                                    "default 64, on a CPU at most 4 MiB of input (6 at 224 px).")
 
     def validate(self) -> None:
         from inspect_model.api.cam_evaluate import check_evaluate_request

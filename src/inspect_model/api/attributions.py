@@ -66,7 +66,8 @@ class AttributionsRequest(Request):
     metrics: tuple[str, ...] = option((), "--metric", help="With --evaluate: deletion, insertion, road, confidence "
                                       "or all (default); repeatable.", multiple=True, param="metric")
     eval_steps: int = option(32, "--eval-steps", help="Steps of the deletion and insertion curves.")
-    eval_batch: int = option(64, "--eval-batch", help="Perturbed inputs per forward pass (--evaluate).")
+    eval_batch: int | None = option(None, "--eval-batch", type=int, help="Perturbed inputs per forward pass (--evaluate); "
+                                    "default 64, on a CPU at most 4 MiB of input (6 at 224 px).")
     sanity: bool = option(False, "--sanity", help="Cascading weight randomisation (Adebayo et al. 2018) on a copy "
                           "of the model, for every method: Spearman rank correlation with the original maps.")
     save_raw: bool = option(False, "--save-raw", help=SAVE_RAW_HELP)

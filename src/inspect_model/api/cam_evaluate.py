@@ -14,11 +14,10 @@ from typing import Any
 from inspect_model.errors import UsageError
 
 DEFAULT_STEPS = 32
-DEFAULT_BATCH = 64
 
 
 def check_evaluate_request(*, evaluate: bool, metrics: list[str] | None, boxes: Any, steps: int,
-                           batch: int) -> list[str]:
+                           batch: int | None) -> list[str]:
     """The --evaluate options that need no model; the metrics asked for ([] without --evaluate)."""
     from inspect_model.methods.faithfulness import parse_metrics
 
@@ -32,7 +31,7 @@ def check_evaluate_request(*, evaluate: bool, metrics: list[str] | None, boxes: 
         return []
     if steps < 2:
         raise UsageError(f"--eval-steps must be 2 or more, got {steps}")
-    if batch < 1:
+    if batch is not None and batch < 1:
         raise UsageError(f"--eval-batch must be 1 or more, got {batch}")
     parsed = parse_metrics(metrics, boxes=boxes is not None)
     if boxes is not None:
@@ -45,9 +44,10 @@ def check_evaluate_request(*, evaluate: bool, metrics: list[str] | None, boxes: 
 class Evaluator:
     """Scores maps batch by batch (see the module docstring)."""
 
-    def __init__(self, prep: Any, metrics: list[str], *, steps: int, batch: int, boxes: Any = None,
+    def __init__(self, prep: Any, metrics: list[str], *, steps: int, batch: int | None, boxes: Any = None,
                  output_key: str | None = None, notes: Any = None, progress: Any = None) -> None:
         self.prep, self.metrics, self.steps, self.batch = prep, metrics, steps, batch
+        self.used_batch: int | None = None  # the inputs per pass chosen (--eval-batch, else pass_rows)
         self.output_key, self.progress = output_key, progress
         self.source = str(boxes) if boxes is not None else None
         self.boxes: dict[str, list[Any]] = {}
@@ -60,7 +60,9 @@ class Evaluator:
 
         per = inputs_per_map(metrics, steps)
         notes(f"evaluate: {', '.join(metrics)}; {per} perturbed inputs per map (and the curves' ends, shared by "
-              f"the maps of an image), run in forward passes of up to {batch} (--eval-batch)")
+              f"the maps of an image), run in forward passes of "
+              + (f"up to {batch} (--eval-batch)" if batch is not None else
+                 "up to 64 (on a CPU, up to 4 MiB of input: --eval-batch sets it)"))
 
     def _check_boxes(self, path: Any) -> None:
         from inspect_model.loading.boxes import check_inside, load_boxes, match_boxes
@@ -155,8 +157,11 @@ class Evaluator:
             else:
                 self.progress(done, total)
 
+        from inspect_model.methods.faithfulness_passes import pass_rows
+
+        self.used_batch = pass_rows(x, self.batch)
         scored, passes = evaluate_maps(self.prep.loaded.model, x, jobs, metrics=self.metrics, steps=self.steps,
-                                       batch=self.batch, output_key=self.output_key, original=original,
+                                       batch=self.used_batch, output_key=self.output_key, original=original,
                                        progress=progress, read=read)
         self.passes += passes
         self.inputs += total
@@ -197,7 +202,7 @@ class Evaluator:
         return {
             "metrics": list(self.metrics),
             "steps": self.steps,
-            "batch": self.batch,
+            "batch": self.used_batch if self.used_batch is not None else self.batch,
             "road_fractions": list(fa.ROAD_FRACTIONS),
             "road_noise": fa.ROAD_NOISE,
             "insertion_blur": {"kernel": fa.BLUR_KERNEL, "sigma": fa.BLUR_SIGMA},

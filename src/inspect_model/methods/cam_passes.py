@@ -258,22 +258,34 @@ SCORECAM_MAX_BATCH = 256
 # resnet50 at 64 px on this 2-core CPU ran 2048 masked inputs in 6.4-6.9 s at 32-64 per pass,
 # 7.8 s at 128 or 16, and 11.5 s at 256.
 CPU_MAX_BATCH = 64
+# ... and large inputs want fewer: a pass's activations outgrow the caches, and blocks beyond
+# glibc's largest heap block (32 MiB) are mapped afresh and page-faulted in on every pass.
+# No-grad passes at 224 px on this CPU: resnet18 21 ms an input at 5-8 per pass, 31 ms at 64;
+# resnet50 53 ms at 5, 119 ms at 64 (benchmarks/bench_evaluate.py's rows). At most this many
+# bytes of input per pass: 6 inputs of 3x224x224, 27 of 3x112x112, 85 (so 64) of 3x64x64.
+CPU_CHUNK_BYTES = 4 << 20
 CPU_BUDGET = 1 << 30  # bytes of masked inputs and their activations in flight on a CPU
 # Bytes per masked input, in units of one input's bytes: a no-grad forward of resnet50 at 224 px
 # peaks at 17x (torch's allocator; resnet18 11x), plus the masked input and its mask; headroom.
 PER_INPUT = 24
 
 
+def cpu_rows(x: torch.Tensor, cap: int) -> int:
+    """Inputs like one sample of ``x`` per no-grad pass on a CPU: at most ``cap``, and at most
+    CPU_CHUNK_BYTES of input (at least 1)."""
+    return max(1, min(cap, CPU_CHUNK_BYTES // max(x[0].numel() * x.element_size(), 1)))
+
+
 def scorecam_batch_size(x: torch.Tensor, rows: int, requested: int | None) -> int:
     """Masked inputs per pass: ``requested`` (--scorecam-batch), else the largest batch that
     fits the memory budget: half the free memory of an accelerator (``mem_get_info``) or
     1 GiB on a CPU, over an estimated PER_INPUT x the bytes of one input per masked input;
-    between 1 and SCORECAM_MAX_BATCH (CPU_MAX_BATCH on a CPU), and no more than there are
-    masked inputs."""
+    between 1 and SCORECAM_MAX_BATCH (on a CPU, :func:`cpu_rows` of CPU_MAX_BATCH), and no
+    more than there are masked inputs."""
     if requested is not None:
         return requested
     per = PER_INPUT * x[0].numel() * x.element_size()
-    cap = SCORECAM_MAX_BATCH if x.device.type != "cpu" else CPU_MAX_BATCH
+    cap = SCORECAM_MAX_BATCH if x.device.type != "cpu" else cpu_rows(x, CPU_MAX_BATCH)
     return max(1, min(cap, rows, memory_budget(x.device) // max(per, 1)))
 
 

@@ -132,8 +132,21 @@ class Scorer:
             self.progress(self.done)
 
 
+DEFAULT_BATCH = 64  # perturbed inputs per pass on an accelerator (on a CPU: pass_rows)
+
+
+def pass_rows(x: torch.Tensor, batch: int | None) -> int:
+    """Perturbed inputs per forward pass: ``batch`` (--eval-batch) when given, else
+    DEFAULT_BATCH, fewer on a CPU for large inputs (``cam_passes.cpu_rows``: 6 at 224 px)."""
+    from inspect_model.methods.cam_passes import cpu_rows
+
+    if batch is not None:
+        return batch
+    return DEFAULT_BATCH if x.device.type != "cpu" else cpu_rows(x, DEFAULT_BATCH)
+
+
 def evaluate_maps(model: nn.Module, x: torch.Tensor, jobs: Sequence[MapJob], *, metrics: Sequence[str],
-                  steps: int = 32, batch: int = 64, output_key: str | None = None,
+                  steps: int = 32, batch: int | None = None, output_key: str | None = None,
                   original: Sequence[float] | None = None,
                   progress: Callable[[int], None] | None = None,
                   read: Callable[..., list[float]] | None = None) -> tuple[list[MapScores], int]:
@@ -149,7 +162,7 @@ def evaluate_maps(model: nn.Module, x: torch.Tensor, jobs: Sequence[MapJob], *, 
     shared = read is None  # a detector's or segmenter's target is read per map
     expected = count_inputs([j.sample for j in jobs], metrics, steps, original_known=original is not None,
                             shared=shared)
-    scorer = Scorer(model, output_key, batch, progress, expected, read)
+    scorer = Scorer(model, output_key, pass_rows(x, batch), progress, expected, read)
     blurred = fa.gaussian_blur(x.float()).to(x.dtype) if "insertion" in metrics else None
     counts = fa.step_counts(hw[0] * hw[1], steps)
     ends = _Ends(scorer, x, blurred, original, shared)
