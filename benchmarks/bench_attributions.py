@@ -98,7 +98,6 @@ def speed(args: argparse.Namespace) -> None:
     if IntegratedGradients is not None:
         runs["captum"] = lambda: captum_ig(False)
         runs["captum+delta"] = lambda: captum_ig(True)  # ours reports the gap too: the same outputs
-        runs["ours(32 rows)"] = lambda: ours(model, x, targets, args.steps, 32)  # the command's default
         runs["captum(default)"] = lambda: captum_ig(False, None)  # internal_batch_size=None: one call
     a, b = runs["ours"]().cpu(), runs["floor"]().cpu()
     print(f"ours vs floor: max |diff| {float((a - b).abs().max()):.2e} (scale {float(b.abs().max()):.2e})")
@@ -191,14 +190,14 @@ TITLE = "attributions"
 def measure(ctx):  # type: ignore[no-untyped-def]
     """Integrated gradients (32 Gauss-Legendre steps; 4 in smoke mode) on resnet18:
 
-    - ours with as many rows per model call as the batch has images, against 32 forward +
-      backward passes done by hand (issue 27: <= 1.1x), and against captum's
-      IntegratedGradients chunked the same way (``internal_batch_size`` = the batch): both
-      run exactly those passes, so this row is level by construction (information);
-    - ours as the command runs it (``--batch-size`` 32, its default) against captum as it
-      runs by default (``internal_batch_size=None``: every step of every image in one call,
-      captum#632): target faster. Captum running out of memory on an accelerator is a row
-      with no peer time and a note.
+    - ours with as many rows per model call as the batch has images (the command's
+      ``--batch-size``, 8 by default), against 32 forward + backward passes done by hand
+      (issue 27: <= 1.1x), and against captum's IntegratedGradients chunked the same way
+      (``internal_batch_size`` = the batch): both run exactly those passes, so this row is
+      level by construction (information);
+    - the same run of ours against captum as it runs by default (``internal_batch_size=None``:
+      every step of every image in one call, captum#632): target faster. Captum running out
+      of memory on an accelerator is a row with no peer time and a note.
 
     The peak-memory check (256 against 32 steps) needs fresh processes: run this script alone."""
     import warnings
@@ -213,8 +212,7 @@ def measure(ctx):  # type: ignore[no-untyped-def]
     model = ctx.model("resnet18")
     x = ctx.images(batch, size)
     targets = [i * 7 % 1000 for i in range(batch)]
-    fns = {"floor": lambda: floor_ig(model, x, targets, steps), "ours": lambda: ours(model, x, targets, steps, batch),
-           "ours_default": lambda: ours(model, x, targets, steps, 32)}
+    fns = {"floor": lambda: floor_ig(model, x, targets, steps), "ours": lambda: ours(model, x, targets, steps, batch)}
     oom = ""
     if ctx.peers["captum"]:
         from captum.attr import IntegratedGradients
@@ -241,7 +239,7 @@ def measure(ctx):  # type: ignore[no-untyped-def]
             Row("attributions", work + f", {batch} rows a call: against captum chunked alike", t["ours"], t["floor"],
                 Target("info", text="level: the same passes"), peer=t.get("peer"), peer_name="captum",
                 floor_what=floor_what),
-            Row("attributions", work + ": defaults, against captum's (all steps in one call)", t["ours_default"],
+            Row("attributions", work + ": against captum's defaults (all steps in one call)", t["ours"],
                 t["floor"], Target("speedup", 1.0, "faster than captum"), peer=t.get("peer_default"),
                 peer_name="captum", floor_what=floor_what, note=oom)]
 
