@@ -196,6 +196,9 @@ class GradRun:
         part = self.partial
         y = select_output(out, self.output_key)
         require_float(y)
+        if y.dim() == 1 and y.shape[0] != n:  # (N,): one score per input; (classes,): a squeezed batch
+            raise ModelRuntimeError(f"the model output has shape {tuple(y.shape)}; expected a batch of {n} "
+                                    "scores or score rows; use --output-key to pick another output")
         if self.loss is not None and y.dim() == 2:
             check_label_count(self.categories, int(y.shape[1]))
         if not y.requires_grad:

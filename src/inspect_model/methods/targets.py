@@ -98,8 +98,9 @@ def for_batch(spec: Any, start: int, n: int) -> Any:
 
 
 def resolve_targets(spec: TargetSpec, scores: torch.Tensor) -> list[list[int]]:
-    """Class indices per sample for a (N, K) score tensor."""
-    if scores.dim() < 2:
+    """Class indices per sample for a (N, K) score tensor; (N,) is one score per sample (a
+    binary classifier's logit), class 0."""
+    if scores.dim() < 1:
         raise ModelRuntimeError(
             f"the model output has shape {tuple(scores.shape)}; a class target needs (N, classes); "
             "use --output-key to pick another output"
@@ -145,6 +146,12 @@ def top_k_warning(spec: Any, n_classes: int) -> str | None:
         return None
     return (f"--target {spec.text or f'top:{spec.k}'} asks for {spec.k} classes but the model has {n_classes}: "
             f"explaining all {n_classes} (one backward pass each per image)")
+
+
+def class_probabilities(scores: torch.Tensor) -> torch.Tensor:
+    """Probabilities of (N, classes) scores: softmax over the classes, or the sigmoid of a
+    single score (a binary classifier's logit; a softmax over one class is always 1)."""
+    return scores.sigmoid() if scores.shape[1] == 1 else scores.softmax(dim=1)
 
 
 def require_float(y: torch.Tensor) -> None:
