@@ -134,7 +134,7 @@ def check_request(inputs: InputOptions | None, *, batch_size: int | None = None)
         vals = parse_floats(v, opt)
         if opt == "--std" and vals and any(x <= 0 for x in vals):
             raise UsageError(f"--std '{v}' must be positive")
-    if inputs.labels is not None and not Path(inputs.labels).is_file():
+    if inputs.labels is not None and not Path(inputs.labels).exists():
         raise InputError(f"labels file '{inputs.labels}' does not exist")
     if isinstance(inputs.images, (list, tuple)):
         for item in inputs.images:

@@ -98,6 +98,10 @@ def _check_file(path: str, what: str = "checkpoint") -> None:
         raise ModelLoadError(f"{what} '{path}' does not exist")
     if os.path.isdir(path):
         raise ModelLoadError(f"{what} '{path}' is a directory, not a file")
+    if not os.path.isfile(path):
+        from inspect_model.loading.parsing import NOT_REGULAR
+
+        raise ModelLoadError(f"{what} '{path}' {NOT_REGULAR}")
     if not os.access(path, os.R_OK):
         raise ModelLoadError(f"{what} '{path}' is not readable (permission denied)")
 

@@ -27,10 +27,11 @@ def resolve_label(value: int | str, categories: Sequence[str] | None) -> int:
 
 def read_labels_file(path: str, categories: Sequence[str] | None) -> list[int]:
     """One label per image: a class index or name per line, in the order of the images."""
-    from pathlib import Path
+    from inspect_model.loading.parsing import read_bounded
 
     try:
-        lines = [ln.strip() for ln in Path(path).read_text(encoding="utf-8").splitlines()]
+        text = read_bounded(path, f"labels file '{path}'").decode("utf-8")
+        lines = [ln.strip() for ln in text.splitlines()]
     except OSError as exc:
         raise InputError(f"labels file '{path}' cannot be read: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:

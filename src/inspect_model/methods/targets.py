@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import InputError, ModelRuntimeError, UsageError, suggest
-from inspect_model.loading.parsing import check_depth
+from inspect_model.loading.parsing import check_depth, read_bounded
 
 if TYPE_CHECKING:
     import torch
@@ -192,7 +192,7 @@ def load_labels(path: str | Path) -> LabelNames:
     """Class names from a file: one per line, or a JSON list, or a JSON {index: name} map."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_bounded(p, f"labels file '{p}'").decode("utf-8")
     except OSError as exc:
         raise InputError(f"labels file '{p}' cannot be read: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
