@@ -24,10 +24,12 @@ NOT_REGULAR = "is not a regular file (a pipe, socket or device); save it to a fi
 
 
 def read_bounded(path: str | os.PathLike[str], what: str, *, error: type[InspectModelError] = InputError,
-                 limit: int = MAX_TEXT_BYTES) -> bytes:
+                 limit: int | None = None) -> bytes:
     """The bytes of the small text file at ``path`` (``what`` names it). A pipe or device
     (``/dev/zero``: the read never ends; a FIFO: the open blocks) and a file over ``limit``
-    bytes are ``error``; a missing file or a directory raise the usual ``OSError``."""
+    bytes (default :data:`MAX_TEXT_BYTES`) are ``error``; a missing file or a directory raise
+    the usual ``OSError``."""
+    limit = MAX_TEXT_BYTES if limit is None else limit
     st = os.stat(path)
     if stat.S_ISDIR(st.st_mode):
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
@@ -36,7 +38,7 @@ def read_bounded(path: str | os.PathLike[str], what: str, *, error: type[Inspect
     with open(path, "rb") as fh:
         data = fh.read(limit + 1)
     if len(data) > limit:
-        raise error(f"{what} is over {limit // 2**20} MiB; this is no labels, boxes, text or config file")
+        raise error(f"{what} is over {limit:,} bytes; this is no labels, boxes, text or config file")
     return data
 
 
