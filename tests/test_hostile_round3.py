@@ -260,3 +260,33 @@ def test_output_dir_equal_to_the_input_folder_keeps_the_inputs(tmp_path: Path, m
     res = cli(["cam", spec, "--weights", "none", str(photos), "-o", str(photos), "--force"])
     assert res.exit_code == 0, res.stderr
     assert json.loads((photos / "report.json").read_text())["image_count"] == 1
+
+
+class VitOneLogit(nn.Module):
+    """A tiny torchvision ViT with one output score, (N,)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torchvision.models import VisionTransformer
+
+        self.vit = VisionTransformer(image_size=16, patch_size=8, num_layers=1, num_heads=2, hidden_dim=8,
+                                     mlp_dim=16, num_classes=1)
+        nn.init.normal_(self.vit.heads.head.weight, std=0.5)  # torchvision starts the head at zero
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.vit(x)[:, 0]
+
+
+def test_single_logit_attention(monkeypatch: pytest.MonkeyPatch, cli) -> None:
+    """attention (gradient methods included) on a one-logit ViT: class 0, sigmoid probability."""
+    model = VitOneLogit().eval()
+    spec = register_model(monkeypatch, model)
+    before = snapshot(model)
+    res = cli(["attention", spec, *IN, "--json", "--method", "rollout,grad-rollout"])
+    assert res.exit_code == 0, res.stderr
+    assert_same(model, before)
+    target = json.loads(res.stdout)["images"][0]["target"]
+    with torch.no_grad():
+        logit = float(model(_seeded_input())[0])
+    assert target["class"] == 0
+    assert target["probability"] == pytest.approx(1 / (1 + math.exp(-logit)), abs=1e-6)
