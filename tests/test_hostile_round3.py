@@ -118,11 +118,12 @@ def test_single_logit_grads_objective_is_the_logit(monkeypatch: pytest.MonkeyPat
     assert rep["images"][0]["input_grad_norm"] == pytest.approx(float(g.norm()), rel=1e-4)
 
 
-@pytest.mark.parametrize("command", ["cam", "grads"])
-def test_squeezed_scores_of_one_input_are_refused(command: str, monkeypatch: pytest.MonkeyPatch, cli) -> None:
+@pytest.mark.parametrize("argv", [["cam"], ["grads"], ["grads", "--of", "score", "--wrt", "features.0"]],
+                         ids=["cam", "grads", "grads-of-score"])
+def test_squeezed_scores_of_one_input_are_refused(argv: list[str], monkeypatch: pytest.MonkeyPatch, cli) -> None:
     """(classes,) for a batch of one is no batch of single scores: refused, not explained as 5 inputs."""
     spec = register_model(monkeypatch, Squeezed())
-    res = cli([command, spec, *IN])
+    res = cli([argv[0], spec, *IN, *argv[1:]])
     _one_error(res, errors.EXIT_RUNTIME, "(5,)", "batch of 1")
 
 

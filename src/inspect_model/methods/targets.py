@@ -148,6 +148,14 @@ def top_k_warning(spec: Any, n_classes: int) -> str | None:
             f"explaining all {n_classes} (one backward pass each per image)")
 
 
+def check_score_batch(y: torch.Tensor, n: int) -> None:
+    """An (N,) output is one score per input only when N is the batch: a squeezed (classes,)
+    output of one input is refused, not explained as ``classes`` inputs."""
+    if y.dim() == 1 and y.shape[0] != n:
+        raise ModelRuntimeError(f"the model output has shape {tuple(y.shape)}; expected a batch of {n} "
+                                "scores or score rows; use --output-key to pick another output")
+
+
 def class_probabilities(scores: torch.Tensor) -> torch.Tensor:
     """Probabilities of (N, classes) scores: softmax over the classes, or the sigmoid of a
     single score (a binary classifier's logit; a softmax over one class is always 1)."""
