@@ -291,3 +291,39 @@ def test_single_logit_attention(monkeypatch: pytest.MonkeyPatch, cli) -> None:
         logit = float(model(_seeded_input())[0])
     assert target["class"] == 0
     assert target["probability"] == pytest.approx(1 / (1 + math.exp(-logit)), abs=1e-6)
+
+
+# ------------------------------------------------------------------ a 1-channel model fed colour pictures
+class Gray(nn.Module):
+    """MNIST-like: one input channel; keeps what it was fed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 3, padding=1)
+        self.fc = nn.Linear(2, 3)
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(x.detach().clone())
+        return self.fc(torch.relu(self.conv(x)).mean((2, 3)))
+
+
+def test_gray_model_fed_rgb_sees_luma_normalised_as_reported(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              cli) -> None:
+    """The picture becomes Pillow's ITU-R 601 luma, resized and cropped as torchvision does,
+    normalised by the mean of the preset's three values, and the report says those values."""
+    import torchvision.transforms.functional as TF
+
+    pic = tmp_path / "colour.png"
+    gen = torch.Generator().manual_seed(1)
+    Image.fromarray((torch.rand(40, 50, 3, generator=gen) * 255).byte().numpy()).save(pic)
+    model = Gray()
+    spec = register_model(monkeypatch, model)
+    res = cli(["activations", spec, "--weights", "none", str(pic), "--json", "--resize", "32", "--crop", "28"])
+    assert res.exit_code == 0, res.stderr
+    pre = json.loads(res.stdout)["options"]["inputs"]["preprocessing"]
+    mean, std = sum((0.485, 0.456, 0.406)) / 3, sum((0.229, 0.224, 0.225)) / 3
+    assert pre["mean"] == pytest.approx([mean]) and pre["std"] == pytest.approx([std])
+    img = TF.center_crop(TF.resize(Image.open(pic).convert("L"), 32), [28, 28])
+    want = (TF.pil_to_tensor(img).float() / 255 - mean) / std
+    assert torch.allclose(model.seen[-1][0], want, atol=1e-5)

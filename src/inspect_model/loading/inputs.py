@@ -163,7 +163,7 @@ class InputPlan:
     def describe(self) -> dict[str, Any]:
         return {
             "images": [str(p) for p in self.paths],
-            "preprocessing": self.preprocess.describe() if self.preprocess else None,
+            "preprocessing": self.preprocess.describe(self.channels) if self.preprocess else None,
             # None where images keep their own sizes (no crop: detectors, segmenters, --preset unit)
             "input_size": list(self.input_size) if self.input_size and not self._own_sizes() else None,
             "batch_size": self.batch_size,
