@@ -327,3 +327,36 @@ def test_gray_model_fed_rgb_sees_luma_normalised_as_reported(tmp_path: Path, mon
     img = TF.center_crop(TF.resize(Image.open(pic).convert("L"), 32), [28, 28])
     want = (TF.pil_to_tensor(img).float() / 255 - mean) / std
     assert torch.allclose(model.seen[-1][0], want, atol=1e-5)
+
+
+# ------------------------------------------------------------------ a module under two names
+class Aliased(TinyCNN):
+    """``self.stem = self.features[0]``: PyTorch lists the module once, as 'features.0'."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = self.features[0]
+
+
+@pytest.mark.parametrize("argv", [["activations", "--layers", "stem"], ["grads", "--layers", "stem"],
+                                  ["cam", "--layer", "stem"]], ids=["activations", "grads", "cam"])
+def test_a_layer_named_by_its_alias_is_found(argv: list[str], monkeypatch: pytest.MonkeyPatch, cli) -> None:
+    model = Aliased()
+    spec = register_model(monkeypatch, model)
+    before = snapshot(model)
+    res = cli([argv[0], spec, *IN[:-1], "--json", *argv[1:]])
+    assert res.exit_code == 0, res.stderr
+    assert "features.0" in res.stdout
+    assert_same(model, before)
+
+
+def test_alias_lookup_is_by_identity() -> None:
+    from inspect_model.engine.selection import select_layers
+
+    m = Aliased()
+    assert select_layers(m, ["stem"]) == ["features.0"]
+    assert select_layers(m, ["stem", "features.0"]) == ["features.0"]
+    with pytest.raises(errors.LayerSelectionError, match="'stm' not found"):
+        select_layers(m, ["stm"])
+    with pytest.raises(errors.LayerSelectionError):
+        select_layers(m, ["flatten"])  # an attribute that is no module
