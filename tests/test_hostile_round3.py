@@ -360,3 +360,32 @@ def test_alias_lookup_is_by_identity() -> None:
         select_layers(m, ["stm"])
     with pytest.raises(errors.LayerSelectionError):
         select_layers(m, ["flatten"])  # an attribute that is no module
+
+
+# ------------------------------------------------------------------ stdout that cannot be written
+_NET = """
+from torch import nn
+def net():
+    return nn.Sequential(nn.Conv2d(3, 2, 3), nn.ReLU(), nn.Flatten(), nn.LazyLinear(2))
+"""
+
+
+@pytest.mark.parametrize("where", ["full", "closed"])
+def test_a_report_stdout_cannot_take_is_an_output_error(where: str, tmp_path: Path) -> None:
+    """``>/dev/full`` or ``>&-``: exit 7 and one line, not an 'unexpected' exit 6."""
+    import subprocess
+    import sys
+
+    if where == "full" and not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    (tmp_path / "nets.py").write_text(_NET)
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "OMP_NUM_THREADS": "1"}
+    argv = [sys.executable, "-m", "inspect_model", "summary", f"{tmp_path / 'nets.py'}:net", "--input-size",
+            "3x8x8", "--device", "cpu", "--json"]
+    with open("/dev/full" if where == "full" else os.devnull, "w") as sink:
+        proc = subprocess.run(argv, stdout=sink, stderr=subprocess.PIPE, text=True, env=env, timeout=120,
+                              preexec_fn=(lambda: os.close(1)) if where == "closed" else None)
+    assert "Traceback" not in proc.stderr and "unexpected" not in proc.stderr, proc.stderr
+    assert proc.returncode == errors.EXIT_OUTPUT, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: cannot write the report")
