@@ -389,3 +389,12 @@ def test_a_report_stdout_cannot_take_is_an_output_error(where: str, tmp_path: Pa
     assert "Traceback" not in proc.stderr and "unexpected" not in proc.stderr, proc.stderr
     assert proc.returncode == errors.EXIT_OUTPUT, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: cannot write the report")
+
+
+def test_output_dir_that_is_a_dangling_link_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli) -> None:
+    link = tmp_path / "results"
+    link.symlink_to(tmp_path / "nowhere")
+    spec = register_model(monkeypatch, TinyCNN())
+    res = cli(["cam", spec, *IN, "-o", str(link)])
+    _one_error(res, errors.EXIT_OUTPUT, "symbolic link", "nowhere", "does not exist")
+    assert link.is_symlink() and not (tmp_path / "nowhere").exists()
