@@ -398,3 +398,25 @@ def test_output_dir_that_is_a_dangling_link_says_so(tmp_path: Path, monkeypatch:
     res = cli(["cam", spec, *IN, "-o", str(link)])
     _one_error(res, errors.EXIT_OUTPUT, "symbolic link", "nowhere", "does not exist")
     assert link.is_symlink() and not (tmp_path / "nowhere").exists()
+
+
+# ------------------------------------------------------------------ a torchvision model fine-tuned to 10 classes
+def test_torchvision_checkpoint_with_another_class_count(tmp_path: Path, cli) -> None:
+    """The common fine-tune: the error names the fix (--model-arg num_classes=10), and with it
+    the run explains the checkpoint's model (scores checked against torchvision's own)."""
+    from torchvision.models import shufflenet_v2_x0_5
+
+    torch.manual_seed(3)
+    ref = shufflenet_v2_x0_5(num_classes=10).eval()
+    ck = tmp_path / "finetuned.pt"
+    torch.save({"state_dict": {f"module.{k}": v for k, v in ref.state_dict().items()}, "epoch": 7}, ck)
+    base = ["cam", "shufflenet_v2_x0_5", "--weights", "none", "--checkpoint", str(ck), "--input-size", "3x16x16",
+            "--quiet", "--json"]
+    _one_error(cli(base), errors.EXIT_MODEL_LOAD, "10 outputs", "--model-arg num_classes=10")
+    res = cli([*base, "--model-arg", "num_classes=10"])
+    assert res.exit_code == 0, res.stderr
+    pred = json.loads(res.stdout)["images"][0]["predictions"][0]
+    with torch.no_grad():
+        want = ref(_seeded_input())[0]
+    assert pred["class"] == int(want.argmax())
+    assert pred["score"] == pytest.approx(float(want.max()), rel=1e-4)

@@ -39,7 +39,8 @@ CheckpointOpt = Annotated[
 ]
 ModelArgOpt = Annotated[
     list[str] | None,
-    typer.Option("--model-arg", help="key=value passed to a user model's constructor (repeatable)."),
+    typer.Option("--model-arg", help="key=value passed to a user model's constructor or a torchvision builder, e.g. "
+                 "num_classes=10 (repeatable)."),
 ]
 NonStrictOpt = Annotated[
     bool, typer.Option("--non-strict", help="Allow missing/unexpected checkpoint keys.")
