@@ -420,3 +420,22 @@ def test_torchvision_checkpoint_with_another_class_count(tmp_path: Path, cli) ->
         want = ref(_seeded_input())[0]
     assert pred["class"] == int(want.argmax())
     assert pred["score"] == pytest.approx(float(want.max()), rel=1e-4)
+
+
+@pytest.mark.parametrize("flat", [True, False], ids=["N", "N-1"])
+def test_single_logit_cross_entropy_is_the_binary_one(flat: bool, monkeypatch: pytest.MonkeyPatch, cli) -> None:
+    """--loss cross-entropy of a one-score model: softmax over one class made it 0 with no
+    gradient at all; it is BCE-with-logits against the label 0 or 1 (torch's own, below)."""
+    model = OneLogit(flat).eval()
+    spec = register_model(monkeypatch, model)
+    with torch.no_grad():
+        z = model(_seeded_input()).reshape(-1)
+    for label in (0, 1):
+        res = cli(["grads", spec, *IN, "--json", "--loss", "cross-entropy", "--label", str(label)])
+        assert res.exit_code == 0, res.stderr
+        rep = json.loads(res.stdout)
+        want = nn.functional.binary_cross_entropy_with_logits(z, torch.tensor([float(label)]))
+        assert rep["images"][0]["objective"] == pytest.approx(float(want), rel=1e-5)
+        assert rep["global_grad_norm"] > 0
+    _one_error(cli(["grads", spec, *IN, "--loss", "cross-entropy", "--label", "2"]), errors.EXIT_INPUT,
+               "label 2", "0 or 1")
