@@ -34,6 +34,9 @@ class TorchvisionSource:
         name = spec.removeprefix("torchvision:")
         # --model-arg: the builder's keywords (num_classes=10 for a fine-tuned checkpoint;
         # quantize=True|False for quantized_*); torchvision checks them against the weights.
+        if "quantize" in (request.model_args or {}) and registry().get(name) != "quantization":
+            raise UsageError(f"--model-arg quantize=True|False to torchvision's quantized_* models only; '{name}' "
+                             "is not one (see `inspect-model models quantized_*`)")
         return load_torchvision(name, weights=request.weights, device=request.device,
                                 build_args=request.model_args or None)
 
