@@ -202,8 +202,8 @@ PIPES = [  # (id, argv(tmp, spec), exit code, what the line names)
 
 
 @pytest.mark.parametrize(("argv", "code", "names"), [p[1:] for p in PIPES], ids=[p[0] for p in PIPES])
-def test_a_pipe_or_device_is_one_line_and_no_hang(argv, code: int, names: str, tmp_path: Path,  # type: ignore[no-untyped-def]
-                                                  monkeypatch: pytest.MonkeyPatch, cli, deadline) -> None:
+def test_a_pipe_or_device_is_one_line_and_no_hang(  # type: ignore[no-untyped-def]
+        argv, code: int, names: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli, deadline) -> None:
     model = TinyCNN()
     spec = register_model(monkeypatch, model)
     before = snapshot(model)

@@ -32,7 +32,8 @@ AGREE = 1e-4  # largest difference of the probabilities (copy against model) on 
 
 
 class InferenceRunner:
-    """``probs(x)``: the class probabilities (softmax; sigmoid of a single score) of the model on ``x`` (B, ...) under no
+    """``probs(x)``: the class probabilities (softmax; a single score's sigmoid) of the model
+    on ``x`` (B, ...) under no
     grad; the first call decides whether the fused copy is used (and checks it)."""
 
     def __init__(self, model: nn.Module, forward: Callable[[torch.Tensor], Any],
