@@ -33,8 +33,8 @@ AGREE = 1e-4  # largest difference of the probabilities (copy against model) on 
 
 class InferenceRunner:
     """``probs(x)``: the class probabilities (softmax; a single score's sigmoid) of the model
-    on ``x`` (B, ...) under no
-    grad; the first call decides whether the fused copy is used (and checks it)."""
+    on ``x`` (B, ...) under no grad; the first call decides whether the fused copy is used
+    (and checks it)."""
 
     def __init__(self, model: nn.Module, forward: Callable[[torch.Tensor], Any],
                  scores: Callable[[Any], torch.Tensor], inputs: int) -> None:
