@@ -30,11 +30,10 @@ _META_KEYS = {"command", "description"}
 
 def read_toml(path: str) -> dict[str, Any]:
     """The TOML document at ``path``; every failure (deep nesting too) one usage-error line."""
-    from inspect_model.loading.parsing import loads_toml
+    from inspect_model.loading.parsing import loads_toml, read_bounded
 
     try:
-        with open(path, "rb") as fh:
-            text = fh.read().decode("utf-8")
+        text = read_bounded(path, f"config file '{path}'", error=UsageError).decode("utf-8")
     except FileNotFoundError as exc:
         raise UsageError(f"config file '{path}' does not exist") from exc
     except IsADirectoryError as exc:

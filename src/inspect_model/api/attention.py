@@ -159,7 +159,9 @@ class AttentionSession(Session):
         target = None
         if res.targets is not None and res.scores is not None:
             cls = int(res.targets[i])
-            prob = float(res.scores[i].softmax(0)[cls])
+            from inspect_model.methods.targets import class_probabilities
+
+            prob = float(class_probabilities(res.scores[i:i + 1])[0, cls])
             target = {"class": cls, "label": class_name(cls, self.prep.categories), "probability": prob}
         maps: list[dict[str, Any]] = []
         for method, m in res.maps.items():
@@ -236,9 +238,10 @@ class _EvalView:
 
         import torch
 
+        from inspect_model.methods.targets import class_probabilities
         from inspect_model.render.attention import normalise, upsample
 
-        self.probabilities = res.scores.softmax(dim=1)
+        self.probabilities = class_probabilities(res.scores)
         self.maps = [SimpleNamespace(sample=i, target=int(res.targets[i]),
                                      map=torch.from_numpy(upsample(normalise(m[i].numpy()), res.input_hw).copy()))
                      for i in range(len(res.targets)) for m in res.maps.values()]

@@ -46,12 +46,14 @@ def feed_text(session: Any, batch: Any) -> list[Any]:
 
 
 def _target(res: Any, i: int, categories: Any) -> dict[str, Any] | None:
+    from inspect_model.methods.targets import class_probabilities
     from inspect_model.render.cam_report import class_name
 
     if res.targets is None or res.scores is None:
         return None
     cls = int(res.targets[i])
-    return {"class": cls, "label": class_name(cls, categories), "probability": float(res.scores[i].softmax(0)[cls])}
+    prob = float(class_probabilities(res.scores[i:i + 1])[0, cls])
+    return {"class": cls, "label": class_name(cls, categories), "probability": prob}
 
 
 def text_entry(session: Any, index: int, batch: Any, res: Any, i: int) -> dict[str, Any]:

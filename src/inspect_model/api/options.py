@@ -134,7 +134,7 @@ def check_request(inputs: InputOptions | None, *, batch_size: int | None = None)
         vals = parse_floats(v, opt)
         if opt == "--std" and vals and any(x <= 0 for x in vals):
             raise UsageError(f"--std '{v}' must be positive")
-    if inputs.labels is not None and not Path(inputs.labels).is_file():
+    if inputs.labels is not None and not Path(inputs.labels).exists():
         raise InputError(f"labels file '{inputs.labels}' does not exist")
     if isinstance(inputs.images, (list, tuple)):
         for item in inputs.images:
@@ -254,9 +254,27 @@ def load(opts: ModelOptions, *, device: str | None = None) -> Any:
             )
     else:
         raise InputError(f"expected an nn.Module or a model name, got {type(opts.model).__name__}")
-    if loaded.borrowed and str(parse_dtype(opts.dtype)) != "torch.float32":
+    want = parse_dtype(opts.dtype)
+    other = _other_float_dtypes(loaded.model, want)
+    if loaded.borrowed and (other or str(want) != "torch.float32"):
         # Commands cast the model to --dtype in place: give them a copy of the user's instance.
         from inspect_model.loading.user_models import private_copy
 
         loaded.model, loaded.borrowed = private_copy(loaded.model, opts.spec()), False
+    if other:
+        # A model saved in half precision fed --dtype inputs: "Input type (float) and bias
+        # type (c10::Half) should be the same" in its first layer. Run it in --dtype.
+        loaded.model.to(want)
+        loaded.notes.append(f"the model's parameters are {', '.join(other)}; cast to "
+                            f"{str(want).replace('torch.', '')} (--dtype) for this run")
     return loaded
+
+
+def _other_float_dtypes(model: Any, want: Any) -> list[str]:
+    """The floating dtypes of ``model``'s parameters other than ``want`` (none: it runs as is)."""
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        return []
+    found = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    return sorted(str(d).replace("torch.", "") for d in found - {want})

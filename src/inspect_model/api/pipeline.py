@@ -75,8 +75,10 @@ def resolved_weights(loaded: Any, mopts: ModelOptions) -> str | None:
 
 
 def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: bool = True,
-            notes: Callable[[str], None] | None = None, default_batch: int | None = None) -> Prepared:
-    """Load the model (its notes go to ``notes``) and plan the inputs."""
+            notes: Callable[[str], None] | None = None, default_batch: int | None = None,
+            output_dir: Any = None) -> Prepared:
+    """Load the model (its notes go to ``notes``) and plan the inputs (folders and globs
+    without what lies in ``output_dir``)."""
     import torch
 
     from inspect_model.loading.inputs import plan_inputs
@@ -142,7 +144,7 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
             seed=inputs.seed, preset=inputs.preset, resize=inputs.resize, crop=inputs.crop,
             mean=parse_floats(inputs.mean, "--mean"), std=parse_floats(inputs.std, "--std"),
             skip_bad=inputs.skip_bad, device=dev, dtype=torch_dtype, clip=inputs.clip,
-            clip_options=ClipOptions(inputs.frames, inputs.stride, inputs.clips),
+            clip_options=ClipOptions(inputs.frames, inputs.stride, inputs.clips), exclude=output_dir, notes=notes,
         )
         binding, categories = media_binding(command, loaded, plan, binding, categories, notes)
     return Prepared(loaded, plan, categories, dev, torch_dtype, binding)
@@ -209,7 +211,7 @@ def run_images(command: str, model: Any, images: Any, make_session: Callable[[Pr
     resolved: by default, kept when no output_dir is given), its batches run (:func:`execute`).
     A session that is a context manager (activations' capture) is entered around the run."""
     mopts = model_options or ModelOptions(model)
-    prep = prepare(command, mopts, inputs or InputOptions(images), hooks=hooks, notes=notes)
+    prep = prepare(command, mopts, inputs or InputOptions(images), hooks=hooks, notes=notes, output_dir=output_dir)
     keep = output_dir is None if keep is None else keep
     with contextlib.ExitStack() as stack:
         session = make_session(prep, mopts, keep)

@@ -39,7 +39,8 @@ CheckpointOpt = Annotated[
 ]
 ModelArgOpt = Annotated[
     list[str] | None,
-    typer.Option("--model-arg", help="key=value passed to a user model's constructor (repeatable)."),
+    typer.Option("--model-arg", help="key=value passed to a user model's constructor or a torchvision builder, e.g. "
+                 "num_classes=10 (repeatable)."),
 ]
 NonStrictOpt = Annotated[
     bool, typer.Option("--non-strict", help="Allow missing/unexpected checkpoint keys.")
@@ -181,7 +182,7 @@ def emit(
     if as_json:
         from inspect_model.render.jsonout import dumps
 
-        sys.stdout.write(dumps(json_doc()) + "\n")
+        write_stdout(dumps(json_doc()) + "\n")
     elif rich is not None and stdout_is_terminal():
         from rich.console import Console
 
@@ -192,8 +193,24 @@ def emit(
             else:
                 console.print(part)
     else:
-        sys.stdout.write(clean(text()))
-    sys.stdout.flush()
+        write_stdout(clean(text()))
+
+
+def write_stdout(text: str) -> None:
+    """``text`` to stdout, flushed; a closed or full stdout (``>&-``, ``>/dev/full``) is an
+    output error. A reader that left (``| head``, BrokenPipeError) is the CLI edge's to end quietly."""
+    from inspect_model.errors import OutputError
+
+    if sys.stdout is None:
+        raise OutputError("cannot write the report: stdout is closed; redirect it to a file or pass -o DIR")
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError) as exc:  # ValueError: "I/O operation on closed file"
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise OutputError(f"cannot write the report to stdout: {reason}") from exc
 
 
 # ---------------------------------------------------------------- inputs

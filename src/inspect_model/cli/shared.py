@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -221,7 +220,6 @@ def _jsonl_writer(command: str) -> Callable[[dict[str, Any]], None]:
     from inspect_model.render.jsonout import dumps
 
     def write(obj: dict[str, Any]) -> None:
-        sys.stdout.write(dumps({"command": command, **obj}, indent=None) + "\n")
-        sys.stdout.flush()
+        c.write_stdout(dumps({"command": command, **obj}, indent=None) + "\n")
 
     return write

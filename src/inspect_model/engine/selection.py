@@ -191,6 +191,8 @@ def _select_glob(tree: _Tree, spec: str, body: str) -> list[str]:
 
 def _select_name(tree: _Tree, spec: str, body: str, index: str | None) -> list[str]:
     """A qualified name; with a position, that module's children (indexed by the caller)."""
+    if body not in tree.by_name and body:
+        body = _canonical(tree, body) or body
     if body not in tree.by_name or body == "":
         raise LayerSelectionError(
             f"layer '{body}' not found"
@@ -204,3 +206,13 @@ def _select_name(tree: _Tree, spec: str, body: str, index: str | None) -> list[s
         raise LayerSelectionError(f"layer spec '{spec}': '{body}' has no children to take "
                                   f"position [{index}] of")
     return children
+
+
+def _canonical(tree: _Tree, name: str) -> str | None:
+    """The listed name of a module registered under several names (``self.head = self.fc``:
+    PyTorch lists it once, under its first name), or None when ``name`` is no module."""
+    try:
+        module = tree.model.get_submodule(name)
+    except (AttributeError, ValueError):
+        return None
+    return next((n for n, m in tree.table if m is module and n), None)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from inspect_model.errors import InputError
-from inspect_model.loading.parsing import check_depth
+from inspect_model.loading.parsing import check_depth, read_bounded
 
 Box = tuple[float, float, float, float]
 
@@ -32,7 +32,7 @@ def load_labelled_boxes(path: str | Path) -> dict[str, list[tuple[Box, str | Non
     """The boxes of ``path`` with the class each names (None when it names none)."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_bounded(p, f"boxes file '{p}'").decode("utf-8")
     except FileNotFoundError as exc:
         raise InputError(f"boxes file '{p}' does not exist") from exc
     except (OSError, UnicodeDecodeError) as exc:

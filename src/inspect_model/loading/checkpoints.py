@@ -98,6 +98,10 @@ def _check_file(path: str, what: str = "checkpoint") -> None:
         raise ModelLoadError(f"{what} '{path}' does not exist")
     if os.path.isdir(path):
         raise ModelLoadError(f"{what} '{path}' is a directory, not a file")
+    if not os.path.isfile(path):
+        from inspect_model.loading.parsing import NOT_REGULAR
+
+        raise ModelLoadError(f"{what} '{path}' {NOT_REGULAR}")
     if not os.access(path, os.R_OK):
         raise ModelLoadError(f"{what} '{path}' is not readable (permission denied)")
 
@@ -258,6 +262,19 @@ def strip_prefixes(sd: dict[str, Any], model_keys: set[str]) -> tuple[dict[str, 
     return sd, stripped
 
 
+def _head_hint(own: dict[str, Any], sd: dict[str, Any]) -> str:
+    """The fix for a mismatch: a classifier fine-tuned to another class count (only the last
+    layer's rows differ) needs ``--model-arg num_classes=N``; else the model's arguments."""
+    last = [k for k in own if own[k].dim() >= 1 and k in sd]
+    diff = [k for k in last if tuple(sd[k].shape) != tuple(own[k].shape)]
+    head = last[-2:] if len(last) >= 2 else last
+    if diff and set(diff) <= set(head) and all(sd[k].shape[1:] == own[k].shape[1:] for k in diff):
+        n = int(sd[diff[0]].shape[0])
+        return (f"the checkpoint's classifier has {n} outputs: pass --model-arg num_classes={n} "
+                "(with --weights none for a torchvision name)")
+    return "check the model's --model-arg values"
+
+
 def _listing(keys: list[str]) -> str:
     shown = ", ".join(keys[:_SHOW])
     more = len(keys) - _SHOW
@@ -296,7 +313,7 @@ def load_checkpoint(
     if mismatched:
         raise ModelLoadError(
             f"checkpoint '{path}' does not fit the model: shape mismatch (checkpoint vs model) for "
-            f"{_listing(mismatched)}; check the model's --model-arg values"
+            f"{_listing(mismatched)}; {_head_hint(own, sd)}"
         )
     if strict and (missing or unexpected):
         parts = []

@@ -11,7 +11,9 @@ images into model inputs lives in :mod:`inspect_model.loading.inputs`.
 from __future__ import annotations
 
 import glob
+import itertools
 import os
+import stat
 import sys
 import warnings
 from collections.abc import Sequence
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import InputError, one_line
+from inspect_model.loading.parsing import NOT_REGULAR
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -37,12 +40,19 @@ MIN_SIDE = 8
 
 
 def collect_paths(items: Sequence[str], *, stdin: Any = None,
-                  missing: list[tuple[str, str]] | None = None) -> list[Path]:
+                  missing: list[tuple[str, str]] | None = None, exclude: Any = None,
+                  excluded: list[Path] | None = None) -> list[Path]:
     """Expand files, directories (recursively, sorted), globs and ``-`` (paths on stdin, one
     per line or NUL-separated as ``find -print0`` writes them). Hidden files and folders
     inside a directory are left out (macOS ``._name.jpg`` files are not images); a file
     named twice is kept once, where it first appears. With ``missing`` (``--skip-bad-inputs``)
-    a path that does not exist is recorded there instead of raising."""
+    a path that does not exist is recorded there instead of raising.
+
+    Directories and globs leave out what lies under ``exclude`` (the run's output directory:
+    a second run into a folder inside its input folder would read the first one's pictures
+    as inputs); those files go to ``excluded``. A file named on its own is kept, and so is
+    everything when the output directory is the input folder itself (or holds it)."""
+    cut = _under(exclude, excluded)
     out: list[Path] = []
     for item in items:
         if item == "-":
@@ -54,11 +64,11 @@ def collect_paths(items: Sequence[str], *, stdin: Any = None,
             lines = [ln.strip() for ln in parts if ln.strip()]
             if not lines:
                 raise InputError("'-' was given but stdin holds no image paths (one per line)")
-            out.extend(collect_paths(lines, missing=missing))
+            out.extend(collect_paths(lines, missing=missing, exclude=exclude, excluded=excluded))
             continue
         p = Path(item)
         if p.is_dir():
-            found = _walk_images(p)
+            found = cut(_walk_images(p), p)
             if not found and not os.access(p, os.R_OK | os.X_OK):
                 raise InputError(f"directory '{item}' cannot be read (permission denied)")
             if not found:
@@ -69,7 +79,7 @@ def collect_paths(items: Sequence[str], *, stdin: Any = None,
         elif p.exists():
             out.append(p)
         elif any(c in item for c in "*?["):
-            found = sorted(Path(f) for f in glob.glob(item, recursive=True) if os.path.isfile(f))
+            found = cut(sorted(Path(f) for f in glob.glob(item, recursive=True) if os.path.isfile(f)), _glob_base(item))
             if not found:
                 raise InputError(f"pattern '{item}' matches no file")
             out.extend(found)
@@ -85,6 +95,38 @@ def collect_paths(items: Sequence[str], *, stdin: Any = None,
             seen.add(key)
             unique.append(q)
     return unique
+
+
+def _inside(path: Any, folder: str) -> bool:
+    return os.path.commonpath([folder, os.path.realpath(path)]) == folder
+
+
+def _glob_base(pattern: str) -> str:
+    """The folder a glob pattern searches from: its parts before the first wildcard."""
+    parts = Path(pattern).parts
+    fixed = [p for p in itertools.takewhile(lambda p: not glob.has_magic(p), parts)]
+    return str(Path(*fixed)) if fixed else "."
+
+
+def _under(exclude: Any, excluded: list[Path] | None) -> Any:
+    """A filter ``cut(paths, base)`` dropping the paths in folder ``exclude`` (recorded in
+    ``excluded``) when that folder lies strictly inside ``base``, the folder searched."""
+    if exclude is None:
+        return lambda paths, base: paths
+    root = os.path.realpath(exclude)
+
+    def keep(paths: list[Path], base: Any) -> list[Path]:
+        if _inside(base, root):  # -o is the input folder (or above it): nothing to tell apart
+            return paths
+        kept = []
+        for p in paths:
+            if _inside(p, root):
+                if excluded is not None:
+                    excluded.append(p)
+            else:
+                kept.append(p)
+        return kept
+    return keep
 
 
 def _walk_images(root: Path) -> list[Path]:
@@ -118,11 +160,14 @@ def load_image(path: Path, *, channels: int = 3, resize: int | None = None) -> L
 
     notes: list[str] = []
     try:
-        size = path.stat().st_size
+        st = path.stat()
     except OSError as exc:
         raise InputError(f"image '{path}' cannot be read: {exc.strerror or exc}") from exc
+    size = st.st_size
     if path.is_dir():
         raise InputError(f"image '{path}' is a directory")
+    if not stat.S_ISREG(st.st_mode):  # a FIFO would block the run (or read as "empty"), a device never end
+        raise InputError(f"image '{path}' {NOT_REGULAR}")
     if size == 0:
         raise InputError(f"image '{path}' is an empty file")
     old_max = Image.MAX_IMAGE_PIXELS

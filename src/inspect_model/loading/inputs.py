@@ -163,7 +163,7 @@ class InputPlan:
     def describe(self) -> dict[str, Any]:
         return {
             "images": [str(p) for p in self.paths],
-            "preprocessing": self.preprocess.describe() if self.preprocess else None,
+            "preprocessing": self.preprocess.describe(self.channels) if self.preprocess else None,
             # None where images keep their own sizes (no crop: detectors, segmenters, --preset unit)
             "input_size": list(self.input_size) if self.input_size and not self._own_sizes() else None,
             "batch_size": self.batch_size,
@@ -249,9 +249,13 @@ def plan_inputs(
     stdin: Any = None,
     clip: bool = False,
     clip_options: Any = None,
+    exclude: Any = None,
+    notes: Any = None,
 ) -> Any:
     """Resolve the input options against a loaded model (see :class:`InputPlan`); a video
-    or optical-flow model gets a clip or pair plan (:mod:`inspect_model.loading.media`)."""
+    or optical-flow model gets a clip or pair plan (:mod:`inspect_model.loading.media`).
+    ``exclude``: the run's output directory, left out of folders and globs (a note to
+    ``notes(text)`` says how many files that drops)."""
     from inspect_model.loading.media import clip_folders
     from inspect_model.loading.shapes import parse_size
 
@@ -260,7 +264,12 @@ def plan_inputs(
     missing: list[tuple[str, str]] = []  # with --skip-bad-inputs: missing paths, skipped like bad files
     folders = clip_folders(images, clip)  # --clip: a folder of frames is one video
     items = [i for i in images or [] if Path(i) not in folders]
-    paths = collect_paths(items, stdin=stdin, missing=missing if skip_bad else None) if items else []
+    excluded: list[Path] = []
+    paths = collect_paths(items, stdin=stdin, missing=missing if skip_bad else None, exclude=exclude,
+                          excluded=excluded) if items else []
+    if excluded and notes is not None:
+        notes(f"left out {len(excluded)} file(s) under the output directory '{exclude}' (earlier results, "
+              "not inputs); name a file on its own to inspect it")
     if skip_bad and images and not paths and missing:
         raise InputError(f"none of the {len(missing)} image paths exists (first: '{missing[0][0]}')")
     media = _media_plan(loaded, paths + folders, input_size, clip_options, batch_size=batch_size, seed=seed,

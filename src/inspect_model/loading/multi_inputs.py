@@ -126,7 +126,9 @@ def _load_inputs_file(path: Path) -> dict[Key, Any]:
     import torch
 
     if not path.is_file():
-        raise InputError(f"inputs file '{path}' does not exist")
+        from inspect_model.loading.parsing import NOT_REGULAR
+
+        raise InputError(f"inputs file '{path}' " + (NOT_REGULAR if path.exists() else "does not exist"))
     from inspect_model.loading.archive_guard import check_sizes
 
     check_sizes(str(path), what="inputs file")  # a zip bomb is refused before torch inflates it

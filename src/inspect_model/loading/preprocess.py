@@ -41,6 +41,12 @@ TASK_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+def _fit(values: Sequence[float], channels: int) -> list[float]:
+    """Per-channel values for ``channels`` channels: as given, or their mean for each."""
+    vals = [float(v) for v in values]
+    return vals if len(vals) == channels else [sum(vals) / len(vals)] * channels
+
+
 @dataclass
 class Preprocess:
     """Resize (shorter side), centre crop, to tensor, normalise; all recorded for reports."""
@@ -54,9 +60,12 @@ class Preprocess:
     given: tuple[str, ...] = ()  # "--mean", "--std": values the user gave, which must fit
     squash: bool = False  # resize both sides to `resize` (aspect not kept), as timm/HF processors may
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self, channels: int | None = None) -> dict[str, Any]:
+        """The options as applied to images of ``channels`` channels (a 1-channel model's
+        normalisation is the mean of a 3-value preset's)."""
+        c = channels or len(self.mean)
         d = {
-            "resize": self.resize, "crop": self.crop, "mean": list(self.mean), "std": list(self.std),
+            "resize": self.resize, "crop": self.crop, "mean": _fit(self.mean, c), "std": _fit(self.std, c),
             "interpolation": self.interpolation, "source": self.source,
         }
         if self.squash:
@@ -112,9 +121,7 @@ class Preprocess:
             if opt in self.given and len(vals) not in (1, c):  # a preset's values are averaged
                 raise InputError(f"{opt} has {len(vals)} values but the images have {c} channels; "
                                  f"give {c} values (or one for all)")
-        mean = list(self.mean) if len(self.mean) == c else [sum(self.mean) / len(self.mean)] * c
-        std = list(self.std) if len(self.std) == c else [sum(self.std) / len(self.std)] * c
-        return F.normalize(t, mean, std)
+        return F.normalize(t, _fit(self.mean, c), _fit(self.std, c))
 
 
 def preprocess_from_weights(transforms: Any) -> Preprocess | None:

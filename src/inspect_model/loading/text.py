@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import InputError, UsageError
+from inspect_model.loading.parsing import read_bounded
 
 if TYPE_CHECKING:
     import torch
@@ -51,10 +52,10 @@ def read_texts(texts: Sequence[str] | None, text_file: str | os.PathLike[str] | 
     out = [texts] if isinstance(texts, str) else [str(t) for t in texts or []]
     if text_file is not None:
         path = Path(text_file)
-        if not path.is_file():
+        if not path.exists():
             raise InputError(f"text file '{path}' does not exist")
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
+            lines = read_bounded(path, f"text file '{path}'").decode("utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as exc:
             raise InputError(f"text file '{path}' cannot be read as UTF-8 text: {exc}") from exc
         out += [ln for ln in lines if ln.strip()]

@@ -96,6 +96,10 @@ def import_file(path: str) -> Any:
         raise ModelLoadError(f"model file '{path}' does not exist")
     if os.path.isdir(path):
         raise ModelLoadError(f"model file '{path}' is a directory; give FILE.py:NAME")
+    if not os.path.isfile(path):
+        from inspect_model.loading.parsing import NOT_REGULAR
+
+        raise ModelLoadError(f"model file '{path}' {NOT_REGULAR}")
     if not path.endswith(".py"):
         raise ModelLoadError(f"model file '{path}' is not a .py file; give FILE.py:NAME")
     full = os.path.abspath(path)

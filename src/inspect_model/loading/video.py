@@ -109,6 +109,10 @@ def probe(path: Path) -> VideoInfo:
         size = path.stat().st_size
     except OSError as exc:
         raise InputError(f"video '{path}' cannot be read: {exc.strerror or exc}") from exc
+    if not path.is_file():
+        from inspect_model.loading.parsing import NOT_REGULAR
+
+        raise InputError(f"video '{path}' {NOT_REGULAR}")
     if size == 0:
         raise InputError(f"video '{path}' is an empty file")
     try:

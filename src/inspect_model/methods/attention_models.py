@@ -90,16 +90,21 @@ def score_projection(model: nn.Module) -> Projection | None:
 
 
 def model_scores(output: Any) -> torch.Tensor:
-    """The class scores of a model's output: a tensor, HF's ``logits``, or a tuple's first."""
+    """The class scores of a model's output: a tensor, HF's ``logits``, or a tuple's first;
+    a single score per input (a binary classifier's (N,) logit) as one class, (N, 1)."""
     import torch
 
-    if isinstance(output, torch.Tensor):
-        return output
     logits = getattr(output, "logits", None)
-    if isinstance(logits, torch.Tensor):
-        return logits
-    if isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
+    if isinstance(output, torch.Tensor):
+        scores = output
+    elif isinstance(logits, torch.Tensor):
+        scores = logits
+    elif isinstance(output, tuple | list) and output and isinstance(output[0], torch.Tensor):
+        scores = output[0]
+    else:
+        scores = None
+    if scores is not None:
+        return scores[:, None] if scores.dim() == 1 else scores
     raise ModelRuntimeError(f"the model returned {type(output).__name__}; attention methods need class scores")
 
 

@@ -41,7 +41,7 @@ from inspect_model.methods.attribution_options import (  # noqa: F401 - re-expor
     parse_sizes,
 )
 from inspect_model.methods.guided import GuidedBackwardMode, _targets_for
-from inspect_model.methods.targets import require_float, select_output
+from inspect_model.methods.targets import class_probabilities, require_float, select_output
 
 Progress = Callable[[int, int, str], None]
 
@@ -287,7 +287,7 @@ def _attribute(scorer: _Scorer, st: AttributionSettings, target: Any, categories
     b = sw.Batch(scorer, x, unit_n, unit_c, st, first_index, sigmas, progress)
     methods, smoothed = st.methods, set(st.smoothed)
     maps: dict[str, torch.Tensor] = {}
-    probs = flat.detach().double().softmax(1).cpu()[unit_n, unit_c]
+    probs = class_probabilities(flat.detach().double()).cpu()[unit_n, unit_c]
     res = AttributionResult(maps={}, targets=targets, scores=fx.reshape(n, k).tolist(),
                             probabilities=probs.reshape(n, k).tolist(), space=space,
                             embedding_layer=emb_name, smoothed=st.smoothed)

@@ -83,7 +83,9 @@ class CamResult:
 
     @property
     def probabilities(self) -> torch.Tensor:
-        return self.scores.float().softmax(dim=1)
+        from inspect_model.methods.targets import class_probabilities
+
+        return class_probabilities(self.scores.float())
 
 
 # ----------------------------------------------------------------------------- options

@@ -55,15 +55,20 @@ def resolve_classes(scores: torch.Tensor, target: Any) -> torch.Tensor:
     return idx
 
 
-def scores_of(out: Any, output_key: str | None) -> torch.Tensor:
+def scores_of(out: Any, output_key: str | None, n: int | None = None) -> torch.Tensor:
+    """The (N, classes) scores of ``out``; a single score per sample (a binary classifier's
+    (N,) logit) is one class, (N, 1), as guided backprop and attributions take it. With ``n``
+    the batch is checked: a squeezed (classes,) output of one input is no batch of scores."""
     from inspect_model.errors import ModelRuntimeError
     from inspect_model.methods.targets import select_output
 
     scores = select_output(out, output_key)
-    if scores.dim() != 2:
+    if scores.dim() == 1 and (n is None or scores.shape[0] == n):
+        scores = scores[:, None]
+    if scores.dim() != 2 or (n is not None and scores.shape[0] != n):
         raise ModelRuntimeError(
             f"the model output has shape {tuple(scores.shape)}; a class activation map needs class "
-            "scores (N, classes); use --output-key to pick another output")
+            f"scores (N, classes) for the batch of {n or 'N'}; use --output-key to pick another output")
     return scores
 
 
@@ -89,7 +94,7 @@ def capture(model: nn.Module, x: torch.Tensor, layers: list[str], *, grads: bool
     with HookEngine(model, hooked, opts) as eng:
         # A copy: the model may change its input in place (x /= 255), and ``x`` is used again.
         out = run_forward(eng, lambda: model(x.clone()))
-        scores = scores_of(out, output_key)
+        scores = scores_of(out, output_key, int(x.shape[0]))
         idx = resolve_classes(scores, target) if classes is None else classes
         recs: dict[str, Any] = {}
         for r in eng.finalize():

@@ -27,10 +27,11 @@ def resolve_label(value: int | str, categories: Sequence[str] | None) -> int:
 
 def read_labels_file(path: str, categories: Sequence[str] | None) -> list[int]:
     """One label per image: a class index or name per line, in the order of the images."""
-    from pathlib import Path
+    from inspect_model.loading.parsing import read_bounded
 
     try:
-        lines = [ln.strip() for ln in Path(path).read_text(encoding="utf-8").splitlines()]
+        text = read_bounded(path, f"labels file '{path}'").decode("utf-8")
+        lines = [ln.strip() for ln in text.splitlines()]
     except OSError as exc:
         raise InputError(f"labels file '{path}' cannot be read: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
@@ -49,6 +50,24 @@ def describe_objective(target: str | None, loss: str | None) -> str:
     if loss == "sum":
         return "sum of every output element"
     return f"sum over inputs of the output score of target '{target or 'predicted'}' (one-hot backward)"
+
+
+def _binary_cross_entropy(yd: torch.Tensor, labels: list[int] | None) -> tuple[torch.Tensor, list[list[int]]]:
+    """A single score per input is a binary classifier's logit: its cross-entropy is the
+    binary one, -[t log s(z) + (1 - t) log(1 - s(z))] with t the label 0 or 1 (a softmax
+    over one class is 1 and its cross-entropy 0 whatever the input: no gradient at all)."""
+    import torch
+    import torch.nn.functional as F
+
+    assert labels is not None
+    bad = [lab for lab in labels if lab not in (0, 1)]
+    if bad:
+        raise InputError(f"label {bad[0]} is out of range: the model gives one score (a binary classifier's "
+                         "logit); labels are 0 or 1")
+    z = yd.reshape(yd.shape[0], -1)[:, 0]
+    z = z if z.dtype in (torch.float32, torch.float64) else z.float()
+    target = torch.tensor(labels, dtype=z.dtype, device=z.device)
+    return F.binary_cross_entropy_with_logits(z, target, reduction="none"), [[lab] for lab in labels]
 
 
 def output_seed(
@@ -78,6 +97,8 @@ def output_seed(
         if loss == "sum":
             per_t = yd.reshape(n, -1).sum(1)
             used: list[list[int]] = [[] for _ in range(n)]
+        elif loss == "cross-entropy" and y.dim() in (1, 2) and y.reshape(n, -1).shape[1] == 1:
+            per_t, used = _binary_cross_entropy(yd, labels)
         else:
             if y.dim() != 2:
                 raise ModelRuntimeError(

@@ -191,11 +191,18 @@ class GradRun:
     def _seed(self, out: Any, n: int, select_output: Any) -> tuple[Any, Any, list[float], list[list[int]]]:
         """The output to walk back from, d(objective)/d(output), each input's objective and
         the classes used: the one-hot of a class score, or a loss."""
-        from inspect_model.methods.targets import check_label_count, for_batch, require_float, top_k_warning
+        from inspect_model.methods.targets import (
+            check_label_count,
+            check_score_batch,
+            for_batch,
+            require_float,
+            top_k_warning,
+        )
 
         part = self.partial
         y = select_output(out, self.output_key)
         require_float(y)
+        check_score_batch(y, n)
         if self.loss is not None and y.dim() == 2:
             check_label_count(self.categories, int(y.shape[1]))
         if not y.requires_grad:

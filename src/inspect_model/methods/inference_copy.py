@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from inspect_model.methods.targets import class_probabilities
+
 if TYPE_CHECKING:
     import torch
     from torch import nn
@@ -30,8 +32,9 @@ AGREE = 1e-4  # largest difference of the probabilities (copy against model) on 
 
 
 class InferenceRunner:
-    """``probs(x)``: softmax of the class scores of the model on ``x`` (B, ...) under no
-    grad; the first call decides whether the fused copy is used (and checks it)."""
+    """``probs(x)``: the class probabilities (softmax; a single score's sigmoid) of the model
+    on ``x`` (B, ...) under no grad; the first call decides whether the fused copy is used
+    (and checks it)."""
 
     def __init__(self, model: nn.Module, forward: Callable[[torch.Tensor], Any],
                  scores: Callable[[Any], torch.Tensor], inputs: int) -> None:
@@ -49,7 +52,7 @@ class InferenceRunner:
         with torch.inference_mode():
             if not self.decided:
                 self.decided = True
-                want = self.scores(self.forward(x)).float().softmax(dim=1)
+                want = class_probabilities(self.scores(self.forward(x)).float())
                 self.fast = traced_copy(self.model, x) or fused_copy(self.model)
                 if self.fast is not None:
                     got = self._fast(x)
@@ -59,7 +62,7 @@ class InferenceRunner:
                 return want
             if self.fast is not None:
                 return self._fast(x)
-            return self.scores(self.forward(x)).float().softmax(dim=1)
+            return class_probabilities(self.scores(self.forward(x)).float())
 
     def _fast(self, x: torch.Tensor) -> torch.Tensor:
         import torch
@@ -67,7 +70,7 @@ class InferenceRunner:
         assert self.fast is not None
         if x.dim() == 4 and not isinstance(self.fast, torch.jit.ScriptModule):
             x = x.contiguous(memory_format=torch.channels_last)
-        return self.scores(self.fast(x)).float().softmax(dim=1)
+        return class_probabilities(self.scores(self.fast(x)).float())
 
 
 def fused_copy(model: nn.Module) -> nn.Module | None:

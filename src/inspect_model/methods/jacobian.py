@@ -213,12 +213,13 @@ def _of_tensor(out: Any, live: dict[str, torch.Tensor], *, of: str, wrt: str, of
     """A, and for ``--of score`` the classes scored per input."""
     import torch
 
-    from inspect_model.methods.targets import resolve_targets, select_output
+    from inspect_model.methods.targets import check_score_batch, resolve_targets, select_output
 
     if of_layer is None:
         y = select_output(out, output_key)
         if of != "score":
             return y, None
+        check_score_batch(y, n)
         targets = resolve_targets(spec, y)
         flat_y = y.reshape(n, -1)
         return torch.stack([flat_y[i, cls] for i, cls in enumerate(targets)]), targets  # (N, K)

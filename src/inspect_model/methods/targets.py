@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import InputError, ModelRuntimeError, UsageError, suggest
-from inspect_model.loading.parsing import check_depth
+from inspect_model.loading.parsing import check_depth, read_bounded
 
 if TYPE_CHECKING:
     import torch
@@ -98,8 +98,9 @@ def for_batch(spec: Any, start: int, n: int) -> Any:
 
 
 def resolve_targets(spec: TargetSpec, scores: torch.Tensor) -> list[list[int]]:
-    """Class indices per sample for a (N, K) score tensor."""
-    if scores.dim() < 2:
+    """Class indices per sample for a (N, K) score tensor; (N,) is one score per sample (a
+    binary classifier's logit), class 0."""
+    if scores.dim() < 1:
         raise ModelRuntimeError(
             f"the model output has shape {tuple(scores.shape)}; a class target needs (N, classes); "
             "use --output-key to pick another output"
@@ -147,6 +148,20 @@ def top_k_warning(spec: Any, n_classes: int) -> str | None:
             f"explaining all {n_classes} (one backward pass each per image)")
 
 
+def check_score_batch(y: torch.Tensor, n: int) -> None:
+    """An (N,) output is one score per input only when N is the batch: a squeezed (classes,)
+    output of one input is refused, not explained as ``classes`` inputs."""
+    if y.dim() == 1 and y.shape[0] != n:
+        raise ModelRuntimeError(f"the model output has shape {tuple(y.shape)}; expected a batch of {n} "
+                                "scores or score rows; use --output-key to pick another output")
+
+
+def class_probabilities(scores: torch.Tensor) -> torch.Tensor:
+    """Probabilities of (N, classes) scores: softmax over the classes, or the sigmoid of a
+    single score (a binary classifier's logit; a softmax over one class is always 1)."""
+    return scores.sigmoid() if scores.shape[1] == 1 else scores.softmax(dim=1)
+
+
 def require_float(y: torch.Tensor) -> None:
     """Refuse an output that autograd cannot differentiate (an int64 class index, a bool
     mask), naming that cause rather than a missing dependency (issue 13)."""
@@ -185,7 +200,7 @@ def load_labels(path: str | Path) -> LabelNames:
     """Class names from a file: one per line, or a JSON list, or a JSON {index: name} map."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_bounded(p, f"labels file '{p}'").decode("utf-8")
     except OSError as exc:
         raise InputError(f"labels file '{p}' cannot be read: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:

@@ -131,6 +131,9 @@ def _make_dir(p: Path) -> Path | None:
     except FileExistsError:
         if p.is_dir():
             return None
+        if p.is_symlink():  # exists() is False for a link to nowhere, so mkdir found the link itself
+            raise OutputError(f"output directory '{p}' is a symbolic link to '{os.readlink(p)}', which does not "
+                              "exist; create that folder or choose another --output-dir") from None
         raise OutputError(f"output directory '{p}' lies under a file; choose another --output-dir") from None
     except NotADirectoryError as exc:
         raise OutputError(f"output directory '{p}' lies under a file; choose another --output-dir") from exc

@@ -70,6 +70,10 @@ def _unclaimed(spec: str) -> str:
         return f"model file '{spec}' does not exist{hint}"
     if os.path.isdir(spec):
         return f"model '{spec}' is a directory; give FILE.py:NAME or a saved model file"
+    if not os.path.isfile(spec):
+        from inspect_model.loading.parsing import NOT_REGULAR
+
+        return f"model file '{spec}' {NOT_REGULAR}"
     kind = sniff(spec)
     if kind == "empty":
         return f"model file '{spec}' is empty"

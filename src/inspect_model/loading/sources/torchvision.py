@@ -32,10 +32,11 @@ class TorchvisionSource:
 
     def load(self, spec: str, request: LoadRequest) -> LoadedModel:
         name = spec.removeprefix("torchvision:")
-        quantized = registry().get(name) == "quantization"
-        if request.model_args and not (quantized and set(request.model_args) <= {"quantize"}):
-            raise UsageError("--model-arg applies to user models (FILE.py:FACTORY) and timm:NAME, and "
-                             "quantize=True|False to torchvision's quantized_* models, not to other torchvision names")
+        # --model-arg: the builder's keywords (num_classes=10 for a fine-tuned checkpoint;
+        # quantize=True|False for quantized_*); torchvision checks them against the weights.
+        if "quantize" in (request.model_args or {}) and registry().get(name) != "quantization":
+            raise UsageError(f"--model-arg quantize=True|False to torchvision's quantized_* models only; '{name}' "
+                             "is not one (see `inspect-model models quantized_*`)")
         return load_torchvision(name, weights=request.weights, device=request.device,
                                 build_args=request.model_args or None)
 
