@@ -439,3 +439,24 @@ def test_single_logit_cross_entropy_is_the_binary_one(flat: bool, monkeypatch: p
         assert rep["global_grad_norm"] > 0
     _one_error(cli(["grads", spec, *IN, "--loss", "cross-entropy", "--label", "2"]), errors.EXIT_INPUT,
                "label 2", "0 or 1")
+
+
+def test_checkpoint_without_cached_default_weights_says_how(cli, tmp_path, monkeypatch) -> None:
+    """--checkpoint on a torchvision name builds it with its default weights first; offline
+    and uncached, the one line names the checkpoint and --weights none, and that works."""
+    import torch
+    import torchvision
+
+    CAT = str(Path(__file__).resolve().parents[1] / "sample_images" / "cat.jpg")
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setenv("INSPECT_MODEL_OFFLINE", "1")
+    ckpt = tmp_path / "r18.pt"
+    torch.manual_seed(0)
+    torch.save(torchvision.models.resnet18(weights=None).state_dict(), ckpt)
+    r = cli(["cam", "resnet18", CAT, "--checkpoint", str(ckpt), "--json"])
+    assert r.exit_code != 0 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert f"--checkpoint {ckpt}" in r.stderr and "--weights none" in r.stderr and "or pass --checkpoint" not in r.stderr
+    r = cli(["cam", "resnet18", CAT, "--checkpoint", str(ckpt), "--weights", "none", "--json"])
+    assert r.exit_code == 0, r.stderr
+    r = cli(["cam", "resnet18", CAT, "--json"])  # no checkpoint: the plain message, which offers one
+    assert r.exit_code != 0 and "or pass --checkpoint FILE" in r.stderr

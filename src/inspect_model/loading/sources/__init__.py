@@ -109,7 +109,18 @@ def load_model(
     spec = spec.strip()
     request = LoadRequest(weights=weights, device=device, model_args=dict(model_args or {}),
                           trust_checkpoint=trust_checkpoint, trust_remote_code=trust_remote_code)
-    loaded = find_source(spec).load(spec, request)
+    from inspect_model.loading.sources.torchvision import WeightsNotCached
+
+    try:
+        loaded = find_source(spec).load(spec, request)
+    except WeightsNotCached as exc:
+        if not checkpoint:
+            raise
+        raise ModelLoadError(
+            f"--checkpoint {checkpoint}: {spec} is built with its weights {exc.weights} first (the builder's "
+            f"settings for them), and they are not cached at {exc.path} nor downloadable; add --weights none to "
+            "build it without them (the checkpoint's tensors replace the weights either way), or put the file there"
+        ) from exc
     if checkpoint:
         load_checkpoint_into(loaded, spec, checkpoint, device=device, strict=strict, trust=trust_checkpoint)
     return loaded

@@ -121,6 +121,14 @@ def weights_cache_path(w: Any) -> str:
     return os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(urlparse(w.url).path))
 
 
+class WeightsNotCached(ModelLoadError):
+    """The weights' file is not in torch's hub cache and could not be downloaded."""
+
+    def __init__(self, message: str, *, weights: str, path: str) -> None:
+        super().__init__(message)
+        self.weights, self.path = weights, path
+
+
 def ensure_weights_file(w: Any, name: str) -> str:
     """Make sure the file of weights ``w`` is in torch's hub cache (downloading it if the
     network allows) and return its path; a one-line error says where it would be cached."""
@@ -140,10 +148,11 @@ def ensure_weights_file(w: Any, name: str) -> str:
         socket.setdefaulttimeout(30)
         torch.hub.download_url_to_file(w.url, path, progress=False)
     except Exception as exc:
-        raise ModelLoadError(
+        raise WeightsNotCached(
             f"weights {type(w).__name__}.{w.name} for {name} are not cached at {path} and "
             f"could not be downloaded from {w.url} ({_short_reason(exc)}); "
-            "run with --weights none (random weights), put the file there, or pass --checkpoint FILE"
+            "run with --weights none (random weights), put the file there, or pass --checkpoint FILE",
+            weights=f"{type(w).__name__}.{w.name}", path=path,
         ) from exc
     finally:
         socket.setdefaulttimeout(old_timeout)
