@@ -460,3 +460,10 @@ def test_checkpoint_without_cached_default_weights_says_how(cli, tmp_path, monke
     assert r.exit_code == 0, r.stderr
     r = cli(["cam", "resnet18", CAT, "--json"])  # no checkpoint: the plain message, which offers one
     assert r.exit_code != 0 and "or pass --checkpoint FILE" in r.stderr
+
+
+def test_an_empty_cam_layer_is_a_usage_error(cli, models_py) -> None:
+    """`cam --layer ''` used to fall back to the automatic choice without a word."""
+    cat = str(Path(__file__).resolve().parents[1] / "sample_images" / "cat.jpg")
+    r = cli(["cam", f"{models_py}:TinyCNN", cat, "--layer", "", "--json"])
+    assert r.exit_code == 2 and "empty layer spec" in r.stderr and r.stderr.count("\n") == 1

@@ -88,6 +88,8 @@ class CamRequest(Request):
         self._set("grid", parse_reshape(self.reshape))
         if self.fuse and len(self.layers) < 2:
             raise UsageError("--fuse combines several layers; give --layer at least twice")
+        if any(not str(spec).strip() for spec in self.layers):
+            raise UsageError("empty layer spec; give a name, a glob, type:CLASS or auto")
         check_colormap(self.colormap)
         check_dense_options(self.score_threshold, self.max_detections)
         self._set("parsed_metrics", tuple(check_evaluate_request(
