@@ -164,6 +164,26 @@ def test_safe_name() -> None:
     assert safe_name("..").startswith("x-") and safe_name("").startswith("x-")
     assert safe_name("CON").startswith("_CON-")
     assert "/" not in safe_name("x/" * 200) and len(safe_name("y" * 500)) == 120
+    # Letters of any script stay; file systems count bytes, so the cap is in UTF-8 bytes.
+    assert safe_name("ünïcödé") == "ünïcödé" and safe_name("猫の写真") == "猫の写真"
+    long = safe_name("猫" * 100)
+    assert len(long.encode("utf-8")) <= 120 and long.startswith("猫" * 37) and re.search(r"-[0-9a-f]{8}$", long)
+    assert re.fullmatch(r"emoji-[0-9a-f]{8}", safe_name("emoji\U0001F600"))  # symbols are not letters
+    assert safe_name("cafe\u0301").startswith("café-")  # composed (NFC): one name for both spellings
+
+
+def test_picture_folders_keep_unicode_names(cli, models_py: Path, tmp_path: Path) -> None:
+    from PIL import Image
+
+    src = tmp_path / "猫の写真.png"
+    Image.new("RGB", (40, 30), (120, 60, 30)).save(src)
+    out = tmp_path / "out"
+    r = cli(["cam", f"{models_py}:TinyCNN", str(src), "--resize", "32", "--crop", "32", "-o", str(out)])
+    assert r.exit_code == 0, r.stderr
+    folder = out / "images" / "0000-猫の写真"
+    assert folder.is_dir() and any(folder.glob("*.overlay.png"))
+    html = (out / "report.html").read_text(encoding="utf-8")
+    assert "0000-猫の写真/" in html
 
 
 def test_symlink_inside_cannot_lead_out(tmp_path: Path) -> None:

@@ -25,26 +25,36 @@ from inspect_model.render.dirlock import RESUME_STAGING, STAGING_PREFIX, DirLock
 __all__ = ["RESUME_STAGING", "DirLock", "OutputDir", "class_tag", "hold_output_dir", "image_dir", "png_bytes",
            "safe_name"]
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9._#=+-]+")
+_UNSAFE = re.compile(r"[^\w.#=+-]+")  # \w: letters and digits of any script (and _)
 _RESERVED = {"CON", "PRN", "AUX", "NUL", *(f"COM{i}" for i in range(1, 10)), *(f"LPT{i}" for i in range(1, 10))}
 
 
+def _cut(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` bytes of UTF-8, at a character boundary."""
+    return text.encode("utf-8")[:limit].decode("utf-8", "ignore")
+
+
 def safe_name(text: str, *, default: str = "x", max_len: int = 120) -> str:
-    """A file-name-safe version of ``text``: no separators, no leading dots, no '..'.
+    """A file-name-safe version of ``text``: no separators, no leading dots, no '..'; letters
+    of any script stay (``ünïcödé``, ``猫``), NFC-composed; at most ``max_len`` bytes of UTF-8
+    (file systems count bytes).
 
     When cleaning changes the text, a short hash of the original is appended, so two names
     that clean alike ('a/b' and 'a_b') still give two files."""
-    s = _UNSAFE.sub("_", text.replace(os.sep, "_").replace("/", "_").replace("\\", "_"))
+    import unicodedata
+
+    s = unicodedata.normalize("NFC", text)
+    s = _UNSAFE.sub("_", s.replace(os.sep, "_").replace("/", "_").replace("\\", "_"))
     s = s.replace("..", "_").strip("._ ")
     if not s:
         s = default
     if s.split(".")[0].upper() in _RESERVED:
         s = "_" + s  # CON, NUL, COM1...: device names on Windows
-    if s != text or len(s) > max_len:
+    if s != text or len(s.encode("utf-8")) > max_len:
         import hashlib
 
         digest = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
-        return f"{s[: max_len - 9]}-{digest}"
+        return f"{_cut(s, max_len - 9)}-{digest}"
     return s
 
 
