@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fixtures.videos import moving_square, video_net_file, write_video
-from test_runner_paths import DRIVER, FAULTY, _env, _files, _report, _same
+from test_runner_paths import FAULTY, _env, _files, _report, _same, run_torchrun
 
 FLOW_NET = '''
 import torch
@@ -101,17 +100,7 @@ def resumed(data: dict) -> Path:
 @pytest.fixture(scope="module")
 def torchrun(data: dict) -> Path:
     root: Path = data["root"]
-    driver = root / "driver.py"
-    driver.write_text(DRIVER)
-    runs = _runs(data, "torchrun")
-    codes = root / "codes"
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-                        str(driver), json.dumps(runs), str(codes)],
-                       capture_output=True, text=True, env=_env(INSPECT_MODEL_DIST_BACKEND="gloo"), timeout=600,
-                       check=False)
-    assert r.returncode == 0, r.stderr[-3000:]
-    for rank in (0, 1):
-        assert json.loads(Path(f"{codes}-{rank}.json").read_text()) == dict.fromkeys(runs, 0)
+    run_torchrun(root, _runs(data, "torchrun"))
     return root / "torchrun"
 
 

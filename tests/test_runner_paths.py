@@ -99,18 +99,23 @@ def resumed(data: dict[str, Path]) -> Path:
 @pytest.fixture(scope="module")
 def torchrun(data: dict[str, Path]) -> Path:
     """Every command under one torchrun of 2 CPU ranks (one process per rank runs them all)."""
-    driver = data["root"] / "driver.py"
+    run_torchrun(data["root"], {c: _args(data, c, "torchrun") for c in COMMANDS})
+    return data["root"] / "torchrun"
+
+
+def run_torchrun(root: Path, runs: dict[str, list[str]]) -> None:
+    """Run every command line of ``runs`` under one torchrun of 2 gloo CPU ranks (DRIVER in
+    ``root``); every rank must exit 0 from every one."""
+    driver = root / "driver.py"
     driver.write_text(DRIVER)
-    runs = {c: _args(data, c, "torchrun") for c in COMMANDS}
-    codes = data["root"] / "codes"
+    codes = root / "codes"
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
                         str(driver), json.dumps(runs), str(codes)],
                        capture_output=True, text=True, env=_env(INSPECT_MODEL_DIST_BACKEND="gloo"), timeout=600,
                        check=False)
     assert r.returncode == 0, r.stderr[-3000:]
     for rank in (0, 1):
-        assert json.loads(Path(f"{codes}-{rank}.json").read_text()) == dict.fromkeys(COMMANDS, 0)
-    return data["root"] / "torchrun"
+        assert json.loads(Path(f"{codes}-{rank}.json").read_text()) == dict.fromkeys(runs, 0)
 
 
 # A parameter's gradient is a float32 sum over every sample; batched another way (shards of

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import run_cli
+from test_attention_cli import _close
 from fixtures.text_models import save_text_model
 
 transformers = pytest.importorskip("transformers")
@@ -316,19 +317,6 @@ def test_activations_grids_and_raw_arrays_hold_the_real_tokens(folders, tmp_path
     assert shapes == [(7, 32), (6, 32)]  # the second text's padding left out
     assert (out / "images" / "0001-text-1" / "bert.encoder.layer.1.png").is_file()
     assert "mean token norm per position" in (out / "report.txt").read_text()
-
-
-def _close(a: object, b: object) -> bool:
-    """Equal, floats to 1e-5 relative (float sums in another order)."""
-    import math
-
-    if isinstance(a, float) and isinstance(b, (int, float)):
-        return math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-7)
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
-    return a == b
 
 
 THREE = ["the cat sat on the mat", "a dog ran", "the movie was very good"]
