@@ -344,6 +344,39 @@ def test_a_thread_the_model_leaves_running_does_not_keep_the_cli_alive(tmp_path:
     assert "warning: the model left 1 thread(s) running ('model-prefetcher')" in r.stderr
     assert time.monotonic() - start < 100
 
+_RANK_EXIT = """
+import atexit, sys
+from pathlib import Path
+import torch.distributed  # noqa: F401 - what a run under torchrun has loaded
+from inspect_model.cli.launch import _exit_past_threads
+
+out = Path(sys.argv[1])
+atexit.register(lambda: (out / "atexit").write_text("ran"))  # the group's destroy_process_group is one
+
+
+class Finalized:
+    def __del__(self):
+        (out / "finalized").write_text("ran")
+
+
+KEEP = Finalized()  # freed only when the interpreter finalizes
+print("report", flush=False)
+_exit_past_threads(0, quiet=True)
+"""
+
+
+@pytest.mark.parametrize("world", ["2", "1"])
+def test_a_torchrun_rank_exits_after_its_exit_functions_without_finalizing(world: str, tmp_path: Path) -> None:
+    """Under torchrun (WORLD_SIZE > 1) the CLI runs the exit functions (the process group's
+    destroy), flushes stdout and leaves with os._exit: no interpreter finalization, where a
+    gloo thread still tied to the group can abort the process. One process exits normally."""
+    r = subprocess.run([sys.executable, "-c", _RANK_EXIT, str(tmp_path)], capture_output=True, text=True,
+                       env=_env(WORLD_SIZE=world), timeout=120, check=False)
+    assert r.returncode == 0 and r.stdout == "report\n", r.stderr
+    assert (tmp_path / "atexit").read_text() == "ran"
+    assert (tmp_path / "finalized").exists() is (world == "1")
+
+
 
 # ------------------------------------------------------------------ the directory lock off POSIX
 def test_the_directory_lock_degrades_cleanly_without_fcntl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

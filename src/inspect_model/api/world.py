@@ -122,6 +122,7 @@ class Group:
         from datetime import timedelta
 
         timeout = timedelta(seconds=env_float("INSPECT_MODEL_DIST_TIMEOUT", 1800.0, positive=True))
+        _import_group_defaults()
         try:
             with_stderr_held(lambda: dist.init_process_group(backend=backend, timeout=timeout))
         except Exception as exc:  # rendezvous: whatever the store raised
@@ -164,6 +165,24 @@ class Group:
             self.dist.barrier()  # no rank leaves while another still reads the shared staging folder
 
 
+# torch modules whose functions take ``group=group.WORLD`` as a default argument, evaluated
+# when the module is imported. A run imports them late (torchvision -> torch._dynamo ->
+# torch._inductor -> torch.distributed.fsdp -> torch.distributed.nn.functional): imported
+# after ``init_process_group`` those defaults hold the default group for ever, so
+# ``destroy_process_group`` cannot free it; its gloo worker threads then outlive the
+# interpreter, and one that drops a tensor while the interpreter finalizes aborts the process
+# ("terminate called without an active exception", exit -6; seen on a loaded CI machine).
+# Imported first, the defaults are None.
+GROUP_DEFAULT_MODULES = ("torch.distributed.nn.functional", "torch.distributed.optim.zero_redundancy_optimizer",
+                         "torch.distributed.fsdp.sharded_grad_scaler")
+
+
+def _import_group_defaults() -> None:
+    import importlib
+
+    for name in GROUP_DEFAULT_MODULES:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
 
 
 class Phase:

@@ -6,6 +6,9 @@ first, before the heavy imports, and the process ends when the report is done.
   own handlers (``cli/app.py``) unwind the run and clean up.
 - A model that leaves a non-daemon thread running would keep the interpreter alive after
   the report: the process exits anyway, with a warning naming the threads (issue 28).
+- A torchrun rank ends the same way, after the exit functions (which destroy the process
+  group): no interpreter finalization, so no C++ thread that something still ties to the
+  group (gloo's workers) can abort the process while Python shuts down.
 
 This module imports nothing heavy: only ``os``, ``signal``, ``sys`` and ``threading``.
 """
@@ -43,15 +46,17 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _exit_past_threads(code: Any, *, quiet: bool) -> None:
-    """Exit now if threads the model started (non-daemon) would keep the process alive."""
+    """Exit now if threads the model started (non-daemon) would keep the process alive, or if
+    this is a rank of a distributed run (torch.distributed loaded under torchrun)."""
     import threading
 
     left = [t for t in threading.enumerate()
             if t is not threading.main_thread() and t.is_alive() and not t.daemon]
-    if not left:
+    ranked = os.environ.get("WORLD_SIZE", "1") != "1" and "torch.distributed" in sys.modules
+    if not left and not ranked:
         return
     names = ", ".join(repr(t.name) for t in left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
-    if not quiet:
+    if left and not quiet:
         print(f"warning: the model left {len(left)} thread(s) running ({names}); exiting without waiting "
               "for them", file=sys.stderr)
     import atexit
