@@ -421,6 +421,23 @@ def test_user_errors(cli, user_py, args, code, message):
     assert "Traceback" not in r.stderr and r.stdout == ""
 
 
+@pytest.mark.parametrize("command", ["activations", "summary"])
+@pytest.mark.parametrize("flag", ["-o", "--tensorboard"])
+def test_a_dash_is_not_a_folder(cli, user_py, tmp_path, monkeypatch, command, flag):
+    """``-o -`` reads as "to stdout" in other tools: here it is a usage error, not a folder
+    named '-' in the working directory (its full path still names one)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    r = cli([command, f"{user_py}:Small", "--input-size", "3x8x8", flag, "-"])
+    name = "--output-dir" if flag == "-o" else flag
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: {name} takes a folder, not '-'"), r.stderr
+    assert r.stdout == "" and list(work.iterdir()) == []
+    r = cli([command, f"{user_py}:Small", "--input-size", "3x8x8", flag, str(work / "-"), "-q"])
+    assert r.exit_code == 0, r.stderr
+    assert (work / "-").is_dir()
+
+
 def test_channel_out_of_range_names_the_layer(cli, user_py, tmp_path):
     out = tmp_path / "o"
     r = cli(["activations", f"{user_py}:Small", "--input-size", "3x8x8", "--layers", "conv",

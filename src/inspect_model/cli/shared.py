@@ -109,6 +109,11 @@ class RunOptions:
             raise UsageError("--json and --jsonl cannot be combined; choose one")
         if self.workers < 0:
             raise UsageError(f"--workers must be 0 or more, got {self.workers}")
+        for flag, path, why in (("--output-dir", self.output_dir, "; without it the report goes to stdout"),
+                                ("--tensorboard", self.tensorboard, "")):
+            if path is not None and str(path) == "-":
+                raise UsageError(f"{flag} takes a folder, not '-' (a stream){why}; "
+                                 "give a folder named '-' by its full path")
         for flag, on in (("--save-raw", save_raw), ("--force", self.force), ("--resume", self.resume),
                          ("--wait", self.wait)):
             if on and self.output_dir is None:
