@@ -181,7 +181,7 @@ def _import_group_defaults() -> None:
     import importlib
 
     for name in GROUP_DEFAULT_MODULES:
-        with contextlib.suppress(ImportError):
+        with contextlib.suppress(Exception):  # absent or broken in this torch: nothing to pin
             importlib.import_module(name)
 
 
