@@ -348,7 +348,7 @@ _RANK_EXIT = """
 import atexit, sys
 from pathlib import Path
 import torch.distributed  # noqa: F401 - what a run under torchrun has loaded
-from inspect_model.cli.launch import _exit_past_threads
+from inspect_model.cli.launch import _exit_without_finalizing
 
 out = Path(sys.argv[1])
 atexit.register(lambda: (out / "atexit").write_text("ran"))  # the group's destroy_process_group is one
@@ -361,7 +361,7 @@ class Finalized:
 
 KEEP = Finalized()  # freed only when the interpreter finalizes
 print("report", flush=False)
-_exit_past_threads(0, quiet=True)
+_exit_without_finalizing(0, quiet=True)
 """
 
 

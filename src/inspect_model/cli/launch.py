@@ -41,13 +41,15 @@ def main(argv: list[str] | None = None) -> None:
         run(args)
     except SystemExit as exc:
         code = exc.code
-    _exit_past_threads(code, quiet="--quiet" in args or "-q" in args)
+    _exit_without_finalizing(code, quiet="--quiet" in args or "-q" in args)
     sys.exit(code)
 
 
-def _exit_past_threads(code: Any, *, quiet: bool) -> None:
-    """Exit now if threads the model started (non-daemon) would keep the process alive, or if
-    this is a rank of a distributed run (torch.distributed loaded under torchrun)."""
+def _exit_without_finalizing(code: Any, *, quiet: bool) -> None:
+    """Run the exit functions and leave with ``os._exit`` (no interpreter finalization) if
+    threads the model started (non-daemon) would keep the process alive, or if this is a
+    rank of a distributed run (torch.distributed loaded under torchrun); else return, and
+    the normal exit follows."""
     import threading
 
     left = [t for t in threading.enumerate()

@@ -104,7 +104,7 @@ def _inside(path: Any, folder: str) -> bool:
 def _glob_base(pattern: str) -> str:
     """The folder a glob pattern searches from: its parts before the first wildcard."""
     parts = Path(pattern).parts
-    fixed = [p for p in itertools.takewhile(lambda p: not glob.has_magic(p), parts)]
+    fixed = list(itertools.takewhile(lambda p: not glob.has_magic(p), parts))
     return str(Path(*fixed)) if fixed else "."
 
 
