@@ -87,6 +87,10 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
     from inspect_model.methods.targets import check_label_count, load_labels
 
     check_request(inputs)
+    if inputs.text or inputs.text_file is not None:
+        from inspect_model.loading.text import precheck_tokenizer
+
+        precheck_tokenizer(mopts.model, inputs.tokenizer)  # before the build (issue 37)
     torch_dtype = parse_dtype(mopts.dtype)
     torch.manual_seed(inputs.seed)
     loaded = load(mopts)
@@ -98,11 +102,13 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
     from inspect_model.api.world import rank_device
     from inspect_model.devices import model_device
 
-    dev = (model_device(loaded.model) or "cpu") if loaded.borrowed else resolve_device(rank_device(mopts.device))
+    placed = hasattr(loaded.model, "hf_device_map")  # spread by accelerate: inputs go to its main device
+    dev = (model_device(loaded.model) or "cpu") if loaded.borrowed or placed \
+        else resolve_device(rank_device(mopts.device))
     for note in loaded.notes:
         if notes is not None:
             notes(note)
-    if torch_dtype != torch.float32 and not loaded.borrowed:
+    if torch_dtype != torch.float32 and not loaded.borrowed and not placed:
         loaded.model.to(torch_dtype)  # our own freshly loaded copy, never the caller's
     categories = load_labels(inputs.labels) if inputs.labels else loaded.categories
     if inputs.labels and loaded.categories:  # the model names its classes: check at once

@@ -146,7 +146,9 @@ def read_checkpoint(path: str, *, device: str = "cpu", trust: bool = False, what
     try:
         if trust:
             return torch.load(path, map_location=map_location, weights_only=False)
-        return torch.load(path, map_location=map_location, weights_only=True)
+        # A zip archive is memory-mapped: its tensors are paged in as they are copied into
+        # the model (already in --dtype), never held whole beside it (issue 37).
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=kind == "torch")
     except pickle.UnpicklingError as exc:
         if "weights only load failed" in str(exc).lower():
             fix = ("save model.state_dict() instead, or " if what == "checkpoint" else "")
