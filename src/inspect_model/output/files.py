@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from inspect_model.errors import OutputError
-from inspect_model.render.dirlock import RESUME_STAGING, STAGING_PREFIX, DirLock, hold_output_dir
+from inspect_model.output.dirlock import RESUME_STAGING, STAGING_PREFIX, DirLock, hold_output_dir
 
 __all__ = ["RESUME_STAGING", "DirLock", "OutputDir", "class_tag", "hold_output_dir", "image_dir", "png_bytes",
            "safe_name"]

@@ -4,7 +4,7 @@ turns a session's records into files.
 
 Sessions (``api/``) compute records; each command's drawer (``render/draw_*.py``) draws
 an item's files as it comes (``draw``) and the run's pictures at the end (``draw_summary``).
-:func:`write_reports` writes ``report.txt``/``.json``/``.html`` last, as they list every file.
+``run/reports.py`` writes ``report.txt``/``.json``/``.html`` last, as they list every file.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from inspect_model.render.files import OutputDir
-from inspect_model.render.table import clean
+from inspect_model.output.files import OutputDir
 
 
 class Sink:
@@ -106,7 +105,7 @@ class Sink:
         ``photo``: mostly photographs (see ``png_bytes``)."""
         if self.out is None:
             return None
-        from inspect_model.render.files import png_bytes
+        from inspect_model.output.files import png_bytes
 
         staged, final = self.out.reserve(rel)
         write = self.out.write_staged
@@ -213,17 +212,3 @@ class Drawer:
     def renames(self) -> dict[str, str]:
         """Files to rename after a merge, old name -> new (contact-sheet pages: 1, 2, ...)."""
         return {}
-
-
-def write_reports(result: Any, sink: Sink) -> None:
-    """report.txt, report.json and report.html, after every other file (they list them)."""
-    import json
-
-    from inspect_model.render.html import render_html
-    from inspect_model.render.jsonout import dumps
-
-    result.files = sorted({*sink.written(), "report.txt", "report.json", "report.html"})
-    sink.text("report.txt", clean(result.text()))  # JSON keeps exact strings; text is for terminals
-    doc = dumps(result.to_dict())
-    sink.text("report.json", doc + "\n")
-    sink.text("report.html", render_html(json.loads(doc)))

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from inspect_model.render.files import safe_name
-from inspect_model.render.sink import Drawer, Sink
+from inspect_model.output.files import safe_name
+from inspect_model.output.sink import Drawer, Sink
 
 
 class GradsDrawer(Drawer):
-    """The run's pictures of a :class:`inspect_model.methods.gradients.GradReport` (``result.record``)."""
+    """The run's pictures of a :class:`inspect_model.methods.gradients.flow.GradReport` (``result.record``)."""
 
     def draw_summary(self, sink: Sink, result: Any) -> None:
         from inspect_model.render import gradients as render

@@ -12,7 +12,7 @@ def one_target(prep: Any, target: Any) -> Any:
     A per-sample list (the API's) is refused there; any other model gets it unchanged."""
     if not isinstance(target, tuple):
         return target
-    from inspect_model.methods.tasks import infer_task
+    from inspect_model.methods.objectives.tasks import infer_task
 
     task = infer_task(prep.loaded.model, prep.loaded)
     if task in ("detection", "segmentation"):

@@ -150,7 +150,7 @@ def check_target_syntax(target: str | tuple[str, ...] | None) -> None:
     """The syntax of ``--target`` (``top:K``, an index), checked before torch is imported;
     class names need the model's labels and are checked later. A per-sample tuple holds
     indices or names."""
-    from inspect_model.methods.targets import parse_target
+    from inspect_model.methods.objectives.targets import parse_target
 
     for text in target if isinstance(target, tuple) else (target,):
         raw = (text or "predicted").strip()

@@ -2,7 +2,7 @@
 (:func:`prepare`), then its session driven by the one runner (:func:`execute`).
 
 Every image command (activations, grads, guided-backprop, cam) is a session
-(:mod:`inspect_model.api.session`) run by :func:`inspect_model.api.runner.run`: one process,
+(:mod:`inspect_model.run.session`) run by :func:`inspect_model.run.runner.run`: one process,
 ``--resume`` and torchrun alike. ``summary`` and ``check`` load through :func:`prepare` but
 run one pass of their own (no batches to stream); ``models`` lists, it runs nothing.
 
@@ -21,14 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.api.options import (
+from inspect_model.run.options import (
     InputOptions,
     ModelOptions,
     check_request,
     load,
     resolve_device,
 )
-from inspect_model.api.session import Result, Session
+from inspect_model.run.session import Result, Session
 
 if TYPE_CHECKING:
     import torch
@@ -84,7 +84,7 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
     from inspect_model.loading.inputs import plan_inputs
     from inspect_model.loading.models import require_hookable
     from inspect_model.loading.shapes import parse_dtype
-    from inspect_model.methods.targets import check_label_count, load_labels
+    from inspect_model.methods.objectives.targets import check_label_count, load_labels
 
     check_request(inputs)
     torch_dtype = parse_dtype(mopts.dtype)
@@ -95,7 +95,7 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
     from inspect_model.loading.quantized import refuse_gradients
 
     refuse_gradients(loaded, command)  # quantized kernels have no autograd
-    from inspect_model.api.world import rank_device
+    from inspect_model.run.world import rank_device
     from inspect_model.devices import model_device
 
     dev = (model_device(loaded.model) or "cpu") if loaded.borrowed else resolve_device(rank_device(mopts.device))
@@ -123,7 +123,7 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
             notes(f"several inputs: images feed input {binding.image_label} (--image-input); "
                   f"other inputs: {others}{wrt}")
     images = inputs.images
-    from inspect_model.api.media import media_binding
+    from inspect_model.run.media import media_binding
 
     if isinstance(images, torch.Tensor):
         from inspect_model.loading.pair_tensors import tensor_plan
@@ -135,7 +135,7 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
         if isinstance(images, (str, Path)):
             images = [images]
         batch_size = inputs.batch_size or default_batch or (8 if images else 1)
-        from inspect_model.api.options import parse_floats
+        from inspect_model.run.options import parse_floats
         from inspect_model.loading.video import ClipOptions
 
         plan = plan_inputs(
@@ -183,11 +183,11 @@ def execute(
     on_item: Callable[[dict[str, Any]], None] | None = None,
 ) -> Result:
     """Run ``session`` over ``batches`` in this process's world (torchrun's, or one process)
-    with the scale of :func:`inspect_model.api.world.scaled` (``--resume``, ``--workers``);
-    see :func:`inspect_model.api.runner.run`. ``keep`` (default: no output_dir) keeps each
+    with the scale of :func:`inspect_model.run.world.scaled` (``--resume``, ``--workers``);
+    see :func:`inspect_model.run.runner.run`. ``keep`` (default: no output_dir) keeps each
     item's data so that ``Result.save`` works."""
-    from inspect_model.api.runner import run
-    from inspect_model.api.world import current_scale, world
+    from inspect_model.run.runner import run
+    from inspect_model.run.world import current_scale, world
 
     keep = output_dir is None if keep is None else keep
     scale = current_scale()
@@ -217,7 +217,7 @@ def run_images(command: str, model: Any, images: Any, make_session: Callable[[Pr
         session = make_session(prep, mopts, keep)
         if isinstance(session, contextlib.AbstractContextManager):
             session = stack.enter_context(session)
-        from inspect_model.api.runner import units
+        from inspect_model.run.runner import units
 
         total = len(units(prep.plan))  # images, or the clips or frame pairs of a video or flow model
         return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,

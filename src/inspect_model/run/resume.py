@@ -10,7 +10,7 @@ finished batch; other options, or another world size, are refused with a message
 The output directory is no trusted file (README recommends a shared file system for
 multi-node runs, which others may write): everything read back from it is checked before
 it is used (issue 28). Every staged-file pair must lie inside the directory (symlinks
-resolved; :meth:`inspect_model.render.files.OutputDir.adopt` holds that), every count and
+resolved; :meth:`inspect_model.output.files.OutputDir.adopt` holds that), every count and
 index must be in range; a state that is not is refused with one line (exit 7), nothing moved.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from inspect_model.errors import OutputError, UsageError, one_line
-from inspect_model.render.files import RESUME_STAGING
+from inspect_model.output.files import RESUME_STAGING
 
 RESUME_DIR = RESUME_STAGING  # OutputDir.MARKER prefix: ignored by the emptiness check, kept by the stale clean-up
 MANIFEST_VERSION = 1
@@ -62,7 +62,7 @@ def state_classes() -> list[type]:
 
     from PIL import Image
 
-    from inspect_model.api.session import Warnings
+    from inspect_model.run.session import Warnings
 
     out: list[type] = [Warnings, Image.Image]  # contact-sheet cells: PIL rebuilds pixels, runs nothing
     for name, mod in list(sys.modules.items()):

@@ -3,14 +3,14 @@ delivers a :class:`Result`, in one process (a world of size 1), with ``--resume`
 ``torchrun`` alike.
 
 Each rank takes one contiguous block of whole batches of the sorted input list (a video or
-flow model's clips or pairs: :func:`units`; :func:`inspect_model.api.world.shard`; one
+flow model's clips or pairs: :func:`units`; :func:`inspect_model.run.world.shard`; one
 process: all of them), so every image keeps its
 run index (``images/NNNN-stem``) and batch number. A rank draws its files into rank 0's
 staging folder as its items come (bounded memory); with ``--resume`` it checkpoints its
-state after each batch (:mod:`inspect_model.api.resume`). At the end every rank's state
+state after each batch (:mod:`inspect_model.run.resume`). At the end every rank's state
 (the session protocol: ``state_dict``) goes to rank 0, which merges it, draws the run's
 pictures, writes the reports and commits the directory. A failure anywhere becomes an error
-on every rank (:class:`inspect_model.api.world.Phase`) and nothing is committed. The
+on every rank (:class:`inspect_model.run.world.Phase`) and nothing is committed. The
 TensorBoard graph, warnings, checkpoints and signals take the same path in every case.
 """
 
@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.api import resume as rs
-from inspect_model.api.session import ImageItem, Result, Session
-from inspect_model.api.signals import sigterm_unwinds
-from inspect_model.api.world import Group, Phase, World, shard
+from inspect_model.run import resume as rs
+from inspect_model.run.session import ImageItem, Result, Session
+from inspect_model.run.signals import sigterm_unwinds
+from inspect_model.run.world import Group, Phase, World, shard
 from inspect_model.errors import (
     DistributedError,
     Interrupted,
@@ -35,11 +35,12 @@ from inspect_model.errors import (
     UsageError,
     one_line,
 )
-from inspect_model.render.sink import Drawer, Sink, write_reports
+from inspect_model.output.sink import Drawer, Sink
+from inspect_model.run.reports import write_reports
 
 if TYPE_CHECKING:
     from inspect_model.loading.inputs import InputBatch
-    from inspect_model.render.files import OutputDir
+    from inspect_model.output.files import OutputDir
 
 _NO_DRAWER = Drawer()
 STOPS = (Terminated, Interrupted, KeyboardInterrupt)
@@ -178,7 +179,7 @@ class _Run:
     def _open_sink(self) -> Sink:
         writer = None
         if self.tensorboard is not None:
-            from inspect_model.render.tensorboard import open_writer
+            from inspect_model.output.tensorboard import open_writer
 
             writer = open_writer(Path(self.tensorboard))
         return Sink(self.out, writer)
@@ -311,7 +312,7 @@ def _rename(out: OutputDir, renames: dict[str, str]) -> None:
 
 def open_output(group: Group, output_dir: Any, force: bool, resume: bool) -> tuple[OutputDir | None, Path | None]:
     """Rank 0 checks and prepares the directory; every rank gets its staging folder."""
-    from inspect_model.render.files import OutputDir
+    from inspect_model.output.files import OutputDir
 
     if output_dir is None:
         return None, None
@@ -357,9 +358,9 @@ def item_handler(session: Session, drawer: Drawer, sink: Sink, clock: Throughput
     """What happens to each item as the session gives it: counted, drawn (when there are
     files), handed to ``on_item`` (``--jsonl``), then kept in ``items`` or its data dropped.
     Clips and pairs get their records, and a flow model's pairs their flow picture
-    (:mod:`inspect_model.api.media`)."""
-    from inspect_model.api.media import flow_file, media_records
-    from inspect_model.render.files import image_dir
+    (:mod:`inspect_model.run.media`)."""
+    from inspect_model.run.media import flow_file, media_records
+    from inspect_model.output.files import image_dir
 
     def handle(item: ImageItem) -> None:
         clock.images += 1
@@ -381,7 +382,7 @@ def with_graph(batches: Iterable[InputBatch], writer: Any, model: Any,
                notes: Callable[[str], None] | None) -> Iterator[InputBatch]:
     """``batches``, writing the model's graph to TensorBoard on the first (issue 14)."""
     from inspect_model.engine.hooks import paused_hooks
-    from inspect_model.render.tensorboard import write_graph
+    from inspect_model.output.tensorboard import write_graph
 
     first = True
     for b in batches:

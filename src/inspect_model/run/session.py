@@ -8,7 +8,7 @@ into files). A session that can be spread over processes (torchrun) or resumed
 ``index``), ``state_dict()`` / ``load_state_dict(state)`` (what a checkpoint keeps),
 ``merge(states)`` (every rank's state, in rank order, on rank 0), ``reduce(group)``
 (collectives before the gather) and ``resolved_options()`` (what the report's ``options``
-holds: the ``--resume`` fingerprint). :func:`inspect_model.api.runner.run` drives them.
+holds: the ``--resume`` fingerprint). :func:`inspect_model.run.runner.run` drives them.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import OutputError, UsageError
-from inspect_model.render.jsonout import envelope
+from inspect_model.output.jsonout import envelope
 
 if TYPE_CHECKING:
     from inspect_model.loading.inputs import InputBatch
-    from inspect_model.render.sink import Drawer
+    from inspect_model.output.sink import Drawer
 
 MAX_WARNINGS = 200  # distinct warnings kept; more are counted, not listed
 
@@ -136,8 +136,9 @@ class Result:
 
     def save(self, directory: str | os.PathLike[str], *, force: bool = False) -> list[str]:
         """Write the command's files into ``directory``: all of them or, on failure, none."""
-        from inspect_model.render.files import OutputDir
-        from inspect_model.render.sink import Sink, write_reports
+        from inspect_model.output.files import OutputDir
+        from inspect_model.output.sink import Sink
+        from inspect_model.run.reports import write_reports
 
         drawer = getattr(self.session, "drawer", None)
         if self.items is None and self.session is not None and getattr(self.session, "streams_files", False):
@@ -160,7 +161,7 @@ class Result:
 
 class Session:
     """A command's streaming computation: ``feed`` each batch, then ``finish``; files are
-    its ``drawer``'s (a :class:`inspect_model.render.sink.Drawer`, or None: no files)."""
+    its ``drawer``'s (a :class:`inspect_model.output.sink.Drawer`, or None: no files)."""
 
     command = ""
     streams_files = False  # per-image files, drawn from data that is dropped once drawn

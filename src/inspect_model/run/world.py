@@ -5,7 +5,7 @@ shared out (:func:`shard`).
 Under ``torchrun`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` in the environment) the world has
 several ranks: each runs on its own device (``LOCAL_RANK`` picks ``cuda:N``; on CPU the gloo
 backend is used). Outside it the world is one process, rank 0 of 1: the runner
-(:mod:`inspect_model.api.runner`) treats both alike.
+(:mod:`inspect_model.run.runner`) treats both alike.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from inspect_model.errors import InputError, ModelLoadError
-from inspect_model.methods.activation_stats import (
+from inspect_model.methods.activations.measure import (
     ActivationStats,
     Channels,
     Measurement,

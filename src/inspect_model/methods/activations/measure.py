@@ -3,7 +3,7 @@ computes from one output tensor before dropping it (:func:`measure`), as mergeab
 per image and per channel (:class:`Moments`, :class:`Channels`, :class:`Measurement`), the
 summary they give (:class:`ActivationStats`), and which dimension of an output holds the
 channels (:func:`choose_channel_dim`); the rules are set out in the docstring of
-:mod:`inspect_model.methods.activations`."""
+:mod:`inspect_model.methods.activations.capture`."""
 
 from __future__ import annotations
 
@@ -331,7 +331,7 @@ def _channels(r: tuple[torch.Tensor, ...], dim: int) -> tuple[Channels, list[flo
 
 def measure(t: torch.Tensor, batch_size: int | None = None, *, hist_bins: int = 0) -> Measurement:
     """Measure one output tensor: per-sample moments and per-channel sums (see the docstring of
-    :mod:`inspect_model.methods.activations`).
+    :mod:`inspect_model.methods.activations.capture`).
 
     ``batch_size`` tells which leading dimension is the batch; when dim 0 differs, the whole
     tensor counts as one unit (``per_sample=False``).
@@ -384,7 +384,7 @@ def measure(t: torch.Tensor, batch_size: int | None = None, *, hist_bins: int = 
 def choose_channel_dim(type_name: str, shape: Sequence[int], per_sample: bool,
                        previous: tuple[tuple[int, ...], int | None] | None) -> int | None:
     """Channel dimension of an output of ``shape`` (see the docstring of
-    :mod:`inspect_model.methods.activations`); ``previous`` is
+    :mod:`inspect_model.methods.activations.capture`); ``previous`` is
     the shape and channel dim of the row just before it in the forward pass."""
     if not per_sample:
         return 0 if len(shape) >= 1 else None

@@ -5,7 +5,7 @@ Layer-CAM, HiResCAM, Eigen-CAM) beside the attention maps, so that one run draws
 them all. The layer is the one ``cam`` picks (``--cam-layer auto``: for torchvision's ViT the
 last block's first norm, its tokens laid on the patch grid with the class token dropped; for
 Swin the last stage; a model source's declared layer), resolved once per run with the
-same :func:`~inspect_model.methods.cam_layers.resolve_layers`. Its output is kept from the
+same :func:`~inspect_model.methods.cam.layers.resolve_layers`. Its output is kept from the
 attention run's forward pass and its gradient read by a tensor hook during the backward pass
 of the target's score that grad-rollout runs (one is run for the CAM methods alone when
 grad-rollout is not asked for). The maps are ``methods.cam_methods``' formulas, after the
@@ -29,7 +29,7 @@ def cam_names() -> tuple[str, ...]:
     """The CAM methods an attention run can add: those of one forward (+ backward) pass that
     need no classifier of their own (CAM needs global pooling + one linear layer; Score-CAM
     passes of its own: both stay with ``cam``)."""
-    from inspect_model.methods.cam_methods import REGISTRY
+    from inspect_model.methods.cam.maths import REGISTRY
 
     return tuple(m.name for m in REGISTRY.values() if m.one_pass and m.name != "cam")
 
@@ -37,7 +37,7 @@ def cam_names() -> tuple[str, ...]:
 def cam_name(token: str) -> str | None:
     """``gradcam``, ``Grad-CAM++`` ... -> the registry's name; ``None`` when not a CAM method.
     ``cam``/``scorecam`` are refused with what to run instead."""
-    from inspect_model.methods.cam_methods import REGISTRY
+    from inspect_model.methods.cam.maths import REGISTRY
 
     key = token.lower().replace("_", "").replace("-", "")
     key = ALIASES.get(key, key)
@@ -58,7 +58,7 @@ class CamTap:
 
     @property
     def needs_grad(self) -> bool:
-        from inspect_model.methods.cam_methods import REGISTRY
+        from inspect_model.methods.cam.maths import REGISTRY
 
         return any(REGISTRY[m].needs_gradients for m in self.methods)
 
@@ -82,7 +82,7 @@ class CamTap:
         """method -> (B, h, w) float32 on the CPU, ReLU applied."""
         import torch
 
-        from inspect_model.methods import cam_methods as cm
+        from inspect_model.methods.cam import maths as cm
 
         if self.act is None:
             raise LayerSelectionError(f"--cam-layer '{self.layer.name}' did not run in the forward pass")
@@ -105,7 +105,7 @@ def _unused() -> Any:
 def resolve(model: nn.Module, x: torch.Tensor, spec: Any, declared: str | None = None) -> Any:
     """A ``CamLayer`` for ``spec`` (``auto`` or a layer name; a ``CamLayer`` is returned as is),
     from one no-grad probe pass of ``x[:1]`` as ``cam`` resolves it."""
-    from inspect_model.methods.cam_layers import CamLayer, resolve_layers
+    from inspect_model.methods.cam.layers import CamLayer, resolve_layers
 
     if isinstance(spec, CamLayer):
         return spec

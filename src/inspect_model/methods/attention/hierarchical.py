@@ -4,7 +4,7 @@ A windowed layer at an (H, W) feature map attends within groups of tokens (Swin'
 windows, MaxViT's blocks and grids): the op sees (B * G, heads, N, N). As a (HW x HW)
 operator on the feature map that is M = P^T blockdiag(A_1 .. A_G) P, with P the permutation
 (padding, cyclic shift, partition) that takes the map's tokens to the window tokens
-(:func:`~inspect_model.methods.attention_windows.positions`). Between stages the map is
+(:func:`~inspect_model.methods.attention.windows.positions`). Between stages the map is
 merged (Swin's 2x2 patch merging, MaxViT's stride-2 MBConv): a coarse token is the mean of
 the fine tokens it covers, the row-stochastic pooling operator D (h w x H W).
 
@@ -49,7 +49,7 @@ def fused_blocks(a: torch.Tensor, layer: WindowLayer, batch: int, fusion: str, d
     of each image's blocks."""
     import torch
 
-    from inspect_model.methods.attention import fuse_heads
+    from inspect_model.methods.attention.maps import fuse_heads
 
     fused = fuse_heads(a, fusion)  # (B * G, N, N)
     n = fused.shape[-1]
@@ -111,7 +111,7 @@ def fold(layers: list[WindowLayer], blocks: dict[int, torch.Tensor], batch: int,
 def window_layer(call: Any, owner: Any, batch: int) -> WindowLayer:
     """The :class:`WindowLayer` of a windowed attention call (``call``: an ``AttentionCall``,
     ``owner``: its ``WindowOwner``, holding the feature map of this call)."""
-    from inspect_model.methods.attention_windows import positions
+    from inspect_model.methods.attention.windows import positions
 
     groups, n = call.batch // batch, call.queries
     return WindowLayer(call.index, call.name, tuple(owner.hw), positions(owner, groups, n), groups, n)

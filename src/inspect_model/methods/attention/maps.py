@@ -47,7 +47,7 @@ FUSIONS = ("mean", "max", "min")
 def parse_methods(items: Sequence[str] | str | None) -> tuple[str, ...]:
     """``--method`` values (comma lists allowed, ``all``) -> method names in canonical order:
     the attention methods, then CAM-family ones (``gradcam`` ..., ``methods.attention_cam``)."""
-    from inspect_model.methods.attention_cam import cam_name, cam_names
+    from inspect_model.methods.attention.cam import cam_name, cam_names
 
     if isinstance(items, str):
         items = [items]
@@ -126,14 +126,14 @@ class AttentionOptions:
 
     @property
     def needs_grad(self) -> bool:
-        from inspect_model.methods.cam_methods import REGISTRY
+        from inspect_model.methods.cam.maths import REGISTRY
 
         return any(m in GRADIENT_METHODS or (m in REGISTRY and REGISTRY[m].needs_gradients) for m in self.methods)
 
     @property
     def score_backward(self) -> bool:
         """A backward pass of the target's score: grad-rollout's, shared by gradient CAMs."""
-        from inspect_model.methods.cam_methods import REGISTRY
+        from inspect_model.methods.cam.maths import REGISTRY
 
         return any(m == "grad-rollout" or (m in REGISTRY and REGISTRY[m].needs_gradients) for m in self.methods)
 

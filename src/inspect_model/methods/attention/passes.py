@@ -1,4 +1,4 @@
-"""The run behind :func:`inspect_model.methods.attention.compute_attention`: one forward pass
+"""The run behind :func:`inspect_model.methods.attention.maps.compute_attention`: one forward pass
 under the attention capture, then one backward pass per gradient method; what each layer
 gives is folded in as it comes (a running product for rollout, one query row per raw layer,
 a running sum for LeGrad), so no layer is kept that was not asked for."""
@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import LayerSelectionError, ModelRuntimeError, UsageError
-from inspect_model.methods import attention as am
-from inspect_model.methods.attention_models import (
+from inspect_model.methods.attention import maps as am
+from inspect_model.methods.attention.models import (
     block_of,
     model_scores,
     patch_grid,
@@ -83,12 +83,12 @@ def _on_forward(st: _State, model: nn.Module) -> Any:
         _check_call(st, call, model)
         if call.name in st.windowed:
             if call.name in st.raw_layers:  # what each token receives in its window, put back in place
-                from inspect_model.methods.attention_windows import unpartition
+                from inspect_model.methods.attention.windows import unpartition
 
                 rows = call.probs().mean(dim=2)  # (B * windows, heads, N): mean over the window's queries
                 st.raw[call.name] = unpartition(rows.float(), st.batch, st.owners[call.name]).cpu()
             if "rollout" in st.opts.methods or "grad-rollout" in st.opts.methods:
-                from inspect_model.methods import attention_hier as ah
+                from inspect_model.methods.attention import hierarchical as ah
 
                 st.wlayers.append(ah.window_layer(call, st.owners[call.name], st.batch))
                 if "rollout" in st.opts.methods:
@@ -117,7 +117,7 @@ def _on_backward(st: _State) -> Any:
         elif st.phase == "legrad" and call.name in st.legrad_layers:
             rel = grad.clamp(min=0).mean(dim=(1, 2))  # (B, Nk), windowed (B * G, N)
             if call.name in st.windowed:  # put back on the stage's feature map, (B, H * W)
-                from inspect_model.methods.attention_windows import unpartition
+                from inspect_model.methods.attention.windows import unpartition
 
                 owner = st.owners[call.name]
                 rel, st.legrad_hw = unpartition(rel[:, None], st.batch, owner).flatten(1), owner.hw
@@ -149,7 +149,7 @@ def _fold_grad_rollout(st: _State, index: int, abar: torch.Tensor) -> None:
 def one_target_each(target: Any, scores: torch.Tensor, what: str = "image") -> list[int]:
     """One class (or token) per ``what`` (image, text) for ``target``: predicted (also for
     None), an index, a TargetSpec or a list of one per row."""
-    from inspect_model.methods.targets import TargetSpec, parse_target, resolve_targets
+    from inspect_model.methods.objectives.targets import TargetSpec, parse_target, resolve_targets
 
     if isinstance(target, int) and not isinstance(target, bool):
         target = TargetSpec("class", index=target, text=str(target))
@@ -183,7 +183,7 @@ def run(model: nn.Module, x: torch.Tensor, opts: am.AttentionOptions, target: An
         cam_layer: Any = None) -> am.AttentionResult:
     from inspect_model.engine.attention import AttentionCapture, attention_modules
     from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
-    from inspect_model.methods import attention_cam
+    from inspect_model.methods.attention import cam as attention_cam
 
     names = attention_modules(model)
     methods = opts.methods
@@ -286,7 +286,7 @@ def _legrad_stage(st: _State, layers: list[str], block_names: dict[str, str], bl
 
 def _hook_windows(model: nn.Module, names: list[str], st: _State, handles: list[Any]) -> None:
     """A pre-hook on each Swin window owner that notes its feature map's (H, W)."""
-    from inspect_model.methods.attention_windows import window_owner
+    from inspect_model.methods.attention.windows import window_owner
 
     for name in names:
         owner = window_owner(model, name)
@@ -327,7 +327,7 @@ def _finish(st: _State, calls: list[Any], hw: tuple[int, int], raw_layers: list[
             scores: Any, classes: list[int] | None, passes: dict[str, int]) -> am.AttentionResult:
     import torch
 
-    from inspect_model.methods import attention_hier
+    from inspect_model.methods.attention import hierarchical as attention_hier
 
     b = st.batch
     maps: dict[str, torch.Tensor] = attention_hier.maps(st)  # windowed (Swin, MaxViT): on the first map

@@ -1,6 +1,6 @@
 """Attention of text models (issue 26): token-to-token maps and per-token values.
 
-The same capture and formulas as the image methods (:mod:`inspect_model.methods.attention`),
+The same capture and formulas as the image methods (:mod:`inspect_model.methods.attention.maps`),
 over a token sequence instead of a patch grid, with the padding of a batch of texts:
 
 - ``raw``: each chosen layer's probabilities (B, heads shown, L, L), queries by keys, exactly
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import LayerSelectionError, ModelRuntimeError, UsageError
-from inspect_model.methods import attention as am
+from inspect_model.methods.attention import maps as am
 
 if TYPE_CHECKING:
     import torch
@@ -108,7 +108,7 @@ def _scores(model: nn.Module, out: Any, last: torch.Tensor) -> torch.Tensor | No
     """(B, classes) of the explained position: a language model's logits at the last real token."""
     import torch
 
-    from inspect_model.methods.attention_models import model_scores
+    from inspect_model.methods.attention.models import model_scores
 
     try:
         s = model_scores(out)
@@ -121,7 +121,7 @@ def _scores(model: nn.Module, out: Any, last: torch.Tensor) -> torch.Tensor | No
 
 def resolve(target: Any, scores: torch.Tensor) -> list[int]:
     """One class (or token) per text for ``target``: predicted, an index, a TargetSpec, a list."""
-    from inspect_model.methods.attention_run import one_target_each
+    from inspect_model.methods.attention.passes import one_target_each
 
     return one_target_each(target, scores, "text")
 
@@ -188,7 +188,7 @@ def compute_text_attention(model: nn.Module, ids: torch.Tensor, mask: torch.Tens
 
     from inspect_model.engine.attention import AttentionCapture, attention_modules
     from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
-    from inspect_model.methods.attention_models import block_of, tokens_of
+    from inspect_model.methods.attention.models import block_of, tokens_of
 
     opts = options or am.AttentionOptions()
     mask = torch.ones_like(ids) if mask is None else mask

@@ -31,8 +31,8 @@ import torch
 
 from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
 from inspect_model.errors import InputError, ModelRuntimeError, UsageError
-from inspect_model.methods import attribution_passes as ap
-from inspect_model.methods.attribution_options import (  # noqa: F401 - re-exported
+from inspect_model.methods.attributions import passes as ap
+from inspect_model.methods.attributions.options import (  # noqa: F401 - re-exported
     METHODS,
     SMOOTHABLE,
     UNSIGNED,
@@ -40,8 +40,8 @@ from inspect_model.methods.attribution_options import (  # noqa: F401 - re-expor
     parse_methods,
     parse_sizes,
 )
-from inspect_model.methods.guided import GuidedBackwardMode, _targets_for
-from inspect_model.methods.targets import class_probabilities, require_float, select_output
+from inspect_model.methods.guided.backprop import GuidedBackwardMode, _targets_for
+from inspect_model.methods.objectives.targets import class_probabilities, require_float, select_output
 
 Progress = Callable[[int, int, str], None]
 
@@ -76,7 +76,7 @@ class AttributionSettings:
 
     @property
     def guided_kinds(self) -> tuple[str, ...]:
-        from inspect_model.methods.guided import resolve_kinds
+        from inspect_model.methods.guided.backprop import resolve_kinds
 
         return resolve_kinds(self.activations)
 
@@ -274,7 +274,7 @@ def _first_pass(scorer: _Scorer, batch_size: int) -> tuple[torch.Tensor, torch.T
 
 def _attribute(scorer: _Scorer, st: AttributionSettings, target: Any, categories: Sequence[str] | None,
                first_index: int, progress: Progress | None, emb_name: str | None) -> AttributionResult:
-    from inspect_model.methods import attribution_sweeps as sw
+    from inspect_model.methods.attributions import sweeps as sw
 
     flat, x = _first_pass(scorer, st.batch_size)
     space = "embedding" if emb_name else "input"

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from inspect_model.errors import InputError, UsageError
-from inspect_model.methods.attribution_options import RULES, parse_baseline  # noqa: F401 - re-exported
+from inspect_model.methods.attributions.options import RULES, parse_baseline  # noqa: F401 - re-exported
 
 
 

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from inspect_model.errors import ModelRuntimeError
-from inspect_model.methods import guided as gb
-from inspect_model.methods.attributions import AttributionResult, AttributionSettings, attribute
+from inspect_model.methods.guided import backprop as gb
+from inspect_model.methods.attributions.maps import AttributionResult, AttributionSettings, attribute
 
 
 def _magnitude(m: torch.Tensor) -> torch.Tensor:

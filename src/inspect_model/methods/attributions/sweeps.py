@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from inspect_model.methods import attribution_passes as ap
-from inspect_model.methods.guided import GuidedBackwardMode
+from inspect_model.methods.attributions import passes as ap
+from inspect_model.methods.guided.backprop import GuidedBackwardMode
 
 
 @dataclass

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import LayerSelectionError, UsageError
-from inspect_model.methods import cam_methods as cm
-from inspect_model.methods.cam_methods import Layout
+from inspect_model.methods.cam import maths as cm
+from inspect_model.methods.cam.maths import Layout
 
 if TYPE_CHECKING:
     import torch
@@ -110,7 +110,7 @@ def _probe_paths(model: nn.Module, x: torch.Tensor, names: Sequence[str],
     import torch
 
     from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
-    from inspect_model.methods.targets import select_output
+    from inspect_model.methods.objectives.targets import select_output
 
     x1 = x[:probe].detach()
     if x1.is_floating_point():
@@ -164,7 +164,7 @@ def auto_layer(model: nn.Module, x: torch.Tensor, output_key: str | None = None,
     hub = _hub_auto_layer(model)
     if hub is not None:
         return hub
-    from inspect_model.methods.cam3d import auto_layer3d
+    from inspect_model.methods.cam.video import auto_layer3d
 
     video = auto_layer3d(model)
     if video is not None:
@@ -204,7 +204,7 @@ def infer_layout(model: nn.Module, name: str, shape: tuple[int, ...], input_hw: 
     from torch import nn
 
     if len(input_hw) == 3:  # a clip's (T, H, W): the video layouts
-        from inspect_model.methods.cam3d import infer_layout3d
+        from inspect_model.methods.cam.video import infer_layout3d
 
         return infer_layout3d(model, name, shape, input_hw, reshape)
     module = dict(model.named_modules()).get(name)

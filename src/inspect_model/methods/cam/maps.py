@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import UsageError
-from inspect_model.methods import cam_methods as cm
-from inspect_model.methods import cam_passes as cp
-from inspect_model.methods.cam_layers import (
+from inspect_model.methods.cam import maths as cm
+from inspect_model.methods.cam import passes as cp
+from inspect_model.methods.cam.layers import (
     CamLayer,
     auto_layer,
     infer_layout,
@@ -29,13 +29,13 @@ from inspect_model.methods.cam_layers import (
     resolve_layer,
     resolve_layers,
 )
-from inspect_model.methods.cam_methods import GRADIENT_METHODS, GROUPS, METHODS
+from inspect_model.methods.cam.maths import GRADIENT_METHODS, GROUPS, METHODS
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from inspect_model.methods.targets import TargetSpec
+    from inspect_model.methods.objectives.targets import TargetSpec
 
 __all__ = [
     "GRADIENT_METHODS",
@@ -83,7 +83,7 @@ class CamResult:
 
     @property
     def probabilities(self) -> torch.Tensor:
-        from inspect_model.methods.targets import class_probabilities
+        from inspect_model.methods.objectives.targets import class_probabilities
 
         return class_probabilities(self.scores.float())
 
@@ -168,7 +168,7 @@ def compute_cams(
     if scorecam_batch is not None and scorecam_batch < 1:
         raise UsageError(f"--scorecam-batch must be 1 or more, got {scorecam_batch}")
     x = x.detach()
-    hw = input_dims(x)  # (H, W), or (T, H, W) for clips: maps over time (methods/cam3d.py)
+    hw = input_dims(x)  # (H, W), or (T, H, W) for clips: maps over time (methods/cam/video.py)
     cam_layers, names = _layers(model, x, layers, reshape, output_key)
     grads = any(m in GRADIENT_METHODS for m in methods)
     fc = cp.classifier(model) if "cam" in methods else None

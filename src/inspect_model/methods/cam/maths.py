@@ -61,7 +61,7 @@ def _to_spatial3d(t: torch.Tensor, layout: Layout) -> torch.Tensor:
 
 def to_spatial(t: torch.Tensor, layout: Layout) -> torch.Tensor:
     """(N, C, h, w) view of a layer output (or of its gradient) in ``layout``; (N, C, t, h, w)
-    for a clip's layouts (methods/cam3d.py)."""
+    for a clip's layouts (methods/cam/video.py)."""
     if layout.kind == "nchw":
         return t
     if len(layout.grid) == 3:  # a clip's layer
@@ -92,7 +92,7 @@ def token_grid(tokens: int, input_hw: tuple[int, int], max_prefix: int = 16) -> 
 # ----------------------------------------------------------------------------- gradient maps
 def gradient_map(method: str, A: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
     """Raw map (N, h, w) of one gradient-based method from A, G (N, C, h, w); for a clip's
-    (N, C, t, h, w) the same formulas over (t, h, w) give (N, t, h, w) (methods/cam3d.py)."""
+    (N, C, t, h, w) the same formulas over (t, h, w) give (N, t, h, w) (methods/cam/video.py)."""
     import torch
 
     sp = tuple(range(2, A.dim()))  # the spatial (and temporal) dims

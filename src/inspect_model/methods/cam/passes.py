@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import LayerSelectionError, UsageError, one_line
-from inspect_model.methods import cam_methods as cm
-from inspect_model.methods.cam_layers import single_output
+from inspect_model.methods.cam import maths as cm
+from inspect_model.methods.cam.layers import single_output
 
 if TYPE_CHECKING:
     import torch
@@ -34,7 +34,7 @@ class Captured:
 def resolve_classes(scores: torch.Tensor, target: Any) -> torch.Tensor:
     import torch
 
-    from inspect_model.methods.targets import TargetSpec, parse_target, resolve_targets
+    from inspect_model.methods.objectives.targets import TargetSpec, parse_target, resolve_targets
 
     if isinstance(target, str):
         target = parse_target(target)
@@ -60,7 +60,7 @@ def scores_of(out: Any, output_key: str | None, n: int | None = None) -> torch.T
     (N,) logit) is one class, (N, 1), as guided backprop and attributions take it. With ``n``
     the batch is checked: a squeezed (classes,) output of one input is no batch of scores."""
     from inspect_model.errors import ModelRuntimeError
-    from inspect_model.methods.targets import select_output
+    from inspect_model.methods.objectives.targets import select_output
 
     scores = select_output(out, output_key)
     if scores.dim() == 1 and (n is None or scores.shape[0] == n):
@@ -81,7 +81,7 @@ def capture(model: nn.Module, x: torch.Tensor, layers: list[str], *, grads: bool
 
     from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
     from inspect_model.errors import ModelRuntimeError
-    from inspect_model.methods.targets import require_float
+    from inspect_model.methods.objectives.targets import require_float
 
     hooked = list(layers) + ([fc] if fc and fc not in layers else [])
     opts = CaptureOptions(

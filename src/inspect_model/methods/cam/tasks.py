@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import LayerSelectionError, ModelRuntimeError, UsageError
-from inspect_model.methods import cam_methods as cm
-from inspect_model.methods.objectives import Row, Selection
+from inspect_model.methods.cam import maths as cm
+from inspect_model.methods.objectives.scores import Row, Selection
 
 if TYPE_CHECKING:
     import torch
@@ -182,7 +182,7 @@ def compute_task_cams(model: nn.Module, x: torch.Tensor, objective: Any, layer: 
     import torch
 
     from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
-    from inspect_model.methods.cam_layers import infer_layout
+    from inspect_model.methods.cam.layers import infer_layout
 
     methods = check_task_methods(methods, objective.task)
     grads = any(m in cm.GRADIENT_METHODS for m in methods)

@@ -3,7 +3,7 @@
 A video model's layer gives (N, C, t, h, w) feature maps (3-D CNNs: r3d, mc3, r(2+1)d, S3D),
 (N, t, h, w, C) (torchvision's Swin3D stages) or (N, 1 + t*h*w, D) tokens with a class token
 (MViT). :func:`infer_layout3d` names the layout and its (t, h, w) grid;
-:func:`~inspect_model.methods.cam_methods.to_spatial` gives the (N, C, t, h, w) view that
+:func:`~inspect_model.methods.cam.maths.to_spatial` gives the (N, C, t, h, w) view that
 the CAM formulas of :mod:`.cam_methods` take: they reduce over every dim after the channels, so Grad-CAM's weights are the mean of the
 gradients over (t, h, w) and the maps are (N, t, h, w), upsampled (trilinear) to the clip's
 (T, H, W) and normalised over the whole clip, so frames compare on one scale.
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import LayerSelectionError, UsageError
-from inspect_model.methods.cam_methods import Layout, token_grid
+from inspect_model.methods.cam.maths import Layout, token_grid
 
 if TYPE_CHECKING:
     import torch
@@ -102,7 +102,7 @@ def clip_layout(model: nn.Module, name: str, shape: tuple[int, ...], input_thw: 
 def as_frames(sample: torch.Tensor, layout: Layout) -> torch.Tensor:
     """One clip's output (no batch dim) in ``layout`` as (C, t, h, w): tokens on their grid
     (class token dropped), Swin3D's channels-last stages with channels first."""
-    from inspect_model.methods.cam_methods import to_spatial
+    from inspect_model.methods.cam.maths import to_spatial
 
     return to_spatial(sample[None], layout)[0]
 

@@ -202,7 +202,7 @@ def run_checks(
     budget and the time check fails; ``on_stuck(message)`` is called if they cannot be."""
     import torch
 
-    from inspect_model.methods.targets import select_output
+    from inspect_model.methods.objectives.targets import select_output
 
     pick = select or (lambda out: select_output(out, None))
     results: list[CheckResult] = []
@@ -294,7 +294,7 @@ def _judge(results: list[CheckResult], first: Any, second: Any, records: list[An
                                    maximum=0))
         if grads_finite is not None:
             results.append(CheckResult("finite gradients", grads_finite, grads_finite, True, exact=True))
-        from inspect_model.methods.dense_checks import detection_output_check
+        from inspect_model.methods.checks.detection import detection_output_check
 
         det = detection_output_check(out)  # a detector's list of dicts, every image (issue 24)
         if det is not None:

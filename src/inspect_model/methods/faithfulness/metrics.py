@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import UsageError
-from inspect_model.methods.faithfulness_impute import impute  # noqa: F401  (ROAD's imputation, re-exported)
+from inspect_model.methods.faithfulness.impute import impute  # noqa: F401  (ROAD's imputation, re-exported)
 
 if TYPE_CHECKING:
     import torch

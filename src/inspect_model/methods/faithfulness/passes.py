@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.methods import faithfulness as fa
+from inspect_model.methods.faithfulness import metrics as fa
 
 if TYPE_CHECKING:
     import torch
@@ -80,7 +80,7 @@ class Scorer:
         """``expected``: how many inputs will be added (decides whether the passes run on an
         inference copy of the model, :mod:`.inference_copy`); ``read(out, x, targets)``: the
         probabilities of a detector's or segmenter's targets (issue 24), from the model's output."""
-        from inspect_model.methods.cam_passes import scores_of
+        from inspect_model.methods.cam.passes import scores_of
         from inspect_model.methods.inference_copy import InferenceRunner
 
         self.model, self.output_key, self.batch, self.progress = model, output_key, batch, progress
@@ -138,7 +138,7 @@ DEFAULT_BATCH = 64  # perturbed inputs per pass on an accelerator (on a CPU: pas
 def pass_rows(x: torch.Tensor, batch: int | None) -> int:
     """Perturbed inputs per forward pass: ``batch`` (--eval-batch) when given, else
     DEFAULT_BATCH, fewer on a CPU for large inputs (``cam_passes.cpu_rows``: 6 at 224 px)."""
-    from inspect_model.methods.cam_passes import cpu_rows
+    from inspect_model.methods.cam.passes import cpu_rows
 
     if batch is not None:
         return batch

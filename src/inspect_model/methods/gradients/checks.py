@@ -1,6 +1,6 @@
 """Gradient health checks for ``inspect-model grads``: the NaN, Inf, vanishing and exploding
 checks (:class:`Check`, :func:`health_checks`, definitions in the docstring of
-:mod:`inspect_model.methods.gradients`), where the first non-finite gradient appeared in
+:mod:`inspect_model.methods.gradients.flow`), where the first non-finite gradient appeared in
 backward order, the parsing of ``--fail-on``, and what ``clip_grad_norm_`` would do
 (:class:`ClipReport`). Everything here works on the finished records, never on tensors."""
 
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from inspect_model.errors import UsageError
 
 if TYPE_CHECKING:
-    from inspect_model.methods.grad_records import LayerGrad, ParamGrad
+    from inspect_model.methods.gradients.records import LayerGrad, ParamGrad
 
 CHECKS = ("nan", "inf", "vanishing", "exploding")
 DEFAULT_VANISHING = 1e-5

@@ -25,15 +25,15 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import InputError, ModelRuntimeError, one_line
-from inspect_model.methods.grad_checks import (
+from inspect_model.methods.gradients.checks import (
     DEFAULT_EXPLODING,
     DEFAULT_VANISHING,
     clip_report,
     first_nonfinite,
     health_checks,
 )
-from inspect_model.methods.grad_objective import describe_objective, output_seed, resolve_label
-from inspect_model.methods.grad_records import (  # the records, re-exported (their old home)
+from inspect_model.methods.gradients.objective import describe_objective, output_seed, resolve_label
+from inspect_model.methods.gradients.records import (  # the records, re-exported (their old home)
     LOSSES,
     GradObs,
     GradPartial,
@@ -44,7 +44,7 @@ from inspect_model.methods.grad_records import (  # the records, re-exported (th
     merge_partials,
     validate_request,
 )
-from inspect_model.methods.grad_stats import LogHist, log_hist, max_abs, merge_stats
+from inspect_model.methods.gradients.stats import LogHist, log_hist, max_abs, merge_stats
 from inspect_model.methods.stats import TensorStats, tensor_stats
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class GradRun:
                  partial: GradPartial | None = None, label_base: int = 0,
                  progress: Callable[..., None] | None = None, objective: Any = None) -> None:
         from inspect_model.engine.selection import select_layers
-        from inspect_model.methods.targets import parse_target
+        from inspect_model.methods.objectives.targets import parse_target
 
         self.fail = validate_request(target=target, loss=loss, has_labels=labels is not None, clip_norm=clip_norm,
                                      vanishing_below=vanishing_below, exploding_above=exploding_above,
@@ -134,7 +134,7 @@ class GradRun:
     def run(self, inputs: torch.Tensor | Iterable[Any]) -> GradPartial:
         """Differentiate the objective over ``inputs``, adding to :attr:`partial`."""
         from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
-        from inspect_model.methods.targets import select_output
+        from inspect_model.methods.objectives.targets import select_output
 
         part = self.partial
         batch_n = [0]
@@ -168,7 +168,7 @@ class GradRun:
         # A non-leaf copy: the model may change its input in place (x /= 255), which autograd
         # refuses on a leaf that requires grad; x.grad is still d(objective)/d(input).
         if self.objective is not None:  # detections or segmentation targets (issue 24)
-            from inspect_model.methods.objectives import objective_seed
+            from inspect_model.methods.objectives.scores import objective_seed
 
             with self.objective.context():
                 out = run_forward(eng, lambda x=x: model(x.clone()))
@@ -191,7 +191,7 @@ class GradRun:
     def _seed(self, out: Any, n: int, select_output: Any) -> tuple[Any, Any, list[float], list[list[int]]]:
         """The output to walk back from, d(objective)/d(output), each input's objective and
         the classes used: the one-hot of a class score, or a loss."""
-        from inspect_model.methods.targets import (
+        from inspect_model.methods.objectives.targets import (
             check_label_count,
             check_score_batch,
             for_batch,

@@ -84,7 +84,7 @@ def jacobian(
     import torch
 
     from inspect_model.engine.hooks import CaptureOptions, HookEngine
-    from inspect_model.methods.targets import parse_target
+    from inspect_model.methods.objectives.targets import parse_target
 
     of_layer, wrt_layer = _resolve_layers(model, of=of, wrt=wrt, target=target, norm=norm, probes=probes)
     spec = parse_target(target, categories) if of == "score" else None
@@ -213,7 +213,7 @@ def _of_tensor(out: Any, live: dict[str, torch.Tensor], *, of: str, wrt: str, of
     """A, and for ``--of score`` the classes scored per input."""
     import torch
 
-    from inspect_model.methods.targets import check_score_batch, resolve_targets, select_output
+    from inspect_model.methods.objectives.targets import check_score_batch, resolve_targets, select_output
 
     if of_layer is None:
         y = select_output(out, output_key)

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 def resolve_label(value: int | str, categories: Sequence[str] | None) -> int:
-    from inspect_model.methods.targets import parse_target
+    from inspect_model.methods.objectives.targets import parse_target
 
     spec = parse_target(str(value), categories)
     if spec.kind != "class" or spec.index is None:
@@ -81,7 +81,7 @@ def output_seed(
     import torch
     import torch.nn.functional as F
 
-    from inspect_model.methods.targets import resolve_targets
+    from inspect_model.methods.objectives.targets import resolve_targets
 
     n = y.shape[0] if y.dim() else 1
     if loss is None:

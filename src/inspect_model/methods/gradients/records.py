@@ -1,4 +1,4 @@
-"""The records of ``inspect-model grads`` (:mod:`inspect_model.methods.gradients`): per-layer,
+"""The records of ``inspect-model grads`` (:mod:`inspect_model.methods.gradients.flow`): per-layer,
 per-parameter and per-image gradient statistics, the report, and the mergeable partial a run
 accumulates (saved by ``--resume``, gathered under torchrun), with the option checks that
 need no model."""
@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from inspect_model.errors import UsageError
-from inspect_model.methods.grad_checks import Check, ClipReport, parse_fail_on
-from inspect_model.methods.grad_stats import LogHist, merge_stats
+from inspect_model.methods.gradients.checks import Check, ClipReport, parse_fail_on
+from inspect_model.methods.gradients.stats import LogHist, merge_stats
 from inspect_model.methods.stats import TensorStats
 
 if TYPE_CHECKING:

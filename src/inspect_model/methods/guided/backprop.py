@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
 from inspect_model.errors import InputError, ModelRuntimeError, UsageError
-from inspect_model.methods.targets import (
+from inspect_model.methods.objectives.targets import (
     TargetSpec,
     parse_target,
     require_float,

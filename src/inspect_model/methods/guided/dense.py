@@ -19,7 +19,7 @@ from inspect_model.errors import ModelRuntimeError
 
 def dense_guided(model: torch.nn.Module, inputs: torch.Tensor, objective: Any, kinds: tuple[str, ...]) -> Any:
     """A :class:`~.guided.GuidedResult` whose ``rows`` say what each map explains."""
-    from inspect_model.methods.guided import GuidedBackwardMode, GuidedResult, _no_guided_warning
+    from inspect_model.methods.guided.backprop import GuidedBackwardMode, GuidedResult, _no_guided_warning
 
     opts = CaptureOptions(outputs=False, freeze_params=True, eval_mode=True, grad_enabled=True)
     n = int(inputs.shape[0])
@@ -64,8 +64,8 @@ def dense_guided(model: torch.nn.Module, inputs: torch.Tensor, objective: Any, k
 def dense_gradcam(model: torch.nn.Module, x: torch.Tensor, objective: Any, layer: str, res: Any) -> tuple[str, Any]:
     """Grad-CAM maps (N, K, H, W) of the same rows as ``res`` (guided Grad-CAM), at
     ``layer`` (``auto``: the task's default layer), and the layer's name."""
-    from inspect_model.methods.task_cam import compute_task_cams
-    from inspect_model.methods.tasks import task_auto_layer
+    from inspect_model.methods.cam.tasks import compute_task_cams
+    from inspect_model.methods.objectives.tasks import task_auto_layer
 
     name = task_auto_layer(model, objective.task) if layer.strip().lower() == "auto" else layer
     if name is None:

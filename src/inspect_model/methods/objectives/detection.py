@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import ModelRuntimeError
-from inspect_model.methods.objective_rows import Row, Selection, TaskTarget, check_class, class_name
+from inspect_model.methods.objectives.rows import Row, Selection, TaskTarget, check_class, class_name
 
 if TYPE_CHECKING:
     import torch

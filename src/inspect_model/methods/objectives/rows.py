@@ -92,7 +92,7 @@ class TaskTarget:
 
 def parse_task_target(text: str | None, categories: Sequence[str] | None, task: str) -> TaskTarget:
     """``predicted``, ``top:K``, ``CLASS`` (index or name), or ``CLASS@all`` (segmentation)."""
-    from inspect_model.methods.targets import parse_target
+    from inspect_model.methods.objectives.targets import parse_target
 
     raw = (text or "predicted").strip()
     whole = raw.lower().endswith("@all")

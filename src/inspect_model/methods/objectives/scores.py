@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from inspect_model.errors import UsageError
-from inspect_model.methods.objective_rows import (  # re-exported: the rows are part of this API
+from inspect_model.methods.objectives.rows import (  # re-exported: the rows are part of this API
     Box,
     Row,
     Selection,
@@ -40,12 +40,12 @@ def make_objective(task: str, model: Any, target: str | None, categories: Sequen
     """The objective of ``task`` (``detection`` or ``segmentation``) for ``--target``."""
     spec = parse_task_target(target, categories, task)
     if task == "detection":
-        from inspect_model.methods.detection import DetectionObjective
+        from inspect_model.methods.objectives.detection import DetectionObjective
 
         return DetectionObjective(model, spec, categories, score_threshold=score_threshold,
                                   max_detections=max_detections)
     if task == "segmentation":
-        from inspect_model.methods.segmentation import SegmentationObjective
+        from inspect_model.methods.objectives.segmentation import SegmentationObjective
 
         return SegmentationObjective(spec, categories)
     raise ValueError(f"no objective for task {task!r}")
@@ -65,7 +65,7 @@ def task_objective(loaded: Any, target: str | None, categories: Sequence[str] | 
     """The objective of a detector or a segmenter (``loaded``: a ``LoadedModel`` or a
     module), or None for any other model (its scores stay the one-hot of a class).
     ``refuse``: options (name -> value given) that have no meaning for a dense task."""
-    from inspect_model.methods.tasks import infer_task
+    from inspect_model.methods.objectives.tasks import infer_task
 
     model = getattr(loaded, "model", loaded)
     task = infer_task(model, loaded)
