@@ -119,7 +119,7 @@ class Evaluator:
         self._score(jobs, recs, original, batch, entries)
 
     def feed_dense(self, res: Any, batch: Any, entries: list[dict[str, Any]], objective: Any) -> None:
-        """Score the maps of a detector's or segmenter's batch (``methods.task_cam``) on the
+        """Score the maps of a detector's or segmenter's batch (``methods.cam.tasks``) on the
         same targets: each perturbed input's probability of the explained detection or mask
         (``objective.probability``), read with the model's threshold at 0 (issue 24)."""
         from inspect_model.methods.faithfulness.passes import MapJob

@@ -4,7 +4,7 @@ The request class (api/) declares each option once: its flags, help, default and
 completion. This module turns those fields into Typer parameters, adds the model argument,
 the image arguments and the shared option groups (``@shared_options``), and gives the
 command a body that builds the request (validated once, in the request) and hands it to
-the API function through :func:`~inspect_model.cli.groups.run_api`. Nothing here imports
+the API function through :func:`~inspect_model.cli.deliver.run_api`. Nothing here imports
 torch.
 """
 

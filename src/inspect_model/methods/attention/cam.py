@@ -8,7 +8,7 @@ Swin the last stage; a model source's declared layer), resolved once per run wit
 same :func:`~inspect_model.methods.cam.layers.resolve_layers`. Its output is kept from the
 attention run's forward pass and its gradient read by a tensor hook during the backward pass
 of the target's score that grad-rollout runs (one is run for the CAM methods alone when
-grad-rollout is not asked for). The maps are ``methods.cam_methods``' formulas, after the
+grad-rollout is not asked for). The maps are ``methods.cam.maths``' formulas, after the
 ReLU ``cam`` applies (``finish_maps``), at the layer's resolution.
 """
 

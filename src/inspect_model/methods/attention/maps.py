@@ -23,8 +23,8 @@ different scores, so asking for both takes two over the same forward graph):
 
 Maps are (B, rows, cols) on the patch grid, unnormalised; the class ("prefix") tokens are
 dropped from the keys. Windowed, hierarchical models (Swin, MaxViT) are handled in
-:mod:`.attention_hier` (rollout, grad-rollout on the first stage's map) and LeGrad on their
-last stage; CAM-family methods asked for in the same run in :mod:`.attention_cam`.
+:mod:`.hierarchical` (rollout, grad-rollout on the first stage's map) and LeGrad on their
+last stage; CAM-family methods asked for in the same run in :mod:`.cam`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ FUSIONS = ("mean", "max", "min")
 
 def parse_methods(items: Sequence[str] | str | None) -> tuple[str, ...]:
     """``--method`` values (comma lists allowed, ``all``) -> method names in canonical order:
-    the attention methods, then CAM-family ones (``gradcam`` ..., ``methods.attention_cam``)."""
+    the attention methods, then CAM-family ones (``gradcam`` ..., ``methods.attention.cam``)."""
     from inspect_model.methods.attention.cam import cam_name, cam_names
 
     if isinstance(items, str):
@@ -112,7 +112,7 @@ class AttentionOptions:
     head_fusion: str = "mean"
     discard_ratio: float = 0.0
     mosaic: bool = False  # keep every layer's and head's query row (the layer-by-head mosaic)
-    cam_layer: str = "auto"  # the layer of the CAM-family methods (methods.attention_cam)
+    cam_layer: str = "auto"  # the layer of the CAM-family methods (methods.attention.cam)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "methods", parse_methods(self.methods))

@@ -1,4 +1,4 @@
-"""The run behind :func:`inspect_model.methods.attention.maps.compute_attention`: one forward pass
+"""The run behind :func:`compute_attention`: one forward pass
 under the attention capture, then one backward pass per gradient method; what each layer
 gives is folded in as it comes (a running product for rollout, one query row per raw layer,
 a running sum for LeGrad), so no layer is kept that was not asked for."""

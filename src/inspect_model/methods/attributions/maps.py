@@ -18,7 +18,7 @@ Methods (one map per (image, target), the shape of one input sample):
 Integer inputs (token ids) are attributed at the output of the embedding layer that reads
 them. Saliency, gradient and input-x-gradient share one backward pass; the noisy methods
 share their noise samples. Rows (steps, samples, windows) go through the model in chunks
-of ``batch_size`` (see :mod:`methods.attribution_passes`).
+of ``batch_size`` (see :mod:`.passes`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ Progress = Callable[[int, int, str], None]
 @dataclass(frozen=True, eq=False)
 class AttributionSettings:
     """How to attribute; validated once, here. ``window``/``stride`` may leave out leading
-    (image channel) or trailing (embedding) dimensions, see ``attribution_passes.window_shape``."""
+    (image channel) or trailing (embedding) dimensions, see ``passes.window_shape``."""
 
     methods: tuple[str, ...] = ("saliency",)
     steps: int = 32

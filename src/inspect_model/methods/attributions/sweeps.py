@@ -1,5 +1,5 @@
 """The passes of ``attributions``: each turns one batch of inputs into accumulated maps by
-pushing rows through the model in chunks (:func:`attribution_passes.sweep`).
+pushing rows through the model in chunks (:func:`passes.sweep`).
 
 A *unit* is one (image, target) pair, ``U = N * K`` of them; every accumulator holds one
 (U, *sample) tensor, filled by ``index_add_`` as chunks come back.

@@ -1,7 +1,7 @@
 """Where a class activation map is taken: ``--layer auto`` and the layout of a layer's output.
 
 :func:`resolve_layers` turns ``auto`` or layer specs into :class:`CamLayer` records: the
-layer's name and the :class:`~.cam_methods.Layout` that lays its output on a spatial grid --
+layer's name and the :class:`~.maths.Layout` that lays its output on a spatial grid --
 channels-first (CNNs, MaxViT), channels-last (torchvision's Swin), or patch tokens with the
 class/register tokens dropped (ViT; the grid from the model's patch size and the token count,
 or ``--reshape HxW``). ``auto`` needs the output shapes, so it probes with one no-grad forward

@@ -8,7 +8,7 @@ nothing below the layer. Score-CAM adds its batched masked forward passes; Eigen
 need the activations only. :func:`gradcam` is the small tensor-in, tensor-out entry point
 other methods (guided Grad-CAM) build on.
 
-The parts: :mod:`.cam_methods` (the formulas), :mod:`.cam_layers` (``--layer auto`` and the
+The parts: :mod:`.maths` (the formulas), :mod:`.layers` (``--layer auto`` and the
 layout of token / channels-last outputs), :mod:`.cam_passes` (the passes).
 """
 

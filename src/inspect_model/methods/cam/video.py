@@ -4,7 +4,7 @@ A video model's layer gives (N, C, t, h, w) feature maps (3-D CNNs: r3d, mc3, r(
 (N, t, h, w, C) (torchvision's Swin3D stages) or (N, 1 + t*h*w, D) tokens with a class token
 (MViT). :func:`infer_layout3d` names the layout and its (t, h, w) grid;
 :func:`~inspect_model.methods.cam.maths.to_spatial` gives the (N, C, t, h, w) view that
-the CAM formulas of :mod:`.cam_methods` take: they reduce over every dim after the channels, so Grad-CAM's weights are the mean of the
+the CAM formulas of :mod:`.maths` take: they reduce over every dim after the channels, so Grad-CAM's weights are the mean of the
 gradients over (t, h, w) and the maps are (N, t, h, w), upsampled (trilinear) to the clip's
 (T, H, W) and normalised over the whole clip, so frames compare on one scale.
 

@@ -1,6 +1,6 @@
 """Faithfulness of a saliency map: does the model's confidence depend on the pixels the map
 ranks highest? Pure functions, tensors in, numbers (or perturbed inputs) out; the model
-passes that score the perturbed inputs live in :mod:`.faithfulness_passes`.
+passes that score the perturbed inputs live in :mod:`.passes`.
 
 - Deletion and insertion (Petsiuk et al. 2018, RISE): pixels are removed (set to 0 in the
   model's input space, i.e. the normalisation mean) or inserted (into a Gaussian-blurred copy,
@@ -11,7 +11,7 @@ passes that score the perturbed inputs live in :mod:`.faithfulness_passes`.
   the pixels is removed and filled by noisy linear imputation: each removed pixel is the
   weighted mean of its 8 neighbours (1/6 edge, 1/12 corner), solved as one sparse linear
   system per channel (multigrid-preconditioned conjugate gradients, all masks and channels
-  of an image in one batch: :mod:`.faithfulness_impute`), plus N(0, 0.01^2) noise. Lower MoRF and
+  of an image in one batch: :mod:`.impute`), plus N(0, 0.01^2) noise. Lower MoRF and
   higher LeRF are better; ``road`` = mean(LeRF - MoRF) / 2 as pytorch-grad-cam's ROADCombined.
 - Average drop and increase in confidence (Chattopadhyay et al. 2018): the input times the
   map; drop = max(0, Y - O) / Y in percent, increase = 100 when O > Y else 0 (averaged, the

@@ -65,7 +65,7 @@ def task_auto_layer(model: nn.Module, task: str) -> str | None:
 
     - torchvision detectors: the feature pyramid ``backbone.fpn`` (R-CNNs, RetinaNet, FCOS);
       SSD's ``backbone`` (its extra blocks make a pyramid of its own). All levels are kept
-      and combined on one grid (:func:`~.task_cam.pyramid_to_grid`).
+      and combined on one grid (:func:`inspect_model.methods.cam.tasks.pyramid_to_grid`).
     - HF DETR-style: ``input_projection`` (the backbone's last stage, projected), a single
       (N, d, h, w) map every query attends to.
     - torchvision segmenters: the backbone's last stage (``backbone.layer4`` for ResNets,
