@@ -189,3 +189,22 @@ def preflight(spec: str, request: LoadRequest, *, tokens: int = 0) -> None:
     dtype = parse_dtype(request.dtype or "float32")
     est = estimate(empty.model, dtype, tokens=tokens if empty.token_vocab else 0)
     check_fits(est, request.device, name=empty.name)
+
+
+# Commands that read each parameter's own gradient (not only gradients of layer outputs and inputs).
+PARAMETER_GRADIENT_COMMANDS = ("grads",)
+
+
+def refuse_offloaded(loaded: LoadedModel, command: str) -> None:
+    """One line for ``grads`` on offloaded weights: accelerate loads them for each call and
+    drops them after it, so no parameter keeps a gradient. Output and input gradients (cam,
+    attributions, attention's gradient methods) work offloaded."""
+    if command not in PARAMETER_GRADIENT_COMMANDS:
+        return
+    offloaded = [n for n, p in loaded.model.named_parameters() if p.device.type == "meta"]
+    if offloaded:
+        raise ModelLoadError(
+            f"`{command}` reads each parameter's gradient, and {len(offloaded)} parameters (e.g. '{offloaded[0]}') "
+            "are offloaded: accelerate loads them for each call and drops them after it, so they keep none; run "
+            f"`{command}` with the weights in memory (--device-map auto with --max-memory large enough, no "
+            "--offload), or use cam, attributions or attention for layer and input gradients")

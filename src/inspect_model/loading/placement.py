@@ -103,6 +103,21 @@ def read_device_map(path: str) -> dict[str, int | str]:
     return out
 
 
+def check_device_map(model: Any, dmap: dict[str, int | str], path: str) -> dict[str, int | str]:
+    """A FILE's table must name modules of the model and place every parameter."""
+    from inspect_model.errors import suggest
+
+    modules = dict(model.named_modules())
+    for name in dmap:
+        if name not in modules:
+            raise UsageError(f"--device-map {path}: the model has no module '{name}'"
+                             f"{suggest(name, sorted(modules))}")
+    for pname, _ in model.named_parameters():
+        if not any(pname == k or pname.startswith(k + ".") or k == "" for k in dmap):
+            raise UsageError(f"--device-map {path}: parameter '{pname}' is on no device; map it or a module above it")
+    return dmap
+
+
 def no_split_classes(model: Any) -> list[str]:
     """The classes accelerate must keep whole: the model's ``_no_split_modules`` (Hugging
     Face), else the class of the items of its largest ``ModuleList``/``Sequential`` (a
@@ -127,7 +142,7 @@ def plan_device_map(model: Any, placement: Placement, dtype: Any, *,
     accelerate's ``infer_auto_device_map`` under ``--max-memory`` (default: each GPU's free
     memory, and the free RAM unless ``--offload`` asks to stream from disk)."""
     if placement.device_map and placement.device_map not in MAPS:
-        return read_device_map(placement.device_map)
+        return check_device_map(model, read_device_map(placement.device_map), placement.device_map)
     from accelerate import infer_auto_device_map
     from accelerate.utils import get_balanced_memory
 

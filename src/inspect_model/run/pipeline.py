@@ -61,6 +61,9 @@ class Prepared:
             "batch_size": self.plan.batch_size,
             "inputs": self.plan.describe(),
         }
+        dmap = getattr(self.loaded.model, "hf_device_map", None)
+        if isinstance(dmap, dict):  # where each block ran (issue 37): module -> cuda:N, cpu or disk
+            base["placement"] = {k or "(model)": f"cuda:{v}" if isinstance(v, int) else str(v) for k, v in dmap.items()}
         base.update(own)
         return base
 
@@ -99,6 +102,9 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
     from inspect_model.loading.quantized import refuse_gradients
 
     refuse_gradients(loaded, command)  # quantized kernels have no autograd
+    from inspect_model.loading.dispatch import refuse_offloaded
+
+    refuse_offloaded(loaded, command)  # weights streamed from disk keep no parameter gradients
     from inspect_model.run.world import rank_device
     from inspect_model.devices import model_device
 
