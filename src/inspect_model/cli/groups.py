@@ -164,6 +164,10 @@ def shared_options(*, labels: bool = True, images: bool = True, text: bool = Fal
             given["skip_bad"] = given.pop("skip_bad_inputs", False)
             inputs = InputOptions(kw.get("images"), **given)
             check_request(inputs)
+            if inputs.text or inputs.text_file is not None:  # a folder without a tokenizer: before torch (issue 37)
+                from inspect_model.loading.text import precheck_tokenizer
+
+                precheck_tokenizer(opts.model, inputs.tokenizer)
             ro = {n: kw.pop(n) for n, _, _ in run_options if n not in ("config", "debug")}
             kw.pop("config"), kw.pop("debug")
             return fn(**kw, opts=opts, inputs=inputs, run_opts=RunOptions(**ro))

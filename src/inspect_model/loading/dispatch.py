@@ -185,7 +185,8 @@ def preflight(spec: str, request: LoadRequest, *, tokens: int = 0) -> None:
         import accelerate  # noqa: F401  (init_empty_weights)
     except ImportError:
         return  # without accelerate no empty build: the build itself is the check
-    empty = source.load(spec, dataclasses.replace(request, empty=True, device="cpu", weights="none"))
+    # On the meta device (not init_empty_weights, which allocates each tensor before moving it).
+    empty = source.load(spec, dataclasses.replace(request, device="meta", weights="none"))
     dtype = parse_dtype(request.dtype or "float32")
     est = estimate(empty.model, dtype, tokens=tokens if empty.token_vocab else 0)
     check_fits(est, request.device, name=empty.name)
