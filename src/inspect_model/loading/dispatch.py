@@ -60,6 +60,8 @@ def load_placed(spec: str, request: LoadRequest, placement: Placement) -> Loaded
         folder = offload_folder(placement, loaded.model) if "disk" in dmap.values() else None
         if loaded.weights is not None:
             loaded.model = _hf_pretrained(loaded, dmap, folder, dtype)
+            if not isinstance(getattr(loaded.model, "hf_device_map", None), dict):
+                loaded.model.hf_device_map = dict(dmap)  # one device: transformers attaches no hooks, none needed
         else:
             _init_blocks(loaded.model, dmap, folder, dtype)
             _dispatch(loaded.model, dmap, folder)
