@@ -28,7 +28,7 @@ from typing import Any
 
 from inspect_model.errors import ModelLoadError, one_line
 from inspect_model.loading.loaded import LoadedModel, LoadRequest
-from inspect_model.loading.preflight import check_placed, estimate
+from inspect_model.loading.preflight import available_memory, check_placed, estimate
 from inspect_model.loading.placement import (
     Placement,
     describe,
@@ -54,7 +54,9 @@ def load_placed(spec: str, request: LoadRequest, placement: Placement) -> Loaded
                              "be built empty: a Hugging Face folder, timm:NAME, a torchvision name or FILE.py:NAME")
     if source.name == "hf":
         loaded = source.load(spec, dataclasses.replace(request, empty=True, device="cpu"))
-        dmap = plan_device_map(loaded.model, placement, dtype)
+        if callable(getattr(loaded.model, "tie_weights", None)):
+            loaded.model.tie_weights()  # GPT-2's head is its embedding: the plan keeps them together
+        dmap = plan_device_map(loaded.model, placement, dtype, free=available_memory())
         check_placed(estimate(loaded.model, dtype, tokens=128 if loaded.token_vocab else 0), dmap, loaded.model,
                      name=loaded.name)
         folder = offload_folder(placement, loaded.model) if "disk" in dmap.values() else None
@@ -67,7 +69,7 @@ def load_placed(spec: str, request: LoadRequest, placement: Placement) -> Loaded
             _dispatch(loaded.model, dmap, folder)
     else:
         loaded = source.load(spec, dataclasses.replace(request, device="cpu"))
-        dmap = plan_device_map(loaded.model, placement, dtype)
+        dmap = plan_device_map(loaded.model, placement, dtype, free=available_memory())
         folder = offload_folder(placement, loaded.model) if "disk" in dmap.values() else None
         _dispatch(loaded.model, dmap, folder)
     loaded.model.eval()

@@ -148,9 +148,9 @@ def plan_device_map(model: Any, placement: Placement, dtype: Any, *,
 
     budget = parse_max_memory(placement.max_memory) or {}
     if not budget:
-        from inspect_model.loading.preflight import available_memory
-
-        budget = dict(free if free is not None else available_memory())
+        if free is None:  # internal: callers pass preflight.available_memory()
+            raise ValueError("plan_device_map needs --max-memory or the free memory")
+        budget = dict(free)
         if placement.offload or placement.offload_dir:
             budget["cpu"] = 0  # --offload alone: stream from disk what the GPUs do not hold
     no_split = no_split_classes(model)

@@ -90,20 +90,16 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
     from inspect_model.methods.objectives.targets import check_label_count, load_labels
 
     check_request(inputs)
-    if inputs.text or inputs.text_file is not None:
-        from inspect_model.loading.text import precheck_tokenizer
-
-        precheck_tokenizer(mopts.model, inputs.tokenizer)  # before the build (issue 37)
+    _precheck(mopts, inputs)
     torch_dtype = parse_dtype(mopts.dtype)
     torch.manual_seed(inputs.seed)
     loaded = load(mopts)
     if hooks:
         require_hookable(loaded, command)
+    from inspect_model.loading.dispatch import refuse_offloaded
     from inspect_model.loading.quantized import refuse_gradients
 
     refuse_gradients(loaded, command)  # quantized kernels have no autograd
-    from inspect_model.loading.dispatch import refuse_offloaded
-
     refuse_offloaded(loaded, command)  # weights streamed from disk keep no parameter gradients
     from inspect_model.run.world import rank_device
     from inspect_model.devices import model_device
@@ -160,6 +156,14 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
         )
         binding, categories = media_binding(command, loaded, plan, binding, categories, notes)
     return Prepared(loaded, plan, categories, dev, torch_dtype, binding)
+
+
+def _precheck(mopts: ModelOptions, inputs: InputOptions) -> None:
+    """What needs the config only, before any build (issue 37): the tokenizer of --text."""
+    if inputs.text or inputs.text_file is not None:
+        from inspect_model.loading.text import precheck_tokenizer
+
+        precheck_tokenizer(mopts.model, inputs.tokenizer)
 
 
 def _prepare_text(command: str, mopts: ModelOptions, inputs: InputOptions, loaded: Any, dev: Any,
