@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from inspect_model.api.options import ModelOptions, check_dtype, load, resolve_device
-from inspect_model.api.pipeline import resolved_weights
-from inspect_model.api.request import Request, api_command, option, positive
-from inspect_model.api.session import Result
+from inspect_model.run.options import ModelOptions, check_dtype, load, resolve_device
+from inspect_model.run.pipeline import resolved_weights
+from inspect_model.run.request import Request, api_command, option, positive
+from inspect_model.run.session import Result
 from inspect_model.engine.hints import first_layer_hint
 from inspect_model.errors import InputError, UsageError, one_line
 from inspect_model.loading.models import require_hookable
@@ -231,7 +231,7 @@ def _write_graph(logdir: Any, loaded: Any, res: SummaryResult, *, dtype: str, se
     from pathlib import Path
 
     from inspect_model.loading.shapes import make_example_inputs, parse_dtype
-    from inspect_model.render.tensorboard import open_writer, write_graph
+    from inspect_model.output.tensorboard import open_writer, write_graph
 
     m = loaded.model
     if _on_meta(m):
