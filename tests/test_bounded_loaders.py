@@ -309,3 +309,37 @@ def test_the_issue_example_a_manifest_that_is_no_file_does_not_hang(kind: str, k
     assert r.returncode == 7, r.stderr
     line = _one_line(r.stderr)
     assert "manifest" in line and "regular file" in line, line
+
+
+@pytest.fixture(scope="module")
+def killed_grads(tmp_path_factory: pytest.TempPathFactory, killed: dict[str, Any]) -> dict[str, Any]:
+    """A grads --resume run killed after 2 of 5 images: its state holds summed parameter gradients."""
+    root = tmp_path_factory.mktemp("grads")
+    cam_args = killed["args"]
+    out = root / "out"
+    args = ["grads", *cam_args[1:3], *COMMON, "-o", str(out), "--resume"]
+    r = subprocess.run([*FAULTY, "kill:2", *args], capture_output=True, text=True, env=_env(), timeout=300,
+                       check=False)
+    assert r.returncode == -9, r.stderr
+    return {"out": out, "args": args}
+
+
+@pytest.mark.parametrize("case", ["wrong shape", "unknown parameter", "not a tensor"])
+def test_the_issue_example_gradients_of_the_wrong_shape_are_refused_on_load(case: str, killed_grads: dict[str, Any],
+                                                                           tmp_path: Path, cli) -> None:
+    import inspect_model.methods.gradients  # noqa: F401 - its record classes
+
+    out = _copy(killed_grads, tmp_path)
+    state = _state(out)
+    grads = state["session"]["partial"].grads
+    name = sorted(grads)[0]
+    if case == "wrong shape":
+        grads[name] = torch.zeros(3, 3)
+    elif case == "unknown parameter":
+        grads["nowhere.weight"] = torch.zeros(1)
+    else:
+        grads[name] = [1.0, 2.0]
+    torch.save(state, out / STAGING / "state-0.pt")
+    line = _resume(killed_grads, out, cli)
+    assert "not valid" in line and "remove that folder" in line, line
+    assert ("the model's is" in line) if case == "wrong shape" else True, line
