@@ -160,7 +160,7 @@ def test_every_torch_file_option_goes_through_the_loader(where: str, tmp_path: P
 
 def test_a_baseline_npy_declaring_more_than_it_holds_is_refused(tmp_path: Path) -> None:
     from inspect_model.errors import InputError
-    from inspect_model.methods.attribution_passes import _load_baseline_file
+    from inspect_model.methods.attributions.passes import _load_baseline_file
 
     p = tmp_path / "b.npy"
     header = "{'descr': '<f4', 'fortran_order': False, 'shape': (100000, 100000), }"
@@ -219,8 +219,8 @@ def _resume(killed: dict[str, Any], out: Path, cli) -> str:  # type: ignore[no-u
 
 
 def _state(out: Path) -> dict[str, Any]:
-    import inspect_model.methods.cam  # noqa: F401 - its record classes
-    from inspect_model.api.resume import load_state
+    import inspect_model.methods.cam.maps  # noqa: F401 - its record classes
+    from inspect_model.run.resume import load_state
 
     return load_state(out / STAGING / "state-0.pt")
 
@@ -327,7 +327,7 @@ def killed_grads(tmp_path_factory: pytest.TempPathFactory, killed: dict[str, Any
 @pytest.mark.parametrize("case", ["wrong shape", "unknown parameter", "not a tensor"])
 def test_the_issue_example_gradients_of_the_wrong_shape_are_refused_on_load(case: str, killed_grads: dict[str, Any],
                                                                            tmp_path: Path, cli) -> None:
-    import inspect_model.methods.gradients  # noqa: F401 - its record classes
+    import inspect_model.methods.gradients.flow  # noqa: F401 - its record classes
 
     out = _copy(killed_grads, tmp_path)
     state = _state(out)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from inspect_model.api.options import InputOptions, ModelOptions
-from inspect_model.api.pipeline import run_images
-from inspect_model.api.request import (
+from inspect_model.run.options import InputOptions, ModelOptions
+from inspect_model.run.pipeline import run_images
+from inspect_model.run.request import (
     COLORMAP_HELP,
     DEPTH_HELP,
     LAYERS_HELP,
@@ -23,8 +23,8 @@ from inspect_model.api.request import (
     option,
     positive,
 )
-from inspect_model.api.resume import count
-from inspect_model.api.session import ImageItem, Result, Session, Warnings, input_outcome
+from inspect_model.run.resume import count
+from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import UsageError
 
 
@@ -87,7 +87,7 @@ class ActivationsSession(Session):
             if draw:
                 notes("no --layer given: statistics only; name layers with --layer to draw their feature maps")
         self.draw_layers = set(self.selected) if layers and draw else set()
-        from inspect_model.methods.activations import ActivationCapture
+        from inspect_model.methods.activations.capture import ActivationCapture
 
         self.capture = ActivationCapture(net, self.selected, keep=keep, hist_bins=64 if histograms else 0,
                                          model_name=prep.loaded.name)
@@ -130,7 +130,7 @@ class ActivationsSession(Session):
         items = []
         per_sample = [k for k in res.kept if k.per_sample]
         batch_level = [k for k in res.kept if not k.per_sample]
-        from inspect_model.methods.cam3d import as_frames
+        from inspect_model.methods.cam.video import as_frames
 
         grids = self._clip_layouts(per_sample, tuple(batch.tensor.shape[2:]) if batch.tensor.dim() == 5 else None)
         for i, img in enumerate(res.images):
@@ -151,9 +151,9 @@ class ActivationsSession(Session):
 
     def _clip_layouts(self, kept: list[Any], thw: tuple[int, ...] | None) -> dict[str, Any]:
         """Drawn clip layers whose output lies on a (t, h, w) grid (3-D conv maps, Swin3D's
-        channels-last stages, MViT's tokens: methods/cam3d.py): key -> (output, layout);
+        channels-last stages, MViT's tokens: methods/cam/video.py): key -> (output, layout);
         each layout noted once and kept for the report's layer rows."""
-        from inspect_model.methods.cam3d import clip_layout, layout_note
+        from inspect_model.methods.cam.video import clip_layout, layout_note
 
         out: dict[str, Any] = {}
         for k in kept if thw is not None else []:

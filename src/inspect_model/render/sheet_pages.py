@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from inspect_model.render.sink import Drawer, Sink
+from inspect_model.output.sink import Drawer, Sink
 
 SHEET_ROWS = 16  # rows per contact-sheet page: memory stays bounded for any number of images
 RANK_PAGES = 100000  # a rank's pages are numbered from rank * RANK_PAGES, renumbered after the merge
