@@ -245,6 +245,10 @@ class GradsSession(Session):
 
         if not isinstance(state["partial"], GradPartial) or not isinstance(state["warnings"], Warnings):
             raise TypeError("grads state: not a GradPartial")
+        from inspect_model.run.state_check import check_tensor_shapes
+
+        params = {n: tuple(p.shape) for n, p in self.prep.loaded.model.named_parameters() if p.requires_grad}
+        check_tensor_shapes(state["partial"].grads, params, "the summed gradient of parameter")
         self.partial, self.warnings = state["partial"], state["warnings"]
         self.count = count(state["count"], "the image count")
         self.media = dict(state.get("media") or {})
