@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from inspect_model.methods.attributions import AttributionSettings, attribute
+from inspect_model.methods.attributions.maps import AttributionSettings, attribute
 
 COMMON = ["--input-size", "3x16x16", "--batch-size", "2", "-q"]
 

@@ -96,7 +96,7 @@ def test_grads_numbers_on_a_model_large_enough_for_the_fast_path() -> None:
     """Layer gradient statistics of `grads` against gradients captured independently."""
     from torch import nn
 
-    from inspect_model.methods.gradients import gradients
+    from inspect_model.methods.gradients.flow import gradients
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
