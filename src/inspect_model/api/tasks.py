@@ -46,6 +46,13 @@ def attach_task(command: str, prep: Any, inputs: Any, request: Any, task: Any, *
     if not text_plan and task.takes == "text" and not _token_input(plan):
         raise UsageError(f"{prep.loaded.name} is a {task.name} model: it reads token ids; give --text TEXT "
                          "(or --input-size input_ids=LEN:int64:0-VOCAB)")
+    if command == "cam" and text_plan:
+        raise UsageError(f"cam maps a spatial layer; {prep.loaded.name} is a {task.name} model over tokens: use "
+                         "attributions --text ... (one value per token)"
+                         + ("" if task.name == "seq2seq" else " or attention --text ..."))
+    if command == "attention" and task.name == "contrastive":
+        raise UsageError(f"{prep.loaded.name} has two towers; attention maps are drawn for one: load its vision "
+                         "tower (CLIPVisionModel) for the image's attention, or use attributions IMAGE --text ...")
     if command == "attention" and task.name == "seq2seq":
         raise UsageError(f"attention maps of an encoder-decoder ({prep.loaded.name}: self- and cross-attention) are "
                          "not drawn yet; grads, attributions and activations take it")
@@ -74,3 +81,40 @@ def _token_input(plan: Any) -> bool:
     text model's random ids (its vocabulary known)."""
     spec = getattr(plan, "spec", None)
     return "int" in str(getattr(spec, "dtype", "") or "") or bool(getattr(plan, "vocab", None))
+
+
+def summary_inputs(model: Any) -> Any:
+    """A context manager completing ``model(x)`` for ``summary`` where the task needs more
+    than one input: a seq2seq decoder's start token, a two-tower model's placeholder text
+    (4 token ids), so that the layer table covers both halves (issue 42)."""
+    import contextlib
+
+    from inspect_model.methods.families import find_task
+
+    task = find_task(model).name
+    if task not in ("seq2seq", "contrastive"):
+        return contextlib.nullcontext()
+    cfg = model.config
+
+    def pre(_mod: Any, args: tuple, kwargs: dict) -> Any:
+        import torch
+
+        if len(args) != 1 or kwargs:
+            return None
+        x = args[0]
+        n = int(x.shape[0])
+        if task == "seq2seq":
+            start = int(getattr(cfg, "decoder_start_token_id", None) or 0)
+            return (), {"input_ids": x, "decoder_input_ids": torch.full((n, 1), start, dtype=torch.long,
+                                                                        device=x.device)}
+        return (), {"pixel_values": x, "input_ids": torch.ones((1, 4), dtype=torch.long, device=x.device)}
+
+    @contextlib.contextmanager
+    def bound() -> Any:
+        handle = model.register_forward_pre_hook(pre, with_kwargs=True, prepend=True)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    return bound()
