@@ -108,7 +108,7 @@ def main() -> int:
     import torchvision
 
     from inspect_model.engine.selection import select_layers
-    from inspect_model.methods.activations import ActivationCapture
+    from inspect_model.methods.activations.capture import ActivationCapture
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -177,7 +177,7 @@ def measure(ctx):  # type: ignore[no-untyped-def]
 
     from common import Row, Target
     from inspect_model.engine.selection import select_layers
-    from inspect_model.methods.activations import ActivationCapture
+    from inspect_model.methods.activations.capture import ActivationCapture
 
     rows = []
     for name in ctx.sizes.models:

@@ -62,8 +62,8 @@ def main() -> None:
     import torch
     import torchvision
 
-    from inspect_model.methods.attention import AttentionOptions
-    from inspect_model.methods.attention_run import compute_attention
+    from inspect_model.methods.attention.maps import AttentionOptions
+    from inspect_model.methods.attention.passes import compute_attention
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="vit_b_16")
@@ -109,8 +109,8 @@ def measure(ctx):  # type: ignore[no-untyped-def]
     import torch
 
     from common import Row, Target
-    from inspect_model.methods.attention import AttentionOptions
-    from inspect_model.methods.attention_run import compute_attention
+    from inspect_model.methods.attention.maps import AttentionOptions
+    from inspect_model.methods.attention.passes import compute_attention
 
     batch = 8 if ctx.mode == "full" or ctx.device.type != "cpu" else (2 if ctx.mode == "quick" else 1)
     model = ctx.model("vit_b_16")

@@ -37,8 +37,8 @@ def build(kind: str, tokens: int) -> Any:
 def main() -> None:
     import torch
 
-    from inspect_model.methods.attention import AttentionOptions
-    from inspect_model.methods.attention_text import compute_text_attention
+    from inspect_model.methods.attention.maps import AttentionOptions
+    from inspect_model.methods.attention.text import compute_text_attention
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt2", choices=("gpt2", "bert"))

@@ -66,7 +66,7 @@ def floor_ig(model: Any, x: Any, targets: list[int], steps: int) -> Any:
 
 
 def ours(model: Any, x: Any, targets: list[int], steps: int, batch: int) -> Any:
-    from inspect_model.methods.attributions import AttributionSettings, attribute
+    from inspect_model.methods.attributions.maps import AttributionSettings, attribute
 
     st = AttributionSettings(methods=("integrated-gradients",), steps=steps, rule="gauss-legendre", batch_size=batch)
     return attribute(model, x, targets, st).maps["integrated-gradients"][:, 0]

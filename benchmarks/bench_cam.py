@@ -42,7 +42,7 @@ def main() -> None:
     import torch
     from torchvision import models
 
-    from inspect_model.methods.cam import compute_cams
+    from inspect_model.methods.cam.maps import compute_cams
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -99,7 +99,7 @@ def measure(ctx):  # type: ignore[no-untyped-def]
     import torch
 
     from common import Row, Target
-    from inspect_model.methods.cam import compute_cams
+    from inspect_model.methods.cam.maps import compute_cams
 
     rows = []
     for name in ctx.sizes.models:
@@ -146,7 +146,7 @@ def scorecam_row(ctx):  # type: ignore[no-untyped-def]
     import torch
 
     from common import Row, Target
-    from inspect_model.methods.cam import compute_cams
+    from inspect_model.methods.cam.maps import compute_cams
 
     name, batch, size = ctx.sizes.scorecam
     model = ctx.model(name)

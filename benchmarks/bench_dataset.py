@@ -39,8 +39,8 @@ def floor(model_spec: str, folder: Path, workers: int, batch: int, size: int, de
     """Images per second of decode + preprocess + plain forward (no hooks)."""
     import torch
 
-    from inspect_model.api.options import InputOptions, ModelOptions
-    from inspect_model.api.pipeline import prepare
+    from inspect_model.run.options import InputOptions, ModelOptions
+    from inspect_model.run.pipeline import prepare
 
     prep = prepare("activations", ModelOptions(model_spec, weights="none", device=device),
                    InputOptions([str(folder)], batch_size=batch, crop=size, resize=size), hooks=False)
@@ -60,8 +60,8 @@ def floor(model_spec: str, folder: Path, workers: int, batch: int, size: int, de
 def command(name: str, model_spec: str, folder: Path, workers: int, batch: int, size: int, device: str) -> float:
     from inspect_model.api.activations import activations
     from inspect_model.api.cam import cam
-    from inspect_model.api.options import InputOptions, ModelOptions
-    from inspect_model.api.world import scaled
+    from inspect_model.run.options import InputOptions, ModelOptions
+    from inspect_model.run.world import scaled
 
     fn = activations if name == "activations" else cam
     with scaled(workers=workers):

@@ -59,9 +59,9 @@ def road_vs_grad_cam(model: Any, x: Any, args: argparse.Namespace) -> None:
     import numpy as np
     import torch
 
-    from inspect_model.methods import faithfulness as fa
-    from inspect_model.methods.cam import gradcam
-    from inspect_model.methods.faithfulness_passes import MapJob, evaluate_maps
+    from inspect_model.methods.faithfulness import metrics as fa
+    from inspect_model.methods.cam.maps import gradcam
+    from inspect_model.methods.faithfulness.passes import MapJob, evaluate_maps
 
     print("\n2. ROAD vs pytorch-grad-cam")
     try:
@@ -171,8 +171,8 @@ def measure(ctx):  # type: ignore[no-untyped-def]
 
     from common import Row, Target
     from inspect_model.api.cam import cam
-    from inspect_model.methods import faithfulness as fa
-    from inspect_model.methods.cam import gradcam
+    from inspect_model.methods.faithfulness import metrics as fa
+    from inspect_model.methods.cam.maps import gradcam
 
     size = 224 if ctx.mode == "full" or ctx.device.type != "cpu" else (112 if ctx.mode == "quick" else 64)
     model = ctx.model(ctx.sizes.cnn)
@@ -218,7 +218,7 @@ def measure(ctx):  # type: ignore[no-untyped-def]
         return lambda: cam(model, xs, methods=["gradcam"], layers=["layer4"], evaluate=metrics is not None,
                            metrics=metrics, eval_steps=steps)
 
-    from inspect_model.methods.faithfulness_passes import count_inputs, pass_rows
+    from inspect_model.methods.faithfulness.passes import count_inputs, pass_rows
 
     # What the scores cannot avoid: one forward pass of every perturbed input they read, as
     # many a pass as evaluate_maps runs, on top of the maps judged.

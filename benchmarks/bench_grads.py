@@ -18,7 +18,7 @@ def main() -> None:
     import torch
     import torchvision
 
-    from inspect_model.methods.gradients import gradients
+    from inspect_model.methods.gradients.flow import gradients
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["resnet18", "resnet50"])
@@ -72,7 +72,7 @@ def measure(ctx):  # type: ignore[no-untyped-def]
     import torch
 
     from common import Row, Target
-    from inspect_model.methods.gradients import gradients
+    from inspect_model.methods.gradients.flow import gradients
 
     rows = []
     for name in ctx.sizes.models:

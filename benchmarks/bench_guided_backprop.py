@@ -46,7 +46,7 @@ def bench_model(name: str, args: argparse.Namespace, dev: Any, GuidedBackprop: A
     import torch
     import torchvision
 
-    from inspect_model.methods.guided import guided_backprop
+    from inspect_model.methods.guided.backprop import guided_backprop
 
     def sync() -> None:
         if dev.type == "cuda":
@@ -121,7 +121,7 @@ def measure(ctx):  # type: ignore[no-untyped-def]
     import torch
 
     from common import Row, Target
-    from inspect_model.methods.guided import guided_backprop
+    from inspect_model.methods.guided.backprop import guided_backprop
 
     rows = []
     for name in ctx.sizes.models:

@@ -101,8 +101,8 @@ def rss_growth(label: str, fn, runs: int) -> dict[str, float]:  # type: ignore[n
 def main() -> None:
     import torch
 
-    from inspect_model.methods.cam import compute_cams
-    from inspect_model.methods.gradients import gradients
+    from inspect_model.methods.cam.maps import compute_cams
+    from inspect_model.methods.gradients.flow import gradients
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=200)
@@ -149,7 +149,7 @@ def measure(ctx):  # type: ignore[no-untyped-def]
     import torch
 
     from common import Row, Target
-    from inspect_model.methods.cam import compute_cams
+    from inspect_model.methods.cam.maps import compute_cams
 
     runs = {"full": 200, "quick": 30, "smoke": 11}[ctx.mode]
     model = ctx.model(ctx.sizes.cnn)

@@ -81,9 +81,9 @@ def main() -> int:
     from torchvision.utils import make_grid, save_image
 
     import inspect_model as im
-    from inspect_model.api.options import InputOptions, ModelOptions
+    from inspect_model.run.options import InputOptions, ModelOptions
     from inspect_model.loading.sources import load_model
-    from inspect_model.render.files import png_bytes
+    from inspect_model.output.files import png_bytes
     from inspect_model.render.grids import render_activation
 
     torch.manual_seed(0)
@@ -205,9 +205,9 @@ def measure(ctx):  # type: ignore[no-untyped-def]
 
     import inspect_model as im
     from common import Row, Target
-    from inspect_model.api.options import InputOptions, ModelOptions
+    from inspect_model.run.options import InputOptions, ModelOptions
     from inspect_model.loading.models import load_model
-    from inspect_model.render.files import png_bytes
+    from inspect_model.output.files import png_bytes
     from inspect_model.render.grids import render_activation
 
     rows = []

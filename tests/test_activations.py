@@ -16,8 +16,8 @@ from torch import nn
 
 from fixtures.models import Boom, Nested, ReusedReLU, TinyCNN, assert_unchanged, model_state
 from inspect_model.errors import ModelRuntimeError, UsageError
-from inspect_model.methods.activation_stats import choose_channel_dim, measure
-from inspect_model.methods.activations import capture_activations
+from inspect_model.methods.activations.measure import choose_channel_dim, measure
+from inspect_model.methods.activations.capture import capture_activations
 from inspect_model.render.grids import (
     grid_shape,
     parse_channels,
@@ -223,7 +223,7 @@ def test_dead_channels_are_dead_for_every_image():
 
 def capture_all(model):
     from inspect_model.engine.selection import select_layers
-    from inspect_model.methods.activations import ActivationCapture
+    from inspect_model.methods.activations.capture import ActivationCapture
 
     return ActivationCapture(model, select_layers(model))
 
@@ -391,7 +391,7 @@ def test_save_raw_npy_and_npz(cli, user_py, tmp_path):
 
 
 def test_tensorboard_histograms_and_grid_images(cli, user_py, tmp_path):
-    from inspect_model.render.tensorboard import read_tags
+    from inspect_model.output.tensorboard import read_tags
 
     tb = tmp_path / "tb"
     r = cli(["activations", f"{user_py}:Small", "--input-size", "3x8x8", "--batch-size", "2",
@@ -490,7 +490,7 @@ def test_float32_values_whose_squares_overflow_are_measured_exactly() -> None:
     """Finite float32 values near 1e20 overflow a float32 sum of squares: such chunks are
     measured through float64 (same numbers as a direct float64 computation), mixed in one
     layer with ordinary channels, per image and per channel."""
-    from inspect_model.methods import activation_stats as stats
+    from inspect_model.methods.activations import measure as stats
 
     g = torch.Generator().manual_seed(3)
     t = torch.randn(2, 12, 5, 5, generator=g)
@@ -511,7 +511,7 @@ def test_the_accelerator_order_of_the_reductions_gives_the_same_numbers() -> Non
     """On a GPU the chunks' paths are read back in one synchronisation (first passes queued,
     then second passes); on the CPU each chunk is finished at once. Same numbers either way,
     on every path (NaN/Inf, ReLU, mixed, all-positive channels), over several chunks."""
-    from inspect_model.methods import activation_stats as stats
+    from inspect_model.methods.activations import measure as stats
 
     g = torch.Generator().manual_seed(11)
     t = torch.randn(3, 40, 9, 9, generator=g)

@@ -94,7 +94,7 @@ def test_image_commands_cli_json_equals_api(command: str, images: list[str], mod
 
 
 def _dumps(doc: dict[str, Any]) -> str:
-    from inspect_model.render.jsonout import dumps
+    from inspect_model.output.jsonout import dumps
 
     return dumps(doc)
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from inspect_model.methods.attention import AttentionOptions
-from inspect_model.methods.attention_run import compute_attention
-from inspect_model.methods.cam import compute_cams
+from inspect_model.methods.attention.maps import AttentionOptions
+from inspect_model.methods.attention.passes import compute_attention
+from inspect_model.methods.cam.maps import compute_cams
 
 
 def vit() -> torch.nn.Module:

@@ -18,8 +18,8 @@ from torch import nn
 
 from inspect_model.engine.attention import AttentionCapture, attention_modules, prefix_tokens
 from inspect_model.errors import LayerSelectionError, ModelRuntimeError, UsageError
-from inspect_model.methods.attention import AttentionOptions
-from inspect_model.methods.attention_run import compute_attention
+from inspect_model.methods.attention.maps import AttentionOptions
+from inspect_model.methods.attention.passes import compute_attention
 
 timm = pytest.importorskip("timm")
 transformers = pytest.importorskip("transformers")

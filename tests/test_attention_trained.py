@@ -33,8 +33,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inspect_model.methods.attention import AttentionOptions
-from inspect_model.methods.attention_run import compute_attention
+from inspect_model.methods.attention.maps import AttentionOptions
+from inspect_model.methods.attention.passes import compute_attention
 
 COLOURS = torch.tensor([[1.0, -1.0, -1.0], [-1.0, 1.0, -1.0], [-1.0, -1.0, 1.0]])
 SIDE, OBJ, PATCH = 32, 10, 4

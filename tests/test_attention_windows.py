@@ -22,8 +22,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from inspect_model.errors import UsageError
-from inspect_model.methods.attention import AttentionOptions
-from inspect_model.methods.attention_run import compute_attention
+from inspect_model.methods.attention.maps import AttentionOptions
+from inspect_model.methods.attention.passes import compute_attention
 
 timm = pytest.importorskip("timm")
 

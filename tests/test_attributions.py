@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from inspect_model.errors import InputError, UsageError
-from inspect_model.methods import attribution_passes as ap
-from inspect_model.methods.attributions import AttributionSettings, attribute
+from inspect_model.methods.attributions import passes as ap
+from inspect_model.methods.attributions.maps import AttributionSettings, attribute
 
 captum_attr = pytest.importorskip("captum.attr")
 
@@ -153,7 +153,7 @@ def test_smooth_around_ig_and_input_x_gradient_equals_noise_tunnel(monkeypatch: 
 
 
 def test_guided_equals_captum_and_the_guided_backprop_engine() -> None:
-    from inspect_model.methods.guided import guided_backprop
+    from inspect_model.methods.guided.backprop import guided_backprop
 
     model, x = setup("cnn")
     res = run(model, x, target=[1, 6], methods=("guided",))

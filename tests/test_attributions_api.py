@@ -11,14 +11,14 @@ from torch import nn
 
 from inspect_model.api.attributions import AttributionsRequest, attributions
 from inspect_model.errors import UsageError
-from inspect_model.methods.attributions import AttributionSettings, attribute, map_statistics
+from inspect_model.methods.attributions.maps import AttributionSettings, attribute, map_statistics
 
 
 def valid(res) -> dict:
     """The --json document, as written (NaN as null), checked against the shipped schema."""
     import jsonschema
 
-    from inspect_model.render.jsonout import dumps
+    from inspect_model.output.jsonout import dumps
     from inspect_model.schemas import load_schema
 
     doc = json.loads(dumps(res.to_dict()))

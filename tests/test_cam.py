@@ -18,7 +18,7 @@ from torch import nn
 
 from fixtures.models import TinyCNN, TwoLayer, assert_unchanged, model_state
 from inspect_model.errors import LayerSelectionError, UsageError
-from inspect_model.methods.cam import compute_cams, gradcam, resolve_layer, resolve_layers
+from inspect_model.methods.cam.maps import compute_cams, gradcam, resolve_layer, resolve_layers
 
 SCHEMA = Path(__file__).resolve().parents[1] / "src" / "inspect_model" / "schemas" / "cam.json"
 
@@ -329,7 +329,7 @@ def test_cli_files_json_schema_and_tensorboard(cli, models_py: Path, images: lis
     import jsonschema
     from PIL import Image
 
-    from inspect_model.render.tensorboard import read_tags
+    from inspect_model.output.tensorboard import read_tags
 
     out, tb = tmp_path / "out", tmp_path / "tb"
     r = cli(["cam", f"{models_py}:TinyCNN", *images, "--weights", "none", "--resize", "24", "--crop", "16",
@@ -379,8 +379,8 @@ def test_cli_jsonl_text_and_errors(cli, models_py: Path, images: list[str]) -> N
 def test_a_method_is_one_function_and_one_registry_entry(monkeypatch: pytest.MonkeyPatch) -> None:
     """The registry drives parsing, `all`, help and the maps (issue 12): a new method needs
     nothing else. Here a made-up method, the channel mean of the activations."""
-    from inspect_model.methods import cam as cam_mod
-    from inspect_model.methods import cam_methods as cm
+    from inspect_model.methods.cam import maps as cam_mod
+    from inspect_model.methods.cam import maths as cm
 
     def channel_mean(inp: cm.MapInputs) -> torch.Tensor:
         return inp.A.mean(dim=1)[None].expand(inp.k, -1, -1, -1)
@@ -402,8 +402,8 @@ def test_a_method_is_one_function_and_one_registry_entry(monkeypatch: pytest.Mon
 
 
 def test_registry_properties_drive_all_and_gradients() -> None:
-    from inspect_model.methods import cam_methods as cm
-    from inspect_model.methods.cam import parse_methods
+    from inspect_model.methods.cam import maths as cm
+    from inspect_model.methods.cam.maps import parse_methods
 
     assert parse_methods(["gradients"]) == [m.name for m in cm.REGISTRY.values() if m.needs_gradients]
     assert parse_methods(["all"]) == [m.name for m in cm.REGISTRY.values() if m.in_all != "no"]
@@ -416,7 +416,7 @@ def test_eigencam_sign_on_activations_whose_channel_sum_is_flat() -> None:
     """LayerNorm-like activations (every position's channels sum to 0): the channel sum
     cannot fix the principal component's sign, so its largest magnitude is made positive
     (left to the SVD, each of 8 maps would have it positive with probability 1/2)."""
-    from inspect_model.methods.cam_methods import eigen_map
+    from inspect_model.methods.cam.maths import eigen_map
 
     torch.manual_seed(5)
     A = torch.randn(8, 16, 6, 6)

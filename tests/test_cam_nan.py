@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from inspect_model.methods.cam import compute_cams
+from inspect_model.methods.cam.maps import compute_cams
 
 
 class NaNSpot(nn.Module):

@@ -10,7 +10,7 @@ from torch import nn
 
 from fixtures.models import TinyCNN, assert_unchanged, model_state
 from inspect_model.engine.selection import select_layers
-from inspect_model.methods.checks import parse_count_range, run_checks
+from inspect_model.methods.checks.smoke import parse_count_range, run_checks
 
 
 def test_all_checks_pass_on_healthy_model(cli, models_py: Path) -> None:

@@ -15,7 +15,7 @@ import torch
 
 from fixtures.models import assert_unchanged, model_state
 from inspect_model.engine.selection import select_layers
-from inspect_model.methods.checks import run_checks
+from inspect_model.methods.checks.smoke import run_checks
 
 HANGS = '''
 import signal

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from inspect_model.engine.selection import select_layers
-from inspect_model.methods.checks import run_checks
+from inspect_model.methods.checks.smoke import run_checks
 
 DEAD_RELU = '''
 import torch

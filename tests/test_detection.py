@@ -19,9 +19,9 @@ from PIL import Image
 
 from conftest import run_cli
 from fixtures import dense as D
-from inspect_model.methods.objectives import make_objective
-from inspect_model.methods.task_cam import compute_task_cams
-from inspect_model.methods.tasks import infer_task, task_auto_layer
+from inspect_model.methods.objectives.scores import make_objective
+from inspect_model.methods.cam.tasks import compute_task_cams
+from inspect_model.methods.objectives.tasks import infer_task, task_auto_layer
 
 FLAGS = ["--resize", "96", "--crop", "96", "--mean", "0", "--std", "1"]
 
@@ -267,7 +267,7 @@ def test_hf_detr_and_segformer(tmp_path):
 
 def test_finish_crops_the_padded_part():
     """A detector pads its resized batch; the map of a sample covers its own part only."""
-    from inspect_model.methods.task_cam import finish
+    from inspect_model.methods.cam.tasks import finish
 
     raw = torch.zeros(4, 8)
     raw[:, :4] = torch.arange(4.0)  # the image: evidence rising to the right

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inspect_model.api.options import resolve_device
+from inspect_model.run.options import resolve_device
 from inspect_model.errors import UsageError
-from inspect_model.methods import faithfulness as fa
+from inspect_model.methods.faithfulness import metrics as fa
 
 
 def fake_gpus(monkeypatch: pytest.MonkeyPatch, n: int, mps: bool = False) -> None:

@@ -26,8 +26,8 @@ from inspect_model.api.activations import activations
 from inspect_model.api.cam import cam
 from inspect_model.api.grads import grads
 from inspect_model.api.guided import guided_backprop
-from inspect_model.api.options import InputOptions, ModelOptions
-from inspect_model.api.world import is_secondary
+from inspect_model.run.options import InputOptions, ModelOptions
+from inspect_model.run.world import is_secondary
 model, images, out, labels = sys.argv[1:5]
 def inputs():
     return InputOptions([images], batch_size=3, crop=16, resize=16)
@@ -131,7 +131,7 @@ def torchrun_out(data: dict[str, Path]) -> Path:
 
 
 def _inputs(data: dict[str, Path]) -> Any:
-    from inspect_model.api.options import InputOptions
+    from inspect_model.run.options import InputOptions
 
     return InputOptions([str(data["imgs"])], batch_size=3, crop=16, resize=16)
 
@@ -139,7 +139,7 @@ def _inputs(data: dict[str, Path]) -> Any:
 def test_torchrun_two_ranks_match_one_process(data: dict[str, Path], torchrun_out: Path) -> None:
     from inspect_model.api.activations import activations
     from inspect_model.api.cam import cam
-    from inspect_model.api.options import ModelOptions
+    from inspect_model.run.options import ModelOptions
 
     out = torchrun_out
     spec = f"{data['model']}:TinyCNN"
@@ -162,7 +162,7 @@ def grads_single(data: dict[str, Path]) -> Any:
     """grads in one process over every image with the torchrun driver's options (into
     ``grads1``; weights=None as ``--weights none`` gives)."""
     from inspect_model.api.grads import grads
-    from inspect_model.api.options import ModelOptions
+    from inspect_model.run.options import ModelOptions
 
     return grads(None, model_options=ModelOptions(f"{data['model']}:TinyCNN", weights=None), inputs=_inputs(data),
                  output_dir=data["root"] / "grads1", labels_file=str(data["labels"]), **GRADS)
@@ -187,7 +187,7 @@ def test_torchrun_grads_match_one_process(data: dict[str, Path], torchrun_out: P
 
 def test_torchrun_guided_backprop_matches_one_process(data: dict[str, Path], torchrun_out: Path) -> None:
     from inspect_model.api.guided import guided_backprop
-    from inspect_model.api.options import ModelOptions
+    from inspect_model.run.options import ModelOptions
 
     one = guided_backprop(None, model_options=ModelOptions(f"{data['model']}:TinyCNN"), inputs=_inputs(data),
                           output_dir=data["root"] / "guided1").to_dict()
@@ -254,8 +254,8 @@ def test_grads_resume_after_kill_equals_uninterrupted_run(data: dict[str, Path],
 
 def test_workers_give_the_same_batches(data: dict[str, Path]) -> None:
     from inspect_model.api.activations import activations
-    from inspect_model.api.options import InputOptions, ModelOptions
-    from inspect_model.api.world import scaled
+    from inspect_model.run.options import InputOptions, ModelOptions
+    from inspect_model.run.world import scaled
 
     spec = f"{data['model']}:TinyCNN"
     docs = []
@@ -280,7 +280,7 @@ def test_bad_options(data: dict[str, Path], cli) -> None:
 
 
 def test_shards_are_whole_batches() -> None:
-    from inspect_model.api.world import shard
+    from inspect_model.run.world import shard
 
     assert [shard(10, 3, 2, r) for r in range(2)] == [(0, 6, 0), (6, 10, 2)]
     assert [shard(2, 8, 3, r) for r in range(3)] == [(0, 2, 0), (2, 2, 1), (2, 2, 1)]
@@ -303,7 +303,7 @@ def test_a_planted_resume_state_never_runs_code(tmp_path: Path) -> None:
 
     import torch
 
-    from inspect_model.api.resume import load_state as _load_state
+    from inspect_model.run.resume import load_state as _load_state
     from inspect_model.errors import OutputError
 
     marker = tmp_path / "pwned"
@@ -323,9 +323,9 @@ def test_grads_parts_merge_into_one_run(tmp_path: Path) -> None:
     import torch
     from torch import nn
 
-    from inspect_model.api.resume import load_state as _load_state
-    from inspect_model.api.resume import save_state as _save_state
-    from inspect_model.methods.gradients import GradRun, gradients, merge_partials
+    from inspect_model.run.resume import load_state as _load_state
+    from inspect_model.run.resume import save_state as _save_state
+    from inspect_model.methods.gradients.flow import GradRun, gradients, merge_partials
 
     class Sqrt(nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -20,8 +20,8 @@ from torch import nn
 
 from fixtures.models import TinyCNN, assert_unchanged, model_state
 from inspect_model.errors import InputError, UsageError
-from inspect_model.methods import faithfulness as fa
-from inspect_model.methods.faithfulness_passes import MapJob, evaluate_maps
+from inspect_model.methods.faithfulness import metrics as fa
+from inspect_model.methods.faithfulness.passes import MapJob, evaluate_maps
 
 SCHEMA = Path(__file__).resolve().parents[1] / "src" / "inspect_model" / "schemas" / "cam.json"
 
@@ -276,8 +276,8 @@ def test_cli_json_schema_plots_and_api_equality(cli, models_py: Path, images: li
     import jsonschema
 
     from inspect_model.api.cam import cam
-    from inspect_model.api.options import InputOptions, ModelOptions
-    from inspect_model.render.jsonout import dumps
+    from inspect_model.run.options import InputOptions, ModelOptions
+    from inspect_model.output.jsonout import dumps
 
     boxes = tmp_path / "boxes.json"
     boxes.write_text(json.dumps({"img0.png": [[5, 5, 20, 25]], images[1]: [1, 2, 27, 30]}))
@@ -350,7 +350,7 @@ def test_eval_batch_rule_and_report() -> None:
     of 3x224x224: passes of 64 ran 1.5-2.3x slower per input there); the report says which."""
     import torch
 
-    from inspect_model.methods.faithfulness_passes import pass_rows
+    from inspect_model.methods.faithfulness.passes import pass_rows
 
     assert pass_rows(torch.zeros(1, 3, 224, 224), 64) == 64
     assert pass_rows(torch.zeros(1, 3, 224, 224), None) == 6

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from inspect_model.methods import faithfulness as fa
-from inspect_model.methods import faithfulness_impute as fi
-from inspect_model.methods.faithfulness_passes import MapJob, evaluate_maps
+from inspect_model.methods.faithfulness import metrics as fa
+from inspect_model.methods.faithfulness import impute as fi
+from inspect_model.methods.faithfulness.passes import MapJob, evaluate_maps
 from test_faithfulness import ref_impute, tiny
 
 

@@ -14,9 +14,9 @@ from torch import nn
 
 from fixtures.models import DictOut, ReusedReLU, TinyCNN, TwoLayer, assert_unchanged, model_state
 from inspect_model.errors import InputError, ModelRuntimeError, UsageError
-from inspect_model.methods.grad_stats import merge_stats
-from inspect_model.methods.gradients import gradients
-from inspect_model.methods.jacobian import jacobian
+from inspect_model.methods.gradients.stats import merge_stats
+from inspect_model.methods.gradients.flow import gradients
+from inspect_model.methods.gradients.jacobian import jacobian
 from inspect_model.methods.stats import tensor_stats
 
 SCHEMA = Path(__file__).resolve().parents[1] / "src" / "inspect_model" / "schemas" / "grads.json"
@@ -371,7 +371,7 @@ def test_jacobian_score_wrt_input_and_errors() -> None:
 def test_cli_outputs_schema_tensorboard(cli, models_py: Path, tmp_path: Path) -> None:
     import jsonschema
 
-    from inspect_model.render.tensorboard import read_tags
+    from inspect_model.output.tensorboard import read_tags
 
     schema = json.loads(SCHEMA.read_text())
     out, tb = tmp_path / "o", tmp_path / "tb"
@@ -444,7 +444,7 @@ def test_histogram_of_a_large_gradient_is_a_faithful_sample() -> None:
     histogram of every value)."""
     import numpy as np
 
-    from inspect_model.methods.grad_stats import HIST_BINS, HIST_HI, HIST_LO, HIST_SAMPLE, log_hist
+    from inspect_model.methods.gradients.stats import HIST_BINS, HIST_HI, HIST_LO, HIST_SAMPLE, log_hist
 
     g = torch.exp(torch.randn(HIST_SAMPLE * 8) * 2.0) * 1e-4  # log-normal magnitudes
     g[::7] = 0.0

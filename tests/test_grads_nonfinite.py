@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from inspect_model.methods.grad_stats import merge_stats
-from inspect_model.methods.gradients import gradients
+from inspect_model.methods.gradients.stats import merge_stats
+from inspect_model.methods.gradients.flow import gradients
 from inspect_model.methods.stats import tensor_stats
 
 NAN_NET = Path(__file__).resolve().parent / "fixtures" / "nan_net.py"

@@ -14,7 +14,7 @@ from torch import nn
 
 from fixtures.models import ReusedReLU, TinyCNN, assert_unchanged, model_state
 from inspect_model.errors import ModelRuntimeError
-from inspect_model.methods import guided as gb
+from inspect_model.methods.guided import backprop as gb
 from inspect_model.render import saliency
 
 ORIGINAL_RELU = (F.relu, torch.relu, torch.relu_, F.relu_, torch.Tensor.relu, torch.Tensor.relu_)
@@ -326,7 +326,7 @@ def test_cli_json_report_validates_and_files_are_written(cli, models_py: Path, t
     assert arr.shape == (3, 12, 12)
     assert doc["images"][1]["maps"][0]["max_abs"] == pytest.approx(float(np.abs(arr).max()), rel=1e-6)
     assert any("events.out.tfevents" in p.name for p in (tmp_path / "tb").rglob("*"))
-    from inspect_model.render.tensorboard import read_tags
+    from inspect_model.output.tensorboard import read_tags
 
     tags = read_tags(tmp_path / "tb")["images"]
     for kind in ("guided", "magnitude"):

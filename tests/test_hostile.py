@@ -211,7 +211,7 @@ def test_sys_exit_in_factory_is_exit_6(tmp_path: Path, cli) -> None:
 # ------------------------------------------------------------------ two processes, one directory
 _HOLDER = """
 import sys, time
-from inspect_model.render.files import DirLock
+from inspect_model.output.files import DirLock
 lock = DirLock.acquire(sys.argv[1])
 print("locked", flush=True)
 time.sleep(float(sys.argv[2]))

@@ -216,7 +216,7 @@ def test_a_pipe_or_device_is_one_line_and_no_hang(  # type: ignore[no-untyped-de
 
 def test_small_text_files_are_read_up_to_a_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from inspect_model.loading import parsing
-    from inspect_model.methods.targets import load_labels
+    from inspect_model.methods.objectives.targets import load_labels
 
     p = tmp_path / "labels.txt"
     p.write_text("cat\n" * 100)

@@ -65,14 +65,14 @@ def killed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def _load(path: Path) -> dict[str, Any]:
-    import inspect_model.methods.cam  # noqa: F401 - its record classes: the only globals a state may name
-    from inspect_model.api.resume import load_state
+    import inspect_model.methods.cam.maps  # noqa: F401 - its record classes: the only globals a state may name
+    from inspect_model.run.resume import load_state
 
     return load_state(path)
 
 
 def _save(path: Path, state: dict[str, Any]) -> None:
-    from inspect_model.api.resume import save_state
+    from inspect_model.run.resume import save_state
 
     save_state(path, state)
 
@@ -311,7 +311,7 @@ def test_atomic_write_under_a_file_size_limit_leaves_nothing(tmp_path: Path) -> 
     code = ("import resource, signal, sys; from pathlib import Path\n"
             "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
             "resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.RLIM_INFINITY))\n"
-            "from inspect_model.api.resume import atomic_write\n"
+            "from inspect_model.run.resume import atomic_write\n"
             "from inspect_model.errors import OutputError\n"
             "try:\n    atomic_write(Path(sys.argv[1]), b'x' * 5000)\n"
             "except OutputError as exc:\n    print(exc)\n")
@@ -382,8 +382,8 @@ def test_a_torchrun_rank_exits_after_its_exit_functions_without_finalizing(world
 def test_the_directory_lock_degrades_cleanly_without_fcntl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No fcntl (Windows): a run still writes, commits and cleans up; only the lock between
     processes is gone."""
-    from inspect_model.render import dirlock
-    from inspect_model.render.files import OutputDir
+    from inspect_model.output import dirlock
+    from inspect_model.output.files import OutputDir
 
     monkeypatch.setattr(dirlock, "fcntl", None)
     with OutputDir(tmp_path / "o") as out:
@@ -400,7 +400,7 @@ def test_adopt_checks_both_ends_of_every_pair(tmp_path: Path) -> None:
     """The general guard under every resume and merge: OutputDir.adopt takes no pair that
     leaves the directory, and takes nothing when one does."""
     from inspect_model.errors import OutputError
-    from inspect_model.render.files import OutputDir
+    from inspect_model.output.files import OutputDir
 
     out = OutputDir(tmp_path / "o").prepare()
     assert out.staging is not None

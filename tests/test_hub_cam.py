@@ -9,7 +9,7 @@ import torch
 timm = pytest.importorskip("timm")
 transformers = pytest.importorskip("transformers")
 
-from inspect_model.methods.cam import compute_cams
+from inspect_model.methods.cam.maps import compute_cams
 
 
 def _timm(name: str, **kw):

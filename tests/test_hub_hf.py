@@ -147,7 +147,7 @@ def test_summary_and_cam_score_logits_with_id2label(vit_dir, tmp_path):
 def test_scored_output_is_logits():
     from transformers.modeling_outputs import ImageClassifierOutput
 
-    from inspect_model.methods.targets import select_output
+    from inspect_model.methods.objectives.targets import select_output
 
     out = ImageClassifierOutput(loss=torch.tensor(1.0), logits=torch.ones(1, 3), hidden_states=(torch.zeros(1, 2),))
     assert select_output(out, None) is out.logits

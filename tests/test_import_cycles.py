@@ -65,7 +65,7 @@ def _graph(package: Path) -> dict[str, set[str]]:
     for name, path in files.items():
         found = _imports(path, name)
         bases = {m[1:] for m in found if m.startswith("?")}
-        # `from inspect_model.api import resume` depends on api/resume.py, not on every module api/__init__ names
+        # `from inspect_model.api import resume` depends on run/resume.py, not on every module api/__init__ names
         only_submodules = {b for b in bases if any(m.startswith(b + ".") and m in files for m in found)}
         graph[name] = {m for m in found if m in files and m != name and m not in only_submodules}
     return graph

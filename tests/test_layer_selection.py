@@ -9,7 +9,7 @@ from torch import nn
 
 from inspect_model.engine.selection import select_layers
 from inspect_model.errors import LayerSelectionError
-from inspect_model.methods.cam_layers import auto_layer
+from inspect_model.methods.cam.layers import auto_layer
 
 
 def _block() -> nn.Sequential:

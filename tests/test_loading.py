@@ -479,7 +479,7 @@ def test_missing_weights_offline_names_cache_path(tmp_path: Path, monkeypatch: p
 
 # ---------------------------------------------------------------- devices and dtypes
 def test_resolve_device() -> None:
-    from inspect_model.api.options import resolve_device
+    from inspect_model.run.options import resolve_device
 
     assert resolve_device("cpu") == "cpu"
     assert resolve_device("auto") in ("cuda", "mps", "cpu")

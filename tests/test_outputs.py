@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from inspect_model.errors import EXIT_OUTPUT, OutputError
-from inspect_model.render.files import OutputDir, safe_name
+from inspect_model.output.files import OutputDir, safe_name
 
 
 def listing(root: Path) -> list[str]:
@@ -220,7 +220,7 @@ def test_cli_output_dir_errors(tmp_path: Path, models_py: Path, cli) -> None:
 
 
 def test_names_that_clean_to_the_same_file_do_not_overwrite(tmp_path: Path) -> None:
-    from inspect_model.render.files import OutputDir, safe_name
+    from inspect_model.output.files import OutputDir, safe_name
 
     assert safe_name("layer4.1.conv2") == "layer4.1.conv2"  # clean names stay as they are
     assert safe_name("a/b") != safe_name("a_b") == "a_b"

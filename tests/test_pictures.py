@@ -13,8 +13,8 @@ from PIL import Image
 
 from inspect_model.errors import OutputError
 from inspect_model.render import raster
-from inspect_model.render.files import OutputDir, png_bytes
-from inspect_model.render.sink import MAX_PENDING, Sink
+from inspect_model.output.files import OutputDir, png_bytes
+from inspect_model.output.sink import MAX_PENDING, Sink
 
 
 def test_lookup_table_gives_matplotlibs_colours() -> None:
@@ -97,7 +97,7 @@ def test_activation_pictures_strips_and_all_zero() -> None:
 def test_histogram_pages_cover_every_layer() -> None:
     from types import SimpleNamespace
 
-    from inspect_model.methods.grad_stats import HIST_BINS, LogHist
+    from inspect_model.methods.gradients.stats import HIST_BINS, LogHist
     from inspect_model.render.gradients import HIST_PER_PAGE, histogram_pages
 
     counts = [0] * HIST_BINS
@@ -136,9 +136,9 @@ def test_sink_writes_in_parallel_with_a_bounded_queue(tmp_path: Path) -> None:
 
 
 def test_sink_raises_a_workers_error_and_leaves_nothing(tmp_path: Path) -> None:
-    from inspect_model.api.pipeline import execute
-    from inspect_model.api.session import ImageItem, Result, Session
-    from inspect_model.render.sink import Drawer
+    from inspect_model.run.pipeline import execute
+    from inspect_model.run.session import ImageItem, Result, Session
+    from inspect_model.output.sink import Drawer
 
     class Boom(Drawer):
         def draw(self, item, sink):  # type: ignore[no-untyped-def]
@@ -191,7 +191,7 @@ def test_every_png_of_cam_and_grads_is_byte_identical_across_runs(tmp_path: Path
     import inspect_model as im
     from conftest import SAMPLE_IMAGES
     from fixtures.models import TinyCNN
-    from inspect_model.api.options import InputOptions
+    from inspect_model.run.options import InputOptions
 
     images = sorted(str(p) for p in SAMPLE_IMAGES.glob("*.jpg"))
     model = TinyCNN(in_ch=3, classes=5, width=4).eval()
@@ -230,7 +230,7 @@ def test_an_overlay_of_a_large_photo_is_reduced_and_keeps_its_crop_box() -> None
 def test_cam_on_a_large_photo_writes_a_reduced_overlay_and_records_the_original_size(tmp_path: Path) -> None:
     import inspect_model as im
     from fixtures.models import TinyCNN
-    from inspect_model.api.options import InputOptions
+    from inspect_model.run.options import InputOptions
     from inspect_model.render.overlay import OVERLAY_SIDE
 
     photo = tmp_path / "big.jpg"
@@ -248,7 +248,7 @@ def test_render_threads_run_at_a_lower_priority_than_the_model(tmp_path: Path) -
     import os
     import sys
 
-    from inspect_model.render.sink import RENDER_NICE
+    from inspect_model.output.sink import RENDER_NICE
 
     out = OutputDir(tmp_path / "o").prepare()
     sink = Sink(out, workers=1)

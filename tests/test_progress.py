@@ -57,7 +57,7 @@ def test_grads_reports_layers_and_parameters() -> None:
 
 def test_cli_bar_has_one_task_per_label(monkeypatch: Any) -> None:
     from inspect_model.cli import progress as mod
-    from inspect_model.cli.common import Messages
+    from inspect_model.cli.console import Messages
 
     monkeypatch.setattr(mod, "_stderr_is_terminal", lambda: True)
     with mod.Progress("cam", Messages(False)) as p:

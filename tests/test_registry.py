@@ -22,10 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # ----------------------------------------------------------------------------- a toy command
 def _toy_module() -> Any:
     """A command written the way README says: request + session + API function + one entry."""
-    from inspect_model.api.options import InputOptions, ModelOptions
-    from inspect_model.api.pipeline import execute, prepare, tracked
-    from inspect_model.api.session import ImageItem, Result, Session, Warnings
-    from inspect_model.api.request import Request, api_command, option, positive
+    from inspect_model.run.options import InputOptions, ModelOptions
+    from inspect_model.run.pipeline import execute, prepare, tracked
+    from inspect_model.run.session import ImageItem, Result, Session, Warnings
+    from inspect_model.run.request import Request, api_command, option, positive
 
     @dataclass(frozen=True)
     class NormsRequest(Request):
@@ -161,7 +161,7 @@ def test_readme_command_table_is_the_registry() -> None:
 
 def test_every_schema_names_its_command_and_methods_from_the_registries() -> None:
     from inspect_model import registry
-    from inspect_model.methods.cam_methods import METHODS
+    from inspect_model.methods.cam.maths import METHODS
 
     schemas = ROOT / "src" / "inspect_model" / "schemas"
     for spec in registry.COMMANDS.values():
@@ -273,7 +273,7 @@ def test_schema_options_follow_a_new_request_field(monkeypatch: pytest.MonkeyPat
     import dataclasses
 
     from inspect_model.api.cam import CamRequest
-    from inspect_model.api.request import option
+    from inspect_model.run.request import option
     from inspect_model.schemas.generate import options_schema
 
     @dataclasses.dataclass(frozen=True)

@@ -176,7 +176,7 @@ def _same(one: dict[str, Any], two: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_resume_after_a_kill_equals_one_process(command: str, one_process: Path, resumed: Path) -> None:
-    from inspect_model.render.tensorboard import graph_written
+    from inspect_model.output.tensorboard import graph_written
 
     _same(_report(one_process, command), _report(resumed, command))
     assert _files(one_process, command) == _files(resumed, command)
@@ -185,7 +185,7 @@ def test_resume_after_a_kill_equals_one_process(command: str, one_process: Path,
 
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_torchrun_equals_one_process(command: str, one_process: Path, torchrun: Path) -> None:
-    from inspect_model.render.tensorboard import graph_written
+    from inspect_model.output.tensorboard import graph_written
 
     _same(_report(one_process, command, sheets=False), _report(torchrun, command, sheets=False))
     assert _files(one_process, command, sheets=False) == _files(torchrun, command, sheets=False)

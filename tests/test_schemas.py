@@ -51,7 +51,7 @@ def test_schema_rejects_a_broken_report(cli, models_py: Path) -> None:
 
 
 def test_nan_is_written_as_null_with_a_flag() -> None:
-    from inspect_model.render.jsonout import dumps
+    from inspect_model.output.jsonout import dumps
 
     text = dumps({"a": float("nan"), "b": [1.0, float("inf")]})
     doc = json.loads(text)

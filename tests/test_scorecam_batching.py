@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from fixtures.models import assert_unchanged, model_state
-from inspect_model.methods import cam_methods as cm
-from inspect_model.methods import cam_passes as cp
+from inspect_model.methods.cam import maths as cm
+from inspect_model.methods.cam import passes as cp
 from inspect_model.methods.inference_copy import InferenceRunner, fused_copy
 
 

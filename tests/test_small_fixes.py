@@ -76,7 +76,7 @@ def test_expect_params_takes_the_suffixes_the_tool_prints(cli, models_py: Path, 
 
 def test_expect_params_rounding_interval() -> None:
     from inspect_model.errors import UsageError
-    from inspect_model.methods.checks import parse_count_range
+    from inspect_model.methods.checks.smoke import parse_count_range
 
     assert parse_count_range("11.7M") == (11_650_000, 11_749_999)  # resnet18's 11,689,512 passes
     assert parse_count_range("11.69 M") == (11_685_000, 11_694_999)
@@ -116,7 +116,7 @@ def test_tied_output_one_tie_break_everywhere(cli, tmp_path: Path) -> None:
     'predicted' and top:K targets of cam, grads and guided-backprop."""
     import torch
 
-    from inspect_model.methods.targets import top_classes
+    from inspect_model.methods.objectives.targets import top_classes
 
     assert int(torch.zeros(1, 1000).argmax(1)) == 0  # the rule we follow: argmax's
     assert top_classes(torch.zeros(2, 1000), 5).tolist() == [[0, 1, 2, 3, 4]] * 2

@@ -142,7 +142,7 @@ def test_user_model_titled_by_file_and_attribute(cli, models_py: Path) -> None:
 
 def test_layer_auto_reads_timm_feature_info_not_class_names() -> None:
     timm = pytest.importorskip("timm")
-    from inspect_model.methods.cam_layers import auto_layer
+    from inspect_model.methods.cam.layers import auto_layer
 
     x = torch.rand(1, 3, 64, 64)
     for arch, want in (("test_efficientnet", None), ("test_resnet", None), ("test_convnext", None)):
@@ -174,7 +174,7 @@ def test_timm_model_args_that_read_files_are_refused(tmp_path: Path) -> None:
 def test_api_module_instances_get_their_task() -> None:
     from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_fpn
 
-    from inspect_model.api.options import ModelOptions, load
+    from inspect_model.run.options import ModelOptions, load
 
     det = fasterrcnn_mobilenet_v3_large_fpn(weights=None, weights_backbone=None)
     assert load(ModelOptions(det)).task == "detection"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import inspect_model as im
-from inspect_model.api.options import InputOptions
+from inspect_model.run.options import InputOptions
 from inspect_model.errors import UsageError
 from tests.fixtures.task_models import save_task_model
 
@@ -116,8 +116,8 @@ def test_clip_attributions_differentiate_logits_per_image(folders):
                           methods=["gradient"], target="1")
     model = transformers.CLIPModel.from_pretrained(folders["clip"]).eval()
     tok = transformers.AutoTokenizer.from_pretrained(folders["clip"])
-    from inspect_model.api.options import ModelOptions
-    from inspect_model.api.pipeline import prepare
+    from inspect_model.run.options import ModelOptions
+    from inspect_model.run.pipeline import prepare
 
     prep = prepare("attributions", ModelOptions(folders["clip"]), InputOptions(images=[IMAGE], text=["a cat"]))
     x = next(iter(prep.plan.batches())).tensor.clone().requires_grad_(True)

@@ -15,7 +15,7 @@ pytest.importorskip("tensorboard")
 
 
 def test_grads_tensorboard_writes_the_graph(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli) -> None:
-    from inspect_model.render.tensorboard import graph_written
+    from inspect_model.output.tensorboard import graph_written
 
     model = TinyCNN().train()
     spec = register_model(monkeypatch, model)
@@ -37,7 +37,7 @@ class Untraceable(nn.Module):
 
 
 def test_a_failed_trace_is_a_note() -> None:
-    from inspect_model.render.tensorboard import write_graph
+    from inspect_model.output.tensorboard import write_graph
 
     class Writer:
         def add_graph(self, *a, **k):  # type: ignore[no-untyped-def]
@@ -62,7 +62,7 @@ def test_the_graph_trace_is_not_counted_as_a_batch(tmp_path: Path) -> None:
 
 
 def test_summary_tensorboard_writes_the_graph(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli) -> None:
-    from inspect_model.render.tensorboard import graph_written
+    from inspect_model.output.tensorboard import graph_written
 
     model = TinyCNN().train()
     spec = register_model(monkeypatch, model)

@@ -15,8 +15,8 @@ from fixtures.text_models import build_model
 
 transformers = pytest.importorskip("transformers")
 
-from inspect_model.methods.attention import AttentionOptions
-from inspect_model.methods.attention_text import compute_text_attention
+from inspect_model.methods.attention.maps import AttentionOptions
+from inspect_model.methods.attention.text import compute_text_attention
 
 KINDS = ("bert", "gpt2", "llama")
 

@@ -123,7 +123,7 @@ def test_text_options_only_where_they_apply(folders):
     r = run_cli(["summary", "resnet18", "--text", "hi"])
     assert r.exit_code == 2 and "--text" in r.stderr
     import inspect_model as im
-    from inspect_model.api.options import InputOptions
+    from inspect_model.run.options import InputOptions
     from inspect_model.errors import UsageError
 
     # issue 42: cam takes --text, and on a token model refuses in one line naming a command that works
@@ -193,7 +193,7 @@ def test_grads_per_position_gradient_of_the_next_token(folders):
 
 def test_api_attention_text(folders):
     import inspect_model as im
-    from inspect_model.api.options import InputOptions
+    from inspect_model.run.options import InputOptions
 
     res = im.attention(str(folders["gpt2"]), methods=["rollout", "legrad"], inputs=InputOptions(text=["the cat sat",
                                                                                                     "a dog"]),
@@ -253,8 +253,8 @@ def test_a_tokenizer_never_runs_the_folders_code(folders, tmp_path, monkeypatch)
 
 def test_a_failing_forward_gives_the_model_back():
     from fixtures.text_models import build_model
-    from inspect_model.methods.attention import AttentionOptions
-    from inspect_model.methods.attention_text import compute_text_attention
+    from inspect_model.methods.attention.maps import AttentionOptions
+    from inspect_model.methods.attention.text import compute_text_attention
 
     model = build_model("gpt2")
     flags = [p.requires_grad for p in model.parameters()]

@@ -17,7 +17,7 @@ from fixtures.videos import frame_index, moving_square, video_net_file, write_vi
 from inspect_model.errors import InputError
 from inspect_model.loading import video
 from inspect_model.loading.video import clip_indices, probe, read_frames
-from inspect_model.methods.cam import compute_cams
+from inspect_model.methods.cam.maps import compute_cams
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "src" / "inspect_model" / "schemas"
 

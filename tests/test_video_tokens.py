@@ -71,7 +71,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_mvit_tokens_are_laid_on_their_frames_grid(files: dict[str, Path]) -> None:
     """As_frames against the layout by hand: token 1 + (t*h + y)*w + x is frame t's (y, x)."""
-    from inspect_model.methods.cam3d import as_frames, clip_layout
+    from inspect_model.methods.cam.video import as_frames, clip_layout
 
     space: dict = {}
     exec(compile(MODELS, "vt", "exec"), space)  # noqa: S102 - the test's own model source

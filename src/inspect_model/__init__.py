@@ -15,9 +15,9 @@ from inspect_model.registry import COMMANDS
 _LAZY = {
     # one function per command (from the command registry): a request in, a Result out
     **{spec.api_name: tuple(spec.api.split(":")) for spec in COMMANDS.values()},
-    "Result": ("inspect_model.api.pipeline", "Result"),
-    "ModelOptions": ("inspect_model.api.options", "ModelOptions"),
-    "InputOptions": ("inspect_model.api.options", "InputOptions"),
+    "Result": ("inspect_model.run.pipeline", "Result"),
+    "ModelOptions": ("inspect_model.run.options", "ModelOptions"),
+    "InputOptions": ("inspect_model.run.options", "InputOptions"),
     # loading and the hook engine
     "load_model": ("inspect_model.loading.sources", "load_model"),
     "register_source": ("inspect_model.loading.sources", "register_source"),
@@ -27,15 +27,15 @@ _LAZY = {
     "select_layers": ("inspect_model.engine.selection", "select_layers"),
     # the bare methods, each taking a model object and returning records/tensors
     "tensor_stats": ("inspect_model.methods.stats", "tensor_stats"),
-    "capture_activations": ("inspect_model.methods.activations", "capture_activations"),
-    "compute_gradients": ("inspect_model.methods.gradients", "gradients"),
-    "jacobian": ("inspect_model.methods.jacobian", "jacobian"),
-    "sanity_check": ("inspect_model.methods.guided", "sanity_check"),
-    "compute_cams": ("inspect_model.methods.cam", "compute_cams"),
-    "gradcam": ("inspect_model.methods.cam", "gradcam"),
-    "attribute": ("inspect_model.methods.attributions", "attribute"),
-    "AttributionSettings": ("inspect_model.methods.attributions", "AttributionSettings"),
-    "run_checks": ("inspect_model.methods.checks", "run_checks"),
+    "capture_activations": ("inspect_model.methods.activations.capture", "capture_activations"),
+    "compute_gradients": ("inspect_model.methods.gradients.flow", "gradients"),
+    "jacobian": ("inspect_model.methods.gradients.jacobian", "jacobian"),
+    "sanity_check": ("inspect_model.methods.guided.backprop", "sanity_check"),
+    "compute_cams": ("inspect_model.methods.cam.maps", "compute_cams"),
+    "gradcam": ("inspect_model.methods.cam.maps", "gradcam"),
+    "attribute": ("inspect_model.methods.attributions.maps", "attribute"),
+    "AttributionSettings": ("inspect_model.methods.attributions.maps", "AttributionSettings"),
+    "run_checks": ("inspect_model.methods.checks.smoke", "run_checks"),
 }
 
 __all__ = ["__version__", *_LAZY]

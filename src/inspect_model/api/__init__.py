@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from inspect_model.api.options import InputOptions, ModelOptions
-from inspect_model.api.session import Result
+from inspect_model.run.options import InputOptions, ModelOptions
+from inspect_model.run.session import Result
 from inspect_model.registry import COMMANDS
 
 # One function per command, from the command registry (eager: ``from inspect_model.api

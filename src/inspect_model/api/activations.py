@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from inspect_model.api.options import InputOptions, ModelOptions
-from inspect_model.api.pipeline import run_images
-from inspect_model.api.request import (
+from inspect_model.run.options import InputOptions, ModelOptions
+from inspect_model.run.pipeline import run_images
+from inspect_model.run.request import (
     COLORMAP_HELP,
     DEPTH_HELP,
     LAYERS_HELP,
@@ -23,8 +23,8 @@ from inspect_model.api.request import (
     option,
     positive,
 )
-from inspect_model.api.resume import count
-from inspect_model.api.session import ImageItem, Result, Session, Warnings, input_outcome
+from inspect_model.run.resume import count
+from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import UsageError
 
 
@@ -77,6 +77,14 @@ class ActivationsSession(Session):
         notes = self.notes = notes or (lambda text: None)
         net = prep.loaded.model
         self.selected = select_layers(net, layers, depth=depth)
+        if not layers:  # rotary cos/sin tables are no activations of the input: listed only when named
+            from inspect_model.methods.activations.tokens import position_tables
+
+            tables = position_tables(net, self.selected)
+            if tables:
+                self.selected = [n for n in self.selected if n not in tables]
+                notes(f"{', '.join(tables)} left out: position tables (rotary cos/sin), not activations of the "
+                      "input; name it with --layer to see them")
         if layers:
             keep = list(self.selected) if draw or save_raw else []
         elif save_raw:
@@ -87,7 +95,7 @@ class ActivationsSession(Session):
             if draw:
                 notes("no --layer given: statistics only; name layers with --layer to draw their feature maps")
         self.draw_layers = set(self.selected) if layers and draw else set()
-        from inspect_model.methods.activations import ActivationCapture
+        from inspect_model.methods.activations.capture import ActivationCapture
 
         self.capture = ActivationCapture(net, self.selected, keep=keep, hist_bins=64 if histograms else 0,
                                          model_name=prep.loaded.name)
@@ -124,13 +132,14 @@ class ActivationsSession(Session):
             self.capture.__exit__(*exc)
 
     def feed(self, batch: Any) -> list[ImageItem]:
-        res = self.capture.run(batch.tensor, batch.names)
+        text = getattr(batch, "text", None)  # texts: statistics over their real tokens, padding left out
+        res = self.capture.run(batch.tensor, batch.names, mask=text.mask if text is not None else None)
         b = self.batch_index
         self.batch_index += 1
         items = []
         per_sample = [k for k in res.kept if k.per_sample]
         batch_level = [k for k in res.kept if not k.per_sample]
-        from inspect_model.methods.cam3d import as_frames
+        from inspect_model.methods.cam.video import as_frames
 
         grids = self._clip_layouts(per_sample, tuple(batch.tensor.shape[2:]) if batch.tensor.dim() == 5 else None)
         for i, img in enumerate(res.images):
@@ -151,9 +160,9 @@ class ActivationsSession(Session):
 
     def _clip_layouts(self, kept: list[Any], thw: tuple[int, ...] | None) -> dict[str, Any]:
         """Drawn clip layers whose output lies on a (t, h, w) grid (3-D conv maps, Swin3D's
-        channels-last stages, MViT's tokens: methods/cam3d.py): key -> (output, layout);
+        channels-last stages, MViT's tokens: methods/cam/video.py): key -> (output, layout);
         each layout noted once and kept for the report's layer rows."""
-        from inspect_model.methods.cam3d import clip_layout, layout_note
+        from inspect_model.methods.cam.video import clip_layout, layout_note
 
         out: dict[str, Any] = {}
         for k in kept if thw is not None else []:

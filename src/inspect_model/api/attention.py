@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from inspect_model.api.options import InputOptions, ModelOptions, check_target_syntax
-from inspect_model.api.pipeline import run_images
-from inspect_model.api.request import (
+from inspect_model.run.options import InputOptions, ModelOptions, check_target_syntax
+from inspect_model.run.pipeline import run_images
+from inspect_model.run.request import (
     COLORMAP_HELP,
     SAVE_RAW_HELP,
     TARGET_HELP,
@@ -23,7 +23,7 @@ from inspect_model.api.request import (
     check_target_value,
     option,
 )
-from inspect_model.api.session import ImageItem, Result, Session, Warnings, input_outcome
+from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError
 
 
@@ -77,7 +77,7 @@ class AttentionRequest(Request):
                                steps=self.eval_steps, batch=self.eval_batch)
 
     def options(self) -> Any:
-        from inspect_model.methods.attention import AttentionOptions
+        from inspect_model.methods.attention.maps import AttentionOptions
 
         return AttentionOptions(methods=self.methods or ("rollout",), layers=self.layers, heads=self.heads,
                                 query=self.query, head_fusion=self.head_fusion, discard_ratio=self.discard_ratio,
@@ -90,7 +90,7 @@ class AttentionSession(Session):
 
     def __init__(self, prep: Any, mopts: ModelOptions, request: AttentionRequest, *, keep_maps: bool = False,
                  notes: Any = None, progress: Any = None) -> None:
-        from inspect_model.methods.targets import parse_target
+        from inspect_model.methods.objectives.targets import parse_target
         from inspect_model.render.attention import AttentionDrawer
 
         self.prep, self.mopts, self.request = prep, mopts, request
@@ -120,8 +120,8 @@ class AttentionSession(Session):
             self.drawer = TextDrawer(self.drawer)
 
     def feed(self, batch: Any) -> list[ImageItem]:
-        from inspect_model.methods.attention import cam_methods
-        from inspect_model.methods.attention_run import compute_attention
+        from inspect_model.methods.attention.maps import cam_methods
+        from inspect_model.methods.attention.passes import compute_attention
 
         if getattr(batch, "text", None) is not None:  # token ids of texts (issue 26)
             from inspect_model.api.attention_text import feed_text
@@ -129,7 +129,7 @@ class AttentionSession(Session):
             return feed_text(self, batch)
         x = batch.tensor
         if self.cam_layer is None and cam_methods(self.options.methods):  # resolved once, as cam does
-            from inspect_model.methods.attention_cam import resolve
+            from inspect_model.methods.attention.cam import resolve
 
             self.cam_layer = resolve(self.prep.loaded.model, x, self.options.cam_layer,
                                      declared=getattr(self.prep.loaded, "cam_layer", None))
@@ -159,7 +159,7 @@ class AttentionSession(Session):
         target = None
         if res.targets is not None and res.scores is not None:
             cls = int(res.targets[i])
-            from inspect_model.methods.targets import class_probabilities
+            from inspect_model.methods.objectives.targets import class_probabilities
 
             prob = float(class_probabilities(res.scores[i:i + 1])[0, cls])
             target = {"class": cls, "label": class_name(cls, self.prep.categories), "probability": prob}
@@ -238,7 +238,7 @@ class _EvalView:
 
         import torch
 
-        from inspect_model.methods.targets import class_probabilities
+        from inspect_model.methods.objectives.targets import class_probabilities
         from inspect_model.render.attention import normalise, upsample
 
         self.probabilities = class_probabilities(res.scores)

@@ -1,5 +1,5 @@
 """``attention --text``: the text half of :class:`~inspect_model.api.attention.AttentionSession`
-(issue 26). A batch of texts runs :func:`~inspect_model.methods.attention_text.compute_text_attention`;
+(issue 26). A batch of texts runs :func:`~inspect_model.methods.attention.text.compute_text_attention`;
 each text's report entry carries its tokens (``text``) and, per map, the per-token
 ``values`` (raw: one row per head shown, the query token's attention)."""
 
@@ -21,8 +21,8 @@ class TextItem:
 
 def feed_text(session: Any, batch: Any) -> list[Any]:
     """Run one batch of texts; the session's entries and items as ``feed`` makes them."""
-    from inspect_model.api.session import ImageItem
-    from inspect_model.methods.attention_text import compute_text_attention
+    from inspect_model.run.session import ImageItem
+    from inspect_model.methods.attention.text import compute_text_attention
 
     if session.evaluator is not None:
         raise UsageError("--evaluate scores maps over images; drop it with --text")
@@ -46,7 +46,7 @@ def feed_text(session: Any, batch: Any) -> list[Any]:
 
 
 def _target(res: Any, i: int, categories: Any) -> dict[str, Any] | None:
-    from inspect_model.methods.targets import class_probabilities
+    from inspect_model.methods.objectives.targets import class_probabilities
     from inspect_model.render.cam_report import class_name
 
     if res.targets is None or res.scores is None:

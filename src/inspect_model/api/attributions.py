@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from inspect_model.api.options import InputOptions, ModelOptions, check_target_syntax
-from inspect_model.api.pipeline import run_images
-from inspect_model.api.request import (
+from inspect_model.run.options import InputOptions, ModelOptions, check_target_syntax
+from inspect_model.run.pipeline import run_images
+from inspect_model.run.request import (
     OUTPUT_KEY_HELP,
     SAVE_RAW_HELP,
     TARGET_HELP,
@@ -25,7 +25,7 @@ from inspect_model.api.request import (
     check_target_value,
     option,
 )
-from inspect_model.api.session import ImageItem, Result, Session, Warnings, input_outcome
+from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
 
 METHOD_HELP = ("saliency, gradient, input-x-gradient, integrated-gradients (ig), smoothgrad, vargrad, occlusion, "
@@ -76,7 +76,7 @@ class AttributionsRequest(Request):
 
     def validate(self) -> None:  # no torch here: a bad option fails at once
         from inspect_model.api.cam_evaluate import check_evaluate_request
-        from inspect_model.methods import attribution_options as ao
+        from inspect_model.methods.attributions import options as ao
 
         self._set("target", check_target_value(self.target))
         check_target_syntax(self.target)
@@ -91,7 +91,7 @@ class AttributionsRequest(Request):
         ao.parse_sizes(self.stride, "--window-stride")
 
     def settings(self, *, batch_size: int, seed: int = 0) -> Any:
-        from inspect_model.methods.attributions import AttributionSettings
+        from inspect_model.methods.attributions.maps import AttributionSettings
 
         return AttributionSettings(
             methods=self.methods, steps=self.steps, rule=self.rule, baseline=self.baseline, samples=self.samples,
@@ -121,7 +121,7 @@ class AttributionsSession(Session):
 
     def __init__(self, prep: Any, mopts: ModelOptions, request: AttributionsRequest, *, keep_maps: bool = False,
                  notes: Any = None, progress: Any = None) -> None:
-        from inspect_model.methods.targets import parse_target
+        from inspect_model.methods.objectives.targets import parse_target
 
         self.prep, self.mopts, self.request = prep, mopts, request
         self.spec = parse_target(request.target, prep.categories)
@@ -139,7 +139,7 @@ class AttributionsSession(Session):
         self.evaluator = None
         if request.evaluate:
             from inspect_model.api.cam_evaluate import Evaluator
-            from inspect_model.methods.faithfulness import parse_metrics
+            from inspect_model.methods.faithfulness.metrics import parse_metrics
 
             self.evaluator = Evaluator(prep, parse_metrics(list(request.metrics or []), boxes=False),
                                        steps=request.eval_steps, batch=request.eval_batch,
@@ -152,9 +152,9 @@ class AttributionsSession(Session):
 
     # ------------------------------------------------------------------ computing
     def feed(self, batch: Any) -> list[ImageItem]:
-        from inspect_model.methods.attributions import attribute
+        from inspect_model.methods.attributions.maps import attribute
 
-        from inspect_model.methods.targets import for_batch
+        from inspect_model.methods.objectives.targets import for_batch
 
         model, x = self.prep.loaded.model, batch.tensor
         first = self.index_base + len(self.entries)
@@ -165,7 +165,7 @@ class AttributionsSession(Session):
         self.found.sites = self.found.sites or res.guided_sites
         self.warnings.extend(res.warnings)
         if self.request.sanity:
-            from inspect_model.methods import attribution_sanity as san
+            from inspect_model.methods.attributions import sanity as san
 
             self.sanity_acc = san.merge(self.sanity_acc, san.sanity_check(
                 model, x, res, self.settings, seed=int(self.prep.plan.seed), output_key=self.request.output_key,
@@ -184,7 +184,7 @@ class AttributionsSession(Session):
         return items
 
     def _entry(self, index: int, name: str, res: Any, i: int, img: Any, ids: Any) -> dict[str, Any]:
-        from inspect_model.methods.attributions import UNSIGNED, map_statistics
+        from inspect_model.methods.attributions.maps import UNSIGNED, map_statistics
         from inspect_model.render.attributions import map_record
         from inspect_model.render.cam_report import class_name
 
@@ -230,7 +230,7 @@ class AttributionsSession(Session):
         self.evaluator.feed(SimpleNamespace(maps=maps, probabilities=probs), batch, entries)
 
     def finish(self) -> Result:
-        from inspect_model.methods import attribution_sanity as san
+        from inspect_model.methods.attributions import sanity as san
 
         skipped = input_outcome(self.prep.plan, self.warnings)
         if not self.entries:
@@ -270,7 +270,7 @@ class AttributionsSession(Session):
         self.drawer.load_state_dict(state["drawer"])
 
     def merge(self, states: list[dict[str, Any]]) -> None:
-        from inspect_model.methods import attribution_sanity as san
+        from inspect_model.methods.attributions import sanity as san
 
         self.entries = [e for s in states for e in s["entries"]]
         self.warnings.merge(s["warnings"] for s in states[1:])

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from inspect_model.api.options import InputOptions, ModelOptions, check_target_syntax
-from inspect_model.api.pipeline import run_images
-from inspect_model.api.request import (
+from inspect_model.run.options import InputOptions, ModelOptions, check_target_syntax
+from inspect_model.run.pipeline import run_images
+from inspect_model.run.request import (
     COLORMAP_HELP,
     MAX_DETECTIONS_HELP,
     OUTPUT_KEY_HELP,
@@ -25,10 +25,10 @@ from inspect_model.api.request import (
     option,
     positive,
 )
-from inspect_model.api.resume import count
-from inspect_model.api.session import ImageItem, Result, Session, Warnings, input_outcome
+from inspect_model.run.resume import count
+from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
-from inspect_model.methods.cam_methods import method_help
+from inspect_model.methods.cam.maths import method_help
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,8 @@ class CamRequest(Request):
 
     def validate(self) -> None:
         from inspect_model.api.cam_evaluate import check_evaluate_request
-        from inspect_model.methods.cam import parse_methods, parse_reshape
-        from inspect_model.methods.objectives import check_dense_options
+        from inspect_model.methods.cam.maps import parse_methods, parse_reshape
+        from inspect_model.methods.objectives.scores import check_dense_options
         from inspect_model.render.overlay import check_colormap
 
         self._set("target", check_target_value(self.target))
@@ -111,7 +111,7 @@ class CamSession(Session):
     def __init__(self, prep: Any, mopts: ModelOptions, request: CamRequest, *, notes: Any = None,
                  progress: Any = None) -> None:
         from inspect_model.api.cam_tasks import DenseCam, dense_task
-        from inspect_model.methods.targets import parse_target
+        from inspect_model.methods.objectives.targets import parse_target
 
         r = self.request = request
         self.method_items = list(r.methods or ("gradcam",))  # as typed: `all` makes CAM optional
@@ -141,7 +141,7 @@ class CamSession(Session):
             if not flow:
                 raise UsageError("--boxes needs --evaluate (for a classifier; a detector or a segmenter takes "
                                  "--boxes as the boxes to explain, a flow model as the region to explain)")
-            from inspect_model.api.media import flow_boxes
+            from inspect_model.run.media import flow_boxes
 
             flow_boxes(prep, r.boxes, self.notes)  # a flow model: the region whose flow is explained
         if r.evaluate:
@@ -157,7 +157,7 @@ class CamSession(Session):
 
     # ------------------------------------------------------------------ computing
     def _resolve(self, x: Any) -> None:
-        from inspect_model.methods.cam import resolve_layers
+        from inspect_model.methods.cam.maps import resolve_layers
 
         net = self.prep.loaded.model
         self.cam_layers = resolve_layers(net, x, self.layer_specs or None, self.reshape, self.output_key,
@@ -169,11 +169,11 @@ class CamSession(Session):
                        f"{lay.layout.channels} channels)")
         if "scorecam" in self.methods:
             plan = self.prep.plan
-            from inspect_model.api.runner import units
+            from inspect_model.run.runner import units
 
             n_images = len(units(plan)) or int(x.shape[0])  # images, or clips or frame pairs
             per = sum(lay.layout.channels for lay in self.cam_layers)
-            from inspect_model.methods.cam_passes import scorecam_batch_size
+            from inspect_model.methods.cam.passes import scorecam_batch_size
 
             size = scorecam_batch_size(x, per * n_images, self.scorecam_batch)
             how = "--scorecam-batch" if self.scorecam_batch else "the memory budget; --scorecam-batch to set"
@@ -186,13 +186,13 @@ class CamSession(Session):
         self.columns = self.drawer.columns = [(m, n) for n in names for m in self.methods]
 
     def feed(self, batch: Any) -> list[ImageItem]:
-        from inspect_model.methods.cam import compute_cams
+        from inspect_model.methods.cam.maps import compute_cams
 
         if self.dense is not None:
             return self.dense.feed(batch)
         if self.cam_layers is None:
             self._resolve(batch.tensor)
-        from inspect_model.methods.targets import for_batch
+        from inspect_model.methods.objectives.targets import for_batch
 
         start = self.index_base + len(self.entries)
         res = compute_cams(self.prep.loaded.model, batch.tensor, layers=self.cam_layers, methods=self.method_items,
@@ -203,7 +203,7 @@ class CamSession(Session):
             self.passes[key] += res.passes[key]
         self.warnings.extend(res.notes)
         if not self.entries:  # the class count is the same for every batch: say it once
-            from inspect_model.methods.targets import top_k_warning
+            from inspect_model.methods.objectives.targets import top_k_warning
 
             cut = top_k_warning(self.spec, int(res.probabilities.shape[-1]))
             if cut:

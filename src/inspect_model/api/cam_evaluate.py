@@ -1,7 +1,7 @@
 """``cam --evaluate``: faithfulness scores of every map the cam session computes.
 
 :class:`Evaluator` rides along the :class:`~inspect_model.api.cam.CamSession`: each batch's
-maps are scored by :func:`~inspect_model.methods.faithfulness_passes.evaluate_maps` (all
+maps are scored by :func:`~inspect_model.methods.faithfulness.passes.evaluate_maps` (all
 perturbed inputs in one queue, one forward pass per ``batch``), each map record gets an
 ``evaluation`` object and each image's maps are ranked; ``summary`` averages per method and
 layer. Boxes (``--boxes``) are checked against the inputs before any pass runs.
@@ -19,7 +19,7 @@ DEFAULT_STEPS = 32
 def check_evaluate_request(*, evaluate: bool, metrics: list[str] | None, boxes: Any, steps: int,
                            batch: int | None) -> list[str]:
     """The --evaluate options that need no model; the metrics asked for ([] without --evaluate)."""
-    from inspect_model.methods.faithfulness import parse_metrics
+    from inspect_model.methods.faithfulness.metrics import parse_metrics
 
     if not evaluate:
         if metrics:
@@ -56,7 +56,7 @@ class Evaluator:
         if boxes is not None:
             self._check_boxes(boxes)
         notes = notes or (lambda text: None)
-        from inspect_model.methods.faithfulness_passes import inputs_per_map
+        from inspect_model.methods.faithfulness.passes import inputs_per_map
 
         per = inputs_per_map(metrics, steps)
         notes(f"evaluate: {', '.join(metrics)}; {per} perturbed inputs per map (and the curves' ends, shared by "
@@ -88,7 +88,7 @@ class Evaluator:
 
     def _inside(self, name: str, img: Any, hw: tuple[int, int]) -> Any:
         """The boxes of image ``name`` as an (H, W) mask over the model input, or None."""
-        from inspect_model.methods.faithfulness import box_mask
+        from inspect_model.methods.faithfulness.metrics import box_mask
 
         bs = self.boxes.get(name)
         if bs is None:
@@ -102,7 +102,7 @@ class Evaluator:
 
     def feed(self, res: Any, batch: Any, entries: list[dict[str, Any]]) -> None:
         """Score the maps of ``res`` (one cam batch); ``entries`` are the batch's image records."""
-        from inspect_model.methods.faithfulness_passes import MapJob
+        from inspect_model.methods.faithfulness.passes import MapJob
 
         x = batch.tensor
         hw = (int(x.shape[-2]), int(x.shape[-1]))
@@ -119,10 +119,10 @@ class Evaluator:
         self._score(jobs, recs, original, batch, entries)
 
     def feed_dense(self, res: Any, batch: Any, entries: list[dict[str, Any]], objective: Any) -> None:
-        """Score the maps of a detector's or segmenter's batch (``methods.task_cam``) on the
+        """Score the maps of a detector's or segmenter's batch (``methods.cam.tasks``) on the
         same targets: each perturbed input's probability of the explained detection or mask
         (``objective.probability``), read with the model's threshold at 0 (issue 24)."""
-        from inspect_model.methods.faithfulness_passes import MapJob
+        from inspect_model.methods.faithfulness.passes import MapJob
 
         x = batch.tensor
         hw = (int(x.shape[-2]), int(x.shape[-1]))
@@ -140,8 +140,8 @@ class Evaluator:
 
     def _score(self, jobs: list[Any], recs: list[dict[str, Any]], original: list[float] | None, batch: Any,
                entries: list[dict[str, Any]], read: Any = None) -> None:
-        from inspect_model.methods.faithfulness import mean_ranks
-        from inspect_model.methods.faithfulness_passes import count_inputs, evaluate_maps
+        from inspect_model.methods.faithfulness.metrics import mean_ranks
+        from inspect_model.methods.faithfulness.passes import count_inputs, evaluate_maps
 
         x = batch.tensor
         total = count_inputs([j.sample for j in jobs], self.metrics, self.steps, original_known=original is not None,
@@ -157,7 +157,7 @@ class Evaluator:
             else:
                 self.progress(done, total)
 
-        from inspect_model.methods.faithfulness_passes import pass_rows
+        from inspect_model.methods.faithfulness.passes import pass_rows
 
         self.used_batch = pass_rows(x, self.batch)
         scored, passes = evaluate_maps(self.prep.loaded.model, x, jobs, metrics=self.metrics, steps=self.steps,
@@ -179,7 +179,7 @@ class Evaluator:
 
     def summary(self, entries: list[dict[str, Any]], columns: list[tuple[str, str]]) -> dict[str, Any]:
         """The ``evaluation`` object of the report: settings, passes and the per-method averages."""
-        from inspect_model.methods import faithfulness as fa
+        from inspect_model.methods.faithfulness import metrics as fa
 
         rows = []
         for method, layer in columns:

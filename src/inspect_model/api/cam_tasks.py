@@ -14,13 +14,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from inspect_model.api.session import ImageItem
+from inspect_model.run.session import ImageItem
 from inspect_model.errors import LayerSelectionError, UsageError
 
 
 def dense_task(prep: Any) -> str:
     """``detection``, ``segmentation`` or ``classification`` for the prepared model."""
-    from inspect_model.methods.tasks import infer_task
+    from inspect_model.methods.objectives.tasks import infer_task
 
     return infer_task(prep.loaded.model, prep.loaded)
 
@@ -28,7 +28,7 @@ def dense_task(prep: Any) -> str:
 def resolve_task_layer(model: Any, task: str, specs: list[str], x: Any) -> str:
     """``--layer auto`` (the task's own default) or one layer spec."""
     from inspect_model.engine.selection import select_layers
-    from inspect_model.methods.tasks import task_auto_layer
+    from inspect_model.methods.objectives.tasks import task_auto_layer
 
     if len(specs) > 1:
         raise UsageError(f"a {task} model takes one --layer (a feature pyramid counts as one); got {len(specs)}")
@@ -50,13 +50,13 @@ class DenseCam:
     """What :class:`~inspect_model.api.cam.CamSession` delegates to for a dense task."""
 
     def __init__(self, session: Any, task: str, request: Any) -> None:
-        from inspect_model.methods.cam import cam_is_optional
-        from inspect_model.methods.objectives import make_objective
-        from inspect_model.methods.task_cam import check_task_methods
+        from inspect_model.methods.cam.maps import cam_is_optional
+        from inspect_model.methods.objectives.scores import make_objective
+        from inspect_model.methods.cam.tasks import check_task_methods
 
         self.s, self.task = session, task
         prep = session.prep
-        from inspect_model.api.objective_options import one_target
+        from inspect_model.run.objective_options import one_target
 
         target, max_detections, boxes = one_target(prep, request.target), request.max_detections, request.boxes
         self.objective = make_objective(task, prep.loaded.model, target, prep.categories,
@@ -82,7 +82,7 @@ class DenseCam:
             return None
         from inspect_model.loading.boxes import load_labelled_boxes, match_boxes
         from inspect_model.loading.geometry import picture_frame
-        from inspect_model.methods.targets import parse_target
+        from inspect_model.methods.objectives.targets import parse_target
 
         if self.boxes is None:
             names = list(self.s.prep.plan.paths) if self.s.prep.plan.paths else []
@@ -105,7 +105,7 @@ class DenseCam:
 
     def feed(self, batch: Any) -> list[ImageItem]:
         from inspect_model.loading.geometry import picture_frame
-        from inspect_model.methods.task_cam import compute_task_cams
+        from inspect_model.methods.cam.tasks import compute_task_cams
 
         model = self.s.prep.loaded.model
         if self.layer is None:
@@ -202,6 +202,6 @@ class DenseCam:
 
 
 def _name(index: int, categories: Any) -> str | None:
-    from inspect_model.methods.objectives import class_name
+    from inspect_model.methods.objectives.scores import class_name
 
     return class_name(index, categories)

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from inspect_model.api.options import InputOptions, ModelOptions
-from inspect_model.api.pipeline import prepare
-from inspect_model.api.request import OUTPUT_KEY_HELP, Request, api_command, option
-from inspect_model.api.session import Result
+from inspect_model.run.options import InputOptions, ModelOptions
+from inspect_model.run.pipeline import prepare
+from inspect_model.run.request import OUTPUT_KEY_HELP, Request, api_command, option
+from inspect_model.run.session import Result
 from inspect_model.errors import UsageError
 
 
@@ -39,7 +39,7 @@ class CheckRequest(Request):
     output_key: str | None = option(None, "--output-key", type=str, help=OUTPUT_KEY_HELP)
 
     def validate(self) -> None:
-        from inspect_model.methods import checks
+        from inspect_model.methods.checks import smoke as checks
 
         if self.max_dead_fraction is not None and not 0.0 < self.max_dead_fraction <= 1.0:
             raise UsageError(f"--max-dead-fraction must be in (0, 1], got {self.max_dead_fraction}")
@@ -60,8 +60,8 @@ def check(model: Any, images: Any, request: CheckRequest, *, model_options: Mode
     check fails. ``on_stuck(message)`` is called from a watchdog thread if they cannot be
     stopped (the CLI prints it and exits)."""
     from inspect_model.engine.selection import select_layers
-    from inspect_model.methods import checks
-    from inspect_model.methods.targets import select_output
+    from inspect_model.methods.checks import smoke as checks
+    from inspect_model.methods.objectives.targets import select_output
 
     r = request
     mopts = model_options or ModelOptions(model)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from inspect_model.api.options import InputOptions, ModelOptions, check_target_syntax
-from inspect_model.api.pipeline import run_images
-from inspect_model.api.request import (
+from inspect_model.run.options import InputOptions, ModelOptions, check_target_syntax
+from inspect_model.run.pipeline import run_images
+from inspect_model.run.request import (
     DEPTH_HELP,
     LAYERS_HELP,
     MAX_DETECTIONS_HELP,
@@ -26,9 +26,9 @@ from inspect_model.api.request import (
     option,
     positive,
 )
-from inspect_model.api.resume import count
-from inspect_model.api.objective_options import one_target
-from inspect_model.api.session import ImageItem, Result, Session, Warnings, input_outcome
+from inspect_model.run.resume import count
+from inspect_model.run.objective_options import one_target
+from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
 
 
@@ -71,7 +71,7 @@ class GradsRequest(Request):
     max_detections: int = option(10, "--max-detections", help=MAX_DETECTIONS_HELP)
 
     def validate(self) -> None:
-        from inspect_model.methods.objectives import check_dense_options
+        from inspect_model.methods.objectives.scores import check_dense_options
 
         self._set("target", check_target_value(self.target))
         check_target_syntax(self.target)
@@ -88,7 +88,7 @@ class GradsRequest(Request):
         else:
             if self.jacobian_norm:
                 raise UsageError("--jacobian-norm needs --of LAYER and/or --wrt LAYER")
-            from inspect_model.methods.gradients import validate_request
+            from inspect_model.methods.gradients.flow import validate_request
 
             validate_request(target=self.target, loss=self.loss,
                              has_labels=self.label is not None or self.labels_file is not None,
@@ -110,7 +110,7 @@ class GradsSession(Session):
 
     def __init__(self, prep: Any, mopts: ModelOptions, request: GradsRequest, *, histograms: bool = False,
                  notes: Any = None, progress: Any = None) -> None:
-        from inspect_model.methods.objectives import task_objective
+        from inspect_model.methods.objectives.scores import task_objective
 
         r = self.request = request
         label, labels_file = r.label, r.labels_file
@@ -158,8 +158,8 @@ class GradsSession(Session):
             yield b
 
     def _grad_run(self, handle: Callable[[ImageItem], None] | None = None) -> Any:
-        from inspect_model.methods.grad_objective import read_labels_file
-        from inspect_model.methods.gradients import GradRun
+        from inspect_model.methods.gradients.objective import read_labels_file
+        from inspect_model.methods.gradients.flow import GradRun
         from inspect_model.render.gradients import sample_payload
 
         cats = self.prep.categories
@@ -171,11 +171,11 @@ class GradsSession(Session):
             for s in samples:
                 item = ImageItem(sample_payload(s, self.count))
                 if handle is not None:
-                    handle(item)  # a clip's or pair's record joins the entry there (api/media.py)
+                    handle(item)  # a clip's or pair's record joins the entry there (run/media.py)
                 self._keep_media(item.entry)
                 self.count += 1
 
-        # Under torchrun or --resume (api/runner.py), ``partial`` holds what this shard
+        # Under torchrun or --resume (run/runner.py), ``partial`` holds what this shard
         # or the killed run had summed, and ``index_base`` is the run index of its first image.
         run = GradRun(self.prep.loaded.model, labels=lab, categories=cats, on_batch=on_batch,
                       partial=self.partial, label_base=self.index_base, progress=self.progress,
@@ -195,7 +195,7 @@ class GradsSession(Session):
         """What has been summed so far (gradients on the CPU): a checkpoint or a shard's part."""
         if self.grad_run is not None:
             return self.grad_run.snapshot()
-        from inspect_model.methods.gradients import GradPartial
+        from inspect_model.methods.gradients.flow import GradPartial
 
         return self.partial if self.partial is not None else GradPartial()
 
@@ -203,7 +203,7 @@ class GradsSession(Session):
         from inspect_model.render import gradients as render
 
         self.grad_run = self.grad_run or self._grad_run()
-        if self.partial is not None:  # resumed, or every shard's merged on rank 0 (api/runner.py)
+        if self.partial is not None:  # resumed, or every shard's merged on rank 0 (run/runner.py)
             self.grad_run.partial = self.partial
         self.report = rep = self.grad_run.report()
         for note in rep.notes:
@@ -245,10 +245,14 @@ class GradsSession(Session):
                 "positions": self.positions.state_dict() if self.positions is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        from inspect_model.methods.gradients import GradPartial
+        from inspect_model.methods.gradients.flow import GradPartial
 
         if not isinstance(state["partial"], GradPartial) or not isinstance(state["warnings"], Warnings):
             raise TypeError("grads state: not a GradPartial")
+        from inspect_model.run.state_check import check_tensor_shapes
+
+        params = {n: tuple(p.shape) for n, p in self.prep.loaded.model.named_parameters() if p.requires_grad}
+        check_tensor_shapes(state["partial"].grads, params, "the summed gradient of parameter")
         self.partial, self.warnings = state["partial"], state["warnings"]
         self.count = count(state["count"], "the image count")
         self.media = dict(state.get("media") or {})
@@ -256,7 +260,7 @@ class GradsSession(Session):
             self.positions.merge([state["positions"]])
 
     def merge(self, states: list[dict[str, Any]]) -> None:
-        from inspect_model.methods.gradients import merge_partials
+        from inspect_model.methods.gradients.flow import merge_partials
 
         self.partial = merge_partials([st["partial"] for st in states])
         self.media = {k: v for st in states for k, v in (st.get("media") or {}).items()}
@@ -319,7 +323,7 @@ class JacobianSession(Session):
                          "run it in one process, or drop --of/--wrt")
 
     def feed(self, batch: Any) -> list[ImageItem]:
-        from inspect_model.methods.jacobian import jacobian
+        from inspect_model.methods.gradients.jacobian import jacobian
 
         target = self.target
         if isinstance(target, tuple):  # one class per sample: this batch's share

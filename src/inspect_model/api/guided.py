@@ -11,9 +11,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from inspect_model.api.options import InputOptions, ModelOptions, check_target_syntax
-from inspect_model.api.pipeline import run_images
-from inspect_model.api.request import (
+from inspect_model.run.options import InputOptions, ModelOptions, check_target_syntax
+from inspect_model.run.pipeline import run_images
+from inspect_model.run.request import (
     MAX_DETECTIONS_HELP,
     OUTPUT_KEY_HELP,
     SAVE_RAW_HELP,
@@ -24,8 +24,8 @@ from inspect_model.api.request import (
     check_target_value,
     option,
 )
-from inspect_model.api.objective_options import one_target
-from inspect_model.api.session import ImageItem, Result, Session, Warnings, input_outcome
+from inspect_model.run.objective_options import one_target
+from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
 
 
@@ -53,7 +53,7 @@ class GuidedRequest(Request):
     max_detections: int = option(10, "--max-detections", help=MAX_DETECTIONS_HELP)
 
     def validate(self) -> None:
-        from inspect_model.methods.objectives import check_dense_options
+        from inspect_model.methods.objectives.scores import check_dense_options
 
         self._set("target", check_target_value(self.target))
         check_target_syntax(self.target)
@@ -70,9 +70,9 @@ class GuidedSession(Session):
 
     def __init__(self, prep: Any, mopts: ModelOptions, request: GuidedRequest, *, keep_gradients: bool = False,
                  progress: Any = None) -> None:
-        from inspect_model.methods import guided as gb
-        from inspect_model.methods.objectives import task_objective
-        from inspect_model.methods.targets import parse_target
+        from inspect_model.methods.guided import backprop as gb
+        from inspect_model.methods.objectives.scores import task_objective
+        from inspect_model.methods.objectives.targets import parse_target
 
         r = self.request = request
         activations, guided_gradcam, layer, sanity = r.activations, r.guided_gradcam, r.layer, r.sanity
@@ -104,15 +104,15 @@ class GuidedSession(Session):
         self.warnings.add(text)
 
     def feed(self, batch: Any) -> list[ImageItem]:
-        from inspect_model.methods import guided as gb
-        from inspect_model.methods.targets import top_k_warning
+        from inspect_model.methods.guided import backprop as gb
+        from inspect_model.methods.objectives.targets import top_k_warning
 
         model, x, cats = self.prep.loaded.model, batch.tensor, self.prep.categories
-        from inspect_model.methods.targets import for_batch
+        from inspect_model.methods.objectives.targets import for_batch
 
         spec = for_batch(self.spec, self.index_base + len(self.entries), int(x.shape[0]))
         if self.objective is not None:  # a detector's or segmenter's scores (issue 24)
-            from inspect_model.methods.dense_guided import dense_guided
+            from inspect_model.methods.guided.dense import dense_guided
 
             res = dense_guided(model, x, self.objective, self.kinds)
         else:
@@ -120,7 +120,7 @@ class GuidedSession(Session):
                                      categories=cats)
         self.warnings.extend(res.warnings)
         if self.objective is not None:
-            from inspect_model.methods.objectives import Selection
+            from inspect_model.methods.objectives.scores import Selection
 
             self.objective.note_empty(model, x, Selection(None, res.rows or []), batch.names)
         elif not self.entries:  # the class count is the same for every batch: say it once
@@ -131,10 +131,10 @@ class GuidedSession(Session):
             self.sites, self.unguided = res.sites, res.unguided
         ggc = None
         if self.guided_gradcam:
-            from inspect_model.methods import cam
+            from inspect_model.methods.cam import maps as cam
 
             if self.objective is not None:  # the dense task's own Grad-CAM of the same rows
-                from inspect_model.methods.dense_guided import dense_gradcam
+                from inspect_model.methods.guided.dense import dense_gradcam
 
                 self.cam_layer, maps = dense_gradcam(model, x, self.objective, self.layer, res)
             else:
@@ -184,7 +184,7 @@ class GuidedSession(Session):
                 "files": {}}
 
     def finish(self) -> Result:
-        from inspect_model.methods import guided as gb
+        from inspect_model.methods.guided import backprop as gb
 
         plan = self.prep.plan
         skipped = input_outcome(plan, self.warnings)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from inspect_model.api.session import Result
-from inspect_model.api.request import Request, api_command, option
+from inspect_model.run.session import Result
+from inspect_model.run.request import Request, api_command, option
 from inspect_model.errors import UsageError
 
 

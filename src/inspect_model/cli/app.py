@@ -16,7 +16,7 @@ import typer
 
 from inspect_model import errors
 from inspect_model import registry
-from inspect_model.cli.common import routed_warnings
+from inspect_model.cli.console import routed_warnings
 from inspect_model.cli.generate import build, command_help
 from inspect_model.render.table import clean
 from inspect_model.settings import check_environment
@@ -259,7 +259,7 @@ def _on_signals() -> Any:
     """Turn SIGTERM and SIGINT into :class:`errors.Terminated` / :class:`errors.Interrupted`
     for the run, so that outputs are cleaned up and the edge prints one line, and let a
     file-size limit fail the write (EFBIG, exit 7) instead of killing the process; return
-    what puts the old handlers back (see :mod:`inspect_model.api.signals`)."""
-    from inspect_model.api.signals import install
+    what puts the old handlers back (see :mod:`inspect_model.run.signals`)."""
+    from inspect_model.run.signals import install
 
     return install()

@@ -33,7 +33,7 @@ def _cache_dir() -> Path:
 
 def layer_names(model: str) -> list[str]:
     """Qualified module names of torchvision model ``model`` (cached after the first call)."""
-    from inspect_model.render.files import safe_name
+    from inspect_model.output.files import safe_name
 
     if model.startswith("torchvision:"):
         model = model.split(":", 1)[1]
@@ -89,7 +89,7 @@ def complete_layer(ctx: Any, incomplete: str) -> list[str]:
 
 def complete_method(incomplete: str) -> list[str]:
     """CAM methods and their groups (``all``), from the method registry."""
-    from inspect_model.methods.cam_methods import GROUPS, METHODS
+    from inspect_model.methods.cam.maths import GROUPS, METHODS
 
     return [m for m in (*METHODS, *GROUPS) if m.startswith(incomplete.lower())]
 

@@ -4,7 +4,7 @@ The request class (api/) declares each option once: its flags, help, default and
 completion. This module turns those fields into Typer parameters, adds the model argument,
 the image arguments and the shared option groups (``@shared_options``), and gives the
 command a body that builds the request (validated once, in the request) and hands it to
-the API function through :func:`~inspect_model.cli.shared.run_api`. Nothing here imports
+the API function through :func:`~inspect_model.cli.deliver.run_api`. Nothing here imports
 torch.
 """
 
@@ -17,10 +17,11 @@ from typing import Annotated, Any
 import typer
 
 from inspect_model.registry import CommandSpec, resolve
-from inspect_model.api.request import Flag, flags_of
-from inspect_model.cli import common as c
+from inspect_model.run.request import Flag, flags_of
+from inspect_model.cli import options as c
 from inspect_model.cli import completion
-from inspect_model.cli.shared import run_api, shared_options
+from inspect_model.cli.deliver import run_api
+from inspect_model.cli.groups import shared_options
 
 COMPLETERS: dict[str, Callable[..., list[str]]] = {
     "layer": completion.complete_layer,

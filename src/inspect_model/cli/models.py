@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from inspect_model.cli import common as c
+from inspect_model.cli import console
+from inspect_model.cli import options as c
 
 
 def models(
@@ -22,10 +23,10 @@ def models(
 ) -> None:
     """List the models this tool can load by name. Example: inspect-model models 'resnet*'; inspect-model models --source timm 'convnext*'"""
     from inspect_model.api.models import models as api_models
-    from inspect_model.render.jsonout import envelope
+    from inspect_model.output.jsonout import envelope
 
     result = api_models(None, pattern=pattern, family=family, source=source)
-    c.emit(
+    console.emit(
         as_json=json_,
         json_doc=lambda: envelope("models", result.payload, options=result.options),
         text=result.text,

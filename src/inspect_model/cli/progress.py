@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from inspect_model.cli.common import Messages
+from inspect_model.cli.console import Messages
 
 INTERVAL_ENV = "INSPECT_MODEL_PROGRESS_SECONDS"
 DEFAULT_INTERVAL = 30.0

@@ -6,9 +6,11 @@ from typing import Annotated
 
 import typer
 
-from inspect_model.api.options import ModelOptions
-from inspect_model.cli import common as c
-from inspect_model.cli.shared import RunOptions, deliver
+from inspect_model.run.options import ModelOptions
+from inspect_model.cli import console
+from inspect_model.cli import options as c
+from inspect_model.cli.groups import RunOptions
+from inspect_model.cli.deliver import deliver
 
 EXAMPLE = "inspect-model summary resnet34 --depth 2"
 
@@ -33,6 +35,10 @@ def summary(
         bool, typer.Option("--train", help="Run the pass in training mode (dropout and batch norm as in training); "
                            "the model's flags and running statistics are put back.")
     ] = False,
+    graph: Annotated[
+        bool, typer.Option("--graph", help="Also draw the model's graph into the output folder (-o): graph.svg, "
+                           "graph.png and graph.dot (modules, the operations between them, nested containers).")
+    ] = False,
     tensorboard: c.TensorboardOpt = None,
     json_: c.JsonOpt = False,
     output_dir: c.OutputDirOpt = None,
@@ -47,28 +53,30 @@ def summary(
     Runs on the meta device by default, so a model of any size is summarised without
     allocating its weights. Example: inspect-model summary resnet34 --depth 2
     """
-    from inspect_model.api.options import InputOptions, check_dtype, check_request
+    from inspect_model.run.options import InputOptions, check_dtype, check_request
     from inspect_model.errors import ModelRuntimeError, UsageError
 
     run_opts = RunOptions(output_dir=output_dir, force=force, wait=wait, json_=json_, quiet=quiet,
                           tensorboard=tensorboard)
     run_opts.check()
+    if graph and output_dir is None:
+        raise UsageError("--graph writes graph.svg, graph.png and graph.dot into the output folder; add -o DIR")
     if depth is not None and depth < 0:
         raise UsageError(f"--depth must be 0 or more, got {depth}")
     check_dtype(dtype)
     check_request(InputOptions(None, input_size=input_size), batch_size=batch_size)
     from inspect_model import api
 
-    msgs = c.Messages(quiet)
+    msgs = console.Messages(quiet)
     opts = ModelOptions(model, weights=weights, checkpoint=checkpoint, model_args=model_arg, non_strict=non_strict,
                         trust_checkpoint=trust_checkpoint, device=device, dtype=dtype,
                         trust_remote_code=trust_remote_code)
-    from inspect_model.render.files import hold_output_dir
+    from inspect_model.output.files import hold_output_dir
 
     with hold_output_dir(output_dir, wait=wait, force=force):  # a failure inside removes what it made
         res = api.summary(None, model_options=opts, input_size=input_size, batch_size=batch_size, depth=depth,
                           seed=seed, output_dir=output_dir, force=force, notes=msgs.note, train=train,
-                          tensorboard=tensorboard)
+                          tensorboard=tensorboard, graph=graph)
         deliver(res, run_opts, msgs)
         if res.record.error:
             where = f" in layer '{res.record.failed_layer}'" if res.record.failed_layer else ""

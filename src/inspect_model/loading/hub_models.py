@@ -166,11 +166,13 @@ def read_state_dict(path: str) -> dict[str, Any]:
     if path.endswith(".npz"):
         raise ModelLoadError(f"weights file {path} is a NumPy archive that only timm's own loader reads; "
                              "choose a tag with safetensors weights, or run with --weights none")
-    from inspect_model.loading.archive_guard import check_sizes
+    from inspect_model.errors import InspectModelError
+    from inspect_model.loading.torch_files import load_torch
 
-    check_sizes(path, what="weights file")
     try:
-        sd = torch.load(path, map_location="cpu", weights_only=True)
+        sd = load_torch(path, "weights file")
+    except InspectModelError:
+        raise
     except pickle.UnpicklingError as exc:
         raise ModelLoadError(f"weights file {path} holds more than tensors and is not unpickled "
                              "(weights_only=True); convert it to safetensors, or run with --weights none") from exc

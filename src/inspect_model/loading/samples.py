@@ -4,7 +4,7 @@ An image plan is sharded by its files. A clip plan's unit is a *clip* (a video g
 ``--clips`` of them) and a pair plan's a *pair* (two images, or two consecutive frames of a
 video clip), so :class:`Samples` lists them before anything is decoded (videos are probed:
 their frame counts fix the clips) under the names the batches carry. The runner
-(:mod:`inspect_model.api.runner`) takes ``units()``, gives each rank its contiguous block and
+(:mod:`inspect_model.run.runner`) takes ``units()``, gives each rank its contiguous block and
 a resumed run what is left with ``select(names)``; the plan then reads only those.
 
 A video that cannot be probed is a sample of its own under ``--skip-bad-inputs`` (recorded as

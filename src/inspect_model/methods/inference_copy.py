@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.methods.targets import class_probabilities
+from inspect_model.methods.objectives.targets import class_probabilities
 
 if TYPE_CHECKING:
     import torch

@@ -80,7 +80,7 @@ def default_layers(model: nn.Module) -> list[str]:
     """The transformer blocks: the module-list items the attention layers sit in."""
     from inspect_model.engine.attention import attention_modules
     from inspect_model.errors import InspectModelError
-    from inspect_model.methods.attention_models import block_of
+    from inspect_model.methods.attention.models import block_of
 
     out: list[str] = []
     for name in attention_modules(model):

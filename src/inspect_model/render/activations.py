@@ -11,8 +11,8 @@ from inspect_model.render.table import Column, one_line, plain_table, warning_te
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from inspect_model.methods.activation_stats import ActivationStats
-    from inspect_model.methods.activations import (
+    from inspect_model.methods.activations.measure import ActivationStats
+    from inspect_model.methods.activations.capture import (
         ActivationReport,
         ImageActivations,
         LayerActivation,

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.render.files import class_tag, image_dir
-from inspect_model.render.sink import Drawer, Sink
+from inspect_model.output.files import class_tag, image_dir
+from inspect_model.output.sink import Drawer, Sink
 
 if TYPE_CHECKING:
     import numpy as np
@@ -262,7 +262,7 @@ class AttentionDrawer(Drawer):
 
     def draw(self, item: Any, sink: Sink) -> dict[str, Any]:
         from inspect_model.render import overlay as ov
-        from inspect_model.render.files import safe_name
+        from inspect_model.output.files import safe_name
 
         if item.data is None or sink.out is None:
             return item.entry.get("files", {})

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.render.files import class_tag, image_dir, safe_name
-from inspect_model.render.sink import Drawer, Sink
+from inspect_model.output.files import class_tag, image_dir, safe_name
+from inspect_model.output.sink import Drawer, Sink
 from inspect_model.render.token_strips import short_layer, strip_scale, token_label
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """The ``cam`` report: per-image records (JSON-ready dicts) and their text / rich rendering.
 
-``image_record`` turns one sample of a :class:`~inspect_model.methods.cam.CamResult` into
+``image_record`` turns one sample of a :class:`~inspect_model.methods.cam.maps.CamResult` into
 the dict that ``--json`` lists and ``--jsonl`` streams; ``render_text``/``render_rich``
 format a whole payload. Pure functions: nothing is printed here.
 """
@@ -13,7 +13,7 @@ from inspect_model.render import faithfulness as rf
 from inspect_model.render.table import Column, one_line, plain_table, rich_table, warning_text
 
 if TYPE_CHECKING:
-    from inspect_model.methods.cam import CamResult
+    from inspect_model.methods.cam.maps import CamResult
 
 MAP_COLUMNS = (
     Column("Method"), Column("Layer"), Column("Target"), Column("Prob", "right"),

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from inspect_model.render.files import image_dir, safe_name
-from inspect_model.render.sink import Drawer, Sink
+from inspect_model.output.files import image_dir, safe_name
+from inspect_model.output.sink import Drawer, Sink
 
 
 class ActivationsDrawer(Drawer):

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from inspect_model.render import attributions as ra
-from inspect_model.render.files import class_tag, image_dir
+from inspect_model.output.files import class_tag, image_dir
 from inspect_model.render.sheet_pages import SheetDrawer
-from inspect_model.render.sink import Sink
+from inspect_model.output.sink import Sink
 
 
 class AttributionsDrawer(SheetDrawer):

@@ -11,9 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from inspect_model.render.files import class_tag, image_dir, safe_name
+from inspect_model.output.files import class_tag, image_dir, safe_name
 from inspect_model.render.sheet_pages import SheetDrawer
-from inspect_model.render.sink import Sink
+from inspect_model.output.sink import Sink
 
 
 class CamDrawer(SheetDrawer):
@@ -126,7 +126,7 @@ def _map_job(sink: Sink, names: dict[str, Any], picture: Any, arr: Any, box: Any
     """The work of one map, for a worker: the overlay and the heat map, drawn and written;
     gives (contact-sheet thumbnail, the overlay when ``keep``)."""
     from inspect_model.render import overlay as ov
-    from inspect_model.render.files import png_bytes
+    from inspect_model.output.files import png_bytes
 
     def job() -> tuple[Any, Any]:
         over = ov.overlay(picture, arr, box, alpha=alpha, cmap=cmap)

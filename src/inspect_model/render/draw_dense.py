@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from inspect_model.render.files import class_tag, image_dir, safe_name
-from inspect_model.render.sink import Sink
+from inspect_model.output.files import class_tag, image_dir, safe_name
+from inspect_model.output.sink import Sink
 
 
 def describe_row(row: Any, task: str) -> str:
@@ -76,7 +76,7 @@ def _job(sink: Sink, names: dict[str, Any], picture: Any, arr: Any, crop: Any, h
     """The work of one map, for a worker: the annotated overlay and the heat map."""
     from inspect_model.render import overlay as ov
     from inspect_model.render.dense import annotate
-    from inspect_model.render.files import png_bytes
+    from inspect_model.output.files import png_bytes
 
     def job() -> tuple[Any, Any]:
         over = ov.overlay(picture, arr, crop, alpha=alpha, cmap=cmap)

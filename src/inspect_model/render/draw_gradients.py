@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from inspect_model.render.files import safe_name
-from inspect_model.render.sink import Drawer, Sink
+from inspect_model.output.files import safe_name
+from inspect_model.output.sink import Drawer, Sink
 
 
 class GradsDrawer(Drawer):
-    """The run's pictures of a :class:`inspect_model.methods.gradients.GradReport` (``result.record``)."""
+    """The run's pictures of a :class:`inspect_model.methods.gradients.flow.GradReport` (``result.record``)."""
 
     def draw_summary(self, sink: Sink, result: Any) -> None:
         from inspect_model.render import gradients as render
@@ -48,7 +48,7 @@ def write_tensorboard(writer: Any, rep: Any) -> None:
 
     def hist(tag: str, h: Any) -> None:
         num = sum(h.counts)
-        if num:  # the bucket edges of methods.grad_stats.LogHist, asked of the record (render/ imports no methods/)
+        if num:  # the bucket edges of methods.gradients.stats.LogHist, asked of the record (render/ imports no methods/)
             writer.add_histogram_raw(tag, min=h.min, max=h.max, num=num, sum=h.sum, sum_squares=h.sum_squares,
                                      bucket_limits=type(h).edges()[1:], bucket_counts=h.counts, global_step=0)
 

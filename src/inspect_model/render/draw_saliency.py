@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from inspect_model.render.files import class_tag, image_dir
-from inspect_model.render.sink import Drawer, Sink
+from inspect_model.output.files import class_tag, image_dir
+from inspect_model.output.sink import Drawer, Sink
 
 
 class GuidedDrawer(Drawer):

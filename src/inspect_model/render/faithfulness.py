@@ -122,7 +122,7 @@ def average_series(evaluation: dict[str, Any]) -> list[dict[str, Any]]:
 
 def curve_plot_name(entry: dict[str, Any]) -> str:
     """The file of one image's deletion and insertion curves."""
-    from inspect_model.render.files import image_dir
+    from inspect_model.output.files import image_dir
 
     return f"{image_dir(entry['index'], entry['image'])}/evaluation_curves.png"
 

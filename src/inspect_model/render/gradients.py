@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 from inspect_model.render.table import Column, one_line, plain_table, rich_table
 
 if TYPE_CHECKING:
-    from inspect_model.methods.gradients import GradReport, LayerGrad, SampleGrad
-    from inspect_model.methods.jacobian import JacobianResult
+    from inspect_model.methods.gradients.flow import GradReport, LayerGrad, SampleGrad
+    from inspect_model.methods.gradients.jacobian import JacobianResult
 
 FIG_DPI = 100
 

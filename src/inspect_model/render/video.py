@@ -137,7 +137,7 @@ def clip_map_job(sink: Any, names: dict[str, Any], clip: Any, x: Any, maps: np.n
                  std: Sequence[float] | None = None) -> Any:
     """A worker's job for one clip map: the strip PNG and the animated GIF written under
     ``names`` (``strip``, ``animation``); gives (contact-sheet thumbnail, None)."""
-    from inspect_model.render.files import png_bytes
+    from inspect_model.output.files import png_bytes
     from inspect_model.render.overlay import thumbnail
 
     def job() -> tuple[Any, Any]:

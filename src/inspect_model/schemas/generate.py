@@ -128,7 +128,7 @@ def regenerate(command: str, doc: dict[str, Any]) -> dict[str, Any]:
     if command in BOX_COMMANDS:
         out.setdefault("$defs", {}).update(json.loads(json.dumps(BOX_DEFS)))
     if command == "cam":
-        from inspect_model.methods.cam_methods import METHODS
+        from inspect_model.methods.cam.maths import METHODS
 
         out.setdefault("$defs", {})["method"] = {"enum": list(METHODS)}
     return out

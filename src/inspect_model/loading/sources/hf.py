@@ -12,7 +12,7 @@ command line: ``trust_remote_code`` is always passed, so transformers never asks
 come from ``id2label``; preprocessing from the image processor's config, mapped onto
 :class:`~inspect_model.loading.preprocess.Preprocess`. Outputs stay ModelOutput dataclasses:
 the engine flattens them by field name and ``logits`` is the scored output
-(:func:`inspect_model.methods.targets.select_output`). Text models (no image size in the
+(:func:`inspect_model.methods.objectives.targets.select_output`). Text models (no image size in the
 config, a ``vocab_size``) get seeded token ids below the vocabulary size as their input.
 """
 

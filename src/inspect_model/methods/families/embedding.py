@@ -32,7 +32,7 @@ def pooled(out: Any, key: str | None, mask: Any) -> Any:
     """The (R, D) vector a head-less objective reads (module docstring)."""
     import torch
 
-    from inspect_model.methods.targets import select_output
+    from inspect_model.methods.objectives.targets import select_output
 
     if key is not None:
         t = select_output(out, key)
@@ -96,7 +96,7 @@ class EmbeddingAdapter(TokenAdapter):
             return v.norm(dim=1, keepdim=True)
         if self.kind == "cosine":
             return torch.nn.functional.cosine_similarity(v, self.ref.to(v.device, v.dtype), dim=1)[:, None]
-        from inspect_model.methods.targets import select_output
+        from inspect_model.methods.objectives.targets import select_output
 
         y = select_output(out, self.output_key)
         if y.dim() > 2:

@@ -12,7 +12,7 @@ from inspect_model.methods.families import Task, is_hf, register_task
 
 
 def _known(model: Any, loaded: Any) -> str:
-    from inspect_model.methods.tasks import infer_task
+    from inspect_model.methods.objectives.tasks import infer_task
 
     found = infer_task(model, loaded)
     if found != "classification":

@@ -85,7 +85,7 @@ class CausalLMAdapter(TokenAdapter):
     def score(self, out: Any, mask: Any, rows: Any) -> Any:
         import torch
 
-        from inspect_model.methods.targets import select_output
+        from inspect_model.methods.objectives.targets import select_output
 
         logits = select_output(out, self.output_key)  # (R, L, V)
         if logits.dim() != 3:
@@ -143,7 +143,7 @@ class MaskedLMAdapter(TokenAdapter):
     def score(self, out: Any, mask: Any, rows: Any) -> Any:
         import torch
 
-        from inspect_model.methods.targets import select_output
+        from inspect_model.methods.objectives.targets import select_output
 
         logits = select_output(out, self.output_key)  # (R, L, V)
         n, length = int(logits.shape[0]), int(logits.shape[1])

@@ -98,7 +98,7 @@ class Seq2SeqAdapter(TokenAdapter):
         return self.by_text[best]
 
     def score(self, out: Any, mask: Any, rows: Any) -> Any:
-        from inspect_model.methods.targets import select_output
+        from inspect_model.methods.objectives.targets import select_output
 
         logits = select_output(out, self.output_key)  # (R, T, V)
         t = self.targets

@@ -36,7 +36,7 @@ class TokenAdapter:
         return (), {self.ids_key: x, **kwargs}
 
     def score(self, out: Any, mask: Any, rows: Any) -> Any:
-        from inspect_model.methods.targets import select_output
+        from inspect_model.methods.objectives.targets import select_output
 
         y = select_output(out, self.output_key)
         return y.reshape(y.shape[0], -1) if y.dim() > 1 else y[:, None]
@@ -91,7 +91,7 @@ class _TokenClassAdapter(TokenAdapter):
     def score(self, out: Any, mask: Any, rows: Any) -> Any:
         import torch
 
-        from inspect_model.methods.targets import select_output
+        from inspect_model.methods.objectives.targets import select_output
 
         y = select_output(out, self.output_key)  # (R, L, classes)
         pos = at_position(self.position, mask, y.shape[0], y.shape[1], y.device)

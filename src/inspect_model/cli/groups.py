@@ -1,0 +1,172 @@
+"""The option groups the image commands share, declared once.
+
+``@shared_options()`` appends the model, input and run options to a command's signature,
+so Typer (and therefore ``--help``, completion and ``--config``) sees them as ordinary
+options of that command, and calls the command with three objects instead of twenty-five
+parameters: ``opts`` (:class:`ModelOptions`), ``inputs`` (:class:`InputOptions`) and
+``run_opts`` (:class:`RunOptions`). :func:`inspect_model.cli.deliver.run_api` calls an API
+function with them and delivers its result.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from inspect_model.run.options import (
+    InputOptions,
+    ModelOptions,
+    check_dtype,
+    check_request,
+)
+from inspect_model.cli import options as c
+from inspect_model.errors import UsageError
+
+JsonlOpt = Annotated[
+    bool, typer.Option("--jsonl", help="Write one compact JSON object per image to stdout as each batch finishes.")
+]
+ResumeOpt = Annotated[
+    bool, typer.Option("--resume", help="Keep the run's state in --output-dir after every batch; the same "
+                       "command continues an unfinished run there, skipping the images already done.")
+]
+WorkersOpt = Annotated[
+    int, typer.Option("--workers", help="Processes decoding and preprocessing images (torch DataLoader); 0: "
+                      "in the main process.")
+]
+MODEL_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("weights", c.WeightsOpt, "DEFAULT"),
+    ("checkpoint", c.CheckpointOpt, None),
+    ("model_arg", c.ModelArgOpt, None),
+    ("non_strict", c.NonStrictOpt, False),
+    ("trust_checkpoint", c.TrustOpt, False),
+    ("trust_remote_code", c.TrustRemoteCodeOpt, False),
+    ("device", c.DeviceOpt, "cpu"),
+    ("dtype", c.DtypeOpt, "float32"),
+)
+INPUT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("input_size", c.InputSizeOpt, None),
+    ("batch_size", c.ImageBatchSizeOpt, None),
+    ("seed", c.SeedOpt, 0),
+    ("preset", c.PresetOpt, None),
+    ("resize", c.ResizeOpt, None),
+    ("crop", c.CropOpt, None),
+    ("mean", c.MeanOpt, None),
+    ("std", c.StdOpt, None),
+    ("labels", c.LabelsOpt, None),
+    ("skip_bad_inputs", c.SkipBadOpt, False),
+    ("image_input", c.ImageInputOpt, None),
+    ("inputs_file", c.InputsFileOpt, None),
+    ("clip", c.ClipOpt, False),
+    ("frames", c.FramesOpt, None),
+    ("stride", c.StrideOpt, 1),
+    ("clips", c.ClipsOpt, 1),
+    ("text", c.TextOpt, None),
+    ("text_file", c.TextFileOpt, None),
+    ("tokenizer", c.TokenizerOpt, None),
+    ("target_text", c.TargetTextOpt, None),
+    ("position", c.PositionOpt, None),
+    ("contrast", c.ContrastOpt, None),
+    ("task", c.TaskOpt, None),
+)
+TEXT_OPTIONS = ("text", "text_file", "tokenizer", "target_text", "position", "contrast")  # only commands that take text (CommandSpec.text)
+RUN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("output_dir", c.OutputDirOpt, None),
+    ("force", c.ForceOpt, False),
+    ("wait", c.WaitOpt, False),
+    ("tensorboard", c.TensorboardOpt, None),
+    ("json_", c.JsonOpt, False),
+    ("jsonl", JsonlOpt, False),
+    ("quiet", c.QuietOpt, False),
+    ("resume", ResumeOpt, False),
+    ("workers", WorkersOpt, 0),
+    ("config", c.ConfigOpt, None),  # read by cli/app.py before the command runs
+    ("debug", c.DebugOpt, False),  # read by cli/app.py's error edge
+)
+_INJECTED = ("opts", "inputs", "run_opts")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Where and how a run reports."""
+
+    output_dir: Path | None = None
+    force: bool = False
+    wait: bool = False
+    tensorboard: Path | None = None
+    json_: bool = False
+    jsonl: bool = False
+    quiet: bool = False
+    resume: bool = False
+    workers: int = 0
+
+    def check(self, *, save_raw: bool = False) -> None:
+        if self.json_ and self.jsonl:
+            raise UsageError("--json and --jsonl cannot be combined; choose one")
+        if self.workers < 0:
+            raise UsageError(f"--workers must be 0 or more, got {self.workers}")
+        for flag, path, why in (("--output-dir", self.output_dir, "; without it the report goes to stdout"),
+                                ("--tensorboard", self.tensorboard, "")):
+            if path is not None and str(path) == "-":
+                raise UsageError(f"{flag} takes a folder, not '-' (a stream){why}; "
+                                 "give a folder named '-' by its full path")
+        for flag, on in (("--save-raw", save_raw), ("--force", self.force), ("--resume", self.resume),
+                         ("--wait", self.wait)):
+            if on and self.output_dir is None:
+                raise UsageError(f"{flag} needs --output-dir DIR")
+        if self.tensorboard is not None:
+            from inspect_model.output.tensorboard import require_tensorboard
+
+            require_tensorboard()
+
+
+def shared_options(*, labels: bool = True, images: bool = True, text: bool = False,
+                   run: tuple[str, ...] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a command taking ``model``, ``images``, its own options and the injected
+    ``opts``/``inputs``/``run_opts``. ``labels=False`` leaves ``--labels`` out (for commands
+    that name no classes), ``text`` adds ``--text``/``--text-file``/``--tokenizer``; ``run`` names the run options the command has (default: all)."""
+    input_options = tuple(o for o in INPUT_OPTIONS if (labels or o[0] != "labels")
+                          and (images or o[0] not in ("preset", "resize", "crop", "mean", "std", "skip_bad_inputs"))
+                          and (text or o[0] not in TEXT_OPTIONS))
+    run_options = tuple(o for o in RUN_OPTIONS if run is None or o[0] in run or o[0] in ("config", "debug")
+                        or (o[0] == "wait" and "output_dir" in run))
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        hints = typing.get_type_hints(fn, include_extras=True)
+        own = [
+            p.replace(annotation=hints.get(p.name, p.annotation))
+            for p in inspect.signature(fn).parameters.values()
+            if p.name not in _INJECTED
+        ]
+        groups = MODEL_OPTIONS + input_options + run_options
+        extra = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d, annotation=a)
+                 for n, a, d in groups]
+
+        @functools.wraps(fn)
+        def command(**kw: Any) -> Any:
+            mo = {n: kw.pop(n) for n, _, _ in MODEL_OPTIONS}
+            opts = ModelOptions(kw["model"], weights=mo["weights"], checkpoint=mo["checkpoint"],
+                                model_args=mo["model_arg"], non_strict=mo["non_strict"],
+                                trust_checkpoint=mo["trust_checkpoint"], device=mo["device"], dtype=mo["dtype"],
+                                trust_remote_code=mo["trust_remote_code"])
+            check_dtype(opts.dtype)
+            given = {n: kw.pop(n) for n, _, _ in input_options}
+            given["skip_bad"] = given.pop("skip_bad_inputs", False)
+            inputs = InputOptions(kw.get("images"), **given)
+            check_request(inputs)
+            ro = {n: kw.pop(n) for n, _, _ in run_options if n not in ("config", "debug")}
+            kw.pop("config"), kw.pop("debug")
+            return fn(**kw, opts=opts, inputs=inputs, run_opts=RunOptions(**ro))
+
+        params = own + extra
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return decorate

@@ -1,0 +1,1 @@
+"""Activations: what flows out of each selected layer, captured and measured in the hook."""

@@ -1,0 +1,1 @@
+"""Guided backpropagation, for classifiers and for dense (detection, segmentation) targets."""
