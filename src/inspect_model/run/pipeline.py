@@ -126,19 +126,8 @@ def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: 
     from inspect_model.methods.families import find_task
 
     task = find_task(loaded.model, loaded, getattr(inputs, "task", None))
-    texts = tok = None
-    has_text = bool(inputs.text) or inputs.text_file is not None or inputs.tokenizer is not None
-    has_images = inputs.images is not None and not (isinstance(inputs.images, (list, tuple)) and not inputs.images)
-    if has_text and task.takes == "images+text":  # a two-tower model: the texts are held fixed (issue 42)
-        from inspect_model.run.tasks import plan_texts
-
-        texts, tok = plan_texts(loaded, inputs, mopts.model)
-    elif has_text and has_images:
-        from inspect_model.errors import UsageError
-
-        raise UsageError(f"--text with images: only a two-tower (image-text) model takes both; {loaded.name} is a "
-                         f"{task.name} model; drop the images or --text")
-    elif has_text:  # issue 26: texts
+    has_text, texts, tok = _texts_beside_images(task, inputs, loaded, mopts)
+    if has_text and texts is None:  # issue 26: texts
         return _prepare_text(command, mopts, inputs, loaded, dev, torch_dtype, categories), task, None, None
     from inspect_model.loading.multi_inputs import plan_binding
 
@@ -179,6 +168,25 @@ def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: 
         )
         binding, categories = media_binding(command, loaded, plan, binding, categories, notes)
     return Prepared(loaded, plan, categories, dev, torch_dtype, binding), task, texts, tok
+
+
+def _texts_beside_images(task: Any, inputs: InputOptions, loaded: Any, mopts: ModelOptions
+                         ) -> tuple[bool, Any, Any]:
+    """(texts given, the texts and tokenizer of a two-tower model, held beside its images;
+    None: the texts are the input). Texts with images for any other task: a usage error."""
+    has_text = bool(inputs.text) or inputs.text_file is not None or inputs.tokenizer is not None
+    has_images = inputs.images is not None and not (isinstance(inputs.images, (list, tuple)) and not inputs.images)
+    if has_text and task.takes == "images+text":  # a two-tower model: the texts are held fixed (issue 42)
+        from inspect_model.run.tasks import plan_texts
+
+        texts, tok = plan_texts(loaded, inputs, mopts.model)
+        return True, texts, tok
+    if has_text and has_images:
+        from inspect_model.errors import UsageError
+
+        raise UsageError(f"--text with images: only a two-tower (image-text) model takes both; {loaded.name} is a "
+                         f"{task.name} model; drop the images or --text")
+    return has_text, None, None
 
 
 def _prepare_text(command: str, mopts: ModelOptions, inputs: InputOptions, loaded: Any, dev: Any,
