@@ -76,7 +76,12 @@ def _local_dir(spec: str, weights: bool) -> tuple[str, str]:
     if repo.count("/") > 1 or not all(repo.split("/")):
         raise UsageError(f"'{spec}' is not hf:ORG/NAME (a Hugging Face model id) nor a directory")
     name = f"hf:{ref}"
-    cfg = hub_file(ref, ["config.json"], what=f"the config of {name}")
+    # The config is the architecture: --weights none needs it too (issue 39), so the way out
+    # offline is a local save_pretrained folder, not --weights none.
+    cfg = hub_file(ref, ["config.json"], what=f"the config of {name}",
+                   alternatives="the config is the architecture, which --weights none needs too; fetch it once with network access (HF_HOME/HF_HUB_CACHE choose the cache; unset "
+                   "HF_HUB_OFFLINE), or give a local folder written by save_pretrained instead of hf:ORG/NAME "
+                   "(config.json; the weights may be missing with --weights none)")
     assert cfg is not None
     folder = os.path.dirname(cfg)
     if weights:

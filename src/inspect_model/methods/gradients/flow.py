@@ -45,6 +45,7 @@ from inspect_model.methods.gradients.records import (  # the records, re-exporte
     validate_request,
 )
 from inspect_model.methods.gradients.stats import LogHist, log_hist, max_abs, merge_stats
+from inspect_model.methods.activations.tokens import real_tokens
 from inspect_model.methods.stats import TensorStats, tensor_stats
 
 if TYPE_CHECKING:
@@ -102,6 +103,7 @@ class GradRun:
         self.input_grads: list[torch.Tensor] = []
         self.warnings: list[str] = []
         self._live = False
+        self._mask: torch.Tensor | None = None  # the text batch's attention mask (B, L), if any
 
     def _observe(self, g: torch.Tensor, n: int, *, hist: bool = True) -> GradObs:
         import torch
@@ -115,6 +117,7 @@ class GradRun:
         if self.progress is not None and seen["total"] > 1:
             seen["done"] += 1
             self.progress(min(seen["done"], seen["total"]), seen["total"], "grads: layer gradients")
+        g = real_tokens(g, self._mask)  # a text batch: its real tokens only, padding left out
         stats = tensor_stats(g)
         return GradObs(seq, stats, _hist(g, stats) if self.histograms and hist else None, per)
 
@@ -160,7 +163,7 @@ class GradRun:
     def _batch(self, item: tuple[Any, list[str]], eng: Any, batch_n: list[int], run_forward: Any,
                select_output: Any) -> None:
         part, model = self.partial, self.model
-        x0, batch_names = item
+        x0, batch_names, self._mask = item
         n = x0.shape[0]
         batch_n[0] = n
         eng.reset()
@@ -333,7 +336,8 @@ def gradients(
     return run.report()
 
 
-def _iter_batches(inputs: Any, start: int = 0) -> Iterable[tuple[torch.Tensor, list[str]]]:
+def _iter_batches(inputs: Any, start: int = 0) -> Iterable[tuple[torch.Tensor, list[str], Any]]:
+    """(inputs, names, the attention mask of a text batch or None) per batch."""
     import torch
 
     if isinstance(inputs, torch.Tensor):
@@ -349,7 +353,8 @@ def _iter_batches(inputs: Any, start: int = 0) -> Iterable[tuple[torch.Tensor, l
         if not isinstance(x, torch.Tensor) or x.dim() < 1:
             raise InputError("grads needs a batched input tensor (N, ...)")
         k += x.shape[0]
-        yield x, list(nm)
+        text = getattr(item, "text", None)
+        yield x, list(nm), getattr(text, "mask", None)
 
 
 def _merge_batch(acc: dict[str, LayerGrad], records: list[Any], by_name: dict[str, Any]) -> None:
