@@ -120,6 +120,9 @@ def check_request(inputs: InputOptions | None, *, batch_size: int | None = None)
     bs = batch_size if batch_size is not None else (inputs.batch_size if inputs else None)
     if bs is not None and bs < 1:
         raise UsageError(f"--batch-size must be 1 or more, got {bs}")
+    from inspect_model.loading.limits import check_option
+
+    check_option("--batch-size", bs)  # the same ranges as config files and request options (issue 41)
     if inputs is None:
         return
     from inspect_model.loading.text import check_text_request
@@ -134,6 +137,8 @@ def check_request(inputs: InputOptions | None, *, batch_size: int | None = None)
     for opt, v in (("--resize", inputs.resize), ("--crop", inputs.crop)):
         if v is not None and v < 1:
             raise UsageError(f"{opt} must be 1 or more, got {v}")
+    for opt, v in (("--seed", inputs.seed), ("--resize", inputs.resize), ("--crop", inputs.crop)):
+        check_option(opt, v)
     for opt, v in (("--mean", inputs.mean), ("--std", inputs.std)):
         vals = parse_floats(v, opt)
         if opt == "--std" and vals and any(x <= 0 for x in vals):
