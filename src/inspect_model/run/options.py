@@ -65,6 +65,10 @@ class InputOptions:
     text: list[str] | None = None  # texts to tokenise (Hugging Face text models; loading/text.py)
     text_file: Path | str | None = None  # one text per line
     tokenizer: Path | str | None = None  # the tokenizer's folder (default: the model's own)
+    task: str | None = None  # --task: the model's task by name (default: found from the model; issue 42)
+    target_text: str | None = None  # --target-text: a continuation to explain (causal LM, seq2seq)
+    position: int | None = None  # --position: the token whose prediction is explained
+    contrast: str | None = None  # --contrast: a causal LM's logit difference against this token
 
 
 def parse_model_args(items: list[str] | dict[str, Any] | None) -> dict[str, Any]:

@@ -45,6 +45,9 @@ ARCHITECTURES = (
     ("ForCausalLM", "AutoModelForCausalLM", "custom"),
     ("LMHeadModel", "AutoModelForCausalLM", "custom"),
     ("ForMaskedLM", "AutoModelForMaskedLM", "custom"),
+    # Encoder-decoders keep their language-model head (issue 42: seq2seq), where the Auto class knows the config.
+    ("ForConditionalGeneration", "AutoModelForSeq2SeqLM", "custom"),
+    ("ForTokenClassification", "AutoModelForTokenClassification", "classification"),
 )
 
 
@@ -113,9 +116,20 @@ def _auto_class(transformers: Any, config: Any) -> tuple[Any, str]:
     """The Auto class and task of the config's architectures; the base model and "custom" else."""
     archs = [str(a) for a in getattr(config, "architectures", None) or []]
     for suffix, auto, task in ARCHITECTURES:
-        if any(a.endswith(suffix) for a in archs) and hasattr(transformers, auto):
+        if any(a.endswith(suffix) for a in archs) and hasattr(transformers, auto) and _knows(
+                getattr(transformers, auto), config):
             return getattr(transformers, auto), task
     return transformers.AutoModel, "custom"
+
+
+def _knows(auto: Any, config: Any) -> bool:
+    """The Auto class has a model for this config (a vision-language ...ForConditionalGeneration
+    is no seq2seq LM)."""
+    mapping = getattr(auto, "_model_mapping", None)
+    try:
+        return mapping is None or type(config) in mapping
+    except Exception:  # noqa: BLE001 - a lazy mapping that cannot say: try the class
+        return True
 
 
 def preprocess_from_processor(d: Any, where: str = "image processor config") -> tuple[Preprocess, list[str]]:
