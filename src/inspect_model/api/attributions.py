@@ -306,4 +306,4 @@ def attributions(model: Any, images: Any, request: AttributionsRequest, *, model
                       prep, mopts, request, keep_maps=keep, notes=notes, progress=progress), hooks=False,
                       model_options=model_options, inputs=inputs,
                       output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
-                      notes=notes, progress=progress)
+                      notes=notes, progress=progress, request=request)

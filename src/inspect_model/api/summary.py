@@ -16,7 +16,7 @@ from inspect_model.run.options import ModelOptions, check_dtype, load, resolve_d
 from inspect_model.run.pipeline import resolved_weights
 from inspect_model.run.request import Request, api_command, option, positive
 from inspect_model.run.session import Result
-from inspect_model.engine.hints import first_layer_hint
+from inspect_model.engine.hints import first_layer_hint, size_hint
 from inspect_model.errors import InputError, UsageError, one_line
 from inspect_model.loading.models import require_hookable
 
@@ -186,6 +186,10 @@ def _add_first_layer_hint(res: SummaryResult, m: nn.Module) -> None:
     """Append the first layer's input hint to an error raised at (or before) that layer:
     an input-shape problem. Out-of-memory errors stay as they are."""
     if res.error and not res.error.startswith(("out of CPU memory", "out of GPU memory")):
+        sized = size_hint(m, res.error)
+        if sized is not None:  # a ViT at the wrong image size: the size is the fix (issue 39)
+            res.error = f"{res.error} ({sized})"
+            return
         found = first_layer_hint(m)
         if found is not None:
             layer, hint = found
@@ -309,8 +313,11 @@ def summary(model: Any, request: SummaryRequest, *, model_options: ModelOptions 
     require_hookable(loaded, "summary")
     for note in loaded.notes if notes is not None else []:
         notes(note)
-    res = summarize_model(loaded, input_size=input_size, batch_size=batch_size, dtype=mopts.dtype, device=dev,
-                          depth=depth, seed=seed, train=train, graph=r.graph)
+    from inspect_model.run.tasks import summary_inputs
+
+    with summary_inputs(loaded.model):  # a seq2seq decoder's or a two-tower model's other input (issue 42)
+        res = summarize_model(loaded, input_size=input_size, batch_size=batch_size, dtype=mopts.dtype, device=dev,
+                              depth=depth, seed=seed, train=train, graph=r.graph)
     drawn = None
     if res.graph is not None:
         from inspect_model.render.graph import GraphFiles

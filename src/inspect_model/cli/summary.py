@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from inspect_model.run.options import ModelOptions
-from inspect_model.cli import console
+from inspect_model.cli import completion, console
 from inspect_model.cli import options as c
 from inspect_model.cli.groups import RunOptions
 from inspect_model.cli.deliver import deliver
@@ -28,7 +28,8 @@ def summary(
     trust_checkpoint: c.TrustOpt = False,
     trust_remote_code: c.TrustRemoteCodeOpt = False,
     device: Annotated[
-        str, typer.Option("--device", help="meta (no memory, no arithmetic), cpu, cuda, mps or auto.")
+        str, typer.Option("--device", help="meta (no memory, no arithmetic), cpu, cuda, mps or auto.",
+                          autocompletion=completion.complete_summary_device)
     ] = "meta",
     seed: c.SeedOpt = 0,
     train: Annotated[

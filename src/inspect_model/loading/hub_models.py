@@ -47,8 +47,10 @@ def require(package: str) -> Any:
 
 def offline() -> str | None:
     """The name of the offline switch that is set, or None."""
-    for var in _OFFLINE_VARS:
-        if os.environ.get(var, "").strip().lower() not in ("", "0", "false", "no", "off"):
+    from inspect_model.settings import env_flag
+
+    for var in _OFFLINE_VARS:  # ours strictly; Hugging Face's own as huggingface_hub reads them
+        if env_flag(var, strict=var.startswith("INSPECT_MODEL_")):
             return var
     return None
 
@@ -89,7 +91,8 @@ def missing_message(what: str, where: str, reason: str, *, alternatives: str | N
     )
 
 
-def hub_file(repo: str, filenames: list[str], *, what: str, required: bool = True) -> str | None:
+def hub_file(repo: str, filenames: list[str], *, what: str, required: bool = True,
+             alternatives: str | None = None) -> str | None:
     """The first of ``filenames`` that repo ``repo`` has, from the cache or else downloaded.
 
     The cache is tried first for every name, so cached weights never touch the network."""
@@ -102,7 +105,7 @@ def hub_file(repo: str, filenames: list[str], *, what: str, required: bool = Tru
     if switch:
         if not required:
             return None
-        raise ModelLoadError(missing_message(what, cache, f"{switch} is set"))
+        raise ModelLoadError(missing_message(what, cache, f"{switch} is set", alternatives=alternatives))
     hub = require("huggingface_hub")
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
@@ -110,7 +113,7 @@ def hub_file(repo: str, filenames: list[str], *, what: str, required: bool = Tru
     if unreachable:
         if not required:
             return None
-        raise ModelLoadError(missing_message(what, cache, unreachable))
+        raise ModelLoadError(missing_message(what, cache, unreachable, alternatives=alternatives))
     name, rev = split_revision(repo)
     last: BaseException | None = None
     for fn in filenames:
@@ -119,14 +122,14 @@ def hub_file(repo: str, filenames: list[str], *, what: str, required: bool = Tru
         except LocalEntryNotFoundError as exc:  # the network went away
             if not required:
                 return None
-            raise ModelLoadError(missing_message(what, cache, short_reason(exc))) from exc
+            raise ModelLoadError(missing_message(what, cache, short_reason(exc), alternatives=alternatives)) from exc
         except EntryNotFoundError as exc:
             last = exc
             continue
         except Exception as exc:  # no network, unknown repo, gated repo, ...
             if not required:
                 return None
-            raise ModelLoadError(missing_message(what, cache, short_reason(exc))) from exc
+            raise ModelLoadError(missing_message(what, cache, short_reason(exc), alternatives=alternatives)) from exc
     if not required:
         return None
     raise ModelLoadError(f"{what}: repo {repo} has none of {', '.join(filenames)}"

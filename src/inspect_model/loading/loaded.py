@@ -92,7 +92,7 @@ def hooks_unsupported_message(name: str, command: str | None, source: str = "tor
     return (
         f"{name} is {what}, and torch does not allow module hooks on it; {cmd} them. "
         "Save the model with torch.export (.pt2), or give its Python class (FILE.py:NAME) "
-        "with --checkpoint; `inspect-model models` and loading still work"
+        "with --checkpoint; `inspect-model check` runs on it as it is (all but the dead-layers check)"
     )
 
 

@@ -65,6 +65,10 @@ class InputOptions:
     text: list[str] | None = None  # texts to tokenise (Hugging Face text models; loading/text.py)
     text_file: Path | str | None = None  # one text per line
     tokenizer: Path | str | None = None  # the tokenizer's folder (default: the model's own)
+    task: str | None = None  # --task: the model's task by name (default: found from the model; issue 42)
+    target_text: str | None = None  # --target-text: a continuation to explain (causal LM, seq2seq)
+    position: int | None = None  # --position: the token whose prediction is explained
+    contrast: str | None = None  # --contrast: a causal LM's logit difference against this token
 
 
 def parse_model_args(items: list[str] | dict[str, Any] | None) -> dict[str, Any]:
@@ -116,6 +120,9 @@ def check_request(inputs: InputOptions | None, *, batch_size: int | None = None)
     bs = batch_size if batch_size is not None else (inputs.batch_size if inputs else None)
     if bs is not None and bs < 1:
         raise UsageError(f"--batch-size must be 1 or more, got {bs}")
+    from inspect_model.loading.limits import check_option
+
+    check_option("--batch-size", bs)  # the same ranges as config files and request options (issue 41)
     if inputs is None:
         return
     from inspect_model.loading.text import check_text_request
@@ -130,6 +137,8 @@ def check_request(inputs: InputOptions | None, *, batch_size: int | None = None)
     for opt, v in (("--resize", inputs.resize), ("--crop", inputs.crop)):
         if v is not None and v < 1:
             raise UsageError(f"{opt} must be 1 or more, got {v}")
+    for opt, v in (("--seed", inputs.seed), ("--resize", inputs.resize), ("--crop", inputs.crop)):
+        check_option(opt, v)
     for opt, v in (("--mean", inputs.mean), ("--std", inputs.std)):
         vals = parse_floats(v, opt)
         if opt == "--std" and vals and any(x <= 0 for x in vals):

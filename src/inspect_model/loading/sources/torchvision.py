@@ -141,7 +141,9 @@ def ensure_weights_file(w: Any, name: str) -> str:
 
     old_timeout = socket.getdefaulttimeout()
     try:
-        if os.environ.get("INSPECT_MODEL_OFFLINE", "").strip() not in ("", "0"):
+        from inspect_model.settings import env_flag
+
+        if env_flag("INSPECT_MODEL_OFFLINE"):  # "off" is not offline (issue 41)
             raise OSError("INSPECT_MODEL_OFFLINE is set")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         # No network must fail fast rather than hang: a timeout per socket operation.
@@ -302,6 +304,8 @@ def load_torchvision(
             transforms = w.transforms()
         except Exception:
             transforms = None
+    elif not (build_args or {}).get("num_classes"):
+        cats = _offline_categories(models, name)
     return LoadedModel(
         model=model,
         name=name,
@@ -315,3 +319,14 @@ def load_torchvision(
         device=device,
     )
 
+
+
+def _offline_categories(models: Any, name: str) -> list[str] | None:
+    """The class names of ``name``'s default weights, which ship in torchvision's weights enum
+    (no download): ``--weights none`` keeps the head's size, so its indices mean the same
+    classes (issue 39: `713 photocopier`, `--target tabby`)."""
+    try:
+        meta = models.get_model_weights(name).DEFAULT.meta
+    except Exception:  # a builder without registered weights
+        return None
+    return list(meta.get("categories") or []) or None

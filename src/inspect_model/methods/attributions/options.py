@@ -91,6 +91,12 @@ def parse_sizes(value: Any, flag: str) -> tuple[int, ...] | None:
         raise UsageError(f"{flag} '{value}' must be sizes such as 16, 16,16 or 3,16,16") from exc
     if not sizes or any(v < 1 for v in sizes):
         raise UsageError(f"{flag} '{value}': sizes must be 1 or more")
+    if len(sizes) > 8:
+        raise UsageError(f"{flag} '{value}' has {len(sizes)} sizes; a window has at most one per input dimension")
+    from inspect_model.loading.limits import check_size
+
+    for v in sizes:
+        check_size(flag, v)  # the same range as every other size option (issue 41)
     return sizes
 
 

@@ -81,6 +81,7 @@ class GradRun:
         self.progress = progress  # progress(done, total, label): the per-layer and per-parameter work
         self._seen = {"done": 0, "total": 0}
         self.objective = objective  # a detector's or segmenter's scores (objectives.py), else None
+        self.words: str | None = None  # a task's objective in words (issue 42), set by the grads session
         self.spec = parse_target(target, categories) if loss is None and objective is None else None
         self.categories = categories
         self.label_list: list[int] | None = None
@@ -293,7 +294,7 @@ class GradRun:
                          f"{', '.join(unused[:5])}")
         return GradReport(
             objective=self.objective.describe() if self.objective is not None
-            else describe_objective(self.target, self.loss), images=part.images, layers=layer_list,
+            else self.words or describe_objective(self.target, self.loss), images=part.images, layers=layer_list,
             params=params, frozen_params=len(self.params_all) - len(self.trainable), global_norm=total,
             output_grad_norm=out_norm, input_grad=part.input_stats, checks=checks, clip=clip,
             first_nonfinite=first, samples=part.samples, input_grads=self.input_grads, notes=notes,
