@@ -120,3 +120,24 @@ def test_token_id_maps_are_drawn_as_token_strips(folders, tmp_path):
     assert r.exit_code == 0, r.stderr
     files = sorted(p.name for p in (out / "images").iterdir() for p in p.iterdir())
     assert "strips.png" in files and any(f.startswith("rollout.") for f in files)
+
+
+def test_a_named_objective_runs_grad_rollout_on_a_headless_model(folders):
+    """``--target norm``: grad-rollout of ||pooler_output||, against Chefer et al.'s formula on
+    the model's own attentions and autograd (R = prod (I + mean_h [dS/dA * A]^+), the [CLS] row);
+    LeGrad still skipped (it needs a head)."""
+    text = "the cat sat on the mat"
+    doc, err = _run(["attention", str(folders["bertmodel"]), "--weights", "default", "-m", "raw,grad-rollout,legrad",
+                     "--target", "norm", "--text", text])
+    assert doc["methods"] == ["raw", "grad-rollout"] and list(doc["skipped_methods"]) == ["legrad"]
+    got = next(m["values"] for m in doc["images"][0]["maps"] if m["method"] == "grad-rollout")
+    tok = transformers.AutoTokenizer.from_pretrained(folders["bertmodel"])
+    model = transformers.BertModel.from_pretrained(folders["bertmodel"], attn_implementation="eager").eval()
+    enc = tok([text], return_tensors="pt")
+    out = model(**enc, output_attentions=True)
+    grads = torch.autograd.grad(out.pooler_output.norm(dim=1).sum(), out.attentions)
+    n = enc["input_ids"].shape[1]
+    r = torch.eye(n)
+    for a, g in zip(out.attentions, grads, strict=True):
+        r = r + (g * a).clamp(min=0).mean(dim=1)[0] @ r
+    assert got == pytest.approx(r[0].tolist(), rel=1e-4, abs=1e-9)
