@@ -101,10 +101,10 @@ def _weights_files(repo: str, name: str) -> None:
     if path.endswith(".index.json"):
         from inspect_model.loading.parsing import load_json
 
+        from inspect_model.loading.sources.hf_values import shard_names
+
         index = load_json(path, what="weights index", error=ModelLoadError)
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        shards = sorted({str(v) for v in (weight_map or {}).values()})
-        for shard in shards:
+        for shard in shard_names(index, f"weights index '{path}'"):  # none outside the repo (issue 41)
             hub_file(repo, [shard], what=what)
 
 
@@ -135,40 +135,45 @@ def _knows(auto: Any, config: Any) -> bool:
         return True
 
 
-def preprocess_from_processor(d: dict[str, Any]) -> tuple[Preprocess, list[str]]:
+def preprocess_from_processor(d: Any, where: str = "image processor config") -> tuple[Preprocess, list[str]]:
     """An image processor's config (preprocessor_config.json) as a :class:`Preprocess`.
 
     ``size`` is ``{"height", "width"}`` (resize both sides: squash), or ``{"shortest_edge"}``
     (shorter side; with ``crop_pct`` below 384 ConvNeXt-style resize to ``size / crop_pct``
-    then crop ``size``), optionally followed by a centre crop of ``crop_size``."""
+    then crop ``size``), optionally followed by a centre crop of ``crop_size``. Every value is
+    checked first (:class:`~.hf_values.Values`): a bad one is a model-load error naming
+    ``where`` and the key (issue 41)."""
+    from inspect_model.loading.sources.hf_values import Values
+
+    v = Values(d, where)
     notes: list[str] = []
-    normalize = d.get("do_normalize", True)
-    mean = tuple(d.get("image_mean") or PRESETS["imagenet"]["mean"]) if normalize else (0.0, 0.0, 0.0)
-    std = tuple(d.get("image_std") or PRESETS["imagenet"]["std"]) if normalize else (1.0, 1.0, 1.0)
-    interp = _RESAMPLE.get(int(d.get("resample", 2) or 2), "bilinear")
-    size = d.get("size") or {"shortest_edge": 224}
-    if isinstance(size, int):
-        size = {"shortest_edge": size}
-    crop_size = d.get("crop_size")
-    if isinstance(crop_size, int):
-        crop_size = {"height": crop_size, "width": crop_size}
-    crop = int(crop_size["height"]) if d.get("do_center_crop") and crop_size else None
+    normalize = v.flag("do_normalize", True)
+    mean = v.numbers("image_mean") or PRESETS["imagenet"]["mean"] if normalize else (0.0, 0.0, 0.0)
+    std = v.numbers("image_std", positive=True) or PRESETS["imagenet"]["std"] if normalize else (1.0, 1.0, 1.0)
+    if len(mean) != len(std):
+        raise v.bad("image_std", f"{len(mean)} numbers, as many as image_mean")
+    interp = v.choice("resample", _RESAMPLE, 2)
+    size = v.sizes("size") or {"shortest_edge": 224}
+    crop_size = v.sizes("crop_size")
+    if crop_size and "shortest_edge" in crop_size:
+        crop_size = {"height": crop_size["shortest_edge"], "width": crop_size["shortest_edge"]}
+    crop = crop_size.get("height") if v.flag("do_center_crop", False) and crop_size else None
     squash = False
+    pct = v.number("crop_pct", 0.0, 10.0)
     if "shortest_edge" in size:
-        side = int(size["shortest_edge"])
-        pct = d.get("crop_pct")
+        side = size["shortest_edge"]
         if pct and crop is None and side < 384:
-            resize, crop = int(side / float(pct)), side
+            resize, crop = max(1, int(side / pct)), side
         elif pct and crop is None:
             resize, crop, squash = side, side, True  # ConvNeXt's processor warps to side x side at 384+
         else:
             resize, crop = side, crop or side
     else:
-        h, w = int(size.get("height", 224)), int(size.get("width", 224))
+        h, w = size.get("height", 224), size.get("width", 224)
         if h != w:
             notes.append(f"the image processor resizes to {h}x{w}; images are resized to {min(h, w)} squares")
         resize, crop, squash = min(h, w), crop or min(h, w), True
-    if d.get("do_resize") is False:
+    if not v.flag("do_resize", True):
         notes.append("the image processor does not resize; images are resized to the model's input size")
     return Preprocess(resize=resize, crop=crop, mean=tuple(float(m) for m in mean), std=tuple(float(s) for s in std),
                       interpolation=interp, source="image processor config", squash=squash), notes
@@ -206,6 +211,9 @@ def _load_hf(transformers: Any, spec: str, *, weights: str | None, device: str,
                          "pin a revision as hf:ORG/NAME@REVISION")
     pretrained = w.lower() == "default"
     name, folder = _local_dir(spec, pretrained)
+    from inspect_model.loading.sources.hf_values import check_model_config
+
+    check_model_config(folder)  # the values this tool reads itself, typed, before transformers (issue 41)
     remote = _remote_code(folder)
     if remote and trust_remote_code and spec.startswith("hf:") and not os.path.isdir(spec.removeprefix("hf:")):
         for module in remote:  # the repo's code files, into the cache beside its config
@@ -215,7 +223,11 @@ def _load_hf(transformers: Any, spec: str, *, weights: str | None, device: str,
                                                          trust_remote_code=trust_remote_code)
     except Exception as exc:
         raise ModelLoadError(_config_error(name, remote, exc)) from exc
+    from inspect_model.loading.sources.hf_values import check_local_shards
+
     auto, task = auto_class(transformers, config)
+    if pretrained:
+        check_local_shards(folder)  # no shard outside the folder the user named (issue 41)
     if pretrained and not _has_weights(folder):
         raise ModelLoadError(f"{name} has no model.safetensors (weights in pickle files are not read); run with "
                              "--weights none, or save it again with save_pretrained(safe_serialization=True)")
@@ -285,7 +297,7 @@ def _loaded(model: Any, config: Any, folder: str, name: str, *, task: str, pretr
     proc = os.path.join(folder, "preprocessor_config.json")
     if os.path.isfile(proc):
         doc = load_json(proc, what="image processor config", error=ModelLoadError)
-        pre, pre_notes = preprocess_from_processor(doc if isinstance(doc, dict) else {})
+        pre, pre_notes = preprocess_from_processor(doc, f"image processor config '{proc}'")
         notes.extend(pre_notes)
     size = _input_size(config, pre)
     vocab = None
