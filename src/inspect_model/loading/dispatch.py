@@ -119,7 +119,9 @@ def _hf_in_place(loaded: LoadedModel, dmap: dict[str, Any], dtype: Any) -> bool:
         key = name if name in files else source[id(param)]
         dev = _device_of(name, dmap)
         if dev == "disk":
-            index[name] = {"safetensors_file": files[key], "weight_name": key, "dtype": kind}
+            index[name] = {"safetensors_file": files[key], "weight_name": key}
+            if param.is_floating_point():
+                index[name]["dtype"] = kind  # cast as it is read: the shard may hold another dtype
             continue
         with safe_open(files[key], framework="pt") as f:
             value = f.get_tensor(key)
