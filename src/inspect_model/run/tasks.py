@@ -40,7 +40,7 @@ def attach_task(command: str, prep: Any, inputs: Any, request: Any, task: Any, *
     text_plan = getattr(plan, "texts", None) is not None
     if text_plan:
         texts, tokenizer = plan.texts, plan.tokenizer
-    scoring = command in SCORING_COMMANDS
+    scoring = command in SCORING_COMMANDS or _named_headless(command, task, objective)
     ctx = TaskContext(prep.loaded.model, prep.loaded, objective, command, scoring, tokenizer=tokenizer, texts=texts,
                       images=not text_plan, device=prep.device)
     if not text_plan and task.takes == "text" and not _token_input(plan):
@@ -86,6 +86,13 @@ def refuse_command(command: str, task: Any, name: str, tokens: bool) -> None:
               "grads, attributions and activations take it"
     if why is not None:
         raise UnsupportedModelError(why)
+
+
+def _named_headless(command: str, task: Any, objective: Any) -> bool:
+    """``attention`` on a head-less model with a named objective (``--target norm``,
+    ``cosine:REF``): its gradient methods explain that score (methods/attention/headless.py)."""
+    return command == "attention" and task.name == "embedding" and (
+        objective.kind != "class" or objective.output_key is not None)
 
 
 def _token_input(plan: Any) -> bool:
