@@ -158,7 +158,7 @@ register(CommandSpec(
          "target: a display PNG, a grayscale magnitude PNG, and with --save-raw the raw gradient (.npy).",
     example="inspect-model guided-backprop resnet50 cat.jpg --target top:3 --output-dir gb",
     api="inspect_model.api.guided:guided_backprop", request="inspect_model.api.guided:GuidedRequest",
-    schema="guided-backprop.json",
+    schema="guided-backprop.json", text=True,
 ))
 register(CommandSpec(
     name="cam", usage="cam MODEL IMAGE...",
@@ -171,7 +171,7 @@ register(CommandSpec(
          "the maps (faithfulness) and plots deletion/insertion curves.",
     example="inspect-model cam resnet50 cat.jpg --method gradcam --method scorecam --target top:2 -o cams",
     api="inspect_model.api.cam:cam", request="inspect_model.api.cam:CamRequest",
-    schema="cam.json",
+    schema="cam.json", text=True,
 ))
 register(CommandSpec(
     name="attributions", usage="attributions MODEL IMAGE...",
@@ -189,7 +189,7 @@ register(CommandSpec(
     example="inspect-model attributions resnet50 cat.jpg --method saliency --method integrated-gradients "
             "--steps 64 -o attr",
     api="inspect_model.api.attributions:attributions", request="inspect_model.api.attributions:AttributionsRequest",
-    renderer="inspect_model.render.attributions:render_result", schema="attributions.json", hooks=False,
+    renderer="inspect_model.render.attributions:render_result", schema="attributions.json", hooks=False, text=True,
 ))
 register(CommandSpec(
     name="attention", usage="attention MODEL IMAGE...",
@@ -212,5 +212,5 @@ register(CommandSpec(
          "fails.",
     example="inspect-model check resnet50 --weights none --expect-output-shape 1x1000 --expect-params 25557032",
     api="inspect_model.api.check:check", request="inspect_model.api.check:CheckRequest",
-    schema="check.json", hooks=True, labels=False, run=("output_dir", "force", "json_", "quiet"), streams=False,
+    schema="check.json", hooks=True, labels=False, run=("output_dir", "force", "json_", "quiet"), streams=False, text=True,
 ))

@@ -261,4 +261,4 @@ def activations(model: Any, images: Any, request: ActivationsRequest, *, model_o
                       histograms=tensorboard is not None, notes=notes),
                       model_options=model_options, inputs=inputs,
                       output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
-                      notes=notes, progress=progress)
+                      notes=notes, progress=progress, request=request)

@@ -309,7 +309,7 @@ def cam(model: Any, images: Any, request: CamRequest, *, model_options: ModelOpt
                       lambda prep, mopts, keep: CamSession(prep, mopts, request, notes=notes, progress=progress),
                       model_options=model_options, inputs=inputs,
                       output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
-                      notes=notes, progress=progress)
+                      notes=notes, progress=progress, request=request)
 
 
 

@@ -291,4 +291,4 @@ def guided_backprop(model: Any, images: Any, request: GuidedRequest, *, model_op
                       prep, mopts, request, keep_gradients=keep, progress=progress), hooks=False,
                       model_options=model_options, inputs=inputs,
                       output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
-                      notes=notes, progress=progress)
+                      notes=notes, progress=progress, request=request)

@@ -313,8 +313,11 @@ def summary(model: Any, request: SummaryRequest, *, model_options: ModelOptions 
     require_hookable(loaded, "summary")
     for note in loaded.notes if notes is not None else []:
         notes(note)
-    res = summarize_model(loaded, input_size=input_size, batch_size=batch_size, dtype=mopts.dtype, device=dev,
-                          depth=depth, seed=seed, train=train, graph=r.graph)
+    from inspect_model.run.tasks import summary_inputs
+
+    with summary_inputs(loaded.model):  # a seq2seq decoder's or a two-tower model's other input (issue 42)
+        res = summarize_model(loaded, input_size=input_size, batch_size=batch_size, dtype=mopts.dtype, device=dev,
+                              depth=depth, seed=seed, train=train, graph=r.graph)
     drawn = None
     if res.graph is not None:
         from inspect_model.render.graph import GraphFiles

@@ -59,6 +59,16 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N, mps
                                         autocompletion=completion.complete_device)]
 
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32, float16, bfloat16 or float64.")]
+DeviceMapOpt = Annotated[str | None, typer.Option(
+    "--device-map", help="Spread the model over GPUs, CPU and disk with accelerate: auto, balanced, sequential, "
+    "or a JSON file {module: device}.")]
+MaxMemoryOpt = Annotated[str | None, typer.Option(
+    "--max-memory", help="Memory per device for --device-map, e.g. 0=20GiB,1=20GiB,cpu=30GiB.")]
+OffloadOpt = Annotated[bool, typer.Option(
+    "--offload", help="Stream the weights the GPUs do not hold from disk, one block at a time (with "
+    "--max-memory cpu=N: keep N of them in RAM).")]
+OffloadDirOpt = Annotated[str | None, typer.Option(
+    "--offload-dir", help="Folder for --offload (implies it; default: a temporary folder).")]
 InputSizeOpt = Annotated[
     list[str] | None,
     typer.Option("--input-size", help="Per-sample input shape such as 3x224x224 (repeat for several inputs); "
@@ -129,6 +139,16 @@ TextOpt = Annotated[list[str] | None, typer.Option("--text", help="A text to tok
 TextFileOpt = Annotated[Path | None, typer.Option("--text-file", help="A file of texts to feed, one per line.")]
 TokenizerOpt = Annotated[Path | None, typer.Option("--tokenizer", help="The tokenizer's folder for --text (default: "
                                                    "the model's own folder).")]
+TaskOpt = Annotated[str | None, typer.Option("--task", help="The model's task, when the one found is not meant: "
+                                            "image_classification, detection, segmentation, video, optical_flow, "
+                                            "text_classification, token_classification, causal_lm, masked_lm, "
+                                            "seq2seq, embedding, contrastive, single_score.")]
+TargetTextOpt = Annotated[str | None, typer.Option("--target-text", help="Explain the log-probability of this "
+                                                   "continuation (causal LM, seq2seq: teacher-forced).")]
+PositionOpt = Annotated[int | None, typer.Option("--position", help="The token position whose prediction is "
+                                                 "explained (causal LM, masked LM, token classification).")]
+ContrastOpt = Annotated[str | None, typer.Option("--contrast", help="Causal LM: explain the logit difference of "
+                                                 "the target token and this token.")]
 LabelsOpt = Annotated[
     Path | None,
     typer.Option("--class-names", "--labels", help="File of the model's class names: one per line, or JSON "

@@ -48,6 +48,7 @@ class Prepared:
     device: str
     dtype: torch.dtype
     binding: Any = None  # loading.multi_inputs.InputBinding for a model with several inputs
+    task: Any = None  # methods.families.Task: what the model does (api/tasks.py)
 
     def options(self, mopts: ModelOptions, **own: Any) -> dict[str, Any]:
         """The one resolved-options record of a report: what was asked, as resolved."""
@@ -61,6 +62,13 @@ class Prepared:
             "batch_size": self.plan.batch_size,
             "inputs": self.plan.describe(),
         }
+        dmap = getattr(self.loaded.model, "hf_device_map", None)
+        if isinstance(dmap, dict):  # where each block ran (issue 37): module -> cuda:N, cpu or disk
+            base["placement"] = {k or "(model)": f"cuda:{v}" if isinstance(v, int) else str(v) for k, v in dmap.items()}
+        if self.task is not None:  # issue 42: the task and, where it explains a score, the objective in words
+            words = getattr(getattr(self.binding, "adapter", None), "words", None)
+            base["task"] = {"name": self.task.name,
+                            "objective": words if getattr(self.binding, "scoring", False) else None}
         base.update(own)
         return base
 
@@ -76,9 +84,20 @@ def resolved_weights(loaded: Any, mopts: ModelOptions) -> str | None:
 
 def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: bool = True,
             notes: Callable[[str], None] | None = None, default_batch: int | None = None,
-            output_dir: Any = None) -> Prepared:
-    """Load the model (its notes go to ``notes``) and plan the inputs (folders and globs
-    without what lies in ``output_dir``)."""
+            output_dir: Any = None, request: Any = None) -> Prepared:
+    """Load the model (its notes go to ``notes``), plan the inputs (folders and globs
+    without what lies in ``output_dir``) and attach the model's task with the objective of
+    ``request``'s target options (api/tasks.py)."""
+    from inspect_model.run.tasks import attach_task
+
+    prep, task, texts, tok = _prepare(command, mopts, inputs, hooks=hooks, notes=notes, default_batch=default_batch,
+                                      output_dir=output_dir)
+    return attach_task(command, prep, inputs, request, task, texts=texts, tokenizer=tok, notes=notes) \
+        if task is not None else prep
+
+
+def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: bool, notes: Any,
+             default_batch: int | None, output_dir: Any) -> tuple[Prepared, Any, Any, Any]:
     import torch
 
     from inspect_model.loading.inputs import plan_inputs
@@ -87,28 +106,37 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
     from inspect_model.methods.objectives.targets import check_label_count, load_labels
 
     check_request(inputs)
+    _precheck(mopts, inputs)
     torch_dtype = parse_dtype(mopts.dtype)
     torch.manual_seed(inputs.seed)
     loaded = load(mopts)
     if hooks:
         require_hookable(loaded, command)
+    from inspect_model.loading.dispatch import refuse_offloaded
     from inspect_model.loading.quantized import refuse_gradients
 
     refuse_gradients(loaded, command)  # quantized kernels have no autograd
+    refuse_offloaded(loaded, command)  # weights streamed from disk keep no parameter gradients
     from inspect_model.run.world import rank_device
     from inspect_model.devices import model_device
 
-    dev = (model_device(loaded.model) or "cpu") if loaded.borrowed else resolve_device(rank_device(mopts.device))
+    placed = hasattr(loaded.model, "hf_device_map")  # spread by accelerate: inputs go to its main device
+    dev = (model_device(loaded.model) or "cpu") if loaded.borrowed or placed \
+        else resolve_device(rank_device(mopts.device))
     for note in loaded.notes:
         if notes is not None:
             notes(note)
-    if torch_dtype != torch.float32 and not loaded.borrowed:
+    if torch_dtype != torch.float32 and not loaded.borrowed and not placed:
         loaded.model.to(torch_dtype)  # our own freshly loaded copy, never the caller's
     categories = load_labels(inputs.labels) if inputs.labels else loaded.categories
     if inputs.labels and loaded.categories:  # the model names its classes: check at once
         check_label_count(categories, len(loaded.categories))
-    if inputs.text or inputs.text_file is not None or inputs.tokenizer is not None:  # issue 26: texts
-        return _prepare_text(command, mopts, inputs, loaded, dev, torch_dtype, categories)
+    from inspect_model.methods.families import find_task
+
+    task = find_task(loaded.model, loaded, getattr(inputs, "task", None))
+    has_text, texts, tok = _texts_beside_images(task, inputs, loaded, mopts)
+    if has_text and texts is None:  # issue 26: texts
+        return _prepare_text(command, mopts, inputs, loaded, dev, torch_dtype, categories), task, None, None
     from inspect_model.loading.multi_inputs import plan_binding
 
     binding = plan_binding(loaded.model, inputs.input_size, image_input=inputs.image_input,
@@ -147,7 +175,34 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
             clip_options=ClipOptions(inputs.frames, inputs.stride, inputs.clips), exclude=output_dir, notes=notes,
         )
         binding, categories = media_binding(command, loaded, plan, binding, categories, notes)
-    return Prepared(loaded, plan, categories, dev, torch_dtype, binding)
+    return Prepared(loaded, plan, categories, dev, torch_dtype, binding), task, texts, tok
+
+
+def _texts_beside_images(task: Any, inputs: InputOptions, loaded: Any, mopts: ModelOptions
+                         ) -> tuple[bool, Any, Any]:
+    """(texts given, the texts and tokenizer of a two-tower model, held beside its images;
+    None: the texts are the input). Texts with images for any other task: a usage error."""
+    has_text = bool(inputs.text) or inputs.text_file is not None or inputs.tokenizer is not None
+    has_images = inputs.images is not None and not (isinstance(inputs.images, (list, tuple)) and not inputs.images)
+    if has_text and task.takes == "images+text":  # a two-tower model: the texts are held fixed (issue 42)
+        from inspect_model.run.tasks import plan_texts
+
+        texts, tok = plan_texts(loaded, inputs, mopts.model)
+        return True, texts, tok
+    if has_text and has_images:
+        from inspect_model.errors import UsageError
+
+        raise UsageError(f"--text with images: only a two-tower (image-text) model takes both; {loaded.name} is a "
+                         f"{task.name} model; drop the images or --text")
+    return has_text, None, None
+
+
+def _precheck(mopts: ModelOptions, inputs: InputOptions) -> None:
+    """What needs the config only, before any build (issue 37): the tokenizer of --text."""
+    if inputs.text or inputs.text_file is not None:
+        from inspect_model.loading.text import precheck_tokenizer
+
+        precheck_tokenizer(mopts.model, inputs.tokenizer)
 
 
 def _prepare_text(command: str, mopts: ModelOptions, inputs: InputOptions, loaded: Any, dev: Any,
@@ -205,13 +260,14 @@ def execute(
 def run_images(command: str, model: Any, images: Any, make_session: Callable[[Prepared, ModelOptions, bool], Session],
                *, hooks: bool = True, model_options: ModelOptions | None = None, inputs: InputOptions | None = None,
                output_dir: Any = None, force: bool = False, tensorboard: Any = None, keep: bool | None = None,
-               on_item: Any = None, notes: Any = None, progress: Any = None) -> Result:
+               on_item: Any = None, notes: Any = None, progress: Any = None, request: Any = None) -> Result:
     """The one shape of every image command's API function: the model loaded and the inputs
     planned (:func:`prepare`), the session made by ``make_session(prep, mopts, keep)`` (``keep``
     resolved: by default, kept when no output_dir is given), its batches run (:func:`execute`).
     A session that is a context manager (activations' capture) is entered around the run."""
     mopts = model_options or ModelOptions(model)
-    prep = prepare(command, mopts, inputs or InputOptions(images), hooks=hooks, notes=notes, output_dir=output_dir)
+    prep = prepare(command, mopts, inputs or InputOptions(images), hooks=hooks, notes=notes, output_dir=output_dir,
+                   request=request)
     keep = output_dir is None if keep is None else keep
     with contextlib.ExitStack() as stack:
         session = make_session(prep, mopts, keep)

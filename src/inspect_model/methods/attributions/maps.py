@@ -40,6 +40,7 @@ from inspect_model.methods.attributions.options import (  # noqa: F401 - re-expo
     check_settings,
     parse_methods,
     parse_sizes,
+    parse_steps,
 )
 from inspect_model.methods.guided.backprop import GuidedBackwardMode, _targets_for
 from inspect_model.methods.objectives.targets import class_probabilities, require_float, select_output
@@ -53,7 +54,7 @@ class AttributionSettings:
     (image channel) or trailing (embedding) dimensions, see ``passes.window_shape``."""
 
     methods: tuple[str, ...] = ("saliency",)
-    steps: int = 32
+    steps: int | str = 32  # or "auto": per map, the fewest that meet max_gap (attribution_options.AUTO_*)
     rule: str = "gauss-legendre"  # captum's default
     baseline: Any = "zeros"  # zeros | blur | blur:SIGMA | uniform | number | file | tensor
     samples: int = 16
@@ -65,12 +66,14 @@ class AttributionSettings:
     batch_size: int = 32
     seed: int = 0
     activations: bool = False  # guided: guide relu6/leaky_relu/silu/gelu/prelu too
+    max_gap: float = 1e-3  # steps="auto": the largest |gap| / |f(x) - f(baseline)| accepted
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "methods", parse_methods(self.methods))
+        object.__setattr__(self, "steps", parse_steps(self.steps))
         check_settings(steps=self.steps, rule=self.rule, samples=self.samples, noise=self.noise,
                        noise_mode=self.noise_mode, batch_size=self.batch_size, smooth=self.smooth,
-                       methods=self.methods)
+                       methods=self.methods, max_gap=self.max_gap)
         object.__setattr__(self, "baseline", ap.parse_baseline(self.baseline))
         object.__setattr__(self, "window", parse_sizes(self.window, "--window"))
         object.__setattr__(self, "stride", parse_sizes(self.stride, "--window-stride"))
@@ -98,6 +101,7 @@ class AttributionResult:
     embedding_layer: str | None = None
     baseline_scores: list[list[float]] | None = None  # f(baseline), with integrated-gradients
     deltas: list[list[float]] | None = None  # IG's completeness gap sum(map) - (f(x) - f(b))
+    ig_steps: list[list[int]] | None = None  # IG's steps per map, (N, K) (differ with steps="auto")
     smoothed: tuple[str, ...] = ()
     guided_sites: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -311,12 +315,18 @@ def _attribute(scorer: _Scorer, st: AttributionSettings, target: Any, categories
     if "integrated-gradients" in methods:
         assert base is not None
         ig_noisy = "integrated-gradients" in smoothed
-        maps["integrated-gradients"] = sw.ig_pass(b, base, noisy=ig_noisy)
-        fb = sw.forward_scores(b, base)
+        if st.steps == "auto":  # f(b) first: each map stops refining once its gap is small enough
+            fb = sw.forward_scores(b, base)
+            maps["integrated-gradients"], used = sw.ig_auto(b, base, fx, fb)
+        else:
+            maps["integrated-gradients"] = sw.ig_pass(b, base, noisy=ig_noisy)
+            fb = sw.forward_scores(b, base)
+            used = [len(ap.integration_rule(st.rule, int(st.steps))[0])] * b.units
         f_end = sw.forward_scores(b, x, noisy=True) if ig_noisy else fx
         sums = maps["integrated-gradients"].reshape(b.units, -1).double().sum(1).cpu()
         res.baseline_scores = fb.reshape(n, k).tolist()
         res.deltas = (sums - (f_end - fb)).reshape(n, k).tolist()
+        res.ig_steps = [used[i * k:(i + 1) * k] for i in range(n)]
     if "occlusion" in methods:
         assert base is not None
         sample = tuple(x.shape[1:])

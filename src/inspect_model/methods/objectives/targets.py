@@ -66,6 +66,9 @@ def _parse_target(text: str | None, categories: Sequence[str] | None, option: st
         if k < 1:
             raise UsageError(f"{option} '{raw}': K must be 1 or more")
         return TargetSpec("top", k=k, text=raw)
+    aliases = getattr(categories, "aliases", None)  # a task's own spellings: norm, cosine:REF (issue 42)
+    if aliases and low in aliases:
+        return TargetSpec("class", index=aliases[low], text=raw)
     try:
         index = int(raw)
     except ValueError:
@@ -246,8 +249,8 @@ def select_output(output: Any, key: str | None) -> torch.Tensor:
 
     from inspect_model.engine.hooks import flatten_tensors
 
-    if isinstance(output, torch.Tensor) and key is None:
-        return output
+    if isinstance(output, torch.Tensor) and (key is None or getattr(output, "_im_task_scores", False)):
+        return output  # a task's scores (methods/families/binding.py) already read --output-key
     flat = flatten_tensors(output)
     if not flat:
         raise ModelRuntimeError(f"the model returned no tensor ({type(output).__name__})")
