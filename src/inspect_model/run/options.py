@@ -266,6 +266,9 @@ def load(opts: ModelOptions, *, device: str | None = None) -> Any:
             )
     else:
         raise InputError(f"expected an nn.Module or a model name, got {type(opts.model).__name__}")
+    from inspect_model.loading.limits import check_module_depth
+
+    check_module_depth(loaded.model, loaded.name)  # before torch's recursive walks (issue 41)
     want = parse_dtype(opts.dtype)
     other = _other_float_dtypes(loaded.model, want)
     if loaded.borrowed and (other or str(want) != "torch.float32"):
