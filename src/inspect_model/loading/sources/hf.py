@@ -62,7 +62,7 @@ class HfSource:
         if request.model_args:
             raise UsageError("--model-arg applies to timm:NAME and user models, not to Hugging Face models")
         return load_hf(spec, weights=request.weights, device=request.device,
-                       trust_remote_code=request.trust_remote_code)
+                       trust_remote_code=request.trust_remote_code, dtype=request.dtype, empty=request.empty)
 
 
 SOURCE = HfSource()
@@ -112,7 +112,7 @@ def _has_weights(folder: str) -> bool:
     return any(os.path.isfile(os.path.join(folder, f)) for f in ("model.safetensors", "model.safetensors.index.json"))
 
 
-def _auto_class(transformers: Any, config: Any) -> tuple[Any, str]:
+def auto_class(transformers: Any, config: Any) -> tuple[Any, str]:
     """The Auto class and task of the config's architectures; the base model and "custom" else."""
     archs = [str(a) for a in getattr(config, "architectures", None) or []]
     for suffix, auto, task in ARCHITECTURES:
@@ -120,6 +120,9 @@ def _auto_class(transformers: Any, config: Any) -> tuple[Any, str]:
                 getattr(transformers, auto), config):
             return getattr(transformers, auto), task
     return transformers.AutoModel, "custom"
+
+
+_auto_class = auto_class  # the name earlier code imports
 
 
 def _knows(auto: Any, config: Any) -> bool:
@@ -189,16 +192,19 @@ def _input_size(config: Any, pre: Preprocess | None) -> tuple[int, ...] | None:
 
 
 def load_hf(spec: str, *, weights: str | None = None, device: str = "cpu",
-            trust_remote_code: bool = False) -> LoadedModel:
-    """Build ``hf:ORG/NAME`` (or a ``save_pretrained`` directory) on ``device``. The repo's own
-    code (``auto_map``) runs only with ``trust_remote_code``; transformers is never left to ask."""
+            trust_remote_code: bool = False, dtype: str | None = None, empty: bool = False) -> LoadedModel:
+    """Build ``hf:ORG/NAME`` (or a ``save_pretrained`` directory) on ``device`` in ``dtype``
+    directly (``empty``: parameters on the meta device, buffers real, no weight read). The
+    repo's own code (``auto_map``) runs only with ``trust_remote_code``; transformers is never
+    left to ask."""
     transformers = require("transformers")
     with quiet_hub_logs():
-        return _load_hf(transformers, spec, weights=weights, device=device, trust_remote_code=trust_remote_code)
+        return _load_hf(transformers, spec, weights=weights, device=device, trust_remote_code=trust_remote_code,
+                        dtype=dtype, empty=empty)
 
 
 def _load_hf(transformers: Any, spec: str, *, weights: str | None, device: str,
-             trust_remote_code: bool) -> LoadedModel:
+             trust_remote_code: bool, dtype: str | None = None, empty: bool = False) -> LoadedModel:
     w = (weights or "none").strip()
     if w.lower() not in ("none", "random", "", "default"):
         raise UsageError(f"--weights {w}: Hugging Face models take DEFAULT (the repo's weights) or none; "
@@ -219,14 +225,14 @@ def _load_hf(transformers: Any, spec: str, *, weights: str | None, device: str,
         raise ModelLoadError(_config_error(name, remote, exc)) from exc
     from inspect_model.loading.sources.hf_values import check_local_shards
 
-    auto, task = _auto_class(transformers, config)
+    auto, task = auto_class(transformers, config)
     if pretrained:
         check_local_shards(folder)  # no shard outside the folder the user named (issue 41)
     if pretrained and not _has_weights(folder):
         raise ModelLoadError(f"{name} has no model.safetensors (weights in pickle files are not read); run with "
                              "--weights none, or save it again with save_pretrained(safe_serialization=True)")
     model = _build(auto, config, folder, name, pretrained=pretrained, device=device,
-                   trust_remote_code=trust_remote_code)
+                   trust_remote_code=trust_remote_code, dtype=dtype, empty=empty)
     model.eval()
     return _loaded(model, config, folder, name, task=task, pretrained=pretrained, device=device)
 
@@ -256,16 +262,26 @@ def _config_error(name: str, remote: list[str], exc: BaseException) -> str:
 
 
 def _build(auto: Any, config: Any, folder: str, name: str, *, pretrained: bool, device: str,
-           trust_remote_code: bool) -> Any:
+           trust_remote_code: bool, dtype: str | None = None, empty: bool = False) -> Any:
     import torch
 
+    from inspect_model.loading.shapes import parse_dtype
+
+    # The dtype goes to transformers, which builds in it: a bfloat16 model never exists in
+    # float32 first (issue 37).
+    want = {"dtype": parse_dtype(dtype)} if dtype else {}
     try:
+        if empty:  # parameters on meta, buffers (rotary tables) real: the placement fills them
+            from accelerate import init_empty_weights
+
+            with init_empty_weights():
+                return auto.from_config(config, trust_remote_code=trust_remote_code, **want)
         if pretrained and device != "meta":  # on meta no value is read
             model = auto.from_pretrained(folder, local_files_only=True, use_safetensors=True,
-                                         trust_remote_code=trust_remote_code)
+                                         trust_remote_code=trust_remote_code, **want)
             return model.to(device)
         with torch.device(device):
-            return auto.from_config(config, trust_remote_code=trust_remote_code)
+            return auto.from_config(config, trust_remote_code=trust_remote_code, **want)
     except Exception as exc:
         raise ModelLoadError(f"cannot build {name} ({type(config).__name__}, {auto.__name__}): "
                              f"{type(exc).__name__}: {short_reason(exc)}") from exc

@@ -253,10 +253,15 @@ def _maps(sel: Selection, A: torch.Tensor, rank_grads: list[Any], methods: Seque
                     eigen[i] = cm.eigen_map(A[i:i + 1])[0] if bool(A[i].isfinite().all()) else \
                         A[i, 0] * float("nan")
                 raw = eigen[i]
+                scale = None
             else:
                 G = rank_grads[row.rank][i:i + 1]
                 raw = cm.gradient_map(m, A[i:i + 1], G.to(A.dtype))[0]
+                scale = float(cm.term_scale(A[i:i + 1], G)[0])
             raw = raw.detach().float().cpu()
-            out.append(TaskMap(row, m, layer, finish(raw, crops[i], hw), raw, float(raw.min()), float(raw.max()),
-                               cm.map_warnings(raw)))
+            warns = cm.map_warnings(raw, scale, row.confidence if scale is not None else None)
+            shown = finish(raw, crops[i], hw)
+            if cm.is_numeric_zero(warns):
+                shown = shown * 0.0  # noise is not stretched to full contrast (issue 39)
+            out.append(TaskMap(row, m, layer, shown, raw, float(raw.min()), float(raw.max()), warns))
     return out
