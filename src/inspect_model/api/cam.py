@@ -28,7 +28,10 @@ from inspect_model.run.request import (
 from inspect_model.run.resume import count
 from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
-from inspect_model.methods.cam.maths import method_help
+from inspect_model.methods.cam.base import method_help
+from inspect_model.methods.cam.base import names as cam_names
+from inspect_model.registry import command
+from inspect_model.render import html_columns, results
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,7 @@ class CamRequest(Request):
 
     command: ClassVar[str] = "cam"
 
-    methods: tuple[str, ...] = option(("gradcam",), "--method", "-m", help=method_help(), multiple=True,
+    methods: tuple[str, ...] = option(("gradcam",), "--method", "-m", help=method_help, multiple=True,
                                       param="method", complete="method")
     layers: tuple[str, ...] = option((), "--layer", "--layers", "-l", help="auto (last spatial layer; ViT/Swin: "
                                      "last block as a patch grid) or a layer spec; repeat for one map per layer.",
@@ -296,6 +299,28 @@ class CamSession(Session):
         if self.dense is not None:
             self.dense.merge([st["dense"] for st in states if st.get("dense")])
 
+@command(
+    "cam",
+    usage="cam MODEL IMAGE...",
+    order=60,
+    summary="CAM, Grad-CAM, Grad-CAM++, XGrad-CAM, LayerCAM, HiResCAM, Score-CAM, Eigen-CAM",
+    help=("Class activation maps: CAM, Grad-CAM, Grad-CAM++, XGrad-CAM, Layer-CAM, HiResCAM, "
+          "Score-CAM and Eigen-CAM.\n\nAll gradient methods come from one forward pass and a "
+          "backward pass that stops at the layer. With --output-dir: per image, target, method "
+          "and layer a heat-map overlay on the original image, the bare map with a colour bar, "
+          "--save-raw .npy maps, and contact sheets. --evaluate scores and ranks the maps "
+          "(faithfulness) and plots deletion/insertion curves."),
+    example=("inspect-model cam resnet50 cat.jpg --method gradcam --method scorecam --target "
+             "top:2 -o cams"),
+    renderer=results.cam_report,
+    tables=html_columns.cam_tables,
+    methods=cam_names,
+    method_groups=("all", "gradients"),
+    schema="cam.json",
+    gradients=True,
+    objective=True,
+    resumable=True,
+)
 @api_command(CamRequest)
 def cam(model: Any, images: Any, request: CamRequest, *, model_options: ModelOptions | None = None,
         inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False, tensorboard: Any = None,
