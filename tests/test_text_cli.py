@@ -120,13 +120,14 @@ def test_text_for_a_vision_model_is_refused(folders):
 
 
 def test_text_options_only_where_they_apply(folders):
-    r = run_cli(["cam", "resnet18", "--text", "hi"])
+    r = run_cli(["summary", "resnet18", "--text", "hi"])
     assert r.exit_code == 2 and "--text" in r.stderr
     import inspect_model as im
     from inspect_model.run.options import InputOptions
     from inspect_model.errors import UsageError
 
-    with pytest.raises(UsageError, match="^cam does not take text; --text works with activations, grads, attention$"):
+    # issue 42: cam takes --text, and on a token model refuses in one line naming a command that works
+    with pytest.raises(UsageError, match="^cam maps a spatial layer; .* use attributions --text"):
         im.cam(str(folders["gpt2"]), inputs=InputOptions(text=["hi"]))
 
 

@@ -79,6 +79,14 @@ class ActivationsSession(Session):
         notes = self.notes = notes or (lambda text: None)
         net = prep.loaded.model
         self.selected = select_layers(net, layers, depth=depth)
+        if not layers:  # rotary cos/sin tables are no activations of the input: listed only when named
+            from inspect_model.methods.activations.tokens import position_tables
+
+            tables = position_tables(net, self.selected)
+            if tables:
+                self.selected = [n for n in self.selected if n not in tables]
+                notes(f"{', '.join(tables)} left out: position tables (rotary cos/sin), not activations of the "
+                      "input; name it with --layer to see them")
         if layers:
             keep = list(self.selected) if draw or save_raw else []
         elif save_raw:
@@ -126,7 +134,8 @@ class ActivationsSession(Session):
             self.capture.__exit__(*exc)
 
     def feed(self, batch: Any) -> list[ImageItem]:
-        res = self.capture.run(batch.tensor, batch.names)
+        text = getattr(batch, "text", None)  # texts: statistics over their real tokens, padding left out
+        res = self.capture.run(batch.tensor, batch.names, mask=text.mask if text is not None else None)
         b = self.batch_index
         self.batch_index += 1
         items = []
@@ -273,4 +282,4 @@ def activations(model: Any, images: Any, request: ActivationsRequest, *, model_o
                       histograms=tensorboard is not None, notes=notes),
                       model_options=model_options, inputs=inputs,
                       output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
-                      notes=notes, progress=progress)
+                      notes=notes, progress=progress, request=request)

@@ -304,4 +304,4 @@ def attention(model: Any, images: Any, request: AttentionRequest, *, model_optio
                       prep, mopts, request, keep_maps=keep, notes=notes, progress=progress),
                       model_options=model_options, inputs=inputs,
                       output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
-                      notes=notes, progress=progress)
+                      notes=notes, progress=progress, request=request)

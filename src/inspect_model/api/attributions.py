@@ -320,6 +320,7 @@ class _MapsRecord:
     hooks=False,
     gradients=True,
     resumable=True,
+    text=True,
 )
 @api_command(AttributionsRequest, positional=("target",))
 def attributions(model: Any, images: Any, request: AttributionsRequest, *, model_options: ModelOptions | None = None,
@@ -335,4 +336,4 @@ def attributions(model: Any, images: Any, request: AttributionsRequest, *, model
                       prep, mopts, request, keep_maps=keep, notes=notes, progress=progress),
                       model_options=model_options, inputs=inputs,
                       output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
-                      notes=notes, progress=progress)
+                      notes=notes, progress=progress, request=request)

@@ -320,6 +320,7 @@ class CamSession(Session):
     gradients=True,
     objective=True,
     resumable=True,
+    text=True,
 )
 @api_command(CamRequest)
 def cam(model: Any, images: Any, request: CamRequest, *, model_options: ModelOptions | None = None,
@@ -334,7 +335,7 @@ def cam(model: Any, images: Any, request: CamRequest, *, model_options: ModelOpt
                       lambda prep, mopts, keep: CamSession(prep, mopts, request, notes=notes, progress=progress),
                       model_options=model_options, inputs=inputs,
                       output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
-                      notes=notes, progress=progress)
+                      notes=notes, progress=progress, request=request)
 
 
 

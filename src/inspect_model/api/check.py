@@ -68,6 +68,7 @@ class CheckRequest(Request):
     labels=False,
     streams=False,
     run=("output_dir", "force", "json_", "quiet"),
+    text=True,
 )
 @api_command(CheckRequest)
 def check(model: Any, images: Any, request: CheckRequest, *, model_options: ModelOptions | None = None,
@@ -85,16 +86,22 @@ def check(model: Any, images: Any, request: CheckRequest, *, model_options: Mode
     r = request
     mopts = model_options or ModelOptions(model)
     inputs = inputs or InputOptions(images)
-    prep = prepare("check", mopts, inputs, notes=notes, default_batch=1)
+    # TorchScript takes no module hooks: the checks that need none still run (issue 39).
+    prep = prepare("check", mopts, inputs, notes=notes, default_batch=1, hooks=False)
+    hookable = prep.loaded.hookable
+    if not hookable and notes is not None:
+        notes(f"{prep.loaded.name} is a TorchScript model, which takes no module hooks: the dead-layers check "
+              "is skipped; the others run")
     batch = next(iter(prep.plan.batches()))
     net = prep.loaded.model
     import contextlib
 
     with prep.binding.bound(net) if prep.binding is not None else contextlib.nullcontext():
         results = checks.run_checks(
-            net, (batch.tensor,), layers=select_layers(net), select=lambda out: select_output(out, r.output_key),
+            net, (batch.tensor,), layers=select_layers(net) if hookable else [],
+            select=lambda out: select_output(out, r.output_key),
             expect_output_shape=r.shape, expect_params=r.param_range, finite=r.finite,
-            max_dead_fraction=r.max_dead_fraction, deterministic=r.deterministic, max_seconds=r.max_seconds,
+            max_dead_fraction=r.max_dead_fraction if hookable else None, deterministic=r.deterministic, max_seconds=r.max_seconds,
             max_memory_mb=r.max_memory, on_stuck=on_stuck)
     failed = [x for x in results if not x.passed]
     payload = {

@@ -179,9 +179,13 @@ class GradsSession(Session):
 
         # Under torchrun or --resume (run/runner.py), ``partial`` holds what this shard
         # or the killed run had summed, and ``index_base`` is the run index of its first image.
-        return GradRun(self.prep.loaded.model, labels=lab, categories=cats, on_batch=on_batch,
-                       partial=self.partial, label_base=self.index_base, progress=self.progress,
-                       objective=self.objective, **self.kw)
+        run = GradRun(self.prep.loaded.model, labels=lab, categories=cats, on_batch=on_batch,
+                      partial=self.partial, label_base=self.index_base, progress=self.progress,
+                      objective=self.objective, **self.kw)
+        binding = getattr(self.prep, "binding", None)
+        if getattr(binding, "scoring", False) and self.kw["loss"] is None:  # a task's objective (issue 42)
+            run.words = f"{binding.adapter.words}; target '{self.kw['target'] or 'predicted'}'"
+        return run
 
     def _keep_media(self, entry: dict[str, Any]) -> None:
         """A clip's or flow pair's record (``clip``/``pair``), for the report's entry too."""
@@ -247,6 +251,10 @@ class GradsSession(Session):
 
         if not isinstance(state["partial"], GradPartial) or not isinstance(state["warnings"], Warnings):
             raise TypeError("grads state: not a GradPartial")
+        from inspect_model.run.state_check import check_tensor_shapes
+
+        params = {n: tuple(p.shape) for n, p in self.prep.loaded.model.named_parameters() if p.requires_grad}
+        check_tensor_shapes(state["partial"].grads, params, "the summed gradient of parameter")
         self.partial, self.warnings = state["partial"], state["warnings"]
         self.count = count(state["count"], "the image count")
         self.media = dict(state.get("media") or {})
@@ -408,5 +416,5 @@ def grads(model: Any, images: Any, request: GradsRequest, *, model_options: Mode
 
     return run_images("grads", model, images, session, model_options=model_options, inputs=inputs,
                       output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
-                      notes=notes, progress=progress)
+                      notes=notes, progress=progress, request=request)
 

@@ -298,6 +298,7 @@ def _finish_sanity(acc: dict[str, Any] | None) -> dict[str, Any] | None:
     gradients=True,
     objective=True,
     resumable=True,
+    text=True,
 )
 @api_command(GuidedRequest, positional=("target",))
 def guided_backprop(model: Any, images: Any, request: GuidedRequest, *, model_options: ModelOptions | None = None,
@@ -312,4 +313,4 @@ def guided_backprop(model: Any, images: Any, request: GuidedRequest, *, model_op
                       prep, mopts, request, keep_gradients=keep, progress=progress),
                       model_options=model_options, inputs=inputs,
                       output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
-                      notes=notes, progress=progress)
+                      notes=notes, progress=progress, request=request)

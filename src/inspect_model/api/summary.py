@@ -16,7 +16,7 @@ from inspect_model.run.options import ModelOptions, check_dtype, load, resolve_d
 from inspect_model.run.pipeline import resolved_weights
 from inspect_model.run.request import Request, api_command, option, positive
 from inspect_model.run.session import Result
-from inspect_model.engine.hints import first_layer_hint
+from inspect_model.engine.hints import first_layer_hint, size_hint
 from inspect_model.errors import InputError, UsageError, one_line
 from inspect_model.loading.models import require_hookable
 from inspect_model.registry import command
@@ -64,6 +64,7 @@ def summarize_model(
     depth: int | None = None,
     seed: int = 0,
     train: bool = False,
+    graph: bool = False,
 ) -> SummaryResult:
     """The layer table of ``model`` (see :func:`inspect_model.methods.summary.summarize`).
 
@@ -79,13 +80,13 @@ def summarize_model(
         return _summarize_specs(loaded, [parse_input_spec(s) if isinstance(s, str) else
                                          parse_input_spec("x".join(map(str, s))) for s in input_size or []],
                                 batch_size=batch_size, dtype=dtype, device=device, depth=depth, seed=seed,
-                                train=train)
+                                train=train, graph=graph)
     sizes = _input_sizes(loaded, input_size)
     if batch_size < 1:
         raise InputError(f"--batch-size must be 1 or more, got {batch_size}")
     check_static_batch(loaded, batch_size)
     run = functools.partial(_run_pass, loaded, sizes=sizes, batch_size=batch_size, torch_dtype=parse_dtype(dtype),
-                            depth=depth, seed=seed, train=train)
+                            depth=depth, seed=seed, train=train, graph=graph)
     m = loaded.model
     notes: list[str] = []
     if device == "meta":
@@ -111,13 +112,12 @@ def _input_sizes(loaded: Any, input_size: Sequence[Sequence[int] | str] | None) 
 
 
 def _run_pass(loaded: Any, m: nn.Module, dev: str, *, sizes: list[tuple[int, ...]], batch_size: int,
-              torch_dtype: Any, depth: int | None, seed: int, train: bool) -> SummaryResult:
+              torch_dtype: Any, depth: int | None, seed: int, train: bool, graph: bool = False) -> SummaryResult:
     """The table of ``m`` on example inputs made on ``dev``; on meta, the weights are swapped
     for meta copies for the pass unless they are on meta already (in float32)."""
     import torch
 
     from inspect_model.loading.shapes import make_example_inputs
-    from inspect_model.methods.summary import summarize
 
     x = make_example_inputs(sizes, batch_size=batch_size, family=loaded.family, dtype=torch_dtype,
                             device=dev, seed=seed, vocab=getattr(loaded, "token_vocab", None))
@@ -126,7 +126,29 @@ def _run_pass(loaded: Any, m: nn.Module, dev: str, *, sizes: list[tuple[int, ...
         fwd = _meta_call(m, x, torch_dtype)
     elif dev != "meta" and _on_meta(m):
         raise _NeedsRealModel()
-    return summarize(m, x, name=loaded.name, depth=depth, forward=fwd, train=train)
+    return _traced(m, x, fwd, graph, name=loaded.name, depth=depth, train=train)
+
+
+def _traced(m: nn.Module, inputs: Sequence[Any], fwd: Callable[[], Any] | None, graph: bool, *,
+            kwargs: dict[str, Any] | None = None, **opts: Any) -> SummaryResult:
+    """:func:`summarize` of ``m``; with ``graph``, the same pass also records the data-flow
+    graph (methods/graph.py) into the result's ``graph``."""
+    from inspect_model.methods.summary import summarize
+
+    call = fwd or (lambda: m(*inputs, **(kwargs or {})))
+    if not graph:
+        return summarize(m, inputs, forward=call, **opts)
+    from inspect_model.methods.graph import GraphTracer
+
+    tracer = GraphTracer(m, opts.get("depth"))
+
+    def traced() -> Any:
+        with tracer:
+            return call()
+
+    res = summarize(m, inputs, forward=traced, **opts)
+    res.graph = tracer.graph()
+    return res
 
 
 def _meta_then_cpu(loaded: Any, run: Callable[[nn.Module, str], SummaryResult]
@@ -166,6 +188,10 @@ def _add_first_layer_hint(res: SummaryResult, m: nn.Module) -> None:
     """Append the first layer's input hint to an error raised at (or before) that layer:
     an input-shape problem. Out-of-memory errors stay as they are."""
     if res.error and not res.error.startswith(("out of CPU memory", "out of GPU memory")):
+        sized = size_hint(m, res.error)
+        if sized is not None:  # a ViT at the wrong image size: the size is the fix (issue 39)
+            res.error = f"{res.error} ({sized})"
+            return
         found = first_layer_hint(m)
         if found is not None:
             layer, hint = found
@@ -176,13 +202,12 @@ def _add_first_layer_hint(res: SummaryResult, m: nn.Module) -> None:
 
 
 def _summarize_specs(loaded: Any, specs: list[Any], *, batch_size: int, dtype: str, device: str,
-                     depth: int | None, seed: int, train: bool = False) -> SummaryResult:
+                     depth: int | None, seed: int, train: bool = False, graph: bool = False) -> SummaryResult:
     """The table for inputs given as specs (keyword inputs, integer token ids), on the CPU
     pass when the model is real, else on meta."""
     import torch
 
     from inspect_model.loading.shapes import make_input, parse_dtype
-    from inspect_model.methods.summary import summarize
 
     m = loaded.model
     dev = "meta" if device == "meta" and _on_meta(m) else ("cpu" if device == "meta" else device)
@@ -198,7 +223,7 @@ def _summarize_specs(loaded: Any, specs: list[Any], *, batch_size: int, dtype: s
     flat = [*args, *kwargs.values()]
     fwd = _meta_call(m, args, torch_dtype, kwargs) if dev == "meta" and not _on_meta(m) else (
         lambda: m(*args, **kwargs))
-    res = summarize(m, flat, name=loaded.name, depth=depth, forward=fwd, train=train)
+    res = _traced(m, flat, fwd, graph, name=loaded.name, depth=depth, train=train)
     res.notes[:0] = list(loaded.notes)
     if device == "meta" and dev != "meta":
         res.notes.append("integer or keyword inputs: computed with a real forward pass on cpu")
@@ -256,6 +281,7 @@ class SummaryRequest(Request):
     depth: int | None = option(None, "--depth", type=int, help="Only modules down to this nesting depth.")
     seed: int = option(0, "--seed", help="Seed for random inputs.")
     train: bool = option(False, "--train", help="Run the pass in training mode.")
+    graph: bool = option(False, "--graph", help="Also draw the model's graph (graph.svg, graph.png, graph.dot).")
 
     def validate(self) -> None:
         positive(self.batch_size, "--batch-size")
@@ -304,8 +330,17 @@ def summary(model: Any, request: SummaryRequest, *, model_options: ModelOptions 
     require_hookable(loaded, "summary")
     for note in loaded.notes if notes is not None else []:
         notes(note)
-    res = summarize_model(loaded, input_size=input_size, batch_size=batch_size, dtype=mopts.dtype, device=dev,
-                          depth=depth, seed=seed, train=train)
+    from inspect_model.run.tasks import summary_inputs
+
+    with summary_inputs(loaded.model):  # a seq2seq decoder's or a two-tower model's other input (issue 42)
+        res = summarize_model(loaded, input_size=input_size, batch_size=batch_size, dtype=mopts.dtype, device=dev,
+                              depth=depth, seed=seed, train=train, graph=r.graph)
+    drawn = None
+    if res.graph is not None:
+        from inspect_model.render.graph import GraphFiles
+
+        drawn = GraphFiles(res.graph, loaded.name)
+        res.notes.extend(drawn.notes)
     if train:
         res.notes.append("train mode: dropout and batch norm ran as in training (batch statistics); "
                          "running statistics and training flags were put back")
@@ -322,7 +357,12 @@ def summary(model: Any, request: SummaryRequest, *, model_options: ModelOptions 
         "batch_size": batch_size, "dtype": check_dtype(mopts.dtype), "depth": depth, "device": res.device,
         "seed": seed, "mode": "train" if train else "eval",
     }
-    result = Result("summary", options, render.to_payload(res), [], record=res)
+    if r.graph:
+        options["graph"] = True
+    payload = render.to_payload(res)
+    if res.graph is not None:
+        payload["graph"] = {"nodes": len(res.graph.nodes), "edges": len(res.graph.edges)}
+    result = Result("summary", options, payload, [], record=res, session=drawn)
     if output_dir is not None and not res.error:  # a failed pass leaves no files (the CLI exits 6)
         result.save(output_dir, force=force)
     return result

@@ -117,5 +117,11 @@ def complete_colormap(incomplete: str) -> list[str]:
 
 
 def complete_device(incomplete: str) -> list[str]:
-    """Devices by name; no torch import (completion must be instant), so every kind is offered."""
-    return [d for d in ("cpu", "cuda", "cuda:0", "mps", "auto", "meta") if d.startswith(incomplete)]
+    """Devices by name; no torch import (completion must be instant), so every kind is offered.
+    Not ``meta``: only ``summary`` runs there (issue 39), see :func:`complete_summary_device`."""
+    return [d for d in ("cpu", "cuda", "cuda:0", "mps", "auto") if d.startswith(incomplete)]
+
+
+def complete_summary_device(incomplete: str) -> list[str]:
+    """``summary --device``: meta (its default) first, then the real devices."""
+    return [d for d in ("meta", "cpu", "cuda", "cuda:0", "mps", "auto") if d.startswith(incomplete)]

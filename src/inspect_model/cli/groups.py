@@ -70,8 +70,12 @@ INPUT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("text", c.TextOpt, None),
     ("text_file", c.TextFileOpt, None),
     ("tokenizer", c.TokenizerOpt, None),
+    ("target_text", c.TargetTextOpt, None),
+    ("position", c.PositionOpt, None),
+    ("contrast", c.ContrastOpt, None),
+    ("task", c.TaskOpt, None),
 )
-TEXT_OPTIONS = ("text", "text_file", "tokenizer")  # only commands that take text (CommandSpec.text)
+TEXT_OPTIONS = ("text", "text_file", "tokenizer", "target_text", "position", "contrast")  # only commands that take text (CommandSpec.text)
 RUN_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("output_dir", c.OutputDirOpt, None),
     ("force", c.ForceOpt, False),

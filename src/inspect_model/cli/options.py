@@ -129,6 +129,16 @@ TextOpt = Annotated[list[str] | None, typer.Option("--text", help="A text to tok
 TextFileOpt = Annotated[Path | None, typer.Option("--text-file", help="A file of texts to feed, one per line.")]
 TokenizerOpt = Annotated[Path | None, typer.Option("--tokenizer", help="The tokenizer's folder for --text (default: "
                                                    "the model's own folder).")]
+TaskOpt = Annotated[str | None, typer.Option("--task", help="The model's task, when the one found is not meant: "
+                                            "image_classification, detection, segmentation, video, optical_flow, "
+                                            "text_classification, token_classification, causal_lm, masked_lm, "
+                                            "seq2seq, embedding, contrastive, single_score.")]
+TargetTextOpt = Annotated[str | None, typer.Option("--target-text", help="Explain the log-probability of this "
+                                                   "continuation (causal LM, seq2seq: teacher-forced).")]
+PositionOpt = Annotated[int | None, typer.Option("--position", help="The token position whose prediction is "
+                                                 "explained (causal LM, masked LM, token classification).")]
+ContrastOpt = Annotated[str | None, typer.Option("--contrast", help="Causal LM: explain the logit difference of "
+                                                 "the target token and this token.")]
 LabelsOpt = Annotated[
     Path | None,
     typer.Option("--class-names", "--labels", help="File of the model's class names: one per line, or JSON "

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from inspect_model.run.options import ModelOptions
-from inspect_model.cli import console
+from inspect_model.cli import completion, console
 from inspect_model.registry import command_cli
 from inspect_model.cli import options as c
 from inspect_model.cli.groups import RunOptions
@@ -30,12 +30,17 @@ def summary(
     trust_checkpoint: c.TrustOpt = False,
     trust_remote_code: c.TrustRemoteCodeOpt = False,
     device: Annotated[
-        str, typer.Option("--device", help="meta (no memory, no arithmetic), cpu, cuda, mps or auto.")
+        str, typer.Option("--device", help="meta (no memory, no arithmetic), cpu, cuda, mps or auto.",
+                          autocompletion=completion.complete_summary_device)
     ] = "meta",
     seed: c.SeedOpt = 0,
     train: Annotated[
         bool, typer.Option("--train", help="Run the pass in training mode (dropout and batch norm as in training); "
                            "the model's flags and running statistics are put back.")
+    ] = False,
+    graph: Annotated[
+        bool, typer.Option("--graph", help="Also draw the model's graph into the output folder (-o): graph.svg, "
+                           "graph.png and graph.dot (modules, the operations between them, nested containers).")
     ] = False,
     tensorboard: c.TensorboardOpt = None,
     json_: c.JsonOpt = False,
@@ -57,6 +62,8 @@ def summary(
     run_opts = RunOptions(output_dir=output_dir, force=force, wait=wait, json_=json_, quiet=quiet,
                           tensorboard=tensorboard)
     run_opts.check()
+    if graph and output_dir is None:
+        raise UsageError("--graph writes graph.svg, graph.png and graph.dot into the output folder; add -o DIR")
     if depth is not None and depth < 0:
         raise UsageError(f"--depth must be 0 or more, got {depth}")
     check_dtype(dtype)
@@ -72,7 +79,7 @@ def summary(
     with hold_output_dir(output_dir, wait=wait, force=force):  # a failure inside removes what it made
         res = api.summary(None, model_options=opts, input_size=input_size, batch_size=batch_size, depth=depth,
                           seed=seed, output_dir=output_dir, force=force, notes=msgs.note, train=train,
-                          tensorboard=tensorboard)
+                          tensorboard=tensorboard, graph=graph)
         deliver(res, run_opts, msgs)
         if res.record.error:
             where = f" in layer '{res.record.failed_layer}'" if res.record.failed_layer else ""

@@ -27,3 +27,39 @@ def first_layer_hint(model: nn.Module) -> tuple[str, str] | None:
         if isinstance(mod, nn.Embedding):
             return name, f"the first layer '{name}' (Embedding) expects integer token ids"
     return None
+
+
+def _expected_image_size(model: nn.Module) -> tuple[int, str | None] | None:
+    """The square image size a fixed-size vision transformer takes, and the builder argument
+    that changes it: torchvision's ``image_size``, timm's ``img_size``, a HF config's (none)."""
+    size = getattr(model, "image_size", None)
+    if isinstance(size, int):
+        return size, "image_size"  # torchvision's VisionTransformer
+    patch = getattr(model, "patch_embed", None)
+    img = getattr(patch, "img_size", None)
+    if isinstance(img, (tuple, list)) and img and isinstance(img[0], int):
+        return int(img[0]), "img_size"  # timm
+    cfg = getattr(getattr(model, "config", None), "image_size", None)
+    if isinstance(cfg, int):
+        return cfg, None  # transformers: the size is in config.json
+    return None
+
+
+def size_hint(model: nn.Module, message: str) -> str | None:
+    """For a model that takes one image size (ViT) and an error about the size: what it
+    takes and the two ways to fix it (issue 39), instead of a channels-and-rank hint that
+    the input already met. ``None`` when the error is not about the size."""
+    import re
+
+    found = _expected_image_size(model)
+    low = message.lower()
+    if found is None or not any(w in low for w in ("height", "width", "image size", "doesn't match", "size")):
+        return None
+    size, arg = found
+    got = re.search(r"expected \d+ but got (\d+)|\((\d+)\) doesn't match|size \((\d+)\*", low)
+    g = next((x for x in got.groups() if x), None) if got else None
+    text = f"the model takes {size}x{size} images" + (f", not {g}x{g}" if g and int(g) != size else "")
+    text += f": give --input-size 3x{size}x{size} (with image files, --crop {size} or no --crop)"
+    if arg:
+        text += f", or build it for your size with --weights none --model-arg {arg}={g or 'SIZE'}"
+    return text

@@ -385,8 +385,11 @@ def run_forward(engine: HookEngine, fn: Callable[[], Any]) -> Any:
         if oom is not None:  # torch's CPU allocator raises RuntimeError: never "the input does not fit" (issue 28)
             raise ModelRuntimeError(oom) from exc
         text = f"forward pass failed{loc}: {type(exc).__name__}: {msg}"
-        from inspect_model.engine.hints import first_layer_hint
+        from inspect_model.engine.hints import first_layer_hint, size_hint
 
+        sized = size_hint(engine.model, msg)
+        if sized is not None:  # a ViT at the wrong image size (issue 39)
+            raise InputMismatchError(f"{text}; the input does not fit the model: {sized}") from exc
         hint = first_layer_hint(engine.model) if where else None
         if hint is not None and hint[0] == where:
             raise InputMismatchError(f"{text}; the input does not fit the model: {hint[1]}") from exc

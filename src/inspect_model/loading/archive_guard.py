@@ -223,6 +223,32 @@ def check_sizes(path: str | bytes, budget: SizeBudget | None = None, *, what: st
             f"({_mib(budget.total)}); refusing to read it (a zip bomb?)")
 
 
+MAX_PICKLE_BYTES = 32 * 2**20  # a state dict of 100,000 tensors pickles to ~15 MB; more is no checkpoint
+
+
+def legacy_pickle_end(path: str, limit: int) -> int | None:
+    """Where the pickles of a legacy torch.save file end (magic number, protocol, sys info,
+    the object, its storage keys: five), scanned with pickletools within the first ``limit``
+    bytes (nothing executed); None when they run past ``limit``. A file that is no such
+    pickle gives the position where reading stopped (torch's own error will say what is wrong)."""
+    import pickletools
+
+    with open(path, "rb") as raw:
+        data = raw.read(limit + 1)
+    fh = io.BytesIO(data[:limit])
+    try:
+        for _ in range(5):
+            for op, _arg, _pos in pickletools.genops(fh):
+                if op.name == "STOP":
+                    break
+            else:
+                break
+    except (ValueError, EOFError, UnicodeDecodeError):
+        if len(data) > limit and fh.tell() >= limit - 16:
+            return None  # cut at the limit, not malformed
+    return fh.tell()
+
+
 # Bytes per value of the legacy storage classes (torch.FloatStorage ...); unknown: 8.
 _ELEMENT = {"Double": 8, "Float": 4, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1,
             "Byte": 1, "Bool": 1, "ComplexFloat": 8, "ComplexDouble": 16}
@@ -248,7 +274,8 @@ def legacy_declared_bytes(path: str) -> int:
     import pickletools
 
     declared = 0
-    with open(path, "rb") as fh:
+    with open(path, "rb") as raw:
+        fh = io.BytesIO(raw.read(MAX_PICKLE_BYTES + 1))  # a longer pickle is refused by legacy_pickle_end
         try:
             for _ in range(4):  # magic number, protocol, sys info, then the object with its storages
                 recent: list[Any] = []

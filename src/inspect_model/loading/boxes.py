@@ -66,7 +66,7 @@ def load_labelled_boxes(path: str | Path) -> dict[str, list[tuple[Box, str | Non
             where = f"boxes file '{p}', image '{name}'"
             out.setdefault(name, []).append((_box(box, where), None if label is None else str(label)))
     else:
-        for n, row in enumerate(csv.reader(text.splitlines()), start=1):
+        for n, row in _csv_rows(text, p):
             if not row or not "".join(row).strip() or row[0].strip().startswith("#"):
                 continue
             if n == 1 and row[0].strip().lower() in ("image", "path", "file"):
@@ -79,6 +79,21 @@ def load_labelled_boxes(path: str | Path) -> dict[str, list[tuple[Box, str | Non
     if not out:
         raise InputError(f"boxes file '{p}' holds no boxes")
     return out
+
+
+def _csv_rows(text: str, p: Path) -> Any:
+    """The CSV rows of ``text`` with their line numbers; a malformed row (a field over the
+    csv module's limit, a NUL) is one input error naming the line (issue 41)."""
+    reader = csv.reader(text.splitlines())
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise InputError(f"boxes file '{p}', line {reader.line_num}: not valid CSV ({exc}); "
+                             "give image,x0,y0,x1,y1 per line") from exc
+        yield reader.line_num, row
 
 
 def _box(value: Any, where: str) -> Box:

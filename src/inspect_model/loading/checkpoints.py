@@ -139,14 +139,11 @@ def read_checkpoint(path: str, *, device: str = "cpu", trust: bool = False, what
             f"checkpoint '{path}' is not a PyTorch file (not a torch.save archive, a legacy "
             "pickle or safetensors); pass the file written by torch.save(model.state_dict(), ...)"
         )
-    from inspect_model.loading.archive_guard import check_sizes
+    from inspect_model.loading.torch_files import load_torch
 
-    check_sizes(path, budget, what=what)
     map_location = "cpu" if device == "meta" else device
     try:
-        if trust:
-            return torch.load(path, map_location=map_location, weights_only=False)
-        return torch.load(path, map_location=map_location, weights_only=True)
+        return load_torch(path, what, budget=budget, map_location=map_location, trust=trust)
     except pickle.UnpicklingError as exc:
         if "weights only load failed" in str(exc).lower():
             fix = ("save model.state_dict() instead, or " if what == "checkpoint" else "")

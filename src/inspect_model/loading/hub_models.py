@@ -89,7 +89,8 @@ def missing_message(what: str, where: str, reason: str, *, alternatives: str | N
     )
 
 
-def hub_file(repo: str, filenames: list[str], *, what: str, required: bool = True) -> str | None:
+def hub_file(repo: str, filenames: list[str], *, what: str, required: bool = True,
+             alternatives: str | None = None) -> str | None:
     """The first of ``filenames`` that repo ``repo`` has, from the cache or else downloaded.
 
     The cache is tried first for every name, so cached weights never touch the network."""
@@ -102,7 +103,7 @@ def hub_file(repo: str, filenames: list[str], *, what: str, required: bool = Tru
     if switch:
         if not required:
             return None
-        raise ModelLoadError(missing_message(what, cache, f"{switch} is set"))
+        raise ModelLoadError(missing_message(what, cache, f"{switch} is set", alternatives=alternatives))
     hub = require("huggingface_hub")
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
@@ -110,7 +111,7 @@ def hub_file(repo: str, filenames: list[str], *, what: str, required: bool = Tru
     if unreachable:
         if not required:
             return None
-        raise ModelLoadError(missing_message(what, cache, unreachable))
+        raise ModelLoadError(missing_message(what, cache, unreachable, alternatives=alternatives))
     name, rev = split_revision(repo)
     last: BaseException | None = None
     for fn in filenames:
@@ -119,14 +120,14 @@ def hub_file(repo: str, filenames: list[str], *, what: str, required: bool = Tru
         except LocalEntryNotFoundError as exc:  # the network went away
             if not required:
                 return None
-            raise ModelLoadError(missing_message(what, cache, short_reason(exc))) from exc
+            raise ModelLoadError(missing_message(what, cache, short_reason(exc), alternatives=alternatives)) from exc
         except EntryNotFoundError as exc:
             last = exc
             continue
         except Exception as exc:  # no network, unknown repo, gated repo, ...
             if not required:
                 return None
-            raise ModelLoadError(missing_message(what, cache, short_reason(exc))) from exc
+            raise ModelLoadError(missing_message(what, cache, short_reason(exc), alternatives=alternatives)) from exc
     if not required:
         return None
     raise ModelLoadError(f"{what}: repo {repo} has none of {', '.join(filenames)}"
@@ -166,11 +167,13 @@ def read_state_dict(path: str) -> dict[str, Any]:
     if path.endswith(".npz"):
         raise ModelLoadError(f"weights file {path} is a NumPy archive that only timm's own loader reads; "
                              "choose a tag with safetensors weights, or run with --weights none")
-    from inspect_model.loading.archive_guard import check_sizes
+    from inspect_model.errors import InspectModelError
+    from inspect_model.loading.torch_files import load_torch
 
-    check_sizes(path, what="weights file")
     try:
-        sd = torch.load(path, map_location="cpu", weights_only=True)
+        sd = load_torch(path, "weights file")
+    except InspectModelError:
+        raise
     except pickle.UnpicklingError as exc:
         raise ModelLoadError(f"weights file {path} holds more than tensors and is not unpickled "
                              "(weights_only=True); convert it to safetensors, or run with --weights none") from exc

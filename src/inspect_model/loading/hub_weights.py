@@ -44,6 +44,9 @@ def read_weights_file(path: str) -> dict[str, Any]:
     prefix = expected_prefix(path)
     if prefix is None:
         raise ModelLoadError(f"weights file {path} has no sha256 prefix in its name; delete it to download again")
+    from inspect_model.loading.torch_files import check_regular
+
+    check_regular(path, "weights file")  # a pipe in the cache would block the hash
     try:
         digest = sha256_file(path)
     except OSError as exc:
@@ -53,8 +56,10 @@ def read_weights_file(path: str) -> dict[str, Any]:
             f"weights file {path} does not match its sha256 prefix {prefix} (got {digest[:len(prefix)]}): "
             "it is corrupt or was tampered with; delete it to download again, or run with --weights none"
         )
+    from inspect_model.loading.torch_files import load_torch
+
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)  # type: ignore[no-any-return]
+        return load_torch(path, "weights file")  # type: ignore[no-any-return]
     except pickle.UnpicklingError as exc:
         raise ModelLoadError(
             f"weights file {path} holds Python objects, not just tensors, and is refused; "

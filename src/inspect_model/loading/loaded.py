@@ -92,7 +92,7 @@ def hooks_unsupported_message(name: str, command: str | None, source: str = "tor
     return (
         f"{name} is {what}, and torch does not allow module hooks on it; {cmd} them. "
         "Save the model with torch.export (.pt2), or give its Python class (FILE.py:NAME) "
-        "with --checkpoint; `inspect-model models` and loading still work"
+        "with --checkpoint; `inspect-model check` runs on it as it is (all but the dead-layers check)"
     )
 
 
@@ -117,7 +117,13 @@ def infer_task(model: Any) -> str:
 
 def from_module(model: nn.Module, *, name: str, source: str, device: str, notes: list[str] | None = None) -> LoadedModel:
     """A :class:`LoadedModel` for a module that brings nothing but itself: moved to ``device``
-    (``meta``: left where it is), its declared or guessed input size, its ``categories``."""
+    (``meta``: left where it is), its declared or guessed input size, its ``categories``.
+    A wrapped module (``torch.compile``, ``DataParallel``) is taken out of its wrapper first
+    (:mod:`inspect_model.loading.wrappers`), so that its task is read from its own class."""
+    from inspect_model.loading.wrappers import unwrap_module
+
+    model, unwrapped = unwrap_module(model)
+    notes = [*(notes or []), *unwrapped]
     current = model_device(model)
     if device != "meta" and current is not None and current != device:
         try:

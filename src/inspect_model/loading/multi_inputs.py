@@ -125,13 +125,9 @@ def plan_binding(model: Any, sizes: Sequence[str] | None, *, image_input: str | 
 def _load_inputs_file(path: Path) -> dict[Key, Any]:
     import torch
 
-    if not path.is_file():
-        from inspect_model.loading.parsing import NOT_REGULAR
+    from inspect_model.loading.torch_files import guard_torch_file
 
-        raise InputError(f"inputs file '{path}' " + (NOT_REGULAR if path.exists() else "does not exist"))
-    from inspect_model.loading.archive_guard import check_sizes
-
-    check_sizes(str(path), what="inputs file")  # a zip bomb is refused before torch inflates it
+    guard_torch_file(path, "inputs file", error=InputError)  # bombs and pipes refused before torch reads
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:

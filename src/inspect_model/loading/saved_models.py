@@ -40,9 +40,13 @@ def check_static_batch(loaded: Any, batch_size: int, images: int | None = None) 
     if static is None:
         return
     fix = "or export it again with a dynamic batch dimension (dynamic_shapes={'x': {0: torch.export.Dim('batch')}})"
-    if batch_size != static:
+    # Fewer inputs than --batch-size make one batch of that many (issue 39): that is what runs.
+    runs = batch_size if images is None else min(batch_size, images)
+    if runs != static:
+        got = f"--batch-size {batch_size}" if images is None or images >= batch_size else \
+            f"{images} input(s), one batch of {images}"
         raise InputError(f"{loaded.name} was exported with a static batch size of {static}; pass --batch-size "
-                         f"{static} (got {batch_size}), {fix}")
+                         f"{static} (got {got}), {fix}")
     if images is not None and images % static:
         raise InputError(f"{loaded.name} was exported with a static batch size of {static}, and {images} images "
                          f"do not fill whole batches; give a multiple of {static} images, {fix}")

@@ -144,7 +144,7 @@ class TextBinding:
     mask: Any = None  # the current batch's (B, L) mask
     last_only: bool = False  # a causal LM under grads: its logits (B, L, V) -> those at each text's last token
 
-    def set_batch(self, mask: torch.Tensor) -> None:
+    def set_batch(self, mask: torch.Tensor, ids: torch.Tensor | None = None) -> None:
         self.mask = mask
 
     def describe(self) -> dict[str, Any]:
@@ -224,6 +224,7 @@ class TextPlan:
     warnings: list[str] = field(default_factory=list)
     processed: int = 0
     truncated: int = 0
+    suffix: list[int] = field(default_factory=list)  # token ids appended to every text (a causal LM's --target-text)
 
     def __post_init__(self) -> None:
         # One name per text, in order: the runner shards and resumes a run by these (torchrun,
@@ -250,11 +251,11 @@ class TextPlan:
         for start in range(0, len(self.paths), self.batch_size):
             names = [p.name for p in self.paths[start:start + self.batch_size]]
             chunk = [self.texts[int(n.rsplit("-", 1)[1])] for n in names]
-            ids, mask, tokens = tokenize(self.tokenizer, chunk, self.max_length)
+            ids, mask, tokens = tokenize(self.tokenizer, chunk, self.max_length, self.suffix)
             full = [len(self.tokenizer(t, add_special_tokens=True)["input_ids"]) for t in chunk]
             self.truncated += sum(int(f > self.max_length) for f in full)
             ids, mask = ids.to(self.device), mask.to(self.device)
-            self.binding.set_batch(mask)
+            self.binding.set_batch(mask, ids)
             self.processed += len(chunk)
             yield InputBatch(ids, names, None, text=TextBatch(mask, tokens, list(chunk)))
         if self.truncated:
@@ -262,8 +263,22 @@ class TextPlan:
                                  f"{self.max_length}")
 
 
-def tokenize(tok: Any, texts: list[str], max_length: int) -> tuple[torch.Tensor, torch.Tensor, list[list[str]]]:
-    """(input_ids (B, L), attention_mask (B, L), the real tokens of each text)."""
+def tokenize(tok: Any, texts: list[str], max_length: int, suffix: list[int] | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor, list[list[str]]]:
+    """(input_ids (B, L), attention_mask (B, L), the real tokens of each text); ``suffix``:
+    token ids appended to every text before padding (within ``max_length``)."""
+    if suffix:
+        import torch
+
+        rows = [tok(t, truncation=True, max_length=max(1, max_length - len(suffix)))["input_ids"] + list(suffix)
+                for t in texts]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), int(tok.pad_token_id or 0), dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
+        tokens = [tok.convert_ids_to_tokens(r) for r in rows]
+        return ids, mask, [[str(t) for t in row] for row in tokens]
     enc = tok(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
     ids, mask = enc["input_ids"], enc.get("attention_mask")
     if mask is None:
@@ -302,8 +317,8 @@ def check_text_request(inputs: Any) -> list[str] | None:
         if inputs.tokenizer is not None:
             raise UsageError("--tokenizer needs --text or --text-file")
         return None
-    clash = [flag for flag, given in (("images", inputs.images is not None and not (
-        isinstance(inputs.images, (list, tuple)) and not inputs.images)), ("--input-size", inputs.input_size),
+    # Images with texts: a two-tower model takes both (checked once the model's task is known).
+    clash = [flag for flag, given in (("--input-size", inputs.input_size),
         ("--inputs-file", inputs.inputs_file), ("--image-input", inputs.image_input)) if given]
     if clash:
         raise UsageError(f"--text feeds the model its token ids; drop {clash[0]}")
@@ -326,5 +341,4 @@ def text_run(loaded: Any, inputs: Any, *, spec: Any, device: Any, categories: An
         vocab = int(getattr(getattr(loaded, "config", None), "vocab_size", 0) or len(plan.tokenizer))
         names = plan.tokenizer.convert_ids_to_tokens(list(range(min(vocab, len(plan.tokenizer)))))
         categories = [str(t) for t in names] + [f"<id {i}>" for i in range(len(names), vocab)]
-        plan.binding.last_only = command == "grads"
     return plan, categories

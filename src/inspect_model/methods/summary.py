@@ -67,6 +67,7 @@ class SummaryResult:
     notes: list[str] = field(default_factory=list)
     failed_layer: str | None = None
     error: str | None = None
+    graph: Any = None  # methods/graph.py's ModelGraph when asked for (summary --graph)
 
 
 def _sdpa_cpu_macs(args: tuple, out: Any) -> int:

@@ -188,7 +188,8 @@ def _captions(doc: dict[str, Any]) -> dict[str, str]:
         if isinstance(g, dict) and g.get("file"):
             caps[g["file"]] = f"{g.get('image')}: layer {g.get('layer')} ({g.get('kind')}, " \
                               f"{len(g.get('channels') or [])} of {g.get('total_channels')} channels)"
-    fixed = {"overview.png": "statistics along the depth of the network", "grad_flow.png": "gradient flow per layer"}
+    fixed = {"overview.png": "statistics along the depth of the network", "grad_flow.png": "gradient flow per layer",
+             "graph.svg": "the model's graph (modules, operations between them, inputs and outputs)"}
     for p in doc.get("files") or []:
         name = PurePosixPath(p).name
         if p in fixed:
@@ -205,6 +206,8 @@ def render_html(doc: dict[str, Any]) -> str:
     command = doc.get("command", "")
     model = doc.get("model") or (doc.get("options") or {}).get("model") or ""
     files = [f for f in doc.get("files") or [] if f.lower().endswith((".png", ".jpg", ".jpeg"))]
+    if "graph.svg" in (doc.get("files") or []):  # summary --graph: the scalable picture, once
+        files = ["graph.svg" if f == "graph.png" else f for f in files]
     top = [f for f in files if "/" not in f]
     nested: dict[str, list[str]] = {}
     for f in files:

@@ -82,11 +82,18 @@ class SheetDrawer(Drawer):
     # ------------------------------------------------------------------ resumable state
     def state_dict(self) -> dict[str, Any]:
         """Pages written and rows waiting for a page."""
-        return {"sheets": list(self.sheets), "sheet_rows": self._stored_rows(self.sheet_rows)}
+        from inspect_model.render.stored_pictures import store
+
+        return {"sheets": list(self.sheets), "sheet_rows": store(self._stored_rows(self.sheet_rows))}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        from inspect_model.loading.images import MAX_PIXELS
+        from inspect_model.render.stored_pictures import restore
+
+        if not isinstance(state["sheet_rows"], list) or len(state["sheet_rows"]) > SHEET_ROWS:
+            raise ValueError(f"contact-sheet rows are not a list of at most {SHEET_ROWS}")
         self.sheets = [str(s) for s in state["sheets"]]
-        self.sheet_rows = list(state["sheet_rows"])
+        self.sheet_rows = restore(list(state["sheet_rows"]), max_pixels=MAX_PIXELS)
 
     def merge(self, states: list[dict[str, Any]]) -> None:
         self.sheets = [str(p) for st in states for p in st["sheets"]]

@@ -65,6 +65,10 @@ class InputOptions:
     text: list[str] | None = None  # texts to tokenise (Hugging Face text models; loading/text.py)
     text_file: Path | str | None = None  # one text per line
     tokenizer: Path | str | None = None  # the tokenizer's folder (default: the model's own)
+    task: str | None = None  # --task: the model's task by name (default: found from the model; issue 42)
+    target_text: str | None = None  # --target-text: a continuation to explain (causal LM, seq2seq)
+    position: int | None = None  # --position: the token whose prediction is explained
+    contrast: str | None = None  # --contrast: a causal LM's logit difference against this token
 
 
 def parse_model_args(items: list[str] | dict[str, Any] | None) -> dict[str, Any]:
@@ -228,13 +232,16 @@ def load(opts: ModelOptions, *, device: str | None = None) -> Any:
     from inspect_model.loading.loaded import LoadedModel, infer_task
     from inspect_model.loading.shapes import parse_dtype
     from inspect_model.loading.sources import load_model
+    from inspect_model.loading.wrappers import unwrap_loaded, unwrap_module
 
     dev = device or resolve_device(opts.device)
     if isinstance(opts.model, LoadedModel):
-        loaded = opts.model
+        loaded = unwrap_loaded(opts.model)
     elif isinstance(opts.model, nn.Module):
-        loaded = LoadedModel(model=opts.model, name=type(opts.model).__name__, source="python", borrowed=True,
-                             task=infer_task(opts.model))
+        # A compiled or DataParallel module: the one inside, named and tasked by its own class.
+        inner, unwrapped = unwrap_module(opts.model)
+        loaded = LoadedModel(model=inner, name=type(inner).__name__, source="python", borrowed=True,
+                             task=infer_task(inner), notes=unwrapped)
         if opts.checkpoint:
             raise UsageError("checkpoint= applies to a model spec, not to a module object; load it yourself")
     elif isinstance(opts.model, str):

@@ -49,6 +49,7 @@ class Prepared:
     device: str
     dtype: torch.dtype
     binding: Any = None  # loading.multi_inputs.InputBinding for a model with several inputs
+    task: Any = None  # methods.families.Task: what the model does (api/tasks.py)
 
     def options(self, mopts: ModelOptions, **own: Any) -> dict[str, Any]:
         """The one resolved-options record of a report: what was asked, as resolved."""
@@ -62,6 +63,10 @@ class Prepared:
             "batch_size": self.plan.batch_size,
             "inputs": self.plan.describe(),
         }
+        if self.task is not None:  # issue 42: the task and, where it explains a score, the objective in words
+            words = getattr(getattr(self.binding, "adapter", None), "words", None)
+            base["task"] = {"name": self.task.name,
+                            "objective": words if getattr(self.binding, "scoring", False) else None}
         base.update(own)
         return base
 
@@ -77,10 +82,21 @@ def resolved_weights(loaded: Any, mopts: ModelOptions) -> str | None:
 
 def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: bool | None = None,
             notes: Callable[[str], None] | None = None, default_batch: int | None = None,
-            output_dir: Any = None) -> Prepared:
-    """Load the model (its notes go to ``notes``) and plan the inputs (folders and globs
-    without what lies in ``output_dir``). What the command's registry entry says it does
-    decides the checks: ``hooks`` (None: the entry's), ``gradients``, ``objective``."""
+            output_dir: Any = None, request: Any = None) -> Prepared:
+    """Load the model (its notes go to ``notes``), plan the inputs (folders and globs
+    without what lies in ``output_dir``) and attach the model's task with the objective of
+    ``request``'s target options (api/tasks.py). What the command's registry entry says it
+    does decides the checks: ``hooks`` (None: the entry's), ``gradients``, ``objective``."""
+    from inspect_model.run.tasks import attach_task
+
+    prep, task, texts, tok = _prepare(command, mopts, inputs, hooks=hooks, notes=notes, default_batch=default_batch,
+                                      output_dir=output_dir)
+    return attach_task(command, prep, inputs, request, task, texts=texts, tokenizer=tok, notes=notes) \
+        if task is not None else prep
+
+
+def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: bool | None, notes: Any,
+             default_batch: int | None, output_dir: Any) -> tuple[Prepared, Any, Any, Any]:
     import torch
 
     from inspect_model.loading.inputs import plan_inputs
@@ -110,8 +126,12 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
     categories = load_labels(inputs.labels) if inputs.labels else loaded.categories
     if inputs.labels and loaded.categories:  # the model names its classes: check at once
         check_label_count(categories, len(loaded.categories))
-    if inputs.text or inputs.text_file is not None or inputs.tokenizer is not None:  # issue 26: texts
-        return _prepare_text(command, mopts, inputs, loaded, dev, torch_dtype, categories)
+    from inspect_model.methods.families import find_task
+
+    task = find_task(loaded.model, loaded, getattr(inputs, "task", None))
+    has_text, texts, tok = _texts_beside_images(task, inputs, loaded, mopts)
+    if has_text and texts is None:  # issue 26: texts
+        return _prepare_text(command, mopts, inputs, loaded, dev, torch_dtype, categories), task, None, None
     from inspect_model.loading.multi_inputs import plan_binding
 
     binding = plan_binding(loaded.model, inputs.input_size, image_input=inputs.image_input,
@@ -152,7 +172,26 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
         )
         binding, categories = media_binding(command, loaded, plan, binding, categories, notes,
                                             objective=capability(command, "objective"))
-    return Prepared(loaded, plan, categories, dev, torch_dtype, binding)
+    return Prepared(loaded, plan, categories, dev, torch_dtype, binding), task, texts, tok
+
+
+def _texts_beside_images(task: Any, inputs: InputOptions, loaded: Any, mopts: ModelOptions
+                         ) -> tuple[bool, Any, Any]:
+    """(texts given, the texts and tokenizer of a two-tower model, held beside its images;
+    None: the texts are the input). Texts with images for any other task: a usage error."""
+    has_text = bool(inputs.text) or inputs.text_file is not None or inputs.tokenizer is not None
+    has_images = inputs.images is not None and not (isinstance(inputs.images, (list, tuple)) and not inputs.images)
+    if has_text and task.takes == "images+text":  # a two-tower model: the texts are held fixed (issue 42)
+        from inspect_model.run.tasks import plan_texts
+
+        texts, tok = plan_texts(loaded, inputs, mopts.model)
+        return True, texts, tok
+    if has_text and has_images:
+        from inspect_model.errors import UsageError
+
+        raise UsageError(f"--text with images: only a two-tower (image-text) model takes both; {loaded.name} is a "
+                         f"{task.name} model; drop the images or --text")
+    return has_text, None, None
 
 
 def _prepare_text(command: str, mopts: ModelOptions, inputs: InputOptions, loaded: Any, dev: Any,
@@ -210,13 +249,14 @@ def execute(
 def run_images(command: str, model: Any, images: Any, make_session: Callable[[Prepared, ModelOptions, bool], Session],
                *, hooks: bool | None = None, model_options: ModelOptions | None = None, inputs: InputOptions | None = None,
                output_dir: Any = None, force: bool = False, tensorboard: Any = None, keep: bool | None = None,
-               on_item: Any = None, notes: Any = None, progress: Any = None) -> Result:
+               on_item: Any = None, notes: Any = None, progress: Any = None, request: Any = None) -> Result:
     """The one shape of every image command's API function: the model loaded and the inputs
     planned (:func:`prepare`), the session made by ``make_session(prep, mopts, keep)`` (``keep``
     resolved: by default, kept when no output_dir is given), its batches run (:func:`execute`).
     A session that is a context manager (activations' capture) is entered around the run."""
     mopts = model_options or ModelOptions(model)
-    prep = prepare(command, mopts, inputs or InputOptions(images), hooks=hooks, notes=notes, output_dir=output_dir)
+    prep = prepare(command, mopts, inputs or InputOptions(images), hooks=hooks, notes=notes, output_dir=output_dir,
+                   request=request)
     keep = output_dir is None if keep is None else keep
     with contextlib.ExitStack() as stack:
         session = make_session(prep, mopts, keep)

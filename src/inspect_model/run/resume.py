@@ -28,6 +28,7 @@ from inspect_model.output.files import RESUME_STAGING
 
 RESUME_DIR = RESUME_STAGING  # OutputDir.MARKER prefix: ignored by the emptiness check, kept by the stale clean-up
 MANIFEST_VERSION = 1
+MAX_MANIFEST_BYTES = 64 * 2**20  # a manifest lists the finished images' paths: a few KiB each 1,000
 
 
 def fingerprint(command: str, options: dict[str, Any]) -> str:
@@ -60,11 +61,12 @@ def state_classes() -> list[type]:
     import dataclasses
     import sys
 
-    from PIL import Image
-
+    from inspect_model.render.stored_pictures import StoredPicture
     from inspect_model.run.session import Warnings
 
-    out: list[type] = [Warnings, Image.Image]  # contact-sheet cells: PIL rebuilds pixels, runs nothing
+    # No PIL image: its unpickling allocates the size the file declares (issue 41); pictures
+    # travel as StoredPicture tensors, which cannot claim more than the bytes in the file.
+    out: list[type] = [Warnings, StoredPicture]
     for name, mod in list(sys.modules.items()):
         if mod is None or not name.startswith("inspect_model."):
             continue
@@ -83,12 +85,26 @@ def save_state(path: Path, state: dict[str, Any]) -> None:
     atomic_write(path, buf.getvalue())
 
 
-def load_state(path: Path) -> dict[str, Any]:
+MAX_STATE_BYTES = 16 * 2**30  # summed gradients of a large model and every record: more is no state of ours
+STATE_PICKLE_PER_IMAGE = 64 * 2**10  # records of one finished image, pickled (a few KiB in practice)
+
+
+def load_state(path: Path, images: int = 0) -> dict[str, Any]:
+    """The state at ``path`` through the bounded torch loader (regular file, size, inflated
+    size, and a pickle of at most 32 MiB plus :data:`STATE_PICKLE_PER_IMAGE` per image of
+    the shard), with our record classes only."""
     import torch
+
+    from inspect_model.errors import InspectModelError
+    from inspect_model.loading import archive_guard
+    from inspect_model.loading.torch_files import load_torch
 
     try:
         with torch.serialization.safe_globals(state_classes()):
-            state = torch.load(path, map_location="cpu", weights_only=True)  # never full unpickling
+            state = load_torch(path, "resume state", error=OutputError, max_bytes=MAX_STATE_BYTES,
+                               max_pickle=archive_guard.MAX_PICKLE_BYTES + STATE_PICKLE_PER_IMAGE * images)
+    except InspectModelError as exc:  # a bomb or a pipe: the loader's words, this folder's fix
+        raise bad_state(path, str(exc).removeprefix(f"resume state '{path}'").lstrip(": ")) from exc
     except Exception as exc:  # a damaged or foreign file: say which, never run it
         raise OutputError(f"cannot read the resume state '{path}' ({type(exc).__name__}); "
                           "remove that folder to start over") from exc
@@ -156,11 +172,17 @@ def read_resume(staging: Path, rank: int, fp: str, command: str, size: int, out_
     manifests = sorted(staging.glob("manifest-*.json"))
     if not manifests:
         return None
-    try:
-        first = json.loads(manifests[0].read_text())
-    except (OSError, ValueError, RecursionError) as exc:
-        raise OutputError(f"cannot read the resume manifest '{manifests[0]}': {one_line(exc)}; "
+    from inspect_model.loading.parsing import loads_json, read_bounded
+
+    where = f"resume manifest '{manifests[0]}'"
+    try:  # bounded: a FIFO would block in open(), a link to /dev/zero read without end (issue 41)
+        first = loads_json(read_bounded(manifests[0], where, error=OutputError, limit=MAX_MANIFEST_BYTES),
+                           where, error=OutputError)
+    except OSError as exc:
+        raise OutputError(f"cannot read the {where}: {exc.strerror or one_line(exc)}; "
                           "remove that folder to start over") from exc
+    except OutputError as exc:
+        raise OutputError(f"{exc}; remove that folder to start over") from exc
     if not isinstance(first, dict):
         raise bad_state(manifests[0], "not a JSON object")
     if first.get("command") != command or first.get("options_hash") != fp:
@@ -175,7 +197,7 @@ def read_resume(staging: Path, rank: int, fp: str, command: str, size: int, out_
         return None
     if path.is_symlink() or not path.is_file():
         raise bad_state(path, "not a regular file")
-    state = load_state(path)
+    state = load_state(path, shard_len)
     count(state.get("done"), "the number of finished images", shard_len, where=path)
     strings(state.get("skipped"), "the skipped inputs", where=path, width=2)
     strings(state.get("pending"), "the staged files", where=path, width=2)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from inspect_model.run import resume as rs
 from inspect_model.run.session import ImageItem, Result, Session
 from inspect_model.run.signals import sigterm_unwinds
+from inspect_model.run.state_check import check_state
 from inspect_model.run.world import Group, Phase, World, shard
 from inspect_model.errors import (
     DistributedError,
@@ -167,6 +168,7 @@ class _Run:
         if st is None:
             return 0
         try:
+            check_state(st["session"], self._fresh_state(), "session", command=self.session.command)  # before the session holds any of it
             self.session.load_state_dict(st["session"])
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise rs.bad_state(st["where"], f"session state: {one_line(exc)}") from exc
@@ -175,6 +177,13 @@ class _Run:
             self.plan.skipped[:] = [tuple(s) for s in st["skipped"]]
             self.plan.warnings[:] = rs.strings(st.get("notes", []), "the input notes", where=st["where"])
         return int(st["done"])
+
+    def _fresh_state(self) -> Any:
+        """This session's state before its first image: what a state read back must look like."""
+        try:
+            return self.session.state_dict()
+        except Exception:  # a session that builds its state only once it has run: no template
+            return None
 
     def _open_sink(self) -> Sink:
         writer = None

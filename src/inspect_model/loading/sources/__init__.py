@@ -121,6 +121,9 @@ def load_model(
             f"settings for them), and they are not cached at {exc.path} nor downloadable; add --weights none to "
             "build it without them (the checkpoint's tensors replace the weights either way), or put the file there"
         ) from exc
+    from inspect_model.loading.wrappers import unwrap_loaded
+
+    unwrap_loaded(loaded)  # torch.compile / DataParallel: the module inside (wrappers.py)
     if checkpoint:
         load_checkpoint_into(loaded, spec, checkpoint, device=device, strict=strict, trust=trust_checkpoint)
     return loaded

@@ -51,11 +51,11 @@ def load_exported(path: str, *, device: str = "cpu", trust: bool = False) -> Loa
 
     from inspect_model.loading.archive_guard import (
         check_archive,
-        check_sizes,
         forbid_full_unpickling,
     )
+    from inspect_model.loading.torch_files import guard_torch_file
 
-    check_sizes(path, what="exported program")  # before anything inflates a record, ours or torch's
+    guard_torch_file(path, "exported program")  # before anything inflates a record, ours or torch's
     check_archive(path, trust=trust)
     try:
         with warnings.catch_warnings(), (contextlib.nullcontext() if trust else forbid_full_unpickling(path)):

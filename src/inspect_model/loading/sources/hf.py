@@ -45,6 +45,9 @@ ARCHITECTURES = (
     ("ForCausalLM", "AutoModelForCausalLM", "custom"),
     ("LMHeadModel", "AutoModelForCausalLM", "custom"),
     ("ForMaskedLM", "AutoModelForMaskedLM", "custom"),
+    # Encoder-decoders keep their language-model head (issue 42: seq2seq), where the Auto class knows the config.
+    ("ForConditionalGeneration", "AutoModelForSeq2SeqLM", "custom"),
+    ("ForTokenClassification", "AutoModelForTokenClassification", "classification"),
 )
 
 
@@ -76,7 +79,12 @@ def _local_dir(spec: str, weights: bool) -> tuple[str, str]:
     if repo.count("/") > 1 or not all(repo.split("/")):
         raise UsageError(f"'{spec}' is not hf:ORG/NAME (a Hugging Face model id) nor a directory")
     name = f"hf:{ref}"
-    cfg = hub_file(ref, ["config.json"], what=f"the config of {name}")
+    # The config is the architecture: --weights none needs it too (issue 39), so the way out
+    # offline is a local save_pretrained folder, not --weights none.
+    cfg = hub_file(ref, ["config.json"], what=f"the config of {name}",
+                   alternatives="the config is the architecture, which --weights none needs too; fetch it once with network access (HF_HOME/HF_HUB_CACHE choose the cache; unset "
+                   "HF_HUB_OFFLINE), or give a local folder written by save_pretrained instead of hf:ORG/NAME "
+                   "(config.json; the weights may be missing with --weights none)")
     assert cfg is not None
     folder = os.path.dirname(cfg)
     if weights:
@@ -108,9 +116,20 @@ def _auto_class(transformers: Any, config: Any) -> tuple[Any, str]:
     """The Auto class and task of the config's architectures; the base model and "custom" else."""
     archs = [str(a) for a in getattr(config, "architectures", None) or []]
     for suffix, auto, task in ARCHITECTURES:
-        if any(a.endswith(suffix) for a in archs) and hasattr(transformers, auto):
+        if any(a.endswith(suffix) for a in archs) and hasattr(transformers, auto) and _knows(
+                getattr(transformers, auto), config):
             return getattr(transformers, auto), task
     return transformers.AutoModel, "custom"
+
+
+def _knows(auto: Any, config: Any) -> bool:
+    """The Auto class has a model for this config (a vision-language ...ForConditionalGeneration
+    is no seq2seq LM)."""
+    mapping = getattr(auto, "_model_mapping", None)
+    try:
+        return mapping is None or type(config) in mapping
+    except Exception:  # noqa: BLE001 - a lazy mapping that cannot say: try the class
+        return True
 
 
 def preprocess_from_processor(d: dict[str, Any]) -> tuple[Preprocess, list[str]]:

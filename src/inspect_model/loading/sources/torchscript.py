@@ -41,9 +41,9 @@ def load_torchscript(path: str, *, device: str = "cpu") -> LoadedModel:
 
     import torch
 
-    from inspect_model.loading.archive_guard import check_sizes
+    from inspect_model.loading.torch_files import guard_torch_file
 
-    check_sizes(path, what="TorchScript file")
+    guard_torch_file(path, "TorchScript file")
     map_location = "cpu" if device == "meta" else device
     try:
         with warnings.catch_warnings():

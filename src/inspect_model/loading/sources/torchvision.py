@@ -302,6 +302,8 @@ def load_torchvision(
             transforms = w.transforms()
         except Exception:
             transforms = None
+    elif not (build_args or {}).get("num_classes"):
+        cats = _offline_categories(models, name)
     return LoadedModel(
         model=model,
         name=name,
@@ -315,3 +317,14 @@ def load_torchvision(
         device=device,
     )
 
+
+
+def _offline_categories(models: Any, name: str) -> list[str] | None:
+    """The class names of ``name``'s default weights, which ship in torchvision's weights enum
+    (no download): ``--weights none`` keeps the head's size, so its indices mean the same
+    classes (issue 39: `713 photocopier`, `--target tabby`)."""
+    try:
+        meta = models.get_model_weights(name).DEFAULT.meta
+    except Exception:  # a builder without registered weights
+        return None
+    return list(meta.get("categories") or []) or None

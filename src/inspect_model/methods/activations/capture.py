@@ -157,6 +157,7 @@ class ActivationCapture:
         self._batches = 0
         self._base = 0  # run index of the first image (see start)
         self._batch_size: int | None = None
+        self._mask: torch.Tensor | None = None
         self._engine: Any = None
 
     def __enter__(self) -> Self:
@@ -175,10 +176,17 @@ class ActivationCapture:
             engine.__exit__(exc_type, exc, tb)
 
     def _measure(self, t: torch.Tensor) -> Measurement:
+        if self._mask is not None:  # a text batch: its real tokens only (tokens.py)
+            from inspect_model.methods.activations.tokens import measure_tokens
+
+            return measure_tokens(t, self._mask, hist_bins=self.hist_bins)
         return measure(t, self._batch_size, hist_bins=self.hist_bins)
 
-    def run(self, inputs: Any, names: Sequence[str] | None = None) -> BatchActivations:
-        """One forward pass on ``inputs`` (a tensor, or a tuple of positional inputs)."""
+    def run(self, inputs: Any, names: Sequence[str] | None = None, *, mask: torch.Tensor | None = None
+            ) -> BatchActivations:
+        """One forward pass on ``inputs`` (a tensor, or a tuple of positional inputs); ``mask``
+        (B, L), a text batch's attention mask: outputs over its tokens are measured at the
+        real tokens only, padding left out (tokens.py)."""
         import torch
 
         from inspect_model.engine.hooks import run_forward
@@ -189,6 +197,7 @@ class ActivationCapture:
         first = next((a for a in args if isinstance(a, torch.Tensor)), None)
         n = int(first.shape[0]) if first is not None and first.ndim else 1
         self._batch_size = n
+        self._mask = mask if mask is not None and mask.dim() == 2 and int(mask.shape[0]) == n else None
         names = list(names) if names is not None else [f"input-{self._images + i}" for i in range(n)]
         engine = self._engine
         engine.reset()

@@ -31,6 +31,7 @@ import torch
 
 from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
 from inspect_model.errors import InputError, ModelRuntimeError, UsageError
+from inspect_model.loading.wrappers import unwrap_module
 from inspect_model.methods.attributions import passes as ap
 from inspect_model.methods.attributions import base as ab
 from inspect_model.methods.attributions.options import check_settings, parse_methods, parse_sizes
@@ -235,7 +236,7 @@ def attribute(model: torch.nn.Module, inputs: torch.Tensor, target: Any = "predi
     st = settings or AttributionSettings()
     if not isinstance(inputs, torch.Tensor) or inputs.dim() < 1 or inputs.shape[0] < 1:
         raise InputError("attributions need a batched input tensor (N, ...)")
-    model = getattr(model, "_orig_mod", model) if type(model).__name__ == "OptimizedModule" else model
+    model = unwrap_module(model)[0]  # compiled / DataParallel: the eager module (loading/wrappers.py)
     opts = CaptureOptions(outputs=False, freeze_params=True, eval_mode=True, grad_enabled=True)
     with HookEngine(model, [], opts) as engine:
         emb_name = None

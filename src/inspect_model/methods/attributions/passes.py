@@ -77,13 +77,41 @@ def noise_sigma(x: torch.Tensor, noise: float, mode: str) -> float:
 
 
 # ----------------------------------------------------------------------- baselines
+BASELINE_MAX_BYTES = 2**30  # an image-sized tensor; a larger file is no baseline
+
+
+def _check_npy_header(path: Path, size: int) -> None:
+    """Refuse a .npy whose header declares more values than the file holds (numpy would
+    allocate the declared array before reading)."""
+    import numpy as np
+
+    with open(path, "rb") as fh:
+        try:
+            version = np.lib.format.read_magic(fh)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _order, dtype = read(fh)
+        except (ValueError, OSError, SyntaxError, TypeError) as exc:
+            raise InputError(f"baseline file '{path}' is not a .npy array: {' '.join(str(exc).split())[:160]}") \
+                from exc
+    need = math.prod(int(d) for d in shape) * dtype.itemsize
+    if need > size:
+        raise InputError(f"baseline file '{path}' declares a {'x'.join(map(str, shape))} array of {need:,} bytes "
+                         f"but holds {size:,}; it is truncated or forged")
+
+
 def _load_baseline_file(path: Path) -> torch.Tensor:
+    from inspect_model.loading.torch_files import check_regular, load_torch
+
     try:
         if path.suffix == ".npy":
             import numpy as np
 
+            size = check_regular(path, "baseline file", error=InputError, max_bytes=BASELINE_MAX_BYTES)
+            _check_npy_header(path, size)
             return torch.from_numpy(np.load(path, allow_pickle=False))
-        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj = load_torch(path, "baseline file", error=InputError, max_bytes=BASELINE_MAX_BYTES)
+    except InputError:
+        raise
     except Exception as exc:
         msg = (str(exc).strip().splitlines() or [""])[0][:200]
         raise InputError(f"baseline file '{path}' cannot be read as a tensor (.pt with weights_only, or .npy): "

@@ -45,6 +45,7 @@ from inspect_model.methods.gradients.records import (  # the records, re-exporte
     validate_request,
 )
 from inspect_model.methods.gradients.stats import LogHist, log_hist, max_abs, merge_stats
+from inspect_model.methods.activations.tokens import real_tokens
 from inspect_model.methods.stats import TensorStats, tensor_stats
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ class GradRun:
         self.progress = progress  # progress(done, total, label): the per-layer and per-parameter work
         self._seen = {"done": 0, "total": 0}
         self.objective = objective  # a detector's or segmenter's scores (objectives.py), else None
+        self.words: str | None = None  # a task's objective in words (issue 42), set by the grads session
         self.spec = parse_target(target, categories) if loss is None and objective is None else None
         self.categories = categories
         self.label_list: list[int] | None = None
@@ -102,6 +104,7 @@ class GradRun:
         self.input_grads: list[torch.Tensor] = []
         self.warnings: list[str] = []
         self._live = False
+        self._mask: torch.Tensor | None = None  # the text batch's attention mask (B, L), if any
 
     def _observe(self, g: torch.Tensor, n: int, *, hist: bool = True) -> GradObs:
         import torch
@@ -115,6 +118,7 @@ class GradRun:
         if self.progress is not None and seen["total"] > 1:
             seen["done"] += 1
             self.progress(min(seen["done"], seen["total"]), seen["total"], "grads: layer gradients")
+        g = real_tokens(g, self._mask)  # a text batch: its real tokens only, padding left out
         stats = tensor_stats(g)
         return GradObs(seq, stats, _hist(g, stats) if self.histograms and hist else None, per)
 
@@ -160,7 +164,7 @@ class GradRun:
     def _batch(self, item: tuple[Any, list[str]], eng: Any, batch_n: list[int], run_forward: Any,
                select_output: Any) -> None:
         part, model = self.partial, self.model
-        x0, batch_names = item
+        x0, batch_names, self._mask = item
         n = x0.shape[0]
         batch_n[0] = n
         eng.reset()
@@ -290,7 +294,7 @@ class GradRun:
                          f"{', '.join(unused[:5])}")
         return GradReport(
             objective=self.objective.describe() if self.objective is not None
-            else describe_objective(self.target, self.loss), images=part.images, layers=layer_list,
+            else self.words or describe_objective(self.target, self.loss), images=part.images, layers=layer_list,
             params=params, frozen_params=len(self.params_all) - len(self.trainable), global_norm=total,
             output_grad_norm=out_norm, input_grad=part.input_stats, checks=checks, clip=clip,
             first_nonfinite=first, samples=part.samples, input_grads=self.input_grads, notes=notes,
@@ -333,7 +337,8 @@ def gradients(
     return run.report()
 
 
-def _iter_batches(inputs: Any, start: int = 0) -> Iterable[tuple[torch.Tensor, list[str]]]:
+def _iter_batches(inputs: Any, start: int = 0) -> Iterable[tuple[torch.Tensor, list[str], Any]]:
+    """(inputs, names, the attention mask of a text batch or None) per batch."""
     import torch
 
     if isinstance(inputs, torch.Tensor):
@@ -349,7 +354,8 @@ def _iter_batches(inputs: Any, start: int = 0) -> Iterable[tuple[torch.Tensor, l
         if not isinstance(x, torch.Tensor) or x.dim() < 1:
             raise InputError("grads needs a batched input tensor (N, ...)")
         k += x.shape[0]
-        yield x, list(nm)
+        text = getattr(item, "text", None)
+        yield x, list(nm), getattr(text, "mask", None)
 
 
 def _merge_batch(acc: dict[str, LayerGrad], records: list[Any], by_name: dict[str, Any]) -> None:

@@ -16,10 +16,10 @@ if TYPE_CHECKING:
     import torch
 
 
-def resolve_label(value: int | str, categories: Sequence[str] | None) -> int:
+def resolve_label(value: int | str, categories: Sequence[str] | None, option: str = "--true-label") -> int:
     from inspect_model.methods.objectives.targets import parse_target
 
-    spec = parse_target(str(value), categories)
+    spec = parse_target(str(value), categories, option=option)
     if spec.kind != "class" or spec.index is None:
         raise UsageError(f"label '{value}' must be a class index or class name, not '{spec.kind}'")
     return spec.index
@@ -36,7 +36,7 @@ def read_labels_file(path: str, categories: Sequence[str] | None) -> list[int]:
         raise InputError(f"labels file '{path}' cannot be read: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
         raise InputError(f"labels file '{path}' is not UTF-8 text") from exc
-    labels = [resolve_label(ln, categories) for ln in lines if ln and not ln.startswith("#")]
+    labels = [resolve_label(ln, categories, f"--true-labels ({path})") for ln in lines if ln and not ln.startswith("#")]
     if not labels:
         raise InputError(f"labels file '{path}' holds no label; write one class per image, one per line")
     return labels

@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
 from inspect_model.errors import InputError, ModelRuntimeError, UsageError
+from inspect_model.loading.wrappers import unwrap_module
 from inspect_model.methods.objectives.targets import (
     TargetSpec,
     parse_target,
@@ -184,7 +185,7 @@ def guided_backprop(
         raise InputError(f"guided backprop needs a floating-point input, got {inputs.dtype}")
     kinds = resolve_kinds(activations)
     # torch.compile'd models run a compiled backward the mode cannot see: use the eager module.
-    model = getattr(model, "_orig_mod", model) if type(model).__name__ == "OptimizedModule" else model
+    model = unwrap_module(model)[0]  # compiled / DataParallel: the eager module (loading/wrappers.py)
     opts = CaptureOptions(outputs=False, freeze_params=True, eval_mode=True, grad_enabled=True)
     with HookEngine(model, [], opts) as engine:
         leaf = inputs.detach().requires_grad_(True)

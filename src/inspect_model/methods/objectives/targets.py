@@ -33,13 +33,14 @@ class TargetSpec:
     names: Sequence[str] | None = field(default=None, compare=False, repr=False)
 
 
-def parse_target(text: str | Sequence[str | int] | None, categories: Sequence[str] | None = None) -> TargetSpec:
+def parse_target(text: str | Sequence[str | int] | None, categories: Sequence[str] | None = None, *,
+                 option: str = "--target") -> TargetSpec:
     """Parse ``predicted``, ``top:K``, an index or a label name (needs ``categories``), or a
     sequence of indices/names: one class per sample, in the order of the inputs."""
     if isinstance(text, (list, tuple)):
         each = []
         for item in text:
-            one = _parse_target(str(item), categories)
+            one = _parse_target(str(item), categories, option)
             if one.kind != "class" or one.index is None:
                 raise UsageError(f"target '{item}': a per-sample target holds class indices or names, "
                                  f"not '{one.kind}'")
@@ -48,11 +49,11 @@ def parse_target(text: str | Sequence[str | int] | None, categories: Sequence[st
             raise UsageError("a per-sample target needs one class per sample; got none")
         spec = TargetSpec("each", indices=tuple(each), text=",".join(str(t) for t in text))
         return replace(spec, names=categories) if getattr(categories, "source", None) else spec
-    spec = _parse_target(text, categories)
+    spec = _parse_target(text, categories, option)
     return replace(spec, names=categories) if getattr(categories, "source", None) else spec
 
 
-def _parse_target(text: str | None, categories: Sequence[str] | None) -> TargetSpec:
+def _parse_target(text: str | None, categories: Sequence[str] | None, option: str = "--target") -> TargetSpec:
     raw = (text or "predicted").strip()
     low = raw.lower()
     if low in ("predicted", "pred", "top", "top:1"):
@@ -61,17 +62,20 @@ def _parse_target(text: str | None, categories: Sequence[str] | None) -> TargetS
         try:
             k = int(low[4:])
         except ValueError as exc:
-            raise UsageError(f"--target '{raw}': K in top:K must be an integer") from exc
+            raise UsageError(f"{option} '{raw}': K in top:K must be an integer") from exc
         if k < 1:
-            raise UsageError(f"--target '{raw}': K must be 1 or more")
+            raise UsageError(f"{option} '{raw}': K must be 1 or more")
         return TargetSpec("top", k=k, text=raw)
+    aliases = getattr(categories, "aliases", None)  # a task's own spellings: norm, cosine:REF (issue 42)
+    if aliases and low in aliases:
+        return TargetSpec("class", index=aliases[low], text=raw)
     try:
         index = int(raw)
     except ValueError:
         pass
     else:
         if index < 0:  # Python's -1 would silently mean the last class (issue 13)
-            raise UsageError(f"--target {raw}: class indices start at 0; give 0..N-1, a class name or top:K")
+            raise UsageError(f"{option} {raw}: class indices start at 0; give 0..N-1, a class name or top:K")
         return TargetSpec("class", index=index, text=raw)
     if categories:
         exact = [i for i, c in enumerate(categories) if c == raw]
@@ -79,9 +83,10 @@ def _parse_target(text: str | None, categories: Sequence[str] | None) -> TargetS
             exact = [i for i, c in enumerate(categories) if c.lower() == low]
         if exact:
             return TargetSpec("class", index=exact[0], text=raw)
-        raise InputError(f"--target '{raw}' is not a class name of this model" + (suggest(raw, list(categories)) or ""))
+        raise InputError(f"{option} '{raw}' is not a class name of this model" + (suggest(raw, list(categories)) or ""))
     raise InputError(
-        f"--target '{raw}' is not an index and the model has no class names; pass --labels FILE or an index"
+        f"{option} '{raw}' is not an index and the model has no class names; give a class index, or pass "
+        "--class-names FILE (one name per line) to use names"
     )
 
 
@@ -244,8 +249,8 @@ def select_output(output: Any, key: str | None) -> torch.Tensor:
 
     from inspect_model.engine.hooks import flatten_tensors
 
-    if isinstance(output, torch.Tensor) and key is None:
-        return output
+    if isinstance(output, torch.Tensor) and (key is None or getattr(output, "_im_task_scores", False)):
+        return output  # a task's scores (methods/families/binding.py) already read --output-key
     flat = flatten_tensors(output)
     if not flat:
         raise ModelRuntimeError(f"the model returned no tensor ({type(output).__name__})")

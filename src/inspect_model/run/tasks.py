@@ -1,0 +1,120 @@
+"""The task of a run, attached to its prepared model and inputs (issue 42): the objective
+parsed once from the target options, the task found (or ``--task``), and the task's
+binding put where the run holds the model (``Prepared.binding``): its full call and, for
+the commands that explain a score, its scores and their names (``Prepared.categories``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inspect_model.errors import UsageError
+
+
+def objective_of(request: Any, inputs: Any) -> Any:
+    """The :class:`~inspect_model.methods.families.objective.Objective` of a request."""
+    from inspect_model.methods.families.objective import parse_objective
+
+    target = getattr(request, "target", None)
+    return parse_objective(target if isinstance(target, str) or target is None else None,
+                           target_text=getattr(inputs, "target_text", None), position=getattr(inputs, "position", None),
+                           contrast=getattr(inputs, "contrast", None), output_key=getattr(request, "output_key", None))
+
+
+def plan_texts(loaded: Any, inputs: Any, spec: Any) -> tuple[list[str], Any]:
+    """The texts of a two-tower run and the tokenizer they are read with."""
+    from inspect_model.loading.text import load_tokenizer, read_texts, tokenizer_folder
+
+    texts = read_texts(inputs.text, inputs.text_file)
+    return texts, load_tokenizer(tokenizer_folder(loaded, inputs.tokenizer, spec))
+
+
+def attach_task(command: str, prep: Any, inputs: Any, request: Any, task: Any, *, texts: list[str] | None = None,
+                tokenizer: Any = None, notes: Any = None) -> Any:
+    """``prep`` with the task's binding and score names (module docstring)."""
+    from inspect_model.methods.families import SCORING_COMMANDS, TaskContext
+    from inspect_model.methods.families.binding import TaskBinding
+
+    objective = objective_of(request, inputs)
+    plan = prep.plan
+    text_plan = getattr(plan, "texts", None) is not None
+    if text_plan:
+        texts, tokenizer = plan.texts, plan.tokenizer
+    scoring = command in SCORING_COMMANDS
+    ctx = TaskContext(prep.loaded.model, prep.loaded, objective, command, scoring, tokenizer=tokenizer, texts=texts,
+                      images=not text_plan, device=prep.device)
+    if not text_plan and task.takes == "text" and not _token_input(plan):
+        raise UsageError(f"{prep.loaded.name} is a {task.name} model: it reads token ids; give --text TEXT "
+                         "(or --input-size input_ids=LEN:int64:0-VOCAB)")
+    if command == "cam" and text_plan:
+        raise UsageError(f"cam maps a spatial layer; {prep.loaded.name} is a {task.name} model over tokens: use "
+                         "attributions --text ... (one value per token)"
+                         + ("" if task.name == "seq2seq" else " or attention --text ..."))
+    if command == "attention" and task.name == "contrastive":
+        raise UsageError(f"{prep.loaded.name} has two towers; attention maps are drawn for one: load its vision "
+                         "tower (CLIPVisionModel) for the image's attention, or use attributions IMAGE --text ...")
+    if command == "attention" and task.name == "seq2seq":
+        raise UsageError(f"attention maps of an encoder-decoder ({prep.loaded.name}: self- and cross-attention) are "
+                         "not drawn yet; grads, attributions and activations take it")
+    adapter = task.adapter(ctx)
+    prep.task = task
+    if adapter is None:
+        return prep
+    inner = None if text_plan else prep.binding
+    binding = TaskBinding(adapter, scoring=scoring, inner=inner)
+    if text_plan:
+        plan.binding = binding
+        plan.suffix = list(getattr(adapter, "suffix", []) or [])
+    prep.binding = binding
+    if scoring and getattr(adapter, "labels", None) is not None:
+        prep.categories = adapter.labels
+    if notes is not None:
+        for line in ctx.notes:
+            notes(line)
+        if scoring:
+            notes(f"task: {task.name}; explained: {adapter.words}")
+    return prep
+
+
+def _token_input(plan: Any) -> bool:
+    """A plan whose input is token ids: ``--input-size input_ids=8:int64:0-100``, or a
+    text model's random ids (its vocabulary known)."""
+    spec = getattr(plan, "spec", None)
+    return "int" in str(getattr(spec, "dtype", "") or "") or bool(getattr(plan, "vocab", None))
+
+
+def summary_inputs(model: Any) -> Any:
+    """A context manager completing ``model(x)`` for ``summary`` where the task needs more
+    than one input: a seq2seq decoder's start token, a two-tower model's placeholder text
+    (4 token ids), so that the layer table covers both halves (issue 42)."""
+    import contextlib
+
+    from inspect_model.methods.families import find_task
+
+    task = find_task(model).name
+    if task not in ("seq2seq", "contrastive"):
+        return contextlib.nullcontext()
+    cfg = model.config
+
+    def pre(_mod: Any, args: tuple, kwargs: dict) -> Any:
+        import torch
+
+        if len(args) != 1 or kwargs:
+            return None
+        x = args[0]
+        n = int(x.shape[0])
+        if task == "seq2seq":
+            start = int(getattr(cfg, "decoder_start_token_id", None) or 0)
+            return (), {"input_ids": x, "decoder_input_ids": torch.full((n, 1), start, dtype=torch.long,
+                                                                        device=x.device)}
+        return (), {"pixel_values": x, "input_ids": torch.ones((1, 4), dtype=torch.long, device=x.device)}
+
+    @contextlib.contextmanager
+    def bound() -> Any:
+        handle = model.register_forward_pre_hook(pre, with_kwargs=True, prepend=True)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    return bound()
