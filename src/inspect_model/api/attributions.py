@@ -319,6 +319,7 @@ class _MapsRecord:
     schema="attributions.json",
     hooks=False,
     gradients=True,
+    scores=True,
     resumable=True,
     text=True,
 )

@@ -318,6 +318,7 @@ class CamSession(Session):
     method_groups=("all", "gradients"),
     schema="cam.json",
     gradients=True,
+    scores=True,
     objective=True,
     resumable=True,
     text=True,

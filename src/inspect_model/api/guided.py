@@ -296,6 +296,7 @@ def _finish_sanity(acc: dict[str, Any] | None) -> dict[str, Any] | None:
     schema="guided-backprop.json",
     hooks=False,
     gradients=True,
+    scores=True,
     objective=True,
     resumable=True,
     text=True,

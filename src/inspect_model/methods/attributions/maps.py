@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
-from inspect_model.errors import InputError, ModelRuntimeError, UsageError
+from inspect_model.errors import InputError, ModelRuntimeError
 from inspect_model.loading.wrappers import unwrap_module
 from inspect_model.methods.attributions import passes as ap
 from inspect_model.methods.attributions import base as ab
