@@ -48,7 +48,9 @@ EXTRA: dict[str, dict[str, Any]] = {
     "activations": {"selected": {"type": "integer"}},
     "cam": {"layer_specs": {"type": "array", "items": {"type": "string"}},
             # detectors and segmenters (issue 24): the task, and max_detections null for a segmenter
-            "task": {"enum": ["detection", "segmentation"]},
+            # and every model's task (issue 42: {"name", "objective"})
+            "task": {"anyOf": [{"enum": ["detection", "segmentation"]},
+                               {"type": "object", "properties": {"name": {"type": "string"}}}]},
             "max_detections": {"type": ["integer", "null"]}},
     "summary": {"mode": {"enum": ["eval", "train"]}, "input_size": {"type": "array"}},
 }
