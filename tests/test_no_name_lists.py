@@ -24,6 +24,10 @@ def _names() -> set[str]:
 def _lists(path: Path, names: set[str], root: Path = PACKAGE) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Assign) and isinstance(node.value, (ast.Tuple, ast.List, ast.Set)):
+            named = [t.id for t in node.targets if isinstance(t, ast.Name) and t.id.endswith(("_COMMANDS", "_METHODS"))]
+            if named and any(isinstance(e, ast.Constant) and e.value in names for e in node.value.elts):
+                found.append(f"{path.relative_to(root)}:{node.lineno}: {named[0]}")
         if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
             items = [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
             hits = [v for v in items if v in names]
@@ -42,5 +46,7 @@ def test_no_list_of_command_or_method_names_outside_the_registries() -> None:
 
 def test_the_check_finds_a_list(tmp_path: Path) -> None:
     p = tmp_path / "x.py"
-    p.write_text('GRADIENT_COMMANDS = ("grads", "cam")\nOK = ("grads", "other")\nif c in ["cam", "grads"]: pass\n')
-    assert _lists(p, {"grads", "cam"}, tmp_path) == ["x.py:1: ['grads', 'cam']", "x.py:3: ['cam', 'grads']"]
+    p.write_text('GRADIENT_COMMANDS = ("grads", "cam")\nOK = ("grads", "other")\nif c in ["cam", "grads"]: pass\n'
+                 'PARAMETER_COMMANDS = ("grads",)\n')
+    assert sorted(_lists(p, {"grads", "cam"}, tmp_path)) == ["x.py:1: GRADIENT_COMMANDS", "x.py:1: ['grads', 'cam']",
+                                                             "x.py:3: ['cam', 'grads']", "x.py:4: PARAMETER_COMMANDS"]

@@ -129,7 +129,8 @@ def test_bad_interval_is_a_usage_error(cli, models_py: Any, monkeypatch: Any) ->
         res = cli(["activations", f"{models_py}:TinyCNN", "--weights", "none", "--input-size", "3x8x8"])
         assert res.exit_code == 2, (bad, res.stderr)
         assert res.stderr.strip().splitlines() == [
-            f"error: INSPECT_MODEL_PROGRESS_SECONDS={bad!r} is not a number of seconds > 0; unset it or give e.g. 30"]
+            f"error: environment variable INSPECT_MODEL_PROGRESS_SECONDS={bad!r} is not a number more than 0 and at "
+            "most 1e+09; fix it or unset it (default 30)"]  # the one typed reader's words (issue 41)
 
 
 def test_rates_read_well_when_slow() -> None:

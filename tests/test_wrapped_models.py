@@ -129,7 +129,20 @@ def test_a_checkpoint_loads_into_the_wrapped_module(gpt2, wrapped_py, tmp_path):
     doc, err = _doc(["activations", f"{wrapped_py}:compiled", "--tokenizer", str(gpt2), "--checkpoint", str(ckpt),
                      "--text", TEXTS[0], "-l", "transformer.wte"])
     plain.load_state_dict({k[len("module."):]: v for k, v in sd.items()})
-    want = plain.transformer.wte(torch.tensor([[2, 3, 4, 5, 2]]))
+    want = plain.transformer.wte(torch.tensor([[2, 3, 4, 5, 2]])).detach()
     row = doc["layers"][0]
     assert row["name"] == "transformer.wte"
     assert row["stats"]["mean"] == pytest.approx(float(want.double().mean()), rel=1e-6)
+
+
+def test_a_pickled_dataparallel_model_is_unwrapped(wrapped_py, tmp_path):
+    """A whole model saved wrapped (torch.save(DataParallel(net)), --trust-checkpoint)."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                              torch.nn.Flatten(), torch.nn.Linear(4, 3)).eval()
+    torch.save(torch.nn.DataParallel(net), tmp_path / "dp.pt")
+    torch.save(net, tmp_path / "plain.pt")
+    wrapped, err = _doc(["activations", str(tmp_path / "dp.pt"), "--trust-checkpoint", "--input-size", "3x16x16"])
+    plain, _ = _doc(["activations", str(tmp_path / "plain.pt"), "--trust-checkpoint", "--input-size", "3x16x16"])
+    assert wrapped["layers"] == plain["layers"] and [r["name"] for r in plain["layers"]][:2] == ["0", "1"]
+    assert "note: Sequential is wrapped in DataParallel: inspected through .module" in err

@@ -17,9 +17,27 @@ if TYPE_CHECKING:
 
 def model_device(model: nn.Module) -> str | None:
     """The device of the model's first parameter (or buffer): ``"cpu"``, ``"cuda:0"``; None
-    for a model with neither."""
+    for a model with neither. A model spread by accelerate (``hf_device_map``: some weights
+    on the meta device, on disk) runs its inputs on its main device: the first GPU of its
+    table, else the CPU."""
+    dmap = getattr(model, "hf_device_map", None)
+    if isinstance(dmap, dict) and dmap:
+        return placed_device(dmap)
     for t in model.parameters():
         return str(t.device)
     for t in model.buffers():
         return str(t.device)
     return None
+
+
+def placed_device(dmap: dict) -> str:
+    """The main device of an accelerate device table (``{"model.layers.0": 0, ...}``)."""
+    gpus = sorted(d for d in dmap.values() if isinstance(d, int) and not isinstance(d, bool))
+    if gpus:
+        return f"cuda:{gpus[0]}"
+    return "mps" if "mps" in dmap.values() else "cpu"
+
+
+def is_placed(model: object) -> bool:
+    """Whether accelerate placed ``model`` (its hooks move weights and inputs; never ``.to()`` it)."""
+    return isinstance(getattr(model, "hf_device_map", None), dict)

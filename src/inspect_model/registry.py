@@ -53,6 +53,7 @@ class CommandSpec:
     schema: str | None = None  # file name in inspect_model/schemas/
     hooks: bool = True  # registers module hooks (refuses models that cannot be hooked)
     gradients: bool = False  # takes gradients (refuses quantized models; notes the input they are taken of)
+    parameter_gradients: bool = False  # reads each parameter's gradient (refuses offloaded weights)
     objective: bool = False  # explains a score: a flow model's pairs are scored by their mean |flow|
     scores: bool = False  # explains a score: a task's scores (methods/families) replace the model's output
     resumable: bool = False  # its session keeps state for --resume and merges under torchrun

@@ -24,7 +24,7 @@ from inspect_model.run.request import (
     option,
 )
 from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
-from inspect_model.errors import InputError
+from inspect_model.errors import InputError, UsageError
 from inspect_model.methods.attention.base import method_help as attention_help
 from inspect_model.methods.attention import base as attention_base
 from inspect_model.methods.attention.base import all_names as attention_names
@@ -99,6 +99,7 @@ class AttentionSession(Session):
 
         self.prep, self.mopts, self.request = prep, mopts, request
         self.options = request.options()
+        self.skipped_methods = self._score_free(notes)
         self.spec = parse_target(request.target, prep.categories)
         self.keep_maps = keep_maps
         self.entries: list[dict[str, Any]] = []
@@ -118,18 +119,39 @@ class AttentionSession(Session):
                                        boxes=request.boxes, notes=notes, progress=progress)
         self.drawer = AttentionDrawer(categories=prep.categories, preprocess=prep.plan.preprocess,
                                       colormap=request.colormap, save_raw=request.save_raw, query=request.query)
-        if getattr(prep.plan, "texts", None) is not None:  # --text: token maps (issue 26)
+        # --text, or token ids of a token model: token maps (issue 26); images still drawn as images
+        if getattr(prep.plan, "texts", None) is not None or callable(
+                getattr(prep.loaded.model, "get_input_embeddings", None)):
             from inspect_model.render.attention_text import TextDrawer
 
             self.drawer = TextDrawer(self.drawer)
+
+    def _score_free(self, notes: Any) -> dict[str, str]:
+        """A head-less model (issue 42): the methods that explain a score are skipped, with a
+        note, unless an objective is named; raw attention and rollout run (methods/attention/headless.py)."""
+        import dataclasses
+
+        from inspect_model.methods.attention.headless import skipped_note, split_methods
+
+        run, skipped = split_methods(self.options.methods, self.prep.loaded.model,
+                                     task=getattr(self.prep, "task", None), target=self.request.target)
+        if not skipped:
+            return {}
+        if not run:
+            raise UsageError(f"{skipped_note(skipped)}; raw attention and rollout need no score: -m raw,rollout")
+        self.options = dataclasses.replace(self.options, methods=run)
+        if notes is not None:
+            notes(skipped_note(skipped))
+        return skipped
 
     def feed(self, batch: Any) -> list[ImageItem]:
         from inspect_model.methods.attention.maps import cam_methods
         from inspect_model.methods.attention.passes import compute_attention
 
-        if getattr(batch, "text", None) is not None:  # token ids of texts (issue 26)
-            from inspect_model.api.attention_text import feed_text
+        from inspect_model.api.attention_text import feed_text, token_batch
 
+        batch = token_batch(batch, self.prep.loaded.model) or batch  # token ids without texts: as texts (issue 42)
+        if getattr(batch, "text", None) is not None:  # token ids of texts (issue 26)
             return feed_text(self, batch)
         x = batch.tensor
         if self.cam_layer is None and cam_methods(self.options.methods):  # resolved once, as cam does
@@ -192,6 +214,8 @@ class AttentionSession(Session):
             raise InputError("no input could be read; nothing to do")
         payload = {"model": self.prep.loaded.name, "methods": list(self.options.methods), **(self.info or {}),
                    "images": self.entries, "image_count": len(self.entries), "skipped": skipped}
+        if self.skipped_methods:
+            payload["skipped_methods"] = dict(self.skipped_methods)
         if self.evaluator is not None:
             columns = list(dict.fromkeys((m["method"], m["layer"]) for e in self.entries for m in e["maps"]
                                          if m["method"] != "raw"))

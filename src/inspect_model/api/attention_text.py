@@ -45,6 +45,27 @@ def feed_text(session: Any, batch: Any) -> list[Any]:
     return items
 
 
+def token_batch(batch: Any, model: Any) -> Any:
+    """A batch of token ids given without texts (``--input-size input_ids=8:int64:0-100``) as a
+    text batch whose every token is real and named by its id; None for any other batch
+    (issue 42: such ids went down the image path, "only Tensors of floating point dtype can
+    require gradients", or their flattened (position x vocabulary) argmax was the target)."""
+    import dataclasses
+
+    import torch
+
+    from inspect_model.loading.text import TextBatch
+
+    x = batch.tensor
+    if getattr(batch, "text", None) is not None or not isinstance(x, torch.Tensor) or x.dim() != 2 \
+            or x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+        return None
+    if not callable(getattr(model, "get_input_embeddings", None)) or model.get_input_embeddings() is None:
+        return None
+    tokens = [[str(int(t)) for t in row] for row in x.tolist()]
+    return dataclasses.replace(batch, text=TextBatch(torch.ones_like(x), tokens, [" ".join(r) for r in tokens]))
+
+
 def _target(res: Any, i: int, categories: Any) -> dict[str, Any] | None:
     from inspect_model.methods.objectives.targets import class_probabilities
     from inspect_model.render.cam_report import class_name

@@ -44,7 +44,11 @@ class AttributionsRequest(Request):
                                       param="method")
     target: str | tuple[str, ...] | None = option("predicted", "--target", "-t", type=str, help=TARGET_HELP,
                                                   complete="target")
-    steps: int = option(32, "--steps", help="integrated-gradients: points on the path from the baseline.")
+    steps: int | str = option(32, "--steps", type=str, help="integrated-gradients: points on the path from the "
+                              "baseline, or auto: per map the fewest (4, 8, 16, ... 256) whose completeness gap "
+                              "is within --max-gap.")
+    max_gap: float = option(1e-3, "--max-gap", help="With --steps auto: the largest completeness gap accepted, a "
+                            "fraction of |f(x) - f(baseline)| (0.001: 0.1 %).")
     rule: str = option("gauss-legendre", "--rule", help="integrated-gradients: gauss-legendre, riemann-left, "
                        "riemann-right, riemann-middle or riemann-trapezoid.")
     baseline: Any = option("zeros", "--baseline", type=str, help="integrated-gradients and occlusion: zeros, blur, "
@@ -85,8 +89,10 @@ class AttributionsRequest(Request):
         self._set("methods", ao.parse_methods(self.methods or ("saliency",)))
         check_evaluate_request(evaluate=self.evaluate, metrics=list(self.metrics) or None, boxes=None,
                                steps=self.eval_steps, batch=self.eval_batch)
+        self._set("steps", ao.parse_steps(self.steps))
         ao.check_settings(steps=self.steps, rule=self.rule, samples=self.samples, noise=self.noise,
-                          noise_mode=self.noise_mode, batch_size=1, smooth=self.smooth, methods=self.methods)
+                          noise_mode=self.noise_mode, batch_size=1, smooth=self.smooth, methods=self.methods,
+                          max_gap=self.max_gap)
         self._set("baseline", ao.parse_baseline(self.baseline))
         self._set("window", str(self.window))
         ao.parse_sizes(self.window, "--window")
@@ -98,7 +104,7 @@ class AttributionsRequest(Request):
         return AttributionSettings(
             methods=self.methods, steps=self.steps, rule=self.rule, baseline=self.baseline, samples=self.samples,
             noise=self.noise, noise_mode=self.noise_mode, window=self.window, stride=self.stride, smooth=self.smooth,
-            batch_size=batch_size, seed=seed, activations=self.activations)
+            batch_size=batch_size, seed=seed, activations=self.activations, max_gap=self.max_gap)
 
     def resolved(self) -> dict[str, Any]:
         out = super().resolved()
@@ -200,6 +206,10 @@ class AttributionsSession(Session):
                                  label=class_name(int(cls), self.prep.categories), score=res.scores[i][k],
                                  baseline_score=res.baseline_scores[i][k] if ig else None,
                                  delta=res.deltas[i][k] if ig else None)
+                if ig and res.ig_steps is not None:  # the steps this map took (--steps auto: its own)
+                    rec["steps"] = res.ig_steps[i][k]
+                    if self.settings.steps == "auto":
+                        rec["gap_tolerance"] = self.settings.max_gap
                 rec["target"]["probability"] = res.probabilities[i][k]
                 rec["rank"], rec["layer"] = k, res.embedding_layer or "input"
                 if res.space == "embedding":  # (L, D): one number per token, the sum over D

@@ -394,6 +394,7 @@ class JacobianRecord:
     tables=html_columns.grads_tables,
     schema="grads.json",
     gradients=True,
+    parameter_gradients=True,
     scores=True,
     objective=True,
     resumable=True,

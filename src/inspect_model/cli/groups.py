@@ -49,6 +49,10 @@ MODEL_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("trust_remote_code", c.TrustRemoteCodeOpt, False),
     ("device", c.DeviceOpt, "cpu"),
     ("dtype", c.DtypeOpt, "float32"),
+    ("device_map", c.DeviceMapOpt, None),
+    ("max_memory_map", c.MaxMemoryOpt, None),  # `check` keeps its own --max-memory (a budget)
+    ("offload", c.OffloadOpt, False),
+    ("offload_dir", c.OffloadDirOpt, None),
 )
 INPUT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("input_size", c.InputSizeOpt, None),
@@ -144,22 +148,30 @@ def shared_options(*, labels: bool = True, images: bool = True, text: bool = Fal
             for p in inspect.signature(fn).parameters.values()
             if p.name not in _INJECTED
         ]
-        groups = MODEL_OPTIONS + input_options + run_options
+        names = {p.name for p in own}
+        model_options = tuple(o for o in MODEL_OPTIONS if not (o[0] == "max_memory_map" and "max_memory" in names))
+        groups = model_options + input_options + run_options
         extra = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d, annotation=a)
                  for n, a, d in groups]
 
         @functools.wraps(fn)
         def command(**kw: Any) -> Any:
-            mo = {n: kw.pop(n) for n, _, _ in MODEL_OPTIONS}
+            mo = {n: kw.pop(n) for n, _, _ in model_options}
             opts = ModelOptions(kw["model"], weights=mo["weights"], checkpoint=mo["checkpoint"],
                                 model_args=mo["model_arg"], non_strict=mo["non_strict"],
                                 trust_checkpoint=mo["trust_checkpoint"], device=mo["device"], dtype=mo["dtype"],
-                                trust_remote_code=mo["trust_remote_code"])
+                                trust_remote_code=mo["trust_remote_code"], device_map=mo["device_map"],
+                                max_memory=mo.get("max_memory_map"), offload=mo["offload"], offload_dir=mo["offload_dir"])
             check_dtype(opts.dtype)
+            opts.placement().check()
             given = {n: kw.pop(n) for n, _, _ in input_options}
             given["skip_bad"] = given.pop("skip_bad_inputs", False)
             inputs = InputOptions(kw.get("images"), **given)
             check_request(inputs)
+            if inputs.text or inputs.text_file is not None:  # a folder without a tokenizer: before torch (issue 37)
+                from inspect_model.loading.text import precheck_tokenizer
+
+                precheck_tokenizer(opts.model, inputs.tokenizer)
             ro = {n: kw.pop(n) for n, _, _ in run_options if n not in ("config", "debug")}
             kw.pop("config"), kw.pop("debug")
             return fn(**kw, opts=opts, inputs=inputs, run_opts=RunOptions(**ro))

@@ -59,6 +59,16 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="cpu, cuda, cuda:N, mps
                                         autocompletion=completion.complete_device)]
 
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32, float16, bfloat16 or float64.")]
+DeviceMapOpt = Annotated[str | None, typer.Option(
+    "--device-map", help="Spread the model over GPUs, CPU and disk with accelerate: auto, balanced, sequential, "
+    "or a JSON file {module: device}.")]
+MaxMemoryOpt = Annotated[str | None, typer.Option(
+    "--max-memory", help="Memory per device for --device-map, e.g. 0=20GiB,1=20GiB,cpu=30GiB.")]
+OffloadOpt = Annotated[bool, typer.Option(
+    "--offload", help="Stream the weights the GPUs do not hold from disk, one block at a time (with "
+    "--max-memory cpu=N: keep N of them in RAM).")]
+OffloadDirOpt = Annotated[str | None, typer.Option(
+    "--offload-dir", help="Folder for --offload (implies it; default: a temporary folder).")]
 InputSizeOpt = Annotated[
     list[str] | None,
     typer.Option("--input-size", help="Per-sample input shape such as 3x224x224 (repeat for several inputs); "

@@ -5,8 +5,6 @@ CI is not silent until its end (issue 29)."""
 
 from __future__ import annotations
 
-import math
-import os
 import sys
 import time
 from typing import Any
@@ -20,18 +18,9 @@ DEFAULT_INTERVAL = 30.0
 def progress_interval() -> float:
     """Seconds between two progress lines off a terminal: ``INSPECT_MODEL_PROGRESS_SECONDS``
     (a number > 0), else 30. A bad value is a usage error, never silently ignored."""
-    from inspect_model.errors import UsageError
+    from inspect_model.settings import env_float
 
-    raw = os.environ.get(INTERVAL_ENV, "").strip()
-    if not raw:
-        return DEFAULT_INTERVAL
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise UsageError(f"{INTERVAL_ENV}={raw!r} is not a number of seconds > 0; unset it or give e.g. 30")
-    return value
+    return env_float(INTERVAL_ENV, DEFAULT_INTERVAL, positive=True)
 
 
 def format_rate(done: float, seconds: float, unit: str = "image") -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-from inspect_model.devices import model_device
+from inspect_model.devices import is_placed, model_device
 from inspect_model.engine.records import CallRecord, TensorCapture, flatten_tensors
 from inspect_model.errors import ModelLoadError, ModelRuntimeError, one_line, out_of_memory
 
@@ -102,6 +102,7 @@ class HookEngine:
         self._patches: list[tuple[Any, str, Any, bool]] = []
         self._calls: dict[str, int] = {}
         self._open: dict[int, CallRecord] = {}
+        self._placed = is_placed(model)
 
     # ----------------------------------------------------------------- lifecycle
     def __enter__(self) -> Self:
@@ -129,7 +130,7 @@ class HookEngine:
             # Park existing .grad tensors: backward would accumulate into them in place.
             for p in params:
                 p.grad = None
-            if self.device is not None and self._saved["device"] is not None:
+            if self.device is not None and self._saved["device"] is not None and not is_placed(self.model):
                 if torch.device(self.device) != self._saved["device"]:
                     self.model.to(self.device)
             opts = self.options
@@ -182,7 +183,7 @@ class HookEngine:
         saved, self._saved = self._saved, None
         if saved is None:
             return
-        if saved["device"] is not None and self._model_device() != saved["device"]:
+        if saved["device"] is not None and self._model_device() != saved["device"] and not is_placed(self.model):
             self.model.to(saved["device"])
         for m, flag in saved["training"]:
             m.training = flag
@@ -317,7 +318,9 @@ class HookEngine:
             cap.stats = opts.stats_fn(t)
         if keep:
             # Clone: an in-place op later in the pass (ReLU(inplace=True)) would overwrite it.
-            cap.tensor = t.detach().clone()
+            # A model spread over devices (accelerate) has its layers' outputs on several
+            # devices: what is kept goes to the CPU as it is recorded (issue 37).
+            cap.tensor = t.detach().to("cpu", copy=True) if self._placed else t.detach().clone()
         return cap
 
     def _hook_grad(self, t: torch.Tensor, cap: TensorCapture, name: str, *, inputs: bool = False) -> None:
@@ -331,7 +334,7 @@ class HookEngine:
             # Hooks execution"). Several backward calls accumulate.
             cap.grad_calls += 1
             if keep:
-                gd = g.detach().clone()
+                gd = g.detach().to("cpu", copy=True) if self._placed else g.detach().clone()
                 cap.grad = gd if cap.grad is None else cap.grad + gd
             if stats_fn is not None:
                 cap.grad_stats = stats_fn(g)

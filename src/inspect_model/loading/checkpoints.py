@@ -143,7 +143,9 @@ def read_checkpoint(path: str, *, device: str = "cpu", trust: bool = False, what
 
     map_location = "cpu" if device == "meta" else device
     try:
-        return load_torch(path, what, budget=budget, map_location=map_location, trust=trust)
+        # A zip archive is memory-mapped: its tensors are paged in as they are copied into
+        # the model (already in --dtype), never held whole beside it (issue 37).
+        return load_torch(path, what, budget=budget, map_location=map_location, trust=trust, mmap=kind == "torch")
     except pickle.UnpicklingError as exc:
         if "weights only load failed" in str(exc).lower():
             fix = ("save model.state_dict() instead, or " if what == "checkpoint" else "")

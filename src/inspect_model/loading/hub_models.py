@@ -47,8 +47,10 @@ def require(package: str) -> Any:
 
 def offline() -> str | None:
     """The name of the offline switch that is set, or None."""
-    for var in _OFFLINE_VARS:
-        if os.environ.get(var, "").strip().lower() not in ("", "0", "false", "no", "off"):
+    from inspect_model.settings import env_flag
+
+    for var in _OFFLINE_VARS:  # ours strictly; Hugging Face's own as huggingface_hub reads them
+        if env_flag(var, strict=var.startswith("INSPECT_MODEL_")):
             return var
     return None
 

@@ -60,6 +60,8 @@ class LoadRequest:
     model_args: dict[str, Any] = field(default_factory=dict)
     trust_checkpoint: bool = False  # saved files may unpickle (command line only)
     trust_remote_code: bool = False  # Hugging Face repos may run their modeling_*.py (command line only)
+    dtype: str | None = None  # build in this dtype directly (--dtype), not float32 first (issue 37)
+    empty: bool = False  # parameters on the meta device, buffers real (accelerate's init_empty_weights)
 
 
 @runtime_checkable

@@ -91,6 +91,18 @@ def tokenizer_folder(loaded: Any, given: str | os.PathLike[str] | None, spec: An
     return found
 
 
+def precheck_tokenizer(spec: Any, given: Any) -> None:
+    """Before any build: a model folder given ``--text`` without ``--tokenizer`` must hold a
+    tokenizer (the same one-line error as :func:`tokenizer_folder`, seconds earlier: an 8B
+    model is not built to learn this, issue 37)."""
+    if given is not None or not isinstance(spec, str):
+        return
+    folder = spec.strip().removeprefix("hf:")
+    if os.path.isdir(folder) and os.path.isfile(os.path.join(folder, "config.json")) and not _has_tokenizer(folder):
+        raise InputError(f"--text needs a tokenizer, and {folder} has none in its folder; give --tokenizer DIR "
+                         "(a folder written by tokenizer.save_pretrained)")
+
+
 def _has_tokenizer(folder: str) -> bool:
     return any(os.path.isfile(os.path.join(folder, f)) for f in TOKENIZER_FILES if f != "special_tokens_map.json")
 

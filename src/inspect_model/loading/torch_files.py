@@ -93,7 +93,7 @@ def guard_torch_file(path: str | os.PathLike[str], what: str, *, error: type[Ins
 
 def load_torch(path: str | os.PathLike[str], what: str, *, error: type[InspectModelError] = ModelLoadError,
                budget: Any = None, max_bytes: int | None = None, max_pickle: int | None = None,
-               map_location: Any = "cpu", trust: bool = False) -> Any:
+               map_location: Any = "cpu", trust: bool = False, mmap: bool = False) -> Any:
     """:func:`guard_torch_file`, then ``torch.load`` (``weights_only=True`` unless ``trust``,
     which only ``--trust-checkpoint`` on the command line sets). torch's own exceptions
     propagate: the caller words them."""
@@ -102,4 +102,4 @@ def load_torch(path: str | os.PathLike[str], what: str, *, error: type[InspectMo
     guard_torch_file(path, what, error=error, budget=budget, max_bytes=max_bytes, max_pickle=max_pickle)
     if trust:
         return torch.load(str(path), map_location=map_location, weights_only=False)
-    return torch.load(str(path), map_location=map_location, weights_only=True)
+    return torch.load(str(path), map_location=map_location, weights_only=True, mmap=mmap)  # mmap: zip archives only

@@ -67,9 +67,12 @@ class ClipOptions:
     clips: int = 1
 
     def __post_init__(self) -> None:
+        from inspect_model.loading.limits import check_option
+
         for opt, v in (("--frames", self.frames), ("--stride", self.stride), ("--clips", self.clips)):
             if v is not None and v < 1:
                 raise UsageError(f"{opt} must be 1 or more, got {v}")
+            check_option(opt, v)
 
 
 def clip_indices(total: int, frames: int, stride: int, clips: int, *, name: str = "video") -> list[list[int]]:
@@ -81,6 +84,7 @@ def clip_indices(total: int, frames: int, stride: int, clips: int, *, name: str 
         raise InputError(f"{name} has {total} frame(s); {need}: give a longer video, or fewer --frames"
                          + (" or a smaller --stride" if stride > 1 else ""))
     last = total - span
+    clips = min(clips, last + 1)  # no more distinct starts than that: never a loop per clip asked for
     if clips == 1:
         starts = [last // 2]  # the middle of the video
     else:
@@ -103,6 +107,7 @@ def probe(path: Path) -> VideoInfo:
                 w, h = im.size
         except Exception as exc:
             raise InputError(f"frame '{files[0]}' is not an image Pillow can read") from exc
+        _check_frame_size(f"frame '{files[0]}'", w, h)
         return VideoInfo(path, len(files), None, w, h, tuple(files))
     av = require_av()
     try:
@@ -132,7 +137,34 @@ def probe(path: Path) -> VideoInfo:
         raise InputError(f"video '{path}' is corrupt or not a video PyAV can read ({_reason(exc)})") from exc
     if frames <= 0 or w <= 0 or h <= 0:
         raise InputError(f"video '{path}' holds no decodable frame")
+    _check_frame_size(f"video '{path}'", w, h)
     return VideoInfo(path, frames, fps, w, h)
+
+
+def _check_frame_size(what: str, w: int, h: int) -> None:
+    """A frame over the image limit is refused from the header, before any is decoded (a
+    200-byte GIF may declare a 12000x12000 screen: 8.8 GiB once its frames are kept)."""
+    from inspect_model.loading.images import MAX_PIXELS
+
+    if w * h > MAX_PIXELS:
+        raise InputError(f"{what} has frames of {w}x{h} pixels, over the {MAX_PIXELS:,}-pixel safety limit "
+                         "that every picture has (decompression-bomb guard); scale the video down first")
+
+
+def frame_budget(count: int) -> int:
+    """Pixels each of ``count`` frames kept at once may have: together no more than one
+    picture at the image limit (frames beyond it are downscaled as they are decoded)."""
+    from inspect_model.loading.images import MAX_PIXELS
+
+    return max(MAX_PIXELS // max(count, 1), 64 * 64)
+
+
+def fit_size(w: int, h: int, budget: int) -> tuple[int, int]:
+    """``(w, h)``, or scaled down (aspect kept) to at most ``budget`` pixels."""
+    if w * h <= budget:
+        return w, h
+    scale = (budget / (w * h)) ** 0.5
+    return max(1, int(w * scale)), max(1, int(h * scale))
 
 
 def _reason(exc: BaseException) -> str:
@@ -152,10 +184,16 @@ def read_frames(info: VideoInfo, indices: Sequence[int]) -> list[Frame]:
     """The frames ``indices`` (sorted, unique, within the video), decoded from a seek to the
     first one up to the last one; nothing before or after is decoded."""
     wanted = sorted(set(indices))
+    budget = frame_budget(len(wanted))
     if info.frame_files:
         from inspect_model.loading.images import load_image
 
-        return [Frame(i, load_image(info.frame_files[i]).image, None) for i in wanted]
+        out = []
+        for i in wanted:  # each one downscaled before the next is read
+            img = load_image(info.frame_files[i]).image
+            size = fit_size(*img.size, budget)
+            out.append(Frame(i, img if size == img.size else img.resize(size), None))
+        return out
     av = require_av()
     try:
         with av.open(str(info.path)) as container:
@@ -197,6 +235,7 @@ def _collect(container: Any, stream: Any, wanted: list[int], index_of: Any) -> d
     """Decode forward keeping ``wanted``; None when the first frame decoded is already past
     ``wanted[0]`` (a seek that overshot)."""
     keep = set(wanted)
+    budget = frame_budget(len(wanted))
     out: dict[int, Frame] = {}
     n = 0
     for frame in container.decode(stream):
@@ -206,7 +245,8 @@ def _collect(container: Any, stream: Any, wanted: list[int], index_of: Any) -> d
             return None
         if i in keep and i not in out:
             t = float(frame.pts * frame.time_base) if frame.pts is not None and frame.time_base else None
-            out[i] = Frame(i, frame.to_image().convert("RGB"), t)
+            w, h = fit_size(int(frame.width), int(frame.height), budget)  # scaled by FFmpeg as it converts
+            out[i] = Frame(i, frame.to_image(width=w, height=h).convert("RGB"), t)
         if i >= wanted[-1]:
             break
     return out

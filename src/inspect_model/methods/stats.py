@@ -67,11 +67,18 @@ class TensorStats:
         return asdict(self.reported())
 
 
-def tensor_stats(t: torch.Tensor) -> TensorStats:
-    """Statistics of ``t`` (any shape, any floating or integer dtype)."""
+def tensor_stats(t: torch.Tensor, *, exact: bool = False) -> TensorStats:
+    """Statistics of ``t`` (any shape, any floating or integer dtype); large float32 tensors
+    by row reductions (:mod:`inspect_model.methods.row_stats`) unless ``exact``."""
     import torch
 
+    from inspect_model.methods.row_stats import FAST_MIN, fast_stats
+
     x = t.detach()
+    if not exact and x.dtype == torch.float32 and x.numel() >= FAST_MIN:  # memory speed, within float32 rounding
+        fast = fast_stats(x)
+        if fast is not None:
+            return fast[0]
     if x.is_complex():
         x = x.abs()
     if not x.is_floating_point():

@@ -166,4 +166,6 @@ class TextDrawer(Drawer):
     def draw(self, item: Any, sink: Sink) -> dict[str, Any]:
         if item.data is None or sink.out is None:
             return item.entry.get("files", {})
+        if not hasattr(item.data, "result"):  # an image of a model that also reads token ids
+            return self.base.draw(item, sink)
         return draw_text(self, item, sink)

@@ -33,6 +33,17 @@ class ModelOptions:
     device: str = "cpu"
     dtype: str = "float32"
     trust_remote_code: bool = False  # a Hugging Face repo may run its own code (command line only)
+    device_map: str | None = None  # auto, balanced, sequential or a JSON file (issue 37; needs accelerate)
+    max_memory: str | None = None  # "0=20GiB,cpu=30GiB"
+    offload: bool = False  # stream what the GPUs do not hold from disk
+    offload_dir: str | None = None  # where (implies offload); default: a temporary folder
+
+    def placement(self) -> Any:
+        """The placement asked for (:class:`~inspect_model.loading.placement.Placement`)."""
+        from inspect_model.loading.placement import Placement
+
+        return Placement(self.device_map, self.max_memory, bool(self.offload),
+                         str(self.offload_dir) if self.offload_dir else None)
 
     def spec(self) -> str:
         """The model as the report names it."""
@@ -120,6 +131,9 @@ def check_request(inputs: InputOptions | None, *, batch_size: int | None = None)
     bs = batch_size if batch_size is not None else (inputs.batch_size if inputs else None)
     if bs is not None and bs < 1:
         raise UsageError(f"--batch-size must be 1 or more, got {bs}")
+    from inspect_model.loading.limits import check_option
+
+    check_option("--batch-size", bs)  # the same ranges as config files and request options (issue 41)
     if inputs is None:
         return
     from inspect_model.loading.text import check_text_request
@@ -134,6 +148,8 @@ def check_request(inputs: InputOptions | None, *, batch_size: int | None = None)
     for opt, v in (("--resize", inputs.resize), ("--crop", inputs.crop)):
         if v is not None and v < 1:
             raise UsageError(f"{opt} must be 1 or more, got {v}")
+    for opt, v in (("--seed", inputs.seed), ("--resize", inputs.resize), ("--crop", inputs.crop)):
+        check_option(opt, v)
     for opt, v in (("--mean", inputs.mean), ("--std", inputs.std)):
         vals = parse_floats(v, opt)
         if opt == "--std" and vals and any(x <= 0 for x in vals):
@@ -245,10 +261,16 @@ def load(opts: ModelOptions, *, device: str | None = None) -> Any:
         if opts.checkpoint:
             raise UsageError("checkpoint= applies to a model spec, not to a module object; load it yourself")
     elif isinstance(opts.model, str):
+        placement = opts.placement()
+        placement.check()
         with warnings.catch_warnings():
             # torchvision builders warn about init defaults the user did not ask about.
             warnings.simplefilter("ignore", FutureWarning)
             warnings.simplefilter("ignore", UserWarning)
+            if not placement.active:
+                from inspect_model.loading.dispatch import preflight
+
+                preflight(opts.model.strip(), _request(opts, dev), tokens=128)
             loaded = load_model(
                 opts.model,
                 weights=opts.weights,
@@ -258,10 +280,14 @@ def load(opts: ModelOptions, *, device: str | None = None) -> Any:
                 strict=not opts.non_strict,
                 trust_checkpoint=opts.trust_checkpoint,
                 trust_remote_code=opts.trust_remote_code,
+                dtype=opts.dtype,
+                placement=placement,
             )
     else:
         raise InputError(f"expected an nn.Module or a model name, got {type(opts.model).__name__}")
     want = parse_dtype(opts.dtype)
+    if hasattr(loaded.model, "hf_device_map"):
+        return loaded  # placed by accelerate, in --dtype already: never moved or cast as a whole
     other = _other_float_dtypes(loaded.model, want)
     if loaded.borrowed and (other or str(want) != "torch.float32"):
         # Commands cast the model to --dtype in place: give them a copy of the user's instance.
@@ -275,6 +301,13 @@ def load(opts: ModelOptions, *, device: str | None = None) -> Any:
         loaded.notes.append(f"the model's parameters are {', '.join(other)}; cast to "
                             f"{str(want).replace('torch.', '')} (--dtype) for this run")
     return loaded
+
+
+def _request(opts: ModelOptions, device: str) -> Any:
+    from inspect_model.loading.loaded import LoadRequest
+
+    return LoadRequest(weights=opts.weights, device=device, trust_remote_code=opts.trust_remote_code,
+                       dtype=opts.dtype)
 
 
 def _other_float_dtypes(model: Any, want: Any) -> list[str]:

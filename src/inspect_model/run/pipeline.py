@@ -63,6 +63,9 @@ class Prepared:
             "batch_size": self.plan.batch_size,
             "inputs": self.plan.describe(),
         }
+        dmap = getattr(self.loaded.model, "hf_device_map", None)
+        if isinstance(dmap, dict):  # where each block ran (issue 37): module -> cuda:N, cpu or disk
+            base["placement"] = {k or "(model)": f"cuda:{v}" if isinstance(v, int) else str(v) for k, v in dmap.items()}
         if self.task is not None:  # issue 42: the task and, where it explains a score, the objective in words
             words = getattr(getattr(self.binding, "adapter", None), "words", None)
             base["task"] = {"name": self.task.name,
@@ -105,6 +108,7 @@ def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: 
     from inspect_model.methods.objectives.targets import check_label_count, load_labels
 
     check_request(inputs)
+    _precheck(mopts, inputs)
     torch_dtype = parse_dtype(mopts.dtype)
     torch.manual_seed(inputs.seed)
     loaded = load(mopts)
@@ -114,14 +118,20 @@ def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: 
         from inspect_model.loading.quantized import refuse_gradients
 
         refuse_gradients(loaded, command)  # quantized kernels have no autograd
+    if capability(command, "parameter_gradients"):
+        from inspect_model.loading.dispatch import refuse_offloaded
+
+        refuse_offloaded(loaded, command)  # weights streamed from disk keep no parameter gradients
     from inspect_model.run.world import rank_device
     from inspect_model.devices import model_device
 
-    dev = (model_device(loaded.model) or "cpu") if loaded.borrowed else resolve_device(rank_device(mopts.device))
+    placed = hasattr(loaded.model, "hf_device_map")  # spread by accelerate: inputs go to its main device
+    dev = (model_device(loaded.model) or "cpu") if loaded.borrowed or placed \
+        else resolve_device(rank_device(mopts.device))
     for note in loaded.notes:
         if notes is not None:
             notes(note)
-    if torch_dtype != torch.float32 and not loaded.borrowed:
+    if torch_dtype != torch.float32 and not loaded.borrowed and not placed:
         loaded.model.to(torch_dtype)  # our own freshly loaded copy, never the caller's
     categories = load_labels(inputs.labels) if inputs.labels else loaded.categories
     if inputs.labels and loaded.categories:  # the model names its classes: check at once
@@ -192,6 +202,14 @@ def _texts_beside_images(task: Any, inputs: InputOptions, loaded: Any, mopts: Mo
         raise UsageError(f"--text with images: only a two-tower (image-text) model takes both; {loaded.name} is a "
                          f"{task.name} model; drop the images or --text")
     return has_text, None, None
+
+
+def _precheck(mopts: ModelOptions, inputs: InputOptions) -> None:
+    """What needs the config only, before any build (issue 37): the tokenizer of --text."""
+    if inputs.text or inputs.text_file is not None:
+        from inspect_model.loading.text import precheck_tokenizer
+
+        precheck_tokenizer(mopts.model, inputs.tokenizer)
 
 
 def _prepare_text(command: str, mopts: ModelOptions, inputs: InputOptions, loaded: Any, dev: Any,

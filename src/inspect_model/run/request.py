@@ -62,6 +62,12 @@ class Request:
             elif value is None and isinstance(f.default, tuple):  # None for a repeatable option: none given
                 self._set(f.name, ())
         self.validate()
+        from inspect_model.loading.limits import check_option
+
+        for f in dataclasses.fields(self):  # every count and number in its range (issue 41)
+            flag = f.metadata.get("cli")
+            if flag is not None and flag.flags:
+                check_option(flag.flags[0], getattr(self, f.name))
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)

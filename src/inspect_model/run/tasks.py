@@ -41,7 +41,7 @@ def attach_task(command: str, prep: Any, inputs: Any, request: Any, task: Any, *
     text_plan = getattr(plan, "texts", None) is not None
     if text_plan:
         texts, tokenizer = plan.texts, plan.tokenizer
-    scoring = capability(command, "scores")  # the task's scores replace the model's output for it
+    scoring = capability(command, "scores") or _named_headless(command, task, objective)  # registry entry
     ctx = TaskContext(prep.loaded.model, prep.loaded, objective, command, scoring, tokenizer=tokenizer, texts=texts,
                       images=not text_plan, device=prep.device)
     if not text_plan and task.takes == "text" and not _token_input(plan):
@@ -75,6 +75,13 @@ def attach_task(command: str, prep: Any, inputs: Any, request: Any, task: Any, *
         if scoring:
             notes(f"task: {task.name}; explained: {adapter.words}")
     return prep
+
+
+def _named_headless(command: str, task: Any, objective: Any) -> bool:
+    """``attention`` on a head-less model with a named objective (``--target norm``,
+    ``cosine:REF``): its gradient methods explain that score (methods/attention/headless.py)."""
+    return command == "attention" and task.name == "embedding" and (
+        objective.kind != "class" or objective.output_key is not None)
 
 
 def _token_input(plan: Any) -> bool:

@@ -16,7 +16,9 @@ name: no ``:``, no path), ``file`` (``FILE.py:NAME``), ``module`` (``package.mod
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from inspect_model.errors import ModelLoadError, UsageError
@@ -102,17 +104,30 @@ def load_model(
     strict: bool = True,
     trust_checkpoint: bool = False,
     trust_remote_code: bool = False,
+    dtype: str | None = None,
+    placement: Any = None,
 ) -> LoadedModel:
-    """Load a model spec with the source that claims it, then ``checkpoint`` into it."""
+    """Load a model spec with the source that claims it, built in ``dtype`` directly, then
+    ``checkpoint`` into it. A ``placement`` (loading.placement.Placement) spreads it over
+    devices and the disk (loading.dispatch)."""
     if not isinstance(spec, str) or not spec.strip():
         raise UsageError("empty model name; e.g. `inspect-model summary resnet34`")
     spec = spec.strip()
     request = LoadRequest(weights=weights, device=device, model_args=dict(model_args or {}),
-                          trust_checkpoint=trust_checkpoint, trust_remote_code=trust_remote_code)
+                          trust_checkpoint=trust_checkpoint, trust_remote_code=trust_remote_code, dtype=dtype)
     from inspect_model.loading.sources.torchvision import WeightsNotCached
 
+    if placement is not None and placement.active:
+        if checkpoint:
+            raise UsageError("--checkpoint cannot be combined with --device-map/--max-memory/--offload yet; "
+                             "save the model with save_pretrained (safetensors) and load that folder")
+        from inspect_model.loading.dispatch import load_placed
+
+        return load_placed(spec, request, placement)
     try:
-        loaded = find_source(spec).load(spec, request)
+        source = find_source(spec)
+        with building_in(None if source.name in ("hf", "torchscript", "export", "pickled") else dtype):
+            loaded = source.load(spec, request)
     except WeightsNotCached as exc:
         if not checkpoint:
             raise
@@ -127,6 +142,26 @@ def load_model(
     if checkpoint:
         load_checkpoint_into(loaded, spec, checkpoint, device=device, strict=strict, trust=trust_checkpoint)
     return loaded
+
+
+@contextlib.contextmanager
+def building_in(dtype: str | None) -> Iterator[None]:
+    """Modules built within get their parameters in ``dtype`` directly (torch's default
+    dtype for the build): ``--dtype bfloat16`` never holds a float32 copy (issue 37).
+    Hugging Face models are given the dtype by transformers itself; saved files keep theirs."""
+    if dtype in (None, "", "float32"):
+        yield
+        return
+    import torch
+
+    from inspect_model.loading.shapes import parse_dtype
+
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(parse_dtype(dtype))
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
 
 
 def load_checkpoint_into(loaded: LoadedModel, spec: str, checkpoint: str, *, device: str, strict: bool,

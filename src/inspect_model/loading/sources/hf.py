@@ -62,7 +62,7 @@ class HfSource:
         if request.model_args:
             raise UsageError("--model-arg applies to timm:NAME and user models, not to Hugging Face models")
         return load_hf(spec, weights=request.weights, device=request.device,
-                       trust_remote_code=request.trust_remote_code)
+                       trust_remote_code=request.trust_remote_code, dtype=request.dtype, empty=request.empty)
 
 
 SOURCE = HfSource()
@@ -101,10 +101,10 @@ def _weights_files(repo: str, name: str) -> None:
     if path.endswith(".index.json"):
         from inspect_model.loading.parsing import load_json
 
+        from inspect_model.loading.sources.hf_values import shard_names
+
         index = load_json(path, what="weights index", error=ModelLoadError)
-        weight_map = index.get("weight_map") if isinstance(index, dict) else None
-        shards = sorted({str(v) for v in (weight_map or {}).values()})
-        for shard in shards:
+        for shard in shard_names(index, f"weights index '{path}'"):  # none outside the repo (issue 41)
             hub_file(repo, [shard], what=what)
 
 
@@ -112,7 +112,7 @@ def _has_weights(folder: str) -> bool:
     return any(os.path.isfile(os.path.join(folder, f)) for f in ("model.safetensors", "model.safetensors.index.json"))
 
 
-def _auto_class(transformers: Any, config: Any) -> tuple[Any, str]:
+def auto_class(transformers: Any, config: Any) -> tuple[Any, str]:
     """The Auto class and task of the config's architectures; the base model and "custom" else."""
     archs = [str(a) for a in getattr(config, "architectures", None) or []]
     for suffix, auto, task in ARCHITECTURES:
@@ -120,6 +120,9 @@ def _auto_class(transformers: Any, config: Any) -> tuple[Any, str]:
                 getattr(transformers, auto), config):
             return getattr(transformers, auto), task
     return transformers.AutoModel, "custom"
+
+
+_auto_class = auto_class  # the name earlier code imports
 
 
 def _knows(auto: Any, config: Any) -> bool:
@@ -132,40 +135,45 @@ def _knows(auto: Any, config: Any) -> bool:
         return True
 
 
-def preprocess_from_processor(d: dict[str, Any]) -> tuple[Preprocess, list[str]]:
+def preprocess_from_processor(d: Any, where: str = "image processor config") -> tuple[Preprocess, list[str]]:
     """An image processor's config (preprocessor_config.json) as a :class:`Preprocess`.
 
     ``size`` is ``{"height", "width"}`` (resize both sides: squash), or ``{"shortest_edge"}``
     (shorter side; with ``crop_pct`` below 384 ConvNeXt-style resize to ``size / crop_pct``
-    then crop ``size``), optionally followed by a centre crop of ``crop_size``."""
+    then crop ``size``), optionally followed by a centre crop of ``crop_size``. Every value is
+    checked first (:class:`~.hf_values.Values`): a bad one is a model-load error naming
+    ``where`` and the key (issue 41)."""
+    from inspect_model.loading.sources.hf_values import Values
+
+    v = Values(d, where)
     notes: list[str] = []
-    normalize = d.get("do_normalize", True)
-    mean = tuple(d.get("image_mean") or PRESETS["imagenet"]["mean"]) if normalize else (0.0, 0.0, 0.0)
-    std = tuple(d.get("image_std") or PRESETS["imagenet"]["std"]) if normalize else (1.0, 1.0, 1.0)
-    interp = _RESAMPLE.get(int(d.get("resample", 2) or 2), "bilinear")
-    size = d.get("size") or {"shortest_edge": 224}
-    if isinstance(size, int):
-        size = {"shortest_edge": size}
-    crop_size = d.get("crop_size")
-    if isinstance(crop_size, int):
-        crop_size = {"height": crop_size, "width": crop_size}
-    crop = int(crop_size["height"]) if d.get("do_center_crop") and crop_size else None
+    normalize = v.flag("do_normalize", True)
+    mean = v.numbers("image_mean") or PRESETS["imagenet"]["mean"] if normalize else (0.0, 0.0, 0.0)
+    std = v.numbers("image_std", positive=True) or PRESETS["imagenet"]["std"] if normalize else (1.0, 1.0, 1.0)
+    if len(mean) != len(std):
+        raise v.bad("image_std", f"{len(mean)} numbers, as many as image_mean")
+    interp = v.choice("resample", _RESAMPLE, 2)
+    size = v.sizes("size") or {"shortest_edge": 224}
+    crop_size = v.sizes("crop_size")
+    if crop_size and "shortest_edge" in crop_size:
+        crop_size = {"height": crop_size["shortest_edge"], "width": crop_size["shortest_edge"]}
+    crop = crop_size.get("height") if v.flag("do_center_crop", False) and crop_size else None
     squash = False
+    pct = v.number("crop_pct", 0.0, 10.0)
     if "shortest_edge" in size:
-        side = int(size["shortest_edge"])
-        pct = d.get("crop_pct")
+        side = size["shortest_edge"]
         if pct and crop is None and side < 384:
-            resize, crop = int(side / float(pct)), side
+            resize, crop = max(1, int(side / pct)), side
         elif pct and crop is None:
             resize, crop, squash = side, side, True  # ConvNeXt's processor warps to side x side at 384+
         else:
             resize, crop = side, crop or side
     else:
-        h, w = int(size.get("height", 224)), int(size.get("width", 224))
+        h, w = size.get("height", 224), size.get("width", 224)
         if h != w:
             notes.append(f"the image processor resizes to {h}x{w}; images are resized to {min(h, w)} squares")
         resize, crop, squash = min(h, w), crop or min(h, w), True
-    if d.get("do_resize") is False:
+    if not v.flag("do_resize", True):
         notes.append("the image processor does not resize; images are resized to the model's input size")
     return Preprocess(resize=resize, crop=crop, mean=tuple(float(m) for m in mean), std=tuple(float(s) for s in std),
                       interpolation=interp, source="image processor config", squash=squash), notes
@@ -184,22 +192,28 @@ def _input_size(config: Any, pre: Preprocess | None) -> tuple[int, ...] | None:
 
 
 def load_hf(spec: str, *, weights: str | None = None, device: str = "cpu",
-            trust_remote_code: bool = False) -> LoadedModel:
-    """Build ``hf:ORG/NAME`` (or a ``save_pretrained`` directory) on ``device``. The repo's own
-    code (``auto_map``) runs only with ``trust_remote_code``; transformers is never left to ask."""
+            trust_remote_code: bool = False, dtype: str | None = None, empty: bool = False) -> LoadedModel:
+    """Build ``hf:ORG/NAME`` (or a ``save_pretrained`` directory) on ``device`` in ``dtype``
+    directly (``empty``: parameters on the meta device, buffers real, no weight read). The
+    repo's own code (``auto_map``) runs only with ``trust_remote_code``; transformers is never
+    left to ask."""
     transformers = require("transformers")
     with quiet_hub_logs():
-        return _load_hf(transformers, spec, weights=weights, device=device, trust_remote_code=trust_remote_code)
+        return _load_hf(transformers, spec, weights=weights, device=device, trust_remote_code=trust_remote_code,
+                        dtype=dtype, empty=empty)
 
 
 def _load_hf(transformers: Any, spec: str, *, weights: str | None, device: str,
-             trust_remote_code: bool) -> LoadedModel:
+             trust_remote_code: bool, dtype: str | None = None, empty: bool = False) -> LoadedModel:
     w = (weights or "none").strip()
     if w.lower() not in ("none", "random", "", "default"):
         raise UsageError(f"--weights {w}: Hugging Face models take DEFAULT (the repo's weights) or none; "
                          "pin a revision as hf:ORG/NAME@REVISION")
     pretrained = w.lower() == "default"
     name, folder = _local_dir(spec, pretrained)
+    from inspect_model.loading.sources.hf_values import check_model_config
+
+    check_model_config(folder)  # the values this tool reads itself, typed, before transformers (issue 41)
     remote = _remote_code(folder)
     if remote and trust_remote_code and spec.startswith("hf:") and not os.path.isdir(spec.removeprefix("hf:")):
         for module in remote:  # the repo's code files, into the cache beside its config
@@ -209,12 +223,16 @@ def _load_hf(transformers: Any, spec: str, *, weights: str | None, device: str,
                                                          trust_remote_code=trust_remote_code)
     except Exception as exc:
         raise ModelLoadError(_config_error(name, remote, exc)) from exc
-    auto, task = _auto_class(transformers, config)
+    from inspect_model.loading.sources.hf_values import check_local_shards
+
+    auto, task = auto_class(transformers, config)
+    if pretrained:
+        check_local_shards(folder)  # no shard outside the folder the user named (issue 41)
     if pretrained and not _has_weights(folder):
         raise ModelLoadError(f"{name} has no model.safetensors (weights in pickle files are not read); run with "
                              "--weights none, or save it again with save_pretrained(safe_serialization=True)")
     model = _build(auto, config, folder, name, pretrained=pretrained, device=device,
-                   trust_remote_code=trust_remote_code)
+                   trust_remote_code=trust_remote_code, dtype=dtype, empty=empty)
     model.eval()
     return _loaded(model, config, folder, name, task=task, pretrained=pretrained, device=device)
 
@@ -244,16 +262,26 @@ def _config_error(name: str, remote: list[str], exc: BaseException) -> str:
 
 
 def _build(auto: Any, config: Any, folder: str, name: str, *, pretrained: bool, device: str,
-           trust_remote_code: bool) -> Any:
+           trust_remote_code: bool, dtype: str | None = None, empty: bool = False) -> Any:
     import torch
 
+    from inspect_model.loading.shapes import parse_dtype
+
+    # The dtype goes to transformers, which builds in it: a bfloat16 model never exists in
+    # float32 first (issue 37).
+    want = {"dtype": parse_dtype(dtype)} if dtype else {}
     try:
+        if empty:  # parameters on meta, buffers (rotary tables) real: the placement fills them
+            from accelerate import init_empty_weights
+
+            with init_empty_weights():
+                return auto.from_config(config, trust_remote_code=trust_remote_code, **want)
         if pretrained and device != "meta":  # on meta no value is read
             model = auto.from_pretrained(folder, local_files_only=True, use_safetensors=True,
-                                         trust_remote_code=trust_remote_code)
+                                         trust_remote_code=trust_remote_code, **want)
             return model.to(device)
         with torch.device(device):
-            return auto.from_config(config, trust_remote_code=trust_remote_code)
+            return auto.from_config(config, trust_remote_code=trust_remote_code, **want)
     except Exception as exc:
         raise ModelLoadError(f"cannot build {name} ({type(config).__name__}, {auto.__name__}): "
                              f"{type(exc).__name__}: {short_reason(exc)}") from exc
@@ -269,7 +297,7 @@ def _loaded(model: Any, config: Any, folder: str, name: str, *, task: str, pretr
     proc = os.path.join(folder, "preprocessor_config.json")
     if os.path.isfile(proc):
         doc = load_json(proc, what="image processor config", error=ModelLoadError)
-        pre, pre_notes = preprocess_from_processor(doc if isinstance(doc, dict) else {})
+        pre, pre_notes = preprocess_from_processor(doc, f"image processor config '{proc}'")
         notes.extend(pre_notes)
     size = _input_size(config, pre)
     vocab = None

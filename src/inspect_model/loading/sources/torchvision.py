@@ -141,7 +141,9 @@ def ensure_weights_file(w: Any, name: str) -> str:
 
     old_timeout = socket.getdefaulttimeout()
     try:
-        if os.environ.get("INSPECT_MODEL_OFFLINE", "").strip() not in ("", "0"):
+        from inspect_model.settings import env_flag
+
+        if env_flag("INSPECT_MODEL_OFFLINE"):  # "off" is not offline (issue 41)
             raise OSError("INSPECT_MODEL_OFFLINE is set")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         # No network must fail fast rather than hang: a timeout per socket operation.

@@ -28,9 +28,6 @@ ACCEL_CHUNK_ELEMENTS = 1 << 24
 # Bounds on max|x|^2 * values per cell under which sums and sums of squares cannot overflow
 # their accumulator (float32 for float32 and half outputs).
 _SAFE_SUM = {"torch.float32": 1e38, "torch.float64": 1e307}
-# Cells of fewer values count positives and negatives in one float32 sum of sign() with -1
-# replaced by _PACK: at most 4095 + 4096 * 4095 = 2^24 - 1, exact in float32.
-_PACK = 4096
 
 # Layers whose 3-D output is (N, tokens, dim): channels are the last dimension.
 _TOKEN_TYPES = ("Linear", "LayerNorm", "Embedding", "MultiheadAttention", "RMSNorm", "MLP",
@@ -153,9 +150,8 @@ def _reduce_nc(x: torch.Tensor, cdim: int, *, deferred: bool | None = None) -> t
     Finite floating values are read with reductions that allocate nothing of their size: sum
     and L2 norm (for the sum of squares), amin and amax; then the zero and negative counts come
     from min and max alone when no value of the chunk is zero, or from the sum of one sign()
-    pass into a reused buffer: after a ReLU that sum counts the non-zeros; in cells under 4096
-    values -1 is first replaced by 4096, so that one exact float32 sum holds both counts; in
-    larger cells a second sum of |sign()| gives the non-zeros. Half-precision values are
+    pass into a reused buffer: after a ReLU that sum counts the non-zeros; elsewhere the squared
+    L2 norm of the same sign() values gives them (two reads, no second write). Half-precision values are
     reduced with a float32 accumulator, without a copy. Which of these a chunk takes is read
     from two numbers, its min and max: on the CPU at once, while the chunk is still in cache;
     on an accelerator (``deferred``; forced on any device by tests) every chunk's first
@@ -208,8 +204,7 @@ def _reduce_nc(x: torch.Tensor, cdim: int, *, deferred: bool | None = None) -> t
     f64 = torch.float64
     if all(r is not None for r in raw):  # the common case: one copy back, one numpy pass
         stacked = torch.stack([torch.cat([r[i] for r in raw], dim=1).to(f64) for i in range(6)])
-        packed = [p for r in raw for p in [r[6]] * r[0].shape[1]]
-        out = _moments_of_sums(cell, *stacked.cpu().numpy(), packed)
+        out = _moments_of_sums(cell, *stacked.cpu().numpy())
     else:
         parts = []
         for c0, r in zip(starts, raw):
@@ -217,7 +212,7 @@ def _reduce_nc(x: torch.Tensor, cdim: int, *, deferred: bool | None = None) -> t
                 parts.append(tuple(t.cpu() for t in _reduce_exact(chunk(c0), dims, cell)))
             else:
                 arrays = torch.stack([t.to(f64) for t in r[:6]]).cpu().numpy()
-                parts.append(_moments_of_sums(cell, *arrays, [r[6]] * r[0].shape[1]))
+                parts.append(_moments_of_sums(cell, *arrays))
         out = tuple(torch.cat([p[i] for p in parts], dim=1) for i in range(9))
     return out + (torch.tensor(float(cell), dtype=f64),)
 
@@ -231,43 +226,37 @@ def _first_sums(xc: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, 
 
 
 def _counts(xc: torch.Tensor, dims: tuple[int, ...], cell: int, lo: float, hi: float,
-            buf: list[torch.Tensor]) -> tuple[Any, Any, bool]:
-    """(signed, nonzero, packed) of a finite chunk whose min is ``lo`` and max ``hi``: per
-    cell the sum of sign() and the number of non-zero values, or, when ``packed``, one sum
-    holding positives + _PACK * negatives in ``signed`` (see :func:`_reduce_nc`)."""
+            buf: list[torch.Tensor]) -> tuple[Any, Any]:
+    """(signed, nonzero) of a finite chunk whose min is ``lo`` and max ``hi``: per cell the
+    sum of sign() (positives - negatives) and the number of non-zero values."""
     import torch
 
     # Counts accumulate exactly in float32 up to 2^24 per cell; beyond, in float64.
     acc = torch.float64 if xc.dtype == torch.float64 or cell > 1 << 24 else torch.float32
     if lo > 0 or hi < 0:  # no value is zero: counts from min/max alone
         signed = torch.full(xc.shape[:2], float(cell) if lo > 0 else -float(cell), dtype=acc, device=xc.device)
-        return signed, torch.full_like(signed, float(cell)), False
+        return signed, torch.full_like(signed, float(cell))
     if not buf or buf[0].dtype != xc.dtype or buf[0].numel() < xc.numel():
         buf[:] = [torch.empty(xc.numel(), dtype=xc.dtype, device=xc.device)]
     sg = torch.sign(xc, out=buf[0][:xc.numel()].view(xc.shape))
     if lo >= 0:  # after a ReLU sign() is 0 or 1: its sum counts the non-zeros
         signed = sg.sum(dims, dtype=acc)
-        return signed, signed, False
-    if cell < _PACK:  # -1 -> _PACK: one exact float32 sum = positives + _PACK * negatives
-        torch.nn.functional.threshold_(sg, -0.5, float(_PACK))
-        packed = sg.sum(dims, dtype=torch.float32)
-        return packed, packed, True
-    return sg.sum(dims, dtype=acc), sg.abs_().sum(dims, dtype=acc), False  # positives -/+ negatives
+        return signed, signed
+    # positives - negatives, and positives + negatives as the squared L2 norm of sign(): two
+    # reads at the speed of a plain reduction, nothing written (issue 40; the norm of values
+    # in {-1, 0, 1} is sqrt of an exact integer count, squared and rounded back to it).
+    nonzero = torch.linalg.vector_norm(sg, 2, dims, dtype=acc).double().square_().round_()
+    return sg.sum(dims, dtype=acc), nonzero
 
 
 def _moments_of_sums(cell: int, s1: np.ndarray, norm: np.ndarray, mn: np.ndarray, mx: np.ndarray,
-                     signed: np.ndarray, nonzero: np.ndarray, packed: list[bool]) -> tuple[torch.Tensor, ...]:
+                     signed: np.ndarray, nonzero: np.ndarray) -> tuple[torch.Tensor, ...]:
     """The 9 (N, C) float64 tensors of :func:`_reduce_nc` from finite cells' sums: sum, L2
-    norm, min, max, sum of sign() and number of non-zero values (``packed`` columns: one sum
-    positives + _PACK * negatives). The arrays are small: numpy costs less than torch calls."""
+    norm, min, max, sum of sign() and number of non-zero values. The arrays are small: numpy
+    costs less than torch calls."""
     import numpy as np
     import torch
 
-    cols = np.asarray(packed, dtype=bool)
-    if cols.any():
-        negatives = np.floor(signed[:, cols] / _PACK)
-        positives = signed[:, cols] - _PACK * negatives
-        signed[:, cols], nonzero[:, cols] = positives - negatives, positives + negatives
     mean = s1 / cell
     # M2 = sum(x^2) - n mean^2; a constant cell has exactly 0 (no rounding residue).
     m2 = np.maximum(np.square(norm) - cell * np.square(mean), 0.0)

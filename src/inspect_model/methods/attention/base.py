@@ -19,6 +19,7 @@ class AttentionMethod:
     score_backward: bool = False  # the backward pass of the target's score, shared with gradient CAMs
     per_layer: bool = False  # reads --layers (raw, legrad)
     all_layers: bool = False  # folds every attention layer (rollout, grad-rollout)
+    needs_head: bool = False  # scores each block's tokens through the model's head (legrad)
     class_independent: bool = False  # the same map for every target
 
 
@@ -54,7 +55,8 @@ register(AttentionMethod("rollout", "attention rollout", "Abnar & Zuidema 2020",
                          all_layers=True))
 register(AttentionMethod("grad-rollout", "gradient rollout", "Chefer et al. 2021", needs_gradients=True,
                          score_backward=True, all_layers=True))
-register(AttentionMethod("legrad", "LeGrad", "Bousselham et al. 2024", needs_gradients=True, per_layer=True))
+register(AttentionMethod("legrad", "LeGrad", "Bousselham et al. 2024", needs_gradients=True, per_layer=True,
+                         needs_head=True))
 
 
 def all_names() -> tuple[str, ...]:

@@ -173,6 +173,11 @@ def _scores_and_targets(out: Any, target: Any, *, required: bool) -> tuple[Any, 
 
     try:
         scores = model_scores(out)
+    except InspectModelError as exc:
+        if required:  # a refusal, not a failure (issue 42): raw and rollout run on such a model
+            raise UsageError(f"{exc}; raw attention and rollout need none: -m raw,rollout") from exc
+        return None, None
+    try:
         return scores, one_target_each(target, scores.detach())
     except InspectModelError:
         if required:

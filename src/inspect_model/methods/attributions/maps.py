@@ -34,7 +34,7 @@ from inspect_model.errors import InputError, ModelRuntimeError
 from inspect_model.loading.wrappers import unwrap_module
 from inspect_model.methods.attributions import passes as ap
 from inspect_model.methods.attributions import base as ab
-from inspect_model.methods.attributions.options import check_settings, parse_methods, parse_sizes
+from inspect_model.methods.attributions.options import check_settings, parse_methods, parse_sizes, parse_steps
 from inspect_model.methods.guided.backprop import GuidedBackwardMode, _targets_for
 from inspect_model.methods.objectives.targets import class_probabilities, require_float, select_output
 
@@ -47,7 +47,7 @@ class AttributionSettings:
     (image channel) or trailing (embedding) dimensions, see ``passes.window_shape``."""
 
     methods: tuple[str, ...] = ("saliency",)
-    steps: int = 32
+    steps: int | str = 32  # or "auto": per map, the fewest that meet max_gap (attribution_options.AUTO_*)
     rule: str = "gauss-legendre"  # captum's default
     baseline: Any = "zeros"  # zeros | blur | blur:SIGMA | uniform | number | file | tensor
     samples: int = 16
@@ -59,12 +59,14 @@ class AttributionSettings:
     batch_size: int = 32
     seed: int = 0
     activations: bool = False  # guided: guide relu6/leaky_relu/silu/gelu/prelu too
+    max_gap: float = 1e-3  # steps="auto": the largest |gap| / |f(x) - f(baseline)| accepted
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "methods", parse_methods(self.methods))
+        object.__setattr__(self, "steps", parse_steps(self.steps))
         check_settings(steps=self.steps, rule=self.rule, samples=self.samples, noise=self.noise,
                        noise_mode=self.noise_mode, batch_size=self.batch_size, smooth=self.smooth,
-                       methods=self.methods)
+                       methods=self.methods, max_gap=self.max_gap)
         object.__setattr__(self, "baseline", ap.parse_baseline(self.baseline))
         object.__setattr__(self, "window", parse_sizes(self.window, "--window"))
         object.__setattr__(self, "stride", parse_sizes(self.stride, "--window-stride"))
@@ -92,6 +94,7 @@ class AttributionResult:
     embedding_layer: str | None = None
     baseline_scores: list[list[float]] | None = None  # f(baseline), with integrated-gradients
     deltas: list[list[float]] | None = None  # IG's completeness gap sum(map) - (f(x) - f(b))
+    ig_steps: list[list[int]] | None = None  # IG's steps per map, (N, K) (differ with steps="auto")
     smoothed: tuple[str, ...] = ()
     guided_sites: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)

@@ -89,12 +89,45 @@ def parse_sizes(value: Any, flag: str) -> tuple[int, ...] | None:
         raise UsageError(f"{flag} '{value}' must be sizes such as 16, 16,16 or 3,16,16") from exc
     if not sizes or any(v < 1 for v in sizes):
         raise UsageError(f"{flag} '{value}': sizes must be 1 or more")
+    if len(sizes) > 8:
+        raise UsageError(f"{flag} '{value}' has {len(sizes)} sizes; a window has at most one per input dimension")
+    from inspect_model.loading.limits import check_size
+
+    for v in sizes:
+        check_size(flag, v)  # the same range as every other size option (issue 41)
     return sizes
 
 
-def check_settings(*, steps: int, rule: str, samples: int, noise: float, noise_mode: str, batch_size: int,
-                   smooth: bool, methods: Sequence[str]) -> None:
+# --steps auto (issue 40): Gauss-Legendre steps doubling from AUTO_FIRST, per map, until its
+# completeness gap is at most --max-gap of |f(x) - f(baseline)|; at most AUTO_CAP steps.
+AUTO_FIRST, AUTO_CAP = 4, 256
+
+
+def parse_steps(steps: int | str) -> int | str:
+    """``--steps``: a count of 1 or more, or ``auto``."""
+    if isinstance(steps, str):
+        text = steps.strip().lower()
+        if text == "auto":
+            return "auto"
+        try:
+            steps = int(text)
+        except ValueError:
+            raise UsageError(f"--steps '{steps}': give a number of steps (32) or auto") from None
+    return steps
+
+
+def check_settings(*, steps: int | str, rule: str, samples: int, noise: float, noise_mode: str, batch_size: int,
+                   smooth: bool, methods: Sequence[str], max_gap: float = 1e-3) -> None:
     """The numeric and named options (UsageError naming the option)."""
+    steps = parse_steps(steps)
+    if steps == "auto":
+        if not (max_gap > 0 and math.isfinite(max_gap)):
+            raise UsageError(f"--max-gap {max_gap}: give a relative completeness gap above 0 (0.001 is 0.1 %)")
+        if smooth and "integrated-gradients" in methods:
+            raise UsageError("--steps auto judges each map by its completeness gap, which noise samples blur; "
+                             "give a number of steps with --smooth")
+        steps = AUTO_CAP
+    assert isinstance(steps, int)
     if steps < 1:
         raise UsageError(f"--steps {steps}: integrated gradients needs at least 1 step")
     if rule not in RULES:

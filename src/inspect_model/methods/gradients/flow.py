@@ -45,7 +45,8 @@ from inspect_model.methods.gradients.records import (  # the records, re-exporte
     validate_request,
 )
 from inspect_model.methods.gradients.stats import LogHist, log_hist, max_abs, merge_stats
-from inspect_model.methods.activations.tokens import real_tokens
+from inspect_model.methods.activations.tokens import over_tokens, real_tokens
+from inspect_model.methods.row_stats import SeenGradients, fast_stats, l2_norm
 from inspect_model.methods.stats import TensorStats, tensor_stats
 
 if TYPE_CHECKING:
@@ -104,22 +105,24 @@ class GradRun:
         self.input_grads: list[torch.Tensor] = []
         self.warnings: list[str] = []
         self._live = False
+        self._measured = SeenGradients()
         self._mask: torch.Tensor | None = None  # the text batch's attention mask (B, L), if any
 
     def _observe(self, g: torch.Tensor, n: int, *, hist: bool = True) -> GradObs:
         import torch
 
-        per = None
-        if g.dim() >= 1 and g.shape[0] == n:
+        if over_tokens(g, self._mask):  # a text batch: statistics of its real tokens, padding left out
             per = torch.linalg.vector_norm(g.detach().reshape(n, -1), dim=1, dtype=torch.float64).tolist()
+            g = real_tokens(g, self._mask)
+            stats = tensor_stats(g)
+        else:
+            stats, per = self._measured.measure(g, n)  # an output gradient seen as the next input's: once
         seq = self.partial.seq
         self.partial.seq += 1
         seen = self._seen
         if self.progress is not None and seen["total"] > 1:
             seen["done"] += 1
             self.progress(min(seen["done"], seen["total"]), seen["total"], "grads: layer gradients")
-        g = real_tokens(g, self._mask)  # a text batch: its real tokens only, padding left out
-        stats = tensor_stats(g)
         return GradObs(seq, stats, _hist(g, stats) if self.histograms and hist else None, per)
 
     def current_grads(self) -> dict[str, torch.Tensor]:
@@ -157,8 +160,11 @@ class GradRun:
                 for item in _iter_batches(inputs, start=self.label_base + part.images):
                     self._batch(item, eng, batch_n, run_forward, select_output)
             finally:
-                part.grads = self.current_grads()
+                # The run's own .grad tensors, not copies: the engine gives the parameters
+                # their earlier .grad back on exit, and nothing writes to these any more.
+                part.grads = {n: p.grad.detach() for n, p in self.trainable if p.grad is not None}
                 self._live = False
+                self._measured.clear()
         return part
 
     def _batch(self, item: tuple[Any, list[str]], eng: Any, batch_n: list[int], run_forward: Any,
@@ -190,6 +196,8 @@ class GradRun:
         except RuntimeError as exc:
             msg = one_line(exc)
             raise ModelRuntimeError(f"backward pass failed: {msg}") from exc
+        finally:
+            self._measured.clear()
         self._after_backward(eng, x, n, batch_names, per_obj, used)
 
     def _seed(self, out: Any, n: int, select_output: Any) -> tuple[Any, Any, list[float], list[list[int]]]:
@@ -235,8 +243,10 @@ class GradRun:
         _merge_batch(part.layers, eng.finalize(), self.by_name)
         layer_norms = {r.key: r for r in eng.records}
         if x.grad is not None:
-            part.input_stats = merge_stats(part.input_stats, tensor_stats(x.grad))
-            in_norms = torch.linalg.vector_norm(x.grad.detach().reshape(n, -1), dim=1, dtype=torch.float64).tolist()
+            fast = fast_stats(x.grad, n)
+            part.input_stats = merge_stats(part.input_stats, tensor_stats(x.grad) if fast is None else fast[0])
+            in_norms = (fast[1] if fast is not None and fast[1] is not None else
+                        torch.linalg.vector_norm(x.grad.detach().reshape(n, -1), dim=1, dtype=torch.float64).tolist())
             if self.keep_input_grad:
                 self.input_grads.append(x.grad.detach().clone())
         else:
@@ -273,7 +283,7 @@ class GradRun:
             params.append(_param_grad(pname, p, grads.get(pname), self.histograms))
             if self.progress is not None:
                 self.progress(i + 1, len(self.listed), "grads: parameter gradients")
-        shares = [(n, float(grads[n].detach().double().pow(2).sum())) for n, _ in self.trainable if n in grads]
+        shares = [(n, l2_norm(grads[n]) ** 2) for n, _ in self.trainable if n in grads]
         total = math.sqrt(sum(s for _, s in shares))
         clip = None
         if self.clip_norm is not None:
@@ -392,7 +402,7 @@ def _hist(g: torch.Tensor, s: TensorStats) -> LogHist:
 
 
 def _param_grad(name: str, p: torch.Tensor, g: torch.Tensor | None, histograms: bool) -> ParamGrad:
-    wn = float(p.detach().double().norm())
+    wn = l2_norm(p)
     if g is None:
         return ParamGrad(name, list(p.shape), False, None, None, None, None, None, None, wn, None)
     s = tensor_stats(g)

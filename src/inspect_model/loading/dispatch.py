@@ -1,0 +1,213 @@
+"""Loading a model spread over devices and the disk (issue 37), through accelerate.
+
+:func:`load_placed` is :func:`~inspect_model.loading.sources.load_model` for a run with
+``--device-map``/``--max-memory``/``--offload``: the model is built empty first (accelerate's
+``init_empty_weights``: parameters on the meta device, buffers real), the device table is
+planned on it (:mod:`inspect_model.loading.placement`), and only then are weights allocated,
+each block on its device:
+
+- a Hugging Face model with weights: transformers' ``from_pretrained`` with that table and
+  the dtype asked for; the safetensors shards are memory-mapped, and what goes to the disk is
+  read in place from the shards when a block runs (nothing is copied);
+- a Hugging Face config with ``--weights none``: each block initialised in turn (the model's
+  own ``_init_weights``), written to the offload folder when it belongs on the disk, so a
+  random model larger than the memory is built in one block of memory;
+- any other source (torchvision, timm, user files, checkpoints: models that fit the RAM):
+  built in the dtype asked for, then dispatched (accelerate writes the disk part to the
+  offload folder and frees it).
+
+Every path ends in accelerate's ``dispatch_model``; the model keeps ``hf_device_map``, which
+:func:`inspect_model.devices.model_device` reads for the device inputs go to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from inspect_model.errors import ModelLoadError, one_line
+from inspect_model.loading.loaded import LoadedModel, LoadRequest
+from inspect_model.loading.preflight import available_memory, check_placed, estimate
+from inspect_model.loading.placement import (
+    Placement,
+    describe,
+    main_device,
+    offload_folder,
+    plan_device_map,
+    require_accelerate,
+)
+
+
+def load_placed(spec: str, request: LoadRequest, placement: Placement) -> LoadedModel:
+    """Build ``spec`` empty, plan its placement, give each block its weights, dispatch."""
+    import dataclasses
+
+    from inspect_model.loading.shapes import parse_dtype
+    from inspect_model.loading.sources import find_source
+
+    require_accelerate()
+    dtype = parse_dtype(request.dtype or "float32")
+    source = find_source(spec)
+    if source.name in ("torchscript", "export", "pickled"):
+        raise ModelLoadError(f"{spec} is a saved {source.name} file; --device-map/--offload need a model that can "
+                             "be built empty: a Hugging Face folder, timm:NAME, a torchvision name or FILE.py:NAME")
+    if source.name == "hf":
+        loaded = source.load(spec, dataclasses.replace(request, empty=True, device="cpu"))
+        if callable(getattr(loaded.model, "tie_weights", None)):
+            loaded.model.tie_weights()  # GPT-2's head is its embedding: the plan keeps them together
+        dmap = plan_device_map(loaded.model, placement, dtype, free=available_memory())
+        check_placed(estimate(loaded.model, dtype, tokens=128 if loaded.token_vocab else 0), dmap, loaded.model,
+                     name=loaded.name)
+        folder = offload_folder(placement, loaded.model) if "disk" in dmap.values() else None
+        if loaded.weights is not None:
+            loaded.model = _hf_pretrained(loaded, dmap, folder, dtype)
+            if not isinstance(getattr(loaded.model, "hf_device_map", None), dict):
+                loaded.model.hf_device_map = dict(dmap)  # one device: transformers attaches no hooks, none needed
+        else:
+            _init_blocks(loaded.model, dmap, folder, dtype)
+            _dispatch(loaded.model, dmap, folder)
+    else:
+        loaded = source.load(spec, dataclasses.replace(request, device="cpu"))
+        dmap = plan_device_map(loaded.model, placement, dtype, free=available_memory())
+        folder = offload_folder(placement, loaded.model) if "disk" in dmap.values() else None
+        _dispatch(loaded.model, dmap, folder)
+    loaded.model.eval()
+    loaded.device = main_device(dmap)
+    loaded.notes.append(f"placement (accelerate): {describe(dmap)}"
+                        + (f"; offloaded weights in {folder}" if folder else ""))
+    return loaded
+
+
+def _hf_pretrained(loaded: LoadedModel, dmap: dict[str, Any], folder: str | None, dtype: Any) -> Any:
+    """transformers' own loader with our table: shards memory-mapped, disk weights in place."""
+    from inspect_model.loading.hub_models import quiet_hub_logs, require, short_reason
+
+    transformers = require("transformers")
+    from inspect_model.loading.sources.hf import auto_class
+
+    auto, _ = auto_class(transformers, loaded.config)
+    path = str(getattr(loaded.config, "_name_or_path", "") or "")
+    try:
+        with quiet_hub_logs(), _quiet_accelerate():
+            return auto.from_pretrained(path, local_files_only=True, use_safetensors=True, dtype=dtype,
+                                        device_map=dmap, offload_folder=folder, config=loaded.config)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load {loaded.name} with --device-map/--offload: {type(exc).__name__}: "
+                             f"{short_reason(exc)}") from exc
+
+
+def _init_blocks(model: Any, dmap: dict[str, Any], folder: str | None, dtype: Any) -> None:
+    """Random weights, one block of the table at a time: allocated on its device (the CPU
+    for the disk), initialised, and written to ``folder`` and freed when it goes to the disk."""
+    import torch
+    from accelerate.utils import offload_weight, save_offload_index, set_module_tensor_to_device
+
+    index: dict[str, Any] = {}
+    init = getattr(model, "_init_weights", None)
+    for name, dev in dmap.items():
+        block = model.get_submodule(name) if name else model
+        where = "cpu" if dev in ("disk", "cpu") else (f"cuda:{dev}" if isinstance(dev, int) else dev)
+        params = [(n, p) for n, p in block.named_parameters() if p.device.type == "meta"]
+        for n, p in params:
+            set_module_tensor_to_device(block, n, where, value=torch.empty(p.shape, dtype=dtype))
+        with torch.no_grad():
+            _initialise(block, init)
+        if dev == "disk":
+            assert folder is not None  # internal: the table holds the disk, so a folder was made
+            for n, p in block.named_parameters():
+                full = f"{name}.{n}" if name else n
+                index = offload_weight(p.detach(), full, folder, index=index)
+                set_module_tensor_to_device(block, n, "meta")
+    if folder is not None:
+        save_offload_index(index, folder)
+
+
+def _initialise(block: Any, init: Any) -> None:
+    """Hugging Face's ``_init_weights`` on every submodule (else ``reset_parameters``), and a
+    small normal draw for parameters neither touches."""
+    import torch
+
+    done: set[int] = set()
+    for sub in block.modules():
+        if init is not None:
+            init(sub)
+            done.update(id(p) for p in sub.parameters(recurse=False))
+        elif hasattr(sub, "reset_parameters") and callable(sub.reset_parameters):
+            sub.reset_parameters()
+            done.update(id(p) for p in sub.parameters(recurse=False))
+    for p in block.parameters():
+        if id(p) not in done:
+            torch.nn.init.normal_(p, std=0.02)
+
+
+def _dispatch(model: Any, dmap: dict[str, Any], folder: str | None) -> None:
+    from accelerate import dispatch_model
+
+    try:
+        with _quiet_accelerate():
+            dispatch_model(model, dmap, main_device=main_device(dmap), offload_dir=folder, force_hooks=True)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot place the model with this device map: {type(exc).__name__}: "
+                             f"{one_line(exc)}") from exc
+
+
+@contextlib.contextmanager
+def _quiet_accelerate() -> Iterator[None]:
+    """accelerate warns "Some parameters are on the meta device because they were offloaded";
+    that is what was asked for."""
+    import logging
+
+    loggers = [logging.getLogger(n) for n in ("accelerate", "accelerate.big_modeling", "accelerate.utils.modeling")]
+    old = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, lv in zip(loggers, old, strict=True):
+            lg.setLevel(lv)
+
+
+def preflight(spec: str, request: LoadRequest, *, tokens: int = 0) -> None:
+    """Before a resident build of a Hugging Face model: build it empty, and refuse in one
+    line when its weights in the dtype asked for (and the activations) cannot fit
+    (:mod:`inspect_model.loading.preflight`). Other sources build models that fit any
+    machine this tool runs on (torchvision's and timm's largest are a few GB)."""
+    import dataclasses
+
+    from inspect_model.loading.preflight import check_fits, estimate
+    from inspect_model.loading.shapes import parse_dtype
+    from inspect_model.loading.sources import find_source
+
+    if request.device == "meta":
+        return
+    source = find_source(spec)
+    if source.name != "hf":
+        return
+    try:
+        import accelerate  # noqa: F401  (init_empty_weights)
+    except ImportError:
+        return  # without accelerate no empty build: the build itself is the check
+    # On the meta device (not init_empty_weights, which allocates each tensor before moving it).
+    empty = source.load(spec, dataclasses.replace(request, device="meta", weights="none"))
+    dtype = parse_dtype(request.dtype or "float32")
+    est = estimate(empty.model, dtype, tokens=tokens if empty.token_vocab else 0)
+    check_fits(est, request.device, name=empty.name)
+
+
+# Commands that read each parameter's own gradient (not only gradients of layer outputs and inputs).
+
+
+def refuse_offloaded(loaded: LoadedModel, command: str) -> None:
+    """One line for ``grads`` on offloaded weights: accelerate loads them for each call and
+    drops them after it, so no parameter keeps a gradient. Output and input gradients (cam,
+    attributions, attention's gradient methods) work offloaded. The caller asks the command's
+    registry entry (``parameter_gradients``)."""
+    offloaded = [n for n, p in loaded.model.named_parameters() if p.device.type == "meta"]
+    if offloaded:
+        raise ModelLoadError(
+            f"`{command}` reads each parameter's gradient, and {len(offloaded)} parameters (e.g. '{offloaded[0]}') "
+            "are offloaded: accelerate loads them for each call and drops them after it, so they keep none; run "
+            f"`{command}` with the weights in memory (--device-map auto with --max-memory large enough, no "
+            "--offload), or use cam, attributions or attention for layer and input gradients")
