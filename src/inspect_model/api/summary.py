@@ -171,9 +171,10 @@ def _meta_then_cpu(loaded: Any, run: Callable[[nn.Module, str], SummaryResult]
 
             real = load_hf(loaded.name, weights=None, device="cpu")
         elif loaded.source != "torchvision":
-            from inspect_model.errors import ModelRuntimeError
+            from inspect_model.errors import UsageError
 
-            raise ModelRuntimeError(
+            # A refused combination, not a failed model (issue 42: never exit 6 for it).
+            raise UsageError(
                 f"the meta device cannot run this model ({one_line(reason)}); use --device cpu"
             ) from None
         else:

@@ -188,9 +188,13 @@ def compute_cams(
                                tuple(acts[n].shape[1:])) for n in names]
 
     raw_maps: dict[tuple[str, str], torch.Tensor] = {}  # (layer, method) -> (K, N, h, w)
+    scales: dict[str, torch.Tensor] = {}  # layer -> (K, N): the terms' size, for the numeric-zero test
     for layer in cam_layers:
         A = cm.to_spatial(acts[layer.name], layer.layout)
         A = A.float() if A.dtype != torch.float64 else A
+        if grads:
+            scales[layer.name] = torch.stack([cm.term_scale(A, cm.to_spatial(g, layer.layout))
+                                              for g in gradients[layer.name]]).cpu()
 
         def masked_scores(A: torch.Tensor = A) -> torch.Tensor:
             weights, n_pass = cp.scorecam(model, x, A, classes, output_key, scorecam_batch, progress)
@@ -209,7 +213,8 @@ def compute_cams(
                     raise
                 notes.append(f"{m} left out of --method all at layer '{layer.name}': "
                              + str(exc).split(": ", 1)[-1].split("; use --method")[0])
-    maps = _records(raw_maps, classes, hw, [layer.name for layer in cam_layers], methods, fuse)
+    maps = _records(raw_maps, classes, hw, [layer.name for layer in cam_layers], methods, fuse, scales,
+                    first.scores.detach().float().cpu())
     return CamResult(scores=first.scores.float().cpu(), targets=classes.cpu().tolist(),
                      layers=cam_layers, maps=maps, input_hw=hw, passes=passes, notes=notes)
 
@@ -256,7 +261,8 @@ def _capture_all(model: nn.Module, x: torch.Tensor, names: list[str], *, grads: 
 
 
 def _records(raw_maps: dict[tuple[str, str], torch.Tensor], classes: torch.Tensor, hw: tuple[int, ...],
-             layer_names: list[str], methods: list[str], fuse: bool) -> list[CamMap]:
+             layer_names: list[str], methods: list[str], fuse: bool,
+             scales: dict[str, torch.Tensor] | None = None, scores: torch.Tensor | None = None) -> list[CamMap]:
     import torch
 
     out: list[CamMap] = []
@@ -267,12 +273,17 @@ def _records(raw_maps: dict[tuple[str, str], torch.Tensor], classes: torch.Tenso
         fin = cm.finish_maps(raw.reshape(k * n, *sp), hw).reshape(k, n, *hw).cpu()
         finished[(layer, m)] = fin
         raw_cpu = raw.detach().float().cpu()
+        gradient_map = base.get(m).needs_gradients and scales and layer in scales
         for i in range(n):
             for j in range(k):
                 r = raw_cpu[j, i]
+                warns = cm.map_warnings(r, float(scales[layer][j, i]) if gradient_map else None,  # type: ignore[index]
+                                        float(scores[i, classes[i, j]]) if gradient_map and scores is not None
+                                        else None)
+                if cm.is_numeric_zero(warns):
+                    fin[j, i] = 0.0  # noise is not stretched to full contrast
                 out.append(CamMap(i, j, int(classes[i, j]), m, layer, fin[j, i], r.clone(),
-                                  float(r.min()), float(r.max()), cm.map_warnings(r),
-                                  base.get(m).class_independent))
+                                  float(r.min()), float(r.max()), warns, base.get(m).class_independent))
     if fuse and len(layer_names) > 1:
         name = "fused:" + "+".join(layer_names)
         for m in methods:

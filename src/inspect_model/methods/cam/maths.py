@@ -176,8 +176,30 @@ def finish_maps(raw: torch.Tensor, input_hw: tuple[int, int]) -> torch.Tensor:
     return ((up - lo) / span.clamp_min(1e-30)) * (span > 0)
 
 
-def map_warnings(raw: torch.Tensor) -> list[str]:
-    """Why a raw map (h, w) cannot be trusted, as short sentences; [] when it is fine."""
+NUMERIC_ZERO = "the map is numerically zero"
+#: A map whose largest |value| is below this fraction of the terms it sums is float rounding
+#: noise (float32 keeps ~1e-7 of a sum; 100x that): drawn blank and said so (issue 39).
+ZERO_RELATIVE = 1e-5
+#: ... and a map whose peak is below this fraction of the score per location (a map's values
+#: are in the score's units: Grad-CAM's mean is about score / locations).
+ZERO_OF_SCORE = 1e-6
+
+
+def term_scale(A: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
+    """(N,) the size of the terms a gradient map sums: the largest, over locations, sum over
+    channels of |dS/dA * A| (A, G: (N, C, ...))."""
+    t = (A.detach().abs().float() * G.detach().abs().float()).sum(1)
+    return t.reshape(t.shape[0], -1).amax(1)
+
+
+def is_numeric_zero(warnings: list[str]) -> bool:
+    return any(w.startswith(NUMERIC_ZERO) for w in warnings)
+
+
+def map_warnings(raw: torch.Tensor, scale: float | None = None, score: float | None = None) -> list[str]:
+    """Why a raw map (h, w) cannot be trusted, as short sentences; [] when it is fine.
+    ``scale``: the size of the terms the map sums (:func:`term_scale`); ``score``: the target's
+    score, whose share per location a map of evidence for it reaches (``ZERO_OF_SCORE``)."""
     import torch
 
     finite = torch.isfinite(raw)
@@ -188,6 +210,15 @@ def map_warnings(raw: torch.Tensor) -> list[str]:
     if hi == lo:
         return [(f"the map is constant ({hi:.4g} everywhere): the layer carries no spatial "
                  "evidence for this target (zero gradients or activations)")]
+    peak = max(abs(lo), abs(hi))
+    if scale is not None and scale > 0 and peak <= ZERO_RELATIVE * scale:
+        return [(f"{NUMERIC_ZERO}: its largest |value| {peak:.3g} is {peak / scale:.1g} of the terms it sums "
+                 f"({scale:.3g}), float rounding noise, not evidence; drawn blank")]
+    share = abs(score) / raw.numel() if score else 0.0  # the score spread evenly over the locations
+    if share > 0 and peak <= ZERO_OF_SCORE * share:
+        return [(f"{NUMERIC_ZERO}: its largest |value| {peak:.3g} is {peak / share:.1g} of the target's score "
+                 f"per location ({abs(score or 0):.3g} over {raw.numel()}): the gradients hardly reach the layer, "
+                 "float rounding noise, not evidence; drawn blank")]
     if hi <= 0:
         return [(f"the map is empty: no location has positive evidence (raw max {hi:.4g}); "
                  "after ReLU it is zero everywhere")]

@@ -258,7 +258,12 @@ def _maps(sel: Selection, A: torch.Tensor, rank_grads: list[Any], methods: Seque
                 raw = same[(i, m)]
             else:
                 raw = method.row_map(A[i:i + 1], G)[0]
+            scale = float(cm.term_scale(A[i:i + 1], G)[0]) if G is not None else None
             raw = raw.detach().float().cpu()
-            out.append(TaskMap(row, m, layer, finish(raw, crops[i], hw), raw, float(raw.min()), float(raw.max()),
-                               cm.map_warnings(raw), method.class_independent))
+            warns = cm.map_warnings(raw, scale, row.confidence if scale is not None else None)
+            shown = finish(raw, crops[i], hw)
+            if cm.is_numeric_zero(warns):
+                shown = shown * 0.0  # noise is not stretched to full contrast (issue 39)
+            out.append(TaskMap(row, m, layer, shown, raw, float(raw.min()), float(raw.max()), warns,
+                               method.class_independent))
     return out
