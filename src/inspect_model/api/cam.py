@@ -69,7 +69,11 @@ class CamRequest(Request):
                         "original-image pixels: with --evaluate for the pointing and energy games; for a detector "
                         "the boxes to explain, for a segmenter the region of the mask; for a flow model the region "
                         "whose mean flow magnitude is explained.")
-    eval_steps: int = option(32, "--eval-steps", help="Steps of the deletion and insertion curves.")
+    eval_steps: int | str = option(32, "--eval-steps", type=str, help="Steps of the deletion and insertion curves, "
+                                   "or auto: each curve refined (8, 16, ... 128) until its AUC moves by at most "
+                                   "--eval-tolerance.")
+    eval_tolerance: float = option(0.005, "--eval-tolerance", help="With --eval-steps auto: the AUC change between "
+                                   "two levels at which a curve stops.")
     eval_batch: int | None = option(None, "--eval-batch", type=int, help="Perturbed inputs per forward pass (--evaluate); "
                                     "default 64, on a CPU at most 4 MiB of input (6 at 224 px).")
     score_threshold: float | None = option(None, "--score-threshold", type=float, help=SCORE_THRESHOLD_HELP)
@@ -95,9 +99,12 @@ class CamRequest(Request):
             raise UsageError("empty layer spec; give a name, a glob, type:CLASS or auto")
         check_colormap(self.colormap)
         check_dense_options(self.score_threshold, self.max_detections)
+        from inspect_model.api.cam_evaluate import parse_eval_steps
+
+        self._set("eval_steps", parse_eval_steps(self.eval_steps))
         self._set("parsed_metrics", tuple(check_evaluate_request(
             evaluate=self.evaluate, metrics=list(self.metrics) or None, boxes=self.boxes, steps=self.eval_steps,
-            batch=self.eval_batch)))
+            batch=self.eval_batch, tolerance=self.eval_tolerance)))
 
 
 def check_cam_request(**options: Any) -> CamRequest:
@@ -134,7 +141,7 @@ class CamSession(Session):
         self.columns: list[tuple[str, str]] = []
         self.eval_options = {"evaluate": r.evaluate, "metrics": list(r.parsed_metrics) or None,
                              "boxes": str(r.boxes) if r.boxes else None, "eval_steps": r.eval_steps,
-                             "eval_batch": r.eval_batch}
+                             "eval_batch": r.eval_batch, "eval_tolerance": r.eval_tolerance}
         self.evaluator: Any = None
         flow = hasattr(prep.binding, "second_for")
         if flow and ("scorecam" in self.methods or r.evaluate):
@@ -151,7 +158,8 @@ class CamSession(Session):
             from inspect_model.api.cam_evaluate import Evaluator
 
             self.evaluator = Evaluator(prep, list(r.parsed_metrics), steps=r.eval_steps, batch=r.eval_batch,
-                                       boxes=r.boxes, output_key=r.output_key, notes=self.notes, progress=progress)
+                                       boxes=r.boxes, output_key=r.output_key, notes=self.notes, progress=progress,
+                                       tolerance=r.eval_tolerance)
         from inspect_model.render.draw_cam import CamDrawer
 
         self.drawer = CamDrawer(categories=prep.categories, preprocess=prep.plan.preprocess, alpha=r.alpha,
