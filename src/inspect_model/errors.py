@@ -17,6 +17,7 @@ EXIT_LAYER = 5
 EXIT_RUNTIME = 6
 EXIT_OUTPUT = 7
 EXIT_DISTRIBUTED = 8
+EXIT_UNSUPPORTED = 9
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 
@@ -30,6 +31,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_RUNTIME: "the model failed while running (forward/backward pass)",
     EXIT_OUTPUT: "an output file or directory could not be written",
     EXIT_DISTRIBUTED: "a run under torchrun failed: rendezvous, or another rank failed",
+    EXIT_UNSUPPORTED: "the command does not apply to this kind of model (its task)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
     EXIT_TERMINATED: "terminated (SIGTERM)",
 }
@@ -97,6 +99,13 @@ class DistributedError(InspectModelError):
     """A run under torchrun failed as a whole: rendezvous, mismatched ranks, or another rank's error."""
 
     exit_code = EXIT_DISTRIBUTED
+
+
+class UnsupportedModelError(InspectModelError):
+    """The command (or objective) does not apply to the model's task: an encoder-decoder's
+    attention, a detector's attributions (issue 42). The message names a command that works."""
+
+    exit_code = EXIT_UNSUPPORTED
 
 
 class CheckFailed(InspectModelError):

@@ -14,6 +14,8 @@ from inspect_model.run.pipeline import prepare
 from inspect_model.run.request import OUTPUT_KEY_HELP, Request, api_command, option
 from inspect_model.run.session import Result
 from inspect_model.errors import UsageError
+from inspect_model.registry import command
+from inspect_model.render import html_columns, results
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,24 @@ class CheckRequest(Request):
         self._set("param_range", checks.parse_count_range(self.expect_params) if self.expect_params else None)
 
 
+@command(
+    "check",
+    usage="check MODEL",
+    order=90,
+    summary=("a one-line CI smoke check: output shape, parameter count, finite outputs and "
+             "gradients, dead layers, determinism, time and memory budgets"),
+    help=("Build the model, run a forward and a backward pass, and check what you ask; exit 1 if "
+          "a check fails."),
+    example=("inspect-model check resnet50 --weights none --expect-output-shape 1x1000 "
+             "--expect-params 25557032"),
+    renderer=results.check_report,
+    tables=html_columns.check_tables,
+    schema="check.json",
+    labels=False,
+    streams=False,
+    run=("output_dir", "force", "json_", "quiet"),
+    text=True,
+)
 @api_command(CheckRequest)
 def check(model: Any, images: Any, request: CheckRequest, *, model_options: ModelOptions | None = None,
           inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,

@@ -19,6 +19,8 @@ from inspect_model.run.session import Result
 from inspect_model.engine.hints import first_layer_hint, size_hint
 from inspect_model.errors import InputError, UsageError, one_line
 from inspect_model.loading.models import require_hookable
+from inspect_model.registry import command
+from inspect_model.render import html_columns, results
 
 if TYPE_CHECKING:
     from torch import nn
@@ -169,9 +171,10 @@ def _meta_then_cpu(loaded: Any, run: Callable[[nn.Module, str], SummaryResult]
 
             real = load_hf(loaded.name, weights=None, device="cpu")
         elif loaded.source != "torchvision":
-            from inspect_model.errors import ModelRuntimeError
+            from inspect_model.errors import UsageError
 
-            raise ModelRuntimeError(
+            # A refused combination, not a failed model (issue 42: never exit 6 for it).
+            raise UsageError(
                 f"the meta device cannot run this model ({one_line(reason)}); use --device cpu"
             ) from None
         else:
@@ -287,6 +290,21 @@ class SummaryRequest(Request):
         check_dtype(self.dtype)
 
 
+@command(
+    "summary",
+    usage="summary MODEL",
+    order=10,
+    summary="layer table: qualified names, types, output shapes, parameters, MACs, memory",
+    help=("Show the layer table: names, types, output shapes, parameters, MACs and "
+          "memory.\n\nRuns on the meta device by default, so a model of any size is summarised "
+          "without allocating its weights."),
+    example="inspect-model summary resnet34 --depth 2",
+    renderer=results.summary_report,
+    tables=html_columns.summary_tables,
+    schema="summary.json",
+    images=False,
+    streams=False,
+)
 @api_command(SummaryRequest, images=False)
 def summary(model: Any, request: SummaryRequest, *, model_options: ModelOptions | None = None,
             output_dir: Any = None, force: bool = False, notes: Any = None, tensorboard: Any = None) -> Result:

@@ -16,6 +16,7 @@ import typer
 
 from inspect_model import errors
 from inspect_model import registry
+from inspect_model.cli import models as _models, summary as _summary  # noqa: F401 - their @command_cli
 from inspect_model.cli.console import routed_warnings
 from inspect_model.cli.generate import build, command_help
 from inspect_model.render.table import clean
@@ -56,14 +57,22 @@ def _root(
     """inspect-model: open up PyTorch models."""
 
 
-def sync_commands() -> None:
-    """One Typer command per registry entry, in the registry's order (call again after
-    registering a command at run time: a plugin, a test's toy command)."""
+def sync_commands(*, rebuild: bool = False) -> None:
+    """One Typer command per registry entry, in the registry's order. Call it again after
+    registering a command at run time (a plugin, a test's toy command); ``rebuild`` also
+    makes the existing ones anew (their help reads the method registries: a new method)."""
+    if rebuild or list(COMMANDS) != [n for n in registry.COMMANDS if n in COMMANDS]:
+        COMMANDS.clear()
+        app.registered_commands.clear()
     for spec in registry.COMMANDS.values():
         if spec.name not in COMMANDS:
             fn = build(spec)
             COMMANDS[spec.name] = fn
             app.command(spec.name, help=command_help(spec), short_help=spec.summary)(fn)
+    stale = [c for c in app.registered_commands if c.name not in registry.COMMANDS]
+    for c in stale:  # unregistered since
+        app.registered_commands.remove(c)
+        COMMANDS.pop(str(c.name), None)
 
 
 COMMANDS: dict[str, Any] = {}  # name -> Typer function, in the order `inspect-model --help` lists them

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import LayerSelectionError, ModelRuntimeError, UsageError
+from inspect_model.methods.attention import base
 from inspect_model.methods.attention import maps as am
 from inspect_model.methods.attention.models import (
     block_of,
@@ -196,7 +197,8 @@ def run(model: nn.Module, x: torch.Tensor, opts: am.AttentionOptions, target: An
     raw_layers = am.select_layers(opts.layers or ["-1"], names) if "raw" in methods and names else []
     legrad_layers = am.select_layers(opts.layers or ["all"], names) if "legrad" in methods and names else []
     st = _State(int(x.shape[0]), opts, set(raw_layers), set(legrad_layers), am.parse_query(opts.query))
-    all_layers = not names or opts.mosaic or any(m in methods for m in ("rollout", "grad-rollout"))
+    all_layers = not names or opts.mosaic or any(m in base.REGISTRY and base.REGISTRY[m].all_layers
+                                                 for m in methods)
     wanted = None if all_layers else st.raw_layers | st.legrad_layers
     blocks: dict[str, Any] = {}
     handles: list[Any] = []

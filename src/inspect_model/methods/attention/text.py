@@ -232,8 +232,10 @@ def compute_text_attention(model: nn.Module, ids: torch.Tensor, mask: torch.Tens
                 if scores is not None:
                     classes = resolve(target, scores.detach())
                 elif opts.needs_grad:  # a refusal, not a failure (issue 42): raw and rollout run on it
+                    from inspect_model.methods.attention.headless import score_free
+
                     raise UsageError(f"{type(model).__name__} returned no class or token scores for "
-                                     f"{', '.join(m for m in methods if m not in ('raw', 'rollout'))} to explain; "
+                                     f"{', '.join(m for m in methods if not score_free(m))} to explain; "
                                      "raw attention and rollout need none: -m raw,rollout")
                 if opts.needs_grad:
                     assert scores is not None and classes is not None

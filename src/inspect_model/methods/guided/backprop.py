@@ -181,16 +181,17 @@ def guided_backprop(
     """
     if not isinstance(inputs, torch.Tensor) or inputs.dim() < 1 or inputs.shape[0] < 1:
         raise InputError("guided backprop needs a batched input tensor (N, ...)")
-    if not inputs.is_floating_point():
-        raise InputError(f"guided backprop needs a floating-point input, got {inputs.dtype}")
     kinds = resolve_kinds(activations)
     # torch.compile'd models run a compiled backward the mode cannot see: use the eager module.
     model = unwrap_module(model)[0]  # compiled / DataParallel: the eager module (loading/wrappers.py)
     opts = CaptureOptions(outputs=False, freeze_params=True, eval_mode=True, grad_enabled=True)
     with HookEngine(model, [], opts) as engine:
-        leaf = inputs.detach().requires_grad_(True)
-        # Feed a copy: a model may modify its input in place, which a leaf cannot allow.
-        out = run_forward(engine, lambda: model(leaf.clone()))
+        if inputs.is_floating_point():
+            leaf = inputs.detach().requires_grad_(True)
+            # Feed a copy: a model may modify its input in place, which a leaf cannot allow.
+            out = run_forward(engine, lambda: model(leaf.clone()))
+        else:  # token ids: differentiate at the output of the embedding that reads them (issue 42)
+            leaf, out = _at_embedding(model, engine, inputs)
         scores = select_output(out, output_key)
         if scores.dim() < 1 or scores.shape[0] != leaf.shape[0]:
             raise ModelRuntimeError(
@@ -238,6 +239,32 @@ def guided_backprop(
     if not result.sites:
         result.warnings.append(_no_guided_warning(kinds, result.unguided))
     return result
+
+
+def _at_embedding(model: torch.nn.Module, engine: Any, ids: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """One forward pass with the output of the embedding reading ``ids`` made a leaf that
+    requires grad (its first call with these ids; a shared embedding's later calls, a
+    decoder's, are left alone). Returns (the leaf (N, L, D), the model's output)."""
+    from inspect_model.methods.attributions.maps import find_embedding
+
+    module = dict(model.named_modules())[find_embedding(model, engine, ids)]
+    held: dict[str, torch.Tensor] = {}
+
+    def swap(_m: torch.nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
+        if "leaf" in held or not args or not isinstance(args[0], torch.Tensor) or args[0].shape != ids.shape:
+            return None
+        held["leaf"] = out.detach().requires_grad_(True)
+        return held["leaf"].clone()  # a clone: a model may add to its embeddings in place
+
+    handle = module.register_forward_hook(swap)
+    try:
+        out = run_forward(engine, lambda: model(ids))
+    finally:
+        handle.remove()
+    if "leaf" not in held or not held["leaf"].is_floating_point():
+        raise InputError(f"guided backprop needs a floating-point input, got {ids.dtype}, and no embedding "
+                         "layer read it")
+    return held["leaf"], out
 
 
 def guided_gradcam(gradients: torch.Tensor, cams: torch.Tensor) -> torch.Tensor:
