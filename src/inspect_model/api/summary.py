@@ -126,7 +126,10 @@ def _run_pass(loaded: Any, m: nn.Module, dev: str, *, sizes: list[tuple[int, ...
         fwd = _meta_call(m, x, torch_dtype)
     elif dev != "meta" and _on_meta(m):
         raise _NeedsRealModel()
-    return _traced(m, x, fwd, graph, name=loaded.name, depth=depth, train=train)
+    res = _traced(m, x, fwd, graph, name=loaded.name, depth=depth, train=train)
+    if loaded.family == "detection":  # a list of images: batch first, as every other model's (issue 39)
+        res.input_shapes = [[batch_size, *sizes[0]]]
+    return res
 
 
 def _traced(m: nn.Module, inputs: Sequence[Any], fwd: Callable[[], Any] | None, graph: bool, *,

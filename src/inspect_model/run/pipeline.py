@@ -289,8 +289,12 @@ def run_images(command: str, model: Any, images: Any, make_session: Callable[[Pr
 
 def tracked(batches: Iterator[InputBatch], total: int, progress: Callable[[int, int], None] | None
             ) -> Iterator[InputBatch]:
-    """``batches``, calling ``progress(done, total)`` after each."""
+    """``batches``, calling ``progress(0, total)`` when the first is asked for (the rate's
+    clock starts there, after loading, as the report's throughput does) and
+    ``progress(done, total)`` after each."""
     done = 0
+    if progress is not None:
+        progress(0, total)
     for b in batches:
         yield b
         done += len(b.names)
