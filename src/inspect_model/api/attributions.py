@@ -81,7 +81,7 @@ class AttributionsRequest(Request):
                             "original image.")
 
     def validate(self) -> None:  # no torch here: a bad option fails at once
-        from inspect_model.api.cam_evaluate import check_evaluate_request
+        from inspect_model.run.evaluate import check_evaluate_request
         from inspect_model.methods.attributions import options as ao
 
         self._set("target", check_target_value(self.target))
@@ -134,7 +134,7 @@ class AttributionsSession(Session):
         self.prep, self.mopts, self.request = prep, mopts, request
         self.spec = parse_target(request.target, prep.categories)
         self.settings = request.settings(batch_size=prep.plan.batch_size, seed=int(prep.plan.seed))
-        from inspect_model.api.cam_evaluate import _takes_label
+        from inspect_model.run.evaluate import _takes_label
 
         # Long work reports (done, total, label); a two-argument callback sees the images only.
         self.keep_maps, self.progress = keep_maps, progress if progress and _takes_label(progress) else None
@@ -146,7 +146,7 @@ class AttributionsSession(Session):
         self.sanity_acc: dict[str, Any] | None = None
         self.evaluator = None
         if request.evaluate:
-            from inspect_model.api.cam_evaluate import Evaluator
+            from inspect_model.run.evaluate import Evaluator
             from inspect_model.methods.faithfulness.metrics import parse_metrics
 
             self.evaluator = Evaluator(prep, parse_metrics(list(request.metrics or []), boxes=False),

@@ -168,6 +168,8 @@ def _exit_code(exc: BaseException, debug: bool) -> int:
     if isinstance(exc, SystemExit):
         return _system_exit_code(exc)
     if isinstance(exc, errors.Terminated):
+        if exc.hangup:  # the terminal closed: like SIGTERM, with its own code (issue 41)
+            return _fail("hung up (SIGHUP); partial outputs removed", errors.EXIT_HANGUP)
         return _fail("terminated (SIGTERM); partial outputs removed", errors.EXIT_TERMINATED)
     if isinstance(exc, errors.Interrupted):
         return _fail(_INTERRUPTED, errors.EXIT_INTERRUPTED)
@@ -193,6 +195,10 @@ def _exit_code(exc: BaseException, debug: bool) -> int:
         # `inspect-model ... | head`: the reader left; not an error of ours.
         sys.stdout = None  # type: ignore[assignment]
         return 0
+    if isinstance(exc, RecursionError):  # a model (or its output) nested past Python's recursion limit
+        _traceback(debug)
+        return _fail(f"the model nests modules or outputs too deeply for Python (over its recursion limit of "
+                     f"{sys.getrecursionlimit()} calls); flatten it", errors.EXIT_RUNTIME)
     if isinstance(exc, Exception):  # the one catch-all: a bug or an unforeseen model failure
         _traceback(debug)
         oom = _out_of_memory(exc)
@@ -214,6 +220,11 @@ def _traceback(debug: bool) -> None:
 
 
 def _system_exit_code(exc: SystemExit) -> int:
+    if isinstance(exc.__context__, BrokenPipeError):
+        # Click leaves with exit 1 when stdout's reader left (`--jsonl | head -c 20`); README:
+        # a reader leaving is no error of ours, exit 0, and nothing more is written (issue 41).
+        sys.stdout = None  # type: ignore[assignment]
+        return 0
     if _from_cli_framework(exc):  # shell completion, --show-completion: Click's own, finished exit
         code = exc.code if isinstance(exc.code, int) else 0
         sys.exit(code)

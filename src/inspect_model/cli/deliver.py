@@ -71,7 +71,30 @@ def deliver(result: Any, run_opts: RunOptions, msgs: c.Messages) -> None:
 def _jsonl_writer(command: str) -> Callable[[dict[str, Any]], None]:
     from inspect_model.output.jsonout import dumps
 
+    left = False
+
     def write(obj: dict[str, Any]) -> None:
-        c.write_stdout(dumps({"command": command, **obj}, indent=None) + "\n")
+        nonlocal left
+        if left:
+            return
+        try:
+            c.write_stdout(dumps({"command": command, **obj}, indent=None) + "\n")
+        except BrokenPipeError:
+            # The reader left (`--jsonl | head -c 20`): the run goes on, its files complete,
+            # and ends with exit 0; stdout points at /dev/null so that no flush fails (issue 41).
+            left = True
+            _quiet_stdout()
 
     return write
+
+
+def _quiet_stdout() -> None:
+    import os
+    import sys
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (a test's StringIO)
+        pass

@@ -68,7 +68,7 @@ class AttentionRequest(Request):
                                     "default 64, on a CPU at most 4 MiB of input (6 at 224 px).")
 
     def validate(self) -> None:
-        from inspect_model.api.cam_evaluate import check_evaluate_request
+        from inspect_model.run.evaluate import check_evaluate_request
         from inspect_model.render.overlay import check_colormap
 
         self._set("target", check_target_value(self.target))
@@ -110,7 +110,7 @@ class AttentionSession(Session):
         self.evaluator = None
         self.cam_layer: Any = None
         if request.evaluate:
-            from inspect_model.api.cam_evaluate import Evaluator, check_evaluate_request
+            from inspect_model.run.evaluate import Evaluator, check_evaluate_request
 
             parsed = check_evaluate_request(evaluate=True, metrics=list(request.metrics) or None,
                                             boxes=request.boxes, steps=request.eval_steps, batch=request.eval_batch)
@@ -148,7 +148,7 @@ class AttentionSession(Session):
         from inspect_model.methods.attention.maps import cam_methods
         from inspect_model.methods.attention.passes import compute_attention
 
-        from inspect_model.api.attention_text import feed_text, token_batch
+        from inspect_model.api.attention.text import feed_text, token_batch
 
         batch = token_batch(batch, self.prep.loaded.model) or batch  # token ids without texts: as texts (issue 42)
         if getattr(batch, "text", None) is not None:  # token ids of texts (issue 26)
@@ -222,7 +222,7 @@ class AttentionSession(Session):
             payload["evaluation"] = self.evaluator.summary(self.entries, columns)
         record = _AttentionRecord(self.maps) if self.keep_maps else None
         if self.keep_maps and self.text_maps:
-            from inspect_model.api.attention_text import TextRecord
+            from inspect_model.api.attention.text import TextRecord
 
             record = TextRecord(self.text_maps)
         return Result("attention", self.resolved_options(), payload, self.warnings.to_list(), record=record)

@@ -80,7 +80,7 @@ class CamRequest(Request):
     max_detections: int = option(10, "--max-detections", help=MAX_DETECTIONS_HELP)
 
     def validate(self) -> None:
-        from inspect_model.api.cam_evaluate import check_evaluate_request
+        from inspect_model.run.evaluate import check_evaluate_request
         from inspect_model.methods.cam.maps import parse_methods, parse_reshape
         from inspect_model.methods.objectives.scores import check_dense_options
         from inspect_model.render.overlay import check_colormap
@@ -99,7 +99,7 @@ class CamRequest(Request):
             raise UsageError("empty layer spec; give a name, a glob, type:CLASS or auto")
         check_colormap(self.colormap)
         check_dense_options(self.score_threshold, self.max_detections)
-        from inspect_model.api.cam_evaluate import parse_eval_steps
+        from inspect_model.run.evaluate import parse_eval_steps
 
         self._set("eval_steps", parse_eval_steps(self.eval_steps))
         self._set("parsed_metrics", tuple(check_evaluate_request(
@@ -120,7 +120,7 @@ class CamSession(Session):
 
     def __init__(self, prep: Any, mopts: ModelOptions, request: CamRequest, *, notes: Any = None,
                  progress: Any = None) -> None:
-        from inspect_model.api.cam_tasks import DenseCam, dense_task
+        from inspect_model.api.cam.tasks import DenseCam, dense_task
         from inspect_model.methods.objectives.targets import parse_target
 
         r = self.request = request
@@ -155,7 +155,7 @@ class CamSession(Session):
 
             flow_boxes(prep, r.boxes, self.notes)  # a flow model: the region whose flow is explained
         if r.evaluate:
-            from inspect_model.api.cam_evaluate import Evaluator
+            from inspect_model.run.evaluate import Evaluator
 
             self.evaluator = Evaluator(prep, list(r.parsed_metrics), steps=r.eval_steps, batch=r.eval_batch,
                                        boxes=r.boxes, output_key=r.output_key, notes=self.notes, progress=progress,
@@ -339,7 +339,7 @@ def cam(model: Any, images: Any, request: CamRequest, *, model_options: ModelOpt
     (a spec, an ``nn.Module`` or a ``LoadedModel``), with the options of :class:`CamRequest`
     as keywords (``methods=["gradcam"]``, ``target=3``...). The result's ``to_dict()`` is the
     CLI's ``--json``; ``save(dir)`` (or ``output_dir=``) writes the CLI's files.
-    ``evaluate=True`` adds faithfulness scores (see :mod:`inspect_model.api.cam_evaluate`)."""
+    ``evaluate=True`` adds faithfulness scores (see :mod:`inspect_model.run.evaluate`)."""
     return run_images("cam", model, images,
                       lambda prep, mopts, keep: CamSession(prep, mopts, request, notes=notes, progress=progress),
                       model_options=model_options, inputs=inputs,
