@@ -102,7 +102,8 @@ def check(model: Any, images: Any, request: CheckRequest, *, model_options: Mode
             select=lambda out: select_output(out, r.output_key),
             expect_output_shape=r.shape, expect_params=r.param_range, finite=r.finite,
             max_dead_fraction=r.max_dead_fraction if hookable else None, deterministic=r.deterministic, max_seconds=r.max_seconds,
-            max_memory_mb=r.max_memory, on_stuck=on_stuck)
+            max_memory_mb=r.max_memory, on_stuck=on_stuck,
+            mask=getattr(getattr(batch, "text", None), "mask", None))  # texts: real tokens only
     failed = [x for x in results if not x.passed]
     payload = {
         "model": prep.loaded.name,
