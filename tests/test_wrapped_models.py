@@ -146,3 +146,18 @@ def test_a_pickled_dataparallel_model_is_unwrapped(wrapped_py, tmp_path):
     plain, _ = _doc(["activations", str(tmp_path / "plain.pt"), "--trust-checkpoint", "--input-size", "3x16x16"])
     assert wrapped["layers"] == plain["layers"] and [r["name"] for r in plain["layers"]][:2] == ["0", "1"]
     assert "note: Sequential is wrapped in DataParallel: inspected through .module" in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["summary", "activations", "grads", "guided-backprop", "cam", "attributions",
+                                     "attention", "check"])
+def test_every_command_treats_a_wrapped_model_as_the_plain_one(gpt2, wrapped_py, command):
+    """Same exit code, same error line, same report numbers as the plain folder, in every command."""
+    args = [command, "--input-size", "input_ids=8:int64:4-30", "-q"]
+    plain = run_cli([args[0], str(gpt2), "--weights", "default", *args[1:]])
+    for builder in ("compiled", "parallel"):
+        r = run_cli([args[0], f"{wrapped_py}:{builder}", *args[1:]])
+        assert r.exit_code == plain.exit_code, (builder, r.stderr, plain.stderr)
+        assert r.exit_code != 6 and "unexpected" not in r.stderr
+        errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+        assert errors == [line for line in plain.stderr.splitlines() if line.startswith("error:")]

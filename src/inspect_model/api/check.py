@@ -14,6 +14,8 @@ from inspect_model.run.pipeline import prepare
 from inspect_model.run.request import OUTPUT_KEY_HELP, Request, api_command, option
 from inspect_model.run.session import Result
 from inspect_model.errors import UsageError
+from inspect_model.registry import command
+from inspect_model.render import html_columns, results
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,24 @@ class CheckRequest(Request):
         self._set("param_range", checks.parse_count_range(self.expect_params) if self.expect_params else None)
 
 
+@command(
+    "check",
+    usage="check MODEL",
+    order=90,
+    summary=("a one-line CI smoke check: output shape, parameter count, finite outputs and "
+             "gradients, dead layers, determinism, time and memory budgets"),
+    help=("Build the model, run a forward and a backward pass, and check what you ask; exit 1 if "
+          "a check fails."),
+    example=("inspect-model check resnet50 --weights none --expect-output-shape 1x1000 "
+             "--expect-params 25557032"),
+    renderer=results.check_report,
+    tables=html_columns.check_tables,
+    schema="check.json",
+    labels=False,
+    streams=False,
+    run=("output_dir", "force", "json_", "quiet"),
+    text=True,
+)
 @api_command(CheckRequest)
 def check(model: Any, images: Any, request: CheckRequest, *, model_options: ModelOptions | None = None,
           inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,
@@ -82,7 +102,8 @@ def check(model: Any, images: Any, request: CheckRequest, *, model_options: Mode
             select=lambda out: select_output(out, r.output_key),
             expect_output_shape=r.shape, expect_params=r.param_range, finite=r.finite,
             max_dead_fraction=r.max_dead_fraction if hookable else None, deterministic=r.deterministic, max_seconds=r.max_seconds,
-            max_memory_mb=r.max_memory, on_stuck=on_stuck)
+            max_memory_mb=r.max_memory, on_stuck=on_stuck,
+            mask=getattr(getattr(batch, "text", None), "mask", None))  # texts: real tokens only
     failed = [x for x in results if not x.passed]
     payload = {
         "model": prep.loaded.name,

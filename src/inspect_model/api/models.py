@@ -8,6 +8,8 @@ from typing import Any, ClassVar
 from inspect_model.run.session import Result
 from inspect_model.run.request import Request, api_command, option
 from inspect_model.errors import UsageError
+from inspect_model.registry import command
+from inspect_model.render import results
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,19 @@ class ModelsRequest(Request):
             raise UsageError("--family applies to torchvision's models; timm's are listed by PATTERN")
 
 
+@command(
+    "models",
+    usage="models [PATTERN]",
+    order=20,
+    summary="list torchvision's model registry (or timm's)",
+    help="List the models this tool can load by name.",
+    example="inspect-model models 'resnet*'; inspect-model models --source timm 'convnext*'",
+    renderer=results.models_report,
+    schema="models.json",
+    hooks=False,
+    images=False,
+    streams=False,
+)
 @api_command(ModelsRequest, images=False)
 def models(source_model: Any, request: ModelsRequest) -> Result:
     """The models this tool can load by name: ``im.models("resnet*")``, ``family=``, ``source="timm"``."""

@@ -19,6 +19,8 @@ from inspect_model.run.session import Result
 from inspect_model.engine.hints import first_layer_hint, size_hint
 from inspect_model.errors import InputError, UsageError, one_line
 from inspect_model.loading.models import require_hookable
+from inspect_model.registry import command
+from inspect_model.render import html_columns, results
 
 if TYPE_CHECKING:
     from torch import nn
@@ -124,7 +126,10 @@ def _run_pass(loaded: Any, m: nn.Module, dev: str, *, sizes: list[tuple[int, ...
         fwd = _meta_call(m, x, torch_dtype)
     elif dev != "meta" and _on_meta(m):
         raise _NeedsRealModel()
-    return _traced(m, x, fwd, graph, name=loaded.name, depth=depth, train=train)
+    res = _traced(m, x, fwd, graph, name=loaded.name, depth=depth, train=train)
+    if loaded.family == "detection":  # a list of images: batch first, as every other model's (issue 39)
+        res.input_shapes = [[batch_size, *sizes[0]]]
+    return res
 
 
 def _traced(m: nn.Module, inputs: Sequence[Any], fwd: Callable[[], Any] | None, graph: bool, *,
@@ -292,6 +297,21 @@ class SummaryRequest(Request):
         check_dtype(self.dtype)
 
 
+@command(
+    "summary",
+    usage="summary MODEL",
+    order=10,
+    summary="layer table: qualified names, types, output shapes, parameters, MACs, memory",
+    help=("Show the layer table: names, types, output shapes, parameters, MACs and "
+          "memory.\n\nRuns on the meta device by default, so a model of any size is summarised "
+          "without allocating its weights."),
+    example="inspect-model summary resnet34 --depth 2",
+    renderer=results.summary_report,
+    tables=html_columns.summary_tables,
+    schema="summary.json",
+    images=False,
+    streams=False,
+)
 @api_command(SummaryRequest, images=False)
 def summary(model: Any, request: SummaryRequest, *, model_options: ModelOptions | None = None,
             output_dir: Any = None, force: bool = False, notes: Any = None, tensorboard: Any = None) -> Result:

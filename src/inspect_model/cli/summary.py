@@ -8,6 +8,7 @@ import typer
 
 from inspect_model.run.options import ModelOptions
 from inspect_model.cli import completion, console
+from inspect_model.registry import command_cli
 from inspect_model.cli import options as c
 from inspect_model.cli.groups import RunOptions
 from inspect_model.cli.deliver import deliver
@@ -15,6 +16,7 @@ from inspect_model.cli.deliver import deliver
 EXAMPLE = "inspect-model summary resnet34 --depth 2"
 
 
+@command_cli("summary")
 def summary(
     model: c.ModelArg,
     input_size: c.InputSizeOpt = None,

@@ -32,7 +32,8 @@ def plan_texts(loaded: Any, inputs: Any, spec: Any) -> tuple[list[str], Any]:
 def attach_task(command: str, prep: Any, inputs: Any, request: Any, task: Any, *, texts: list[str] | None = None,
                 tokenizer: Any = None, notes: Any = None) -> Any:
     """``prep`` with the task's binding and score names (module docstring)."""
-    from inspect_model.methods.families import SCORING_COMMANDS, TaskContext
+    from inspect_model.methods.families import TaskContext
+    from inspect_model.registry import capability
     from inspect_model.methods.families.binding import TaskBinding
 
     objective = objective_of(request, inputs)
@@ -40,7 +41,7 @@ def attach_task(command: str, prep: Any, inputs: Any, request: Any, task: Any, *
     text_plan = getattr(plan, "texts", None) is not None
     if text_plan:
         texts, tokenizer = plan.texts, plan.tokenizer
-    scoring = command in SCORING_COMMANDS or _named_headless(command, task, objective)
+    scoring = capability(command, "scores") or _named_headless(command, task, objective)  # registry entry
     ctx = TaskContext(prep.loaded.model, prep.loaded, objective, command, scoring, tokenizer=tokenizer, texts=texts,
                       images=not text_plan, device=prep.device)
     if not text_plan and task.takes == "text" and not _token_input(plan):

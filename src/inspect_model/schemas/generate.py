@@ -7,7 +7,8 @@ parts that would otherwise be kept twice are written from their one source here:
 - ``properties.options``: the report's ``options`` object, from the command's request
   fields (names and JSON types from their annotations) plus the model and input options
   every image command shares;
-- ``$defs.method.enum`` (cam): the CAM method registry;
+- ``$defs.method.enum`` (cam, attention, attributions): the command's method family's
+  registry (``CommandSpec.methods``); every method name in the report refers to it;
 - ``$defs.input_box`` and ``$defs.image_box`` (cam, guided-backprop): a detection's box in
   model-input pixels and in the original picture's pixels (:data:`BOX_DEFS`).
 
@@ -47,7 +48,9 @@ EXTRA: dict[str, dict[str, Any]] = {
     "activations": {"selected": {"type": "integer"}},
     "cam": {"layer_specs": {"type": "array", "items": {"type": "string"}},
             # detectors and segmenters (issue 24): the task, and max_detections null for a segmenter
-            "task": {"enum": ["detection", "segmentation"]},
+            # and every model's task (issue 42: {"name", "objective"})
+            "task": {"anyOf": [{"enum": ["detection", "segmentation"]},
+                               {"type": "object", "properties": {"name": {"type": "string"}}}]},
             "max_detections": {"type": ["integer", "null"]}},
     "summary": {"mode": {"enum": ["eval", "train"]}, "input_size": {"type": "array"}},
 }
@@ -75,7 +78,6 @@ BOX_DEFS: dict[str, dict[str, Any]] = {
                       "them and the pictures draw them (the input box mapped back through the resize and "
                       "crop); null when no picture is known (a tensor input)"),
 }
-BOX_COMMANDS = ("cam", "guided-backprop")
 
 
 def json_type(annotation: Any) -> dict[str, Any]:
@@ -122,15 +124,16 @@ def options_schema(command: str) -> dict[str, Any]:
 
 def regenerate(command: str, doc: dict[str, Any]) -> dict[str, Any]:
     """``doc`` (a published schema) with its generated parts made anew."""
+    from inspect_model.registry import get
+
     out = json.loads(json.dumps(doc))
     out["properties"]["command"] = {"const": command}
     out["properties"]["options"] = options_schema(command)
-    if command in BOX_COMMANDS:
+    if '"#/$defs/input_box"' in json.dumps(doc):  # the reports that hold detections' boxes
         out.setdefault("$defs", {}).update(json.loads(json.dumps(BOX_DEFS)))
-    if command == "cam":
-        from inspect_model.methods.cam.maths import METHODS
-
-        out.setdefault("$defs", {})["method"] = {"enum": list(METHODS)}
+    spec = get(command)
+    if spec.methods is not None:  # the method family's registry
+        out.setdefault("$defs", {})["method"] = {"enum": list(spec.methods())}
     return out
 
 

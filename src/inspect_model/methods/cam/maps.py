@@ -29,7 +29,7 @@ from inspect_model.methods.cam.layers import (
     resolve_layer,
     resolve_layers,
 )
-from inspect_model.methods.cam.maths import GRADIENT_METHODS, GROUPS, METHODS
+from inspect_model.methods.cam import base
 
 if TYPE_CHECKING:
     import torch
@@ -38,8 +38,6 @@ if TYPE_CHECKING:
     from inspect_model.methods.objectives.targets import TargetSpec
 
 __all__ = [
-    "GRADIENT_METHODS",
-    "METHODS",
     "CamLayer",
     "CamMap",
     "CamResult",
@@ -67,6 +65,7 @@ class CamMap:
     raw_min: float
     raw_max: float
     warnings: list[str] = field(default_factory=list)
+    class_independent: bool = False  # the method's map is the same for every target (Eigen-CAM)
 
 
 @dataclass
@@ -90,7 +89,7 @@ class CamResult:
 
 # ----------------------------------------------------------------------------- options
 def _tokens(items: Sequence[str] | None) -> list[tuple[str, str]]:
-    aliases = {"gradcampp": "gradcam++", "gradcamplusplus": "gradcam++", "gradient": "gradients"}
+    aliases = base.aliases()
     out = []
     for item in items or ["gradcam"]:
         for raw in item.split(","):
@@ -104,7 +103,7 @@ def cam_is_optional(items: Sequence[str] | None) -> bool:
     """True when CAM comes only from ``all``: then a network it does not fit skips it with a
     note instead of failing the run."""
     names = [m for _, m in _tokens(items)]
-    optional = {m.name for m in cm.REGISTRY.values() if m.in_all == "if-fits"}
+    optional = {n for n, m in base.methods().items() if m.in_all == "if-fits"}
     return not optional & set(names)
 
 
@@ -113,17 +112,18 @@ def parse_methods(items: Sequence[str] | None) -> list[str]:
     methods of the single gradient pass: CAM (where the network fits it) and the five
     gradient methods; ``gradients`` is the five gradient methods."""
     wanted: list[str] = []
+    methods, groups = base.names(), base.groups()
     for raw, m in _tokens(items):
-        if m in GROUPS:
-            wanted.extend(GROUPS[m])
-        elif m in METHODS:
+        if m in groups:
+            wanted.extend(groups[m])
+        elif m in methods:
             wanted.append(m)
         else:
             from inspect_model.errors import suggest
 
-            raise UsageError(f"--method '{raw}' is not a CAM method" + (suggest(m, list(METHODS)) or "")
-                             + f"; choose from {', '.join(METHODS)}, all, gradients")
-    return [m for m in METHODS if m in wanted]
+            raise UsageError(f"--method '{raw}' is not a CAM method" + (suggest(m, list(methods)) or "")
+                             + f"; choose from {', '.join(methods)}, all, gradients")
+    return [m for m in methods if m in wanted]
 
 
 def parse_reshape(text: str | None) -> tuple[int, int] | None:
@@ -170,8 +170,8 @@ def compute_cams(
     x = x.detach()
     hw = input_dims(x)  # (H, W), or (T, H, W) for clips: maps over time (methods/cam/video.py)
     cam_layers, names = _layers(model, x, layers, reshape, output_key)
-    grads = any(m in GRADIENT_METHODS for m in methods)
-    fc = cp.classifier(model) if "cam" in methods else None
+    grads = any(base.get(m).needs_gradients for m in methods)
+    fc = cp.classifier(model) if any(base.get(m).needs_classifier for m in methods) else None
     passes = {"forward": 0, "backward": 0, "scorecam_forward": 0}
 
     first, acts, gradients = _capture_all(model, x, names, grads=grads, target=target, output_key=output_key,
@@ -201,15 +201,15 @@ def compute_cams(
             passes["scorecam_forward"] += n_pass
             return weights
 
-        inp = cm.MapInputs(
+        inp = base.MapInputs(
             A, [cm.to_spatial(g, layer.layout) for g in gradients[layer.name]] if grads else None, classes,
             fc_weight=lambda name=layer.name, A=A: cp.check_cam(model, fc, name, A, first),
             masked_scores=masked_scores)
         for m in methods:
             try:
-                raw_maps[(layer.name, m)] = cm.REGISTRY[m].fn(inp)
+                raw_maps[(layer.name, m)] = base.get(m).maps(inp)
             except UsageError as exc:
-                if not (optional_cam and cm.REGISTRY[m].in_all == "if-fits"):
+                if not (optional_cam and base.get(m).in_all == "if-fits"):
                     raise
                 notes.append(f"{m} left out of --method all at layer '{layer.name}': "
                              + str(exc).split(": ", 1)[-1].split("; use --method")[0])
@@ -273,7 +273,7 @@ def _records(raw_maps: dict[tuple[str, str], torch.Tensor], classes: torch.Tenso
         fin = cm.finish_maps(raw.reshape(k * n, *sp), hw).reshape(k, n, *hw).cpu()
         finished[(layer, m)] = fin
         raw_cpu = raw.detach().float().cpu()
-        gradient_map = m not in ("cam", "eigencam", "scorecam") and scales and layer in scales
+        gradient_map = base.get(m).needs_gradients and scales and layer in scales
         for i in range(n):
             for j in range(k):
                 r = raw_cpu[j, i]
@@ -283,7 +283,7 @@ def _records(raw_maps: dict[tuple[str, str], torch.Tensor], classes: torch.Tenso
                 if cm.is_numeric_zero(warns):
                     fin[j, i] = 0.0  # noise is not stretched to full contrast
                 out.append(CamMap(i, j, int(classes[i, j]), m, layer, fin[j, i], r.clone(),
-                                  float(r.min()), float(r.max()), warns))
+                                  float(r.min()), float(r.max()), warns, base.get(m).class_independent))
     if fuse and len(layer_names) > 1:
         name = "fused:" + "+".join(layer_names)
         for m in methods:
@@ -297,7 +297,8 @@ def _records(raw_maps: dict[tuple[str, str], torch.Tensor], classes: torch.Tenso
                 for j in range(k):
                     s = stack[j, i]
                     out.append(CamMap(i, j, int(classes[i, j]), m, name, fused[j, i], None,
-                                      float(s.min()), float(s.max()), cm.map_warnings(s)))
+                                      float(s.min()), float(s.max()), cm.map_warnings(s),
+                                      base.get(m).class_independent))
     order = {m: i for i, m in enumerate(methods)}
     lorder = {n: i for i, n in enumerate(layer_names)}
     out.sort(key=lambda c: (c.sample, c.rank, lorder.get(c.layer, len(lorder)), order[c.method]))
@@ -320,7 +321,8 @@ def gradcam(model: nn.Module, x: torch.Tensor, layer: str,
     cap, _ = cp.capture(model, x, [layer], grads=True, target=list(class_indices), output_key=None, fc=None)
     layout = infer_layout(model, layer, tuple(cap.acts[layer].shape), hw)
     A = cm.to_spatial(cap.acts[layer], layout).float()
-    raw = torch.stack([cm.gradient_map("gradcam", A, cm.to_spatial(g, layout).float())
+    weigh = base.get("gradcam").weigh  # type: ignore[attr-defined]
+    raw = torch.stack([weigh(A, cm.to_spatial(g, layout).float())
                        for g in cap.grads[layer]], dim=1)  # (N, K, h, w)
     n, k = raw.shape[:2]
     return cm.finish_maps(raw.reshape(n * k, *raw.shape[2:]), hw).reshape(n, k, *hw)
