@@ -11,6 +11,8 @@ from inspect_model.errors import UsageError
 from inspect_model.methods.families.objective import Objective
 
 TASKS: dict[str, Task] = {}
+# Commands that explain a score: the task's scores replace the model's output for them.
+SCORING_COMMANDS = ("grads", "cam", "guided-backprop", "attributions")
 
 
 @dataclass
