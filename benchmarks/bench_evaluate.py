@@ -240,7 +240,41 @@ def measure(ctx):  # type: ignore[no-untyped-def]
     rows.append(Row("faithfulness", work + ": against its forward passes", t["ours"], t["passes"],
                     Target("ratio", 1.2, "<= 1.2x its passes"),
                     floor_what=f"the maps + {n_inputs} plain forward inputs ({n_inputs // 2} a map, {per} a pass)"))
+    if ctx.mode != "smoke":
+        rows.append(_auto_row(ctx, model, xs, size, per))
     return rows
+
+
+def _auto_row(ctx, model, xs, size, per):  # type: ignore[no-untyped-def]
+    """Issue 40: ``--eval-steps auto`` (curves refined 8, 16, ... while their AUC moves by more
+    than 0.005) against the forward passes it ran: the maps + as many plain forward inputs as
+    its report counts, in passes of the same size."""
+    import torch
+
+    from common import Row, Target
+    from inspect_model.api.cam import cam
+
+    def auto():  # type: ignore[no-untyped-def]
+        return cam(model, xs, methods=["gradcam"], layers=["layer4"], evaluate=True, metrics=["all"],
+                   eval_steps="auto")
+
+    ev = auto().to_dict()["evaluation"]
+    n_inputs = int(ev["inputs"])
+    noise = torch.randn(min(n_inputs, per), 3, size, size, generator=torch.Generator().manual_seed(1)).to(ctx.device)
+
+    def unavoidable() -> None:
+        cam(model, xs, methods=["gradcam"], layers=["layer4"])
+        with torch.no_grad():
+            for start in range(0, n_inputs, per):
+                model(noise[: min(per, n_inputs - start)])
+
+    t = ctx.time({"ours": auto, "passes": unavoidable}, repeats=1 if ctx.mode == "full" else None)
+    steps = sorted({n for e in auto().to_dict()["images"] for m in e["maps"]
+                    for n in m["evaluation"].get("steps", {}).values()})
+    return Row("faithfulness", f"cam --evaluate --eval-steps auto (all metrics), {ctx.sizes.cnn} 2 images {size} px",
+               t["ours"], t["passes"], Target("ratio", 1.2, "<= 1.2x its passes"),
+               floor_what=f"the maps + {n_inputs} plain forward inputs ({per} a pass)",
+               note=f"curve steps used {steps}, tolerance {ev.get('tolerance')}")
 
 
 if __name__ == "__main__":

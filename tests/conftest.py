@@ -34,6 +34,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite golden files in tests/golden")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tiers (issue 35): every test under tests/e2e/ (README lines, registry sweeps,
+    torchrun, benchmarks) is ``slow``, so ``-m "not slow"`` leaves the end-to-end tier out."""
+    e2e = ROOT / "tests" / "e2e"
+    for item in items:
+        if Path(str(item.path)).is_relative_to(e2e):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def update_golden(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-golden"))

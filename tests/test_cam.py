@@ -376,38 +376,46 @@ def test_cli_jsonl_text_and_errors(cli, models_py: Path, images: list[str]) -> N
     assert r.exit_code == 2 and "--save-raw needs --output-dir" in r.stderr
 
 
-def test_a_method_is_one_function_and_one_registry_entry(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The registry drives parsing, `all`, help and the maps (issue 12): a new method needs
-    nothing else. Here a made-up method, the channel mean of the activations."""
+def test_a_method_is_one_class_and_one_registration() -> None:
+    """The registry drives parsing, `all`, help and the maps (issue 12, 35): a new method is
+    one class over the base. Here a made-up method, the channel mean of the activations."""
+    from inspect_model.methods.cam import base
     from inspect_model.methods.cam import maps as cam_mod
-    from inspect_model.methods.cam import maths as cm
 
-    def channel_mean(inp: cm.MapInputs) -> torch.Tensor:
-        return inp.A.mean(dim=1)[None].expand(inp.k, -1, -1, -1)
+    @base.register
+    class MeanCam(base.CamMethod):
+        name, title, paper = "meancam", "Mean-CAM", "none"
 
-    registry = {**cm.REGISTRY, "meancam": cm.CamMethod("meancam", "Mean-CAM", "none", channel_mean)}
-    monkeypatch.setattr(cm, "REGISTRY", registry)
-    monkeypatch.setattr(cam_mod, "METHODS", tuple(registry))
-    assert cam_mod.parse_methods(["meancam", "gradcam"]) == ["gradcam", "meancam"]
-    model = TinyCNN().eval()
-    x = torch.randn(2, 3, 8, 8)
-    res = cam_mod.compute_cams(model, x, methods=["meancam"], layers=["features.3"])
-    with torch.no_grad():
-        acts = model.features[:4](x)  # (N, C, h, w): the layer's output, without hooks
-    expected = torch.relu(acts.mean(dim=1))
-    for m in res.maps:
-        assert m.method == "meancam"
-        torch.testing.assert_close(m.raw, acts.mean(dim=1)[m.sample])
-        assert bool(expected[m.sample].max() > 0) == bool(m.map.max() > 0)
+        def maps(self, inp: base.MapInputs) -> torch.Tensor:
+            return inp.A.mean(dim=1)[None].expand(inp.k, -1, -1, -1)
+
+    try:
+        assert cam_mod.parse_methods(["meancam", "gradcam"]) == ["gradcam", "meancam"]
+        assert "meancam" in base.method_help() and "meancam" not in base.groups()["all"]
+        model = TinyCNN().eval()
+        x = torch.randn(2, 3, 8, 8)
+        res = cam_mod.compute_cams(model, x, methods=["meancam"], layers=["features.3"])
+        with torch.no_grad():
+            acts = model.features[:4](x)  # (N, C, h, w): the layer's output, without hooks
+        expected = torch.relu(acts.mean(dim=1))
+        for m in res.maps:
+            assert m.method == "meancam"
+            torch.testing.assert_close(m.raw, acts.mean(dim=1)[m.sample])
+            assert bool(expected[m.sample].max() > 0) == bool(m.map.max() > 0)
+    finally:
+        base.unregister("meancam")
 
 
 def test_registry_properties_drive_all_and_gradients() -> None:
-    from inspect_model.methods.cam import maths as cm
+    from inspect_model.methods.cam import base
     from inspect_model.methods.cam.maps import parse_methods
 
-    assert parse_methods(["gradients"]) == [m.name for m in cm.REGISTRY.values() if m.needs_gradients]
-    assert parse_methods(["all"]) == [m.name for m in cm.REGISTRY.values() if m.in_all != "no"]
-    assert all(name in cm.method_help() for name in cm.REGISTRY)
+    reg = base.methods()
+    assert parse_methods(["gradients"]) == [n for n, m in reg.items() if m.needs_gradients]
+    assert parse_methods(["all"]) == [n for n, m in reg.items() if m.in_all != "no"]
+    assert all(name in base.method_help() for name in reg)
+    assert base.task_names("detection") == tuple(n for n, m in reg.items() if "detection" in m.tasks)
+    assert [n for n, m in reg.items() if m.class_independent] == ["eigencam"]
     with pytest.raises(UsageError, match="gradkam.*did you mean 'gradcam'"):
         parse_methods(["gradkam"])
 

@@ -18,7 +18,7 @@ from inspect_model.methods.guided import backprop as gb
 from inspect_model.render import saliency
 
 ORIGINAL_RELU = (F.relu, torch.relu, torch.relu_, F.relu_, torch.Tensor.relu, torch.Tensor.relu_)
-SCHEMA = Path(gb.__file__).resolve().parents[1] / "schemas" / "guided-backprop.json"
+SCHEMA = Path(gb.__file__).resolve().parents[2] / "schemas" / "guided-backprop.json"
 
 
 def no_dispatch_mode_left() -> bool:
@@ -400,7 +400,7 @@ def test_first_guided_call_imports_neither_dynamo_nor_sympy() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, torch; from torch import nn; from inspect_model.methods import guided as gb\n"
+    code = ("import sys, torch; from torch import nn; from inspect_model.methods.guided import backprop as gb\n"
             "m = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))\n"
             "before = {'torch._dynamo', 'sympy'} & set(sys.modules)\n"
             "r = gb.guided_backprop(m, torch.randn(2, 4), 1)\n"

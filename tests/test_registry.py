@@ -20,85 +20,22 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # ----------------------------------------------------------------------------- a toy command
-def _toy_module() -> Any:
-    """A command written the way README says: request + session + API function + one entry."""
-    from inspect_model.run.options import InputOptions, ModelOptions
-    from inspect_model.run.pipeline import execute, prepare, tracked
-    from inspect_model.run.session import ImageItem, Result, Session, Warnings
-    from inspect_model.run.request import Request, api_command, option, positive
-
-    @dataclass(frozen=True)
-    class NormsRequest(Request):
-        command: ClassVar[str] = "toy-norms"
-        power: int = option(2, "--power", "-p", help="Which norm of each input to report.")
-
-        def validate(self) -> None:
-            positive(self.power, "--power")
-
-    class NormsSession(Session):
-        command = "toy-norms"
-
-        def __init__(self, prep: Any, mopts: Any, request: NormsRequest) -> None:
-            self.prep, self.mopts, self.request = prep, mopts, request
-            self.entries: list[dict[str, Any]] = []
-            self.warnings = Warnings()
-
-        def feed(self, batch: Any) -> list[ImageItem]:
-            items = []
-            for i, name in enumerate(batch.names):
-                norm = float(batch.tensor[i].double().norm(p=self.request.power))
-                entry = {"index": len(self.entries), "image": name, "norm": norm, "files": {}}
-                self.entries.append(entry)
-                items.append(ImageItem(entry))
-            return items
-
-        def finish(self) -> Result:
-            return Result("toy-norms", self.resolved_options(), {"images": self.entries}, self.warnings.to_list())
-
-    @api_command(NormsRequest)
-    def toy_norms(model: Any, images: Any, request: NormsRequest, *, model_options: Any = None,
-                  inputs: Any = None, output_dir: Any = None, force: bool = False, tensorboard: Any = None,
-                  keep: Any = None, on_item: Any = None, notes: Any = None, progress: Any = None) -> Any:
-        mopts = model_options or ModelOptions(model)
-        inputs = inputs or InputOptions(images)
-        prep = prepare("toy-norms", mopts, inputs, notes=notes)
-        session = NormsSession(prep, mopts, request)
-        return execute(session, tracked(prep.plan.batches(), 0, progress), output_dir=output_dir, force=force,
-                       keep=keep, tensorboard=tensorboard, on_item=on_item)
-
-    return NormsRequest, toy_norms
-
-
-def toy_text(result: Any, rich: bool) -> Any:
-    """The toy command's renderer (named in its registry entry)."""
-    text = "".join(f"{e['image']}: {e['norm']:.6f}\n" for e in result.payload["images"])
-    return [text] if rich else text
-
-
 @pytest.fixture
-def toy_command(monkeypatch: pytest.MonkeyPatch) -> Any:
+def toy_command() -> Any:
+    """The toy command of tests/fixtures/toys/toy_command.py: one module, registered by its
+    ``@command`` decorator when imported."""
+    import importlib
     import sys
-    import types
 
     from inspect_model import registry
     from inspect_model.cli import app
 
-    request_cls, fn = _toy_module()
-    mod = types.ModuleType("toy_command_module")
-    mod.NormsRequest, mod.toy_norms, mod.toy_text = request_cls, fn, toy_text  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "toy_command_module", mod)
-    spec = registry.CommandSpec(name="toy-norms", usage="toy-norms MODEL [IMAGE...]", summary="the norm of each input",
-                                help="The norm of each input (a toy command made in a test).",
-                                example="inspect-model toy-norms resnet18 cat.jpg --power 1",
-                                api="toy_command_module:toy_norms", request="toy_command_module:NormsRequest",
-                                renderer="toy_command_module:toy_text", labels=False)
-    registry.register(spec)
+    sys.modules.pop("fixtures.toys.toy_command", None)
+    importlib.import_module("fixtures.toys.toy_command")
     app.sync_commands()
-    yield spec
+    yield registry.get("toy-norms")
     registry.unregister("toy-norms")
-    app.COMMANDS.pop("toy-norms", None)
-    group = app.app
-    group.registered_commands = [c for c in group.registered_commands if c.name != "toy-norms"]
+    app.sync_commands()
     im.__dict__.pop("toy_norms", None)
 
 
@@ -161,7 +98,7 @@ def test_readme_command_table_is_the_registry() -> None:
 
 def test_every_schema_names_its_command_and_methods_from_the_registries() -> None:
     from inspect_model import registry
-    from inspect_model.methods.cam.maths import METHODS
+    from inspect_model.methods.cam.base import names
 
     schemas = ROOT / "src" / "inspect_model" / "schemas"
     for spec in registry.COMMANDS.values():
@@ -171,7 +108,7 @@ def test_every_schema_names_its_command_and_methods_from_the_registries() -> Non
         assert doc["properties"]["command"]["const"] == spec.name
     cam = json.loads((schemas / "cam.json").read_text())
     enum = cam["$defs"]["method"]["enum"]
-    assert tuple(enum) == METHODS
+    assert tuple(enum) == names()
 
 
 # ----------------------------------------------------------------------------- targets in the API
@@ -283,8 +220,7 @@ def test_schema_options_follow_a_new_request_field(monkeypatch: pytest.MonkeyPat
     from inspect_model import registry
 
     spec = registry.get("cam")
-    monkeypatch.setitem(registry.COMMANDS, "cam", dataclasses.replace(spec, request=f"{__name__}:_WIDER"))
-    monkeypatch.setitem(globals(), "_WIDER", Wider)
+    monkeypatch.setitem(registry.COMMANDS, "cam", dataclasses.replace(spec, request=Wider))
     props = options_schema("cam")["properties"]
     assert props["smoothing"] == {"type": ["number", "null"]}
     assert props["target"]["anyOf"][1] == {"type": "array", "items": {"type": "string"}}

@@ -133,3 +133,49 @@ def test_a_checkpoint_loads_into_the_wrapped_module(gpt2, wrapped_py, tmp_path):
     row = doc["layers"][0]
     assert row["name"] == "transformer.wte"
     assert row["stats"]["mean"] == pytest.approx(float(want.double().mean()), rel=1e-6)
+
+
+def test_a_pickled_dataparallel_model_is_unwrapped(wrapped_py, tmp_path):
+    """A whole model saved wrapped (torch.save(DataParallel(net)), --trust-checkpoint)."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                              torch.nn.Flatten(), torch.nn.Linear(4, 3)).eval()
+    torch.save(torch.nn.DataParallel(net), tmp_path / "dp.pt")
+    torch.save(net, tmp_path / "plain.pt")
+    wrapped, err = _doc(["activations", str(tmp_path / "dp.pt"), "--trust-checkpoint", "--input-size", "3x16x16"])
+    plain, _ = _doc(["activations", str(tmp_path / "plain.pt"), "--trust-checkpoint", "--input-size", "3x16x16"])
+    assert wrapped["layers"] == plain["layers"] and [r["name"] for r in plain["layers"]][:2] == ["0", "1"]
+    assert "note: Sequential is wrapped in DataParallel: inspected through .module" in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["summary", "activations", "grads", "guided-backprop", "cam", "attributions",
+                                     "attention", "check"])
+def test_every_command_treats_a_wrapped_model_as_the_plain_one(gpt2, wrapped_py, command):
+    """Same exit code, same error line, same report numbers as the plain folder, in every command."""
+    args = [command, "--input-size", "input_ids=8:int64:4-30", "-q"]
+    plain = run_cli([args[0], str(gpt2), "--weights", "default", *args[1:]])
+    for builder in ("compiled", "parallel"):
+        r = run_cli([args[0], f"{wrapped_py}:{builder}", *args[1:]])
+        assert r.exit_code == plain.exit_code, (builder, r.stderr, plain.stderr)
+        assert r.exit_code != 6 and "unexpected" not in r.stderr
+        errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+        assert errors == [line for line in plain.stderr.splitlines() if line.startswith("error:")]
+
+
+def test_the_bare_methods_unwrap_too():
+    """The methods under the commands (Python API) take a wrapper as the module it wraps."""
+    import inspect_model as im
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                              torch.nn.Flatten(), torch.nn.Linear(4, 3)).eval()
+    x = torch.randn(2, 3, 8, 8)
+    want = im.capture_activations(net, x).layers
+    grads = im.compute_gradients(net, x).layers
+    cams = torch.stack([m.map for m in im.compute_cams(net, x, layers=["0"]).maps])
+    for wrapper in (torch.compile(net), torch.nn.DataParallel(net)):
+        assert [(r.name, r.stats) for r in im.capture_activations(wrapper, x).layers] == \
+            [(r.name, r.stats) for r in want]
+        assert [r.name for r in im.compute_gradients(wrapper, x).layers] == [r.name for r in grads]
+        assert torch.equal(torch.stack([m.map for m in im.compute_cams(wrapper, x, layers=["0"]).maps]), cams)

@@ -13,8 +13,7 @@ from inspect_model._version import __version__
 from inspect_model.registry import COMMANDS
 
 _LAZY = {
-    # one function per command (from the command registry): a request in, a Result out
-    **{spec.api_name: tuple(spec.api.split(":")) for spec in COMMANDS.values()},
+    # and one function per command (from the command registry): a request in, a Result out
     "Result": ("inspect_model.run.pipeline", "Result"),
     "ModelOptions": ("inspect_model.run.options", "ModelOptions"),
     "InputOptions": ("inspect_model.run.options", "InputOptions"),
@@ -38,10 +37,15 @@ _LAZY = {
     "run_checks": ("inspect_model.methods.checks.smoke", "run_checks"),
 }
 
-__all__ = ["__version__", *_LAZY]
+
+
+def _all() -> list[str]:
+    return ["__version__", *_LAZY, *(s.api_name for s in COMMANDS.values())]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__all__":  # the commands' names: read from the registry on first use
+        return _all()
     if name in _LAZY:
         import importlib
 
@@ -50,7 +54,7 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     spec = next((s for s in COMMANDS.values() if s.api_name == name), None)
-    if spec is not None:  # a command registered after import (a plugin, a test's toy command)
+    if spec is not None:  # a command (the built-ins load with the registry; a plugin, a test's toy command)
         value = spec.api_function()
         globals()[name] = value
         return value

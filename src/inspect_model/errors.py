@@ -17,6 +17,8 @@ EXIT_LAYER = 5
 EXIT_RUNTIME = 6
 EXIT_OUTPUT = 7
 EXIT_DISTRIBUTED = 8
+EXIT_UNSUPPORTED = 9
+EXIT_HANGUP = 129  # 128 + SIGHUP: the terminal closed
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 
@@ -30,6 +32,8 @@ EXIT_CODES: dict[int, str] = {
     EXIT_RUNTIME: "the model failed while running (forward/backward pass)",
     EXIT_OUTPUT: "an output file or directory could not be written",
     EXIT_DISTRIBUTED: "a run under torchrun failed: rendezvous, or another rank failed",
+    EXIT_UNSUPPORTED: "the command does not apply to this kind of model (its task)",
+    EXIT_HANGUP: "hung up (SIGHUP: the terminal or session closed)",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
     EXIT_TERMINATED: "terminated (SIGTERM)",
 }
@@ -99,6 +103,13 @@ class DistributedError(InspectModelError):
     exit_code = EXIT_DISTRIBUTED
 
 
+class UnsupportedModelError(InspectModelError):
+    """The command (or objective) does not apply to the model's task: an encoder-decoder's
+    attention, a detector's attributions (issue 42). The message names a command that works."""
+
+    exit_code = EXIT_UNSUPPORTED
+
+
 class CheckFailed(InspectModelError):
     """A requested check (``--fail-on``, ``check``) failed."""
 
@@ -106,8 +117,17 @@ class CheckFailed(InspectModelError):
 
 
 class Terminated(BaseException):
-    """SIGTERM arrived: unwinds the run like Ctrl-C does (outputs cleaned up), then exit 143.
-    A BaseException, so that no ``except Exception`` in the way swallows it."""
+    """SIGTERM (or SIGHUP) arrived: unwinds the run like Ctrl-C does (outputs cleaned up),
+    then exit 143 (129 for SIGHUP). A BaseException, so that no ``except Exception`` in the
+    way swallows it."""
+
+    def __init__(self, signum: int = 15) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def hangup(self) -> bool:
+        return self.signum == 1
 
 
 class Interrupted(BaseException):
@@ -133,13 +153,17 @@ def one_line(exc: BaseException | str, limit: int = ONE_LINE_MAX) -> str:
 def out_of_memory(exc: BaseException, where: str = "") -> str | None:
     """The one-line message for an allocation that failed (``MemoryError``, torch's CPU
     allocator's RuntimeError "DefaultCPUAllocator: not enough memory: you tried to allocate
-    N bytes", CUDA's ``OutOfMemoryError``), saying how much was asked for (and ``where``:
+    N bytes" or "... can't allocate memory: you tried to allocate N bytes", CUDA's ``OutOfMemoryError``), saying how much was asked for (and ``where``:
     " in the forward pass"); None otherwise."""
     import re
 
     text = str(exc)
     cuda = type(exc).__name__ == "OutOfMemoryError" or "CUDA out of memory" in text
-    cpu = "DefaultCPUAllocator" in text and "not enough memory" in text
+    # The CPU allocator words it two ways: "not enough memory: you tried to allocate N bytes"
+    # and "can't allocate memory: you tried to allocate N bytes" (issue 41); MPS and XPU alike.
+    low = text.lower()
+    cpu = ("you tried to allocate" in low or "defaultcpuallocator" in low) and any(
+        w in low for w in ("not enough memory", "can't allocate memory", "cannot allocate memory", "out of memory"))
     if not (isinstance(exc, MemoryError) or cuda or cpu):
         return None
     device = "GPU" if cuda else "CPU"

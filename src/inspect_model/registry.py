@@ -1,17 +1,28 @@
-"""The command registry: one entry per command, from which everything else derives.
+"""The command registry: one entry per command, registered beside its code.
 
-An entry names the command's request (its options), its API function, its renderer and
-schema, and whether it hooks the model. The CLI's subcommands (cli/app.py builds them with
-cli/generate.py), shell completion, ``HOOK_COMMANDS``, the lazy exports of
-``inspect_model`` (``im.cam``), README's command table and the schema check all read
-:data:`COMMANDS`. Adding a command is its request + session + renderer + one
-:func:`register` call + tests. Entries refer to code by dotted path (``"module:attr"``), so
-importing this module imports nothing heavy: ``--help`` stays instant.
+Each command's API function carries its entry (timm's ``@register_model``): ::
+
+    @command("cam", summary=..., help=..., example=..., schema="cam.json", gradients=True, ...)
+    @api_command(CamRequest)
+    def cam(model, images, request, ...): ...
+
+An entry names the command's request (its options, from ``api_command``), its API function,
+its renderer (the report on stdout), its report.html tables, its ``--method`` names and its
+capabilities: ``hooks`` (refuses models that cannot be hooked), ``gradients`` (refuses
+quantized models), ``objective`` (a flow model's pairs are scored), ``resumable``
+(``--resume``, torchrun), ``text`` (``--text``). The CLI's subcommands (cli/app.py builds
+them with cli/generate.py), shell completion, the lazy exports of ``inspect_model``
+(``im.cam``), README's command table, the schema generator and those checks all read
+:data:`COMMANDS`; no other list of command names decides anything. Adding a command is one
+module under ``api/`` (request, session, decorated API function) and its test. The API
+modules import no torch at import time, so reading the registry keeps ``--help`` instant.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,29 +31,40 @@ from typing import Any
 class CommandSpec:
     """One command (see the module docstring).
 
-    ``request``: the request class (``"inspect_model.api.cam:CamRequest"``), whose fields are
-    the command's own options; ``api``: the API function; ``cli``: a hand-written Typer
-    function for the few commands whose options are not a request (``models``), else None
-    (generated). ``images``: takes IMAGE... arguments and the shared input options;
-    ``labels``: has ``--labels``; ``run``: the run options it has (None: all);
-    ``streams``: runs through the pipeline (per-image items, ``--jsonl``, ``--resume``)."""
+    ``request``: the request class, whose fields are the command's own options (None: the
+    API function's own ``request_class``); ``api``: the API function; ``cli``: a
+    hand-written Typer function for the few commands whose options are not a request
+    (``models``; set by :func:`command_cli`), else None (generated). ``images``: takes
+    IMAGE... arguments and the shared input options; ``labels``: has ``--labels``; ``run``:
+    the run options it has (None: all); ``streams``: runs through the pipeline (per-image
+    items, ``--jsonl``, ``--resume``)."""
 
     name: str
     summary: str  # one line: the --help list and README's command table
     help: str  # the command's --help text (paragraphs); its example comes after
     example: str
-    api: str
-    request: str | None = None
-    cli: str | None = None
-    renderer: str | None = None  # "module:function(result, rich)": the report on stdout (built-ins: render.results)
+    api: Callable[..., Any]
+    request: Any = None
+    cli: Callable[..., Any] | None = None
+    renderer: Callable[[Any, bool], Any] | None = None  # (result, rich) -> the report on stdout
+    tables: Callable[[dict[str, Any]], list[Any]] | None = None  # report.html's tables of the --json document
+    methods: Callable[[], tuple[str, ...]] | None = None  # its --method names (completion, the schema's enum)
+    method_groups: tuple[str, ...] = ("all",)  # --method names that stand for several (completion)
     schema: str | None = None  # file name in inspect_model/schemas/
-    hooks: bool = True  # registers hooks on the model (HOOK_COMMANDS: refuses models that cannot be hooked)
+    report: Any = None  # the frozen record type whose to_dict() is the report body (its schema is generated)
+    hooks: bool = True  # registers module hooks (refuses models that cannot be hooked)
+    gradients: bool = False  # takes gradients (refuses quantized models; notes the input they are taken of)
+    parameter_gradients: bool = False  # reads each parameter's gradient (refuses offloaded weights)
+    objective: bool = False  # explains a score: a flow model's pairs are scored by their mean |flow|
+    scores: bool = False  # explains a score: a task's scores (methods/families) replace the model's output
+    resumable: bool = False  # its session keeps state for --resume and merges under torchrun
     images: bool = True
     labels: bool = True
     text: bool = False  # takes --text/--text-file/--tokenizer (Hugging Face text models; loading/text.py)
     run: tuple[str, ...] | None = None
     streams: bool = True
     usage: str = ""  # README table: the command's arguments as typed (``cam MODEL IMAGE...``)
+    order: int = 100  # place in --help and README's table
 
     @property
     def api_name(self) -> str:
@@ -50,22 +72,74 @@ class CommandSpec:
         return self.name.replace("-", "_")
 
     def api_function(self) -> Any:
-        return resolve(self.api)
+        return self.api
 
     def request_class(self) -> Any:
-        return None if self.request is None else resolve(self.request)
+        return self.request if self.request is not None else getattr(self.api, "request_class", None)
 
 
-COMMANDS: dict[str, CommandSpec] = {}
+class _Commands(MutableMapping[str, CommandSpec]):
+    """The entries, in their ``order``; the built-in commands (every module of ``api/``) are
+    imported on first use."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, CommandSpec] = {}
+        self._state = "empty"  # -> "loading" -> "loaded"
+
+    def _load(self) -> dict[str, CommandSpec]:
+        if self._state == "empty":
+            self._state = "loading"
+            try:
+                importlib.import_module("inspect_model.api")
+            finally:
+                self._state = "loaded"
+        return self._specs
+
+    def __getitem__(self, name: str) -> CommandSpec:
+        return self._load()[name]
+
+    def __setitem__(self, name: str, spec: CommandSpec) -> None:
+        self._specs[name] = spec
+        self._specs = dict(sorted(self._specs.items(), key=lambda kv: kv[1].order))
+
+    def __delitem__(self, name: str) -> None:
+        del self._specs[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._load()))
+
+    def __len__(self) -> int:
+        return len(self._load())
+
+
+COMMANDS: MutableMapping[str, CommandSpec] = _Commands()
 
 
 def register(spec: CommandSpec, *, replace: bool = False) -> CommandSpec:
-    """Add a command; ``replace`` to redefine one (tests). Order of registration is the
-    order of ``--help``."""
-    if spec.name in COMMANDS and not replace:
+    """Add a command; ``replace`` to redefine one (tests)."""
+    specs = COMMANDS._specs  # type: ignore[attr-defined]  # no load: the built-ins register while loading
+    if spec.name in specs and not replace and specs[spec.name].api is not spec.api:
         raise ValueError(f"command '{spec.name}' is already registered")
     COMMANDS[spec.name] = spec
     return spec
+
+
+def command(name: str, **fields: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator on a command's API function: register it (see the module docstring)."""
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        register(CommandSpec(name=name, api=fn, **fields))
+        return fn
+
+    return decorate
+
+
+def command_cli(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator on a hand-written Typer function (cli/): the CLI of command ``name``."""
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        COMMANDS[name] = dataclasses.replace(COMMANDS[name], cli=fn)
+        return fn
+
+    return decorate
 
 
 def unregister(name: str) -> None:
@@ -85,13 +159,15 @@ def hook_commands() -> frozenset[str]:
     return frozenset(n for n, s in COMMANDS.items() if s.hooks)
 
 
-def resolve(dotted: str) -> Any:
-    """``"package.module:attr"`` to the object."""
-    module, _, attr = dotted.partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
+def capability(command: str, what: str, default: bool = False) -> bool:
+    """``what`` (hooks, gradients, objective, resumable, text) of ``command``; ``default`` for
+    a name that is not a registered command (a bare API call of a method)."""
+    spec = COMMANDS.get(command)
+    return default if spec is None else bool(getattr(spec, what))
+
+
+def with_capability(what: str) -> tuple[str, ...]:
+    return tuple(n for n, s in COMMANDS.items() if getattr(s, what))
 
 
 def command_table() -> str:
@@ -99,118 +175,3 @@ def command_table() -> str:
     rows = ["| command | what it does |", "| --- | --- |"]
     rows += [f"| `{s.usage or s.name}` | {s.summary} |" for s in COMMANDS.values()]
     return "\n".join(rows)
-
-
-# ----------------------------------------------------------------------------- the commands
-_EXIT_NOTE = ""
-
-register(CommandSpec(
-    name="summary", usage="summary MODEL",
-    summary="layer table: qualified names, types, output shapes, parameters, MACs, memory",
-    help="Show the layer table: names, types, output shapes, parameters, MACs and memory.\n\n"
-         "Runs on the meta device by default, so a model of any size is summarised without allocating "
-         "its weights.",
-    example="inspect-model summary resnet34 --depth 2",
-    api="inspect_model.api.summary:summary", cli="inspect_model.cli.summary:summary",
-    schema="summary.json", hooks=True, images=False, streams=False,
-))
-register(CommandSpec(
-    name="models", usage="models [PATTERN]",
-    summary="list torchvision's model registry (or timm's)",
-    help="List the models this tool can load by name.",
-    example="inspect-model models 'resnet*'; inspect-model models --source timm 'convnext*'",
-    api="inspect_model.api.models:models", request="inspect_model.api.models:ModelsRequest",
-    cli="inspect_model.cli.models:models",
-    schema="models.json", hooks=False, images=False, streams=False,
-))
-register(CommandSpec(
-    name="activations", usage="activations MODEL [IMAGE...]",
-    summary="per-layer activation statistics, feature-map grids",
-    help="Activation statistics of every layer, and feature-map grids of the layers you name.\n\n"
-         "Hooks the selected layers (every leaf by default) for one forward pass per batch and reports, per "
-         "layer and per call: output shape, mean, std, min, max, exact zeros, negatives, NaN/Inf counts, and "
-         "channels dead (zero) for every image, merged over all images. With --output-dir: an overview PNG "
-         "along the depth of the network and, for the layers given with --layers, one feature-map grid PNG "
-         "per layer and image.",
-    example="inspect-model activations resnet34 cat.jpg --layer type:Conv2d[0] --output-dir acts",
-    api="inspect_model.api.activations:activations", request="inspect_model.api.activations:ActivationsRequest",
-    schema="activations.json", labels=False, text=True,
-))
-register(CommandSpec(
-    name="grads", usage="grads MODEL [IMAGE...]",
-    summary="per-layer and per-parameter gradients, gradient flow, NaN/vanishing/exploding checks for CI, "
-            "gradients between layers",
-    help="Gradient flow and gradient health: per layer the gradient wrt its output and wrt its input, per "
-         "parameter its gradient statistics, the global norm, and checks for NaN, Inf, vanishing and "
-         "exploding gradients (--fail-on exits 1 for CI).\n\n"
-         "With --of A --wrt B: the gradient of one layer's output with respect to another's, and with "
-         "--jacobian-norm an estimate of the Jacobian's Frobenius norm.",
-    example="inspect-model grads resnet18 cat.jpg --weights none --fail-on nan,inf,exploding --output-dir g",
-    api="inspect_model.api.grads:grads", request="inspect_model.api.grads:GradsRequest",
-    schema="grads.json", text=True,
-))
-register(CommandSpec(
-    name="guided-backprop", usage="guided-backprop MODEL IMAGE...",
-    summary="guided backpropagation (Springenberg et al. 2015) for any ReLU network",
-    help="Guided backpropagation (Springenberg et al. 2015) for any network.\n\n"
-         "Every ReLU of the model (modules, in-place ones, reused ones, and functional F.relu / torch.relu "
-         "calls) passes back only positive gradient where its input was positive. One map per image and "
-         "target: a display PNG, a grayscale magnitude PNG, and with --save-raw the raw gradient (.npy).",
-    example="inspect-model guided-backprop resnet50 cat.jpg --target top:3 --output-dir gb",
-    api="inspect_model.api.guided:guided_backprop", request="inspect_model.api.guided:GuidedRequest",
-    schema="guided-backprop.json", text=True,
-))
-register(CommandSpec(
-    name="cam", usage="cam MODEL IMAGE...",
-    summary="CAM, Grad-CAM, Grad-CAM++, XGrad-CAM, LayerCAM, HiResCAM, Score-CAM, Eigen-CAM",
-    help="Class activation maps: CAM, Grad-CAM, Grad-CAM++, XGrad-CAM, Layer-CAM, HiResCAM, Score-CAM and "
-         "Eigen-CAM.\n\n"
-         "All gradient methods come from one forward pass and a backward pass that stops at the layer. With "
-         "--output-dir: per image, target, method and layer a heat-map overlay on the original image, the "
-         "bare map with a colour bar, --save-raw .npy maps, and contact sheets. --evaluate scores and ranks "
-         "the maps (faithfulness) and plots deletion/insertion curves.",
-    example="inspect-model cam resnet50 cat.jpg --method gradcam --method scorecam --target top:2 -o cams",
-    api="inspect_model.api.cam:cam", request="inspect_model.api.cam:CamRequest",
-    schema="cam.json", text=True,
-))
-register(CommandSpec(
-    name="attributions", usage="attributions MODEL IMAGE...",
-    summary="saliency, gradient, input x gradient, integrated gradients, SmoothGrad, VarGrad, occlusion, guided "
-            "backprop (equal to captum's), batched and bounded in memory",
-    help="Input attributions: saliency, gradient, input x gradient, integrated gradients, SmoothGrad, VarGrad, "
-         "occlusion and guided backprop, equal to captum's.\n\n"
-         "Integrated-gradients steps, SmoothGrad samples and occlusion windows run through the model in chunks of "
-         "--batch-size rows (memory does not grow with --steps or --samples); saliency, gradient and input x "
-         "gradient share one backward pass. Token ids are attributed at the output of the embedding layer that "
-         "reads them. With --output-dir: per map a heat map (signed maps on a diverging colormap centred on 0) "
-         "and an overlay, contact sheets of images x methods, and in the report each map's positive and negative "
-         "mass and, for integrated gradients, the completeness gap. --evaluate ranks the methods by "
-         "faithfulness; --sanity runs the weight-randomisation test for every method.",
-    example="inspect-model attributions resnet50 cat.jpg --method saliency --method integrated-gradients "
-            "--steps 64 -o attr",
-    api="inspect_model.api.attributions:attributions", request="inspect_model.api.attributions:AttributionsRequest",
-    renderer="inspect_model.render.attributions:render_result", schema="attributions.json", hooks=False, text=True,
-))
-register(CommandSpec(
-    name="attention", usage="attention MODEL IMAGE...",
-    summary="attention maps of transformers: raw, rollout, grad-rollout, LeGrad, for any attention kernel",
-    help="Attention maps of vision transformers, for any attention kernel (fused SDPA, nn.MultiheadAttention, "
-         "eager softmax), with no change to the model.\n\n"
-         "Methods: raw attention of chosen layers and heads; rollout (Abnar & Zuidema 2020); grad-rollout "
-         "(Chefer et al. 2021); legrad (Bousselham et al. 2024). Files per image: one overlay per method, one "
-         "head grid per raw layer, with --mosaic every layer by every head. --evaluate scores the maps for "
-         "faithfulness exactly as cam --evaluate does, and ranks the methods.",
-    example="inspect-model attention vit_b_16 cat.jpg --method rollout,grad-rollout,legrad --output-dir attn",
-    api="inspect_model.api.attention:attention", request="inspect_model.api.attention:AttentionRequest",
-    renderer="inspect_model.render.attention:render_result", schema="attention.json", text=True,
-))
-register(CommandSpec(
-    name="check", usage="check MODEL",
-    summary="a one-line CI smoke check: output shape, parameter count, finite outputs and gradients, dead "
-            "layers, determinism, time and memory budgets",
-    help="Build the model, run a forward and a backward pass, and check what you ask; exit 1 if a check "
-         "fails.",
-    example="inspect-model check resnet50 --weights none --expect-output-shape 1x1000 --expect-params 25557032",
-    api="inspect_model.api.check:check", request="inspect_model.api.check:CheckRequest",
-    schema="check.json", hooks=True, labels=False, run=("output_dir", "force", "json_", "quiet"), streams=False, text=True,
-))

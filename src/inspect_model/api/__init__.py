@@ -10,11 +10,17 @@ given back as it was (hooks, flags, weights).
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Any
 
 from inspect_model.run.options import InputOptions, ModelOptions
 from inspect_model.run.session import Result
 from inspect_model.registry import COMMANDS
+
+# Every module here registers its command (``@command`` on its API function), in import order.
+for _info in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_info.name}")
 
 # One function per command, from the command registry (eager: ``from inspect_model.api
 # import cam`` gives the function, not the module).

@@ -26,6 +26,8 @@ from inspect_model.run.request import (
 from inspect_model.run.resume import count
 from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import UsageError
+from inspect_model.registry import command
+from inspect_model.render import html_columns, results
 
 
 @dataclass(frozen=True)
@@ -247,6 +249,25 @@ class ActivationsSession(Session):
         self.warnings.merge(st["warnings"] for st in states[1:])
 
 
+@command(
+    "activations",
+    usage="activations MODEL [IMAGE...]",
+    order=30,
+    summary="per-layer activation statistics, feature-map grids",
+    help=("Activation statistics of every layer, and feature-map grids of the layers you "
+          "name.\n\nHooks the selected layers (every leaf by default) for one forward pass per "
+          "batch and reports, per layer and per call: output shape, mean, std, min, max, exact "
+          "zeros, negatives, NaN/Inf counts, and channels dead (zero) for every image, merged "
+          "over all images. With --output-dir: an overview PNG along the depth of the network "
+          "and, for the layers given with --layers, one feature-map grid PNG per layer and image."),
+    example="inspect-model activations resnet34 cat.jpg --layer type:Conv2d[0] --output-dir acts",
+    renderer=results.activations_report,
+    tables=html_columns.activations_tables,
+    schema="activations.json",
+    resumable=True,
+    labels=False,
+    text=True,
+)
 @api_command(ActivationsRequest)
 def activations(model: Any, images: Any, request: ActivationsRequest, *, model_options: ModelOptions | None = None,
                 inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,

@@ -27,9 +27,11 @@ from inspect_model.run.request import (
 )
 from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
+from inspect_model.methods.attributions.base import method_help as attribution_help
+from inspect_model.methods.attributions.base import names as attribution_names
+from inspect_model.registry import command
+from inspect_model.render.attributions import render_result
 
-METHOD_HELP = ("saliency, gradient, input-x-gradient, integrated-gradients (ig), smoothgrad, vargrad, occlusion, "
-               "guided, or all; repeatable or comma-separated (default: saliency).")
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ class AttributionsRequest(Request):
 
     command: ClassVar[str] = "attributions"
 
-    methods: tuple[str, ...] = option(("saliency",), "--method", "-m", help=METHOD_HELP, multiple=True,
+    methods: tuple[str, ...] = option(("saliency",), "--method", "-m", help=attribution_help, complete="method", multiple=True,
                                       param="method")
     target: str | tuple[str, ...] | None = option("predicted", "--target", "-t", type=str, help=TARGET_HELP,
                                                   complete="target")
@@ -79,7 +81,7 @@ class AttributionsRequest(Request):
                             "original image.")
 
     def validate(self) -> None:  # no torch here: a bad option fails at once
-        from inspect_model.api.cam_evaluate import check_evaluate_request
+        from inspect_model.run.evaluate import check_evaluate_request
         from inspect_model.methods.attributions import options as ao
 
         self._set("target", check_target_value(self.target))
@@ -132,7 +134,7 @@ class AttributionsSession(Session):
         self.prep, self.mopts, self.request = prep, mopts, request
         self.spec = parse_target(request.target, prep.categories)
         self.settings = request.settings(batch_size=prep.plan.batch_size, seed=int(prep.plan.seed))
-        from inspect_model.api.cam_evaluate import _takes_label
+        from inspect_model.run.evaluate import _takes_label
 
         # Long work reports (done, total, label); a two-argument callback sees the images only.
         self.keep_maps, self.progress = keep_maps, progress if progress and _takes_label(progress) else None
@@ -144,7 +146,7 @@ class AttributionsSession(Session):
         self.sanity_acc: dict[str, Any] | None = None
         self.evaluator = None
         if request.evaluate:
-            from inspect_model.api.cam_evaluate import Evaluator
+            from inspect_model.run.evaluate import Evaluator
             from inspect_model.methods.faithfulness.metrics import parse_metrics
 
             self.evaluator = Evaluator(prep, parse_metrics(list(request.metrics or []), boxes=False),
@@ -181,7 +183,7 @@ class AttributionsSession(Session):
         items, start = [], len(self.entries)
         for i in range(x.shape[0]):
             img = batch.images[i] if batch.images is not None else None
-            entry = self._entry(first + i, batch.names[i], res, i, img, x)
+            entry = self._entry(first + i, batch.names[i], res, i, img, x, batch)
             self.entries.append(entry)
             maps = {m: res.maps[m][i] for m in res.maps}
             items.append(ImageItem(entry, (img, x[i].detach().float().cpu(), maps)))
@@ -189,8 +191,10 @@ class AttributionsSession(Session):
             self._evaluate(res, batch, self.entries[start:])
         return items
 
-    def _entry(self, index: int, name: str, res: Any, i: int, img: Any, ids: Any) -> dict[str, Any]:
-        from inspect_model.methods.attributions.maps import UNSIGNED, map_statistics
+    def _entry(self, index: int, name: str, res: Any, i: int, img: Any, ids: Any, batch: Any = None
+               ) -> dict[str, Any]:
+        from inspect_model.methods.attributions import base as ab
+        from inspect_model.methods.attributions.maps import map_statistics
         from inspect_model.render.attributions import map_record
         from inspect_model.render.cam_report import class_name
 
@@ -198,7 +202,7 @@ class AttributionsSession(Session):
         for k, cls in enumerate(res.targets[i]):
             for method, maps in res.maps.items():
                 ig = method == "integrated-gradients" and res.deltas is not None
-                rec = map_record(method, map_statistics(maps[i, k]), signed=method not in UNSIGNED,
+                rec = map_record(method, map_statistics(maps[i, k]), signed=ab.get(method).signed,
                                  smoothed=method in res.smoothed, target=int(cls),
                                  label=class_name(int(cls), self.prep.categories), score=res.scores[i][k],
                                  baseline_score=res.baseline_scores[i][k] if ig else None,
@@ -217,6 +221,9 @@ class AttributionsSession(Session):
                  "maps": records, "files": {}}
         if res.space == "embedding":
             entry["token_ids"] = [int(t) for t in ids[i].reshape(-1).tolist()]
+            text = getattr(batch, "text", None) if batch is not None else None
+            if text is not None:  # the text and its real tokens (issue 42: pictures name them)
+                entry["text"] = {"text": text.texts[i], "tokens": text.tokens[i]}
         return entry
 
     def _evaluate(self, res: Any, batch: Any, entries: list[dict[str, Any]]) -> None:
@@ -302,6 +309,34 @@ class _MapsRecord:
         self.maps = {m: torch.cat([p[m] for p in parts]) for m in parts[0]} if parts else {}
 
 
+@command(
+    "attributions",
+    usage="attributions MODEL IMAGE...",
+    order=70,
+    summary=("saliency, gradient, input x gradient, integrated gradients, SmoothGrad, VarGrad, "
+             "occlusion, guided backprop (equal to captum's), batched and bounded in memory"),
+    help=("Input attributions: saliency, gradient, input x gradient, integrated gradients, "
+          "SmoothGrad, VarGrad, occlusion and guided backprop, equal to "
+          "captum's.\n\nIntegrated-gradients steps, SmoothGrad samples and occlusion windows run "
+          "through the model in chunks of --batch-size rows (memory does not grow with --steps "
+          "or --samples); saliency, gradient and input x gradient share one backward pass. Token "
+          "ids are attributed at the output of the embedding layer that reads them. With "
+          "--output-dir: per map a heat map (signed maps on a diverging colormap centred on 0) "
+          "and an overlay, contact sheets of images x methods, and in the report each map's "
+          "positive and negative mass and, for integrated gradients, the completeness gap. "
+          "--evaluate ranks the methods by faithfulness; --sanity runs the weight-randomisation "
+          "test for every method."),
+    example=("inspect-model attributions resnet50 cat.jpg --method saliency --method "
+             "integrated-gradients --steps 64 -o attr"),
+    renderer=render_result,
+    methods=attribution_names,
+    schema="attributions.json",
+    hooks=False,
+    gradients=True,
+    scores=True,
+    resumable=True,
+    text=True,
+)
 @api_command(AttributionsRequest, positional=("target",))
 def attributions(model: Any, images: Any, request: AttributionsRequest, *, model_options: ModelOptions | None = None,
                  inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,
@@ -313,7 +348,7 @@ def attributions(model: Any, images: Any, request: AttributionsRequest, *, model
     ``maps`` (method -> (N, K, *sample)) when kept (the API default), ``to_dict()`` and
     ``save(dir)``."""
     return run_images("attributions", model, images, lambda prep, mopts, keep: AttributionsSession(
-                      prep, mopts, request, keep_maps=keep, notes=notes, progress=progress), hooks=False,
+                      prep, mopts, request, keep_maps=keep, notes=notes, progress=progress),
                       model_options=model_options, inputs=inputs,
                       output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
                       notes=notes, progress=progress, request=request)

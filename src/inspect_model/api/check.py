@@ -14,6 +14,8 @@ from inspect_model.run.pipeline import prepare
 from inspect_model.run.request import OUTPUT_KEY_HELP, Request, api_command, option
 from inspect_model.run.session import Result
 from inspect_model.errors import UsageError
+from inspect_model.registry import command
+from inspect_model.render import html_columns, results
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,24 @@ class CheckRequest(Request):
         self._set("param_range", checks.parse_count_range(self.expect_params) if self.expect_params else None)
 
 
+@command(
+    "check",
+    usage="check MODEL",
+    order=90,
+    summary=("a one-line CI smoke check: output shape, parameter count, finite outputs and "
+             "gradients, dead layers, determinism, time and memory budgets"),
+    help=("Build the model, run a forward and a backward pass, and check what you ask; exit 1 if "
+          "a check fails."),
+    example=("inspect-model check resnet50 --weights none --expect-output-shape 1x1000 "
+             "--expect-params 25557032"),
+    renderer=results.check_report,
+    tables=html_columns.check_tables,
+    schema="check.json",
+    labels=False,
+    streams=False,
+    run=("output_dir", "force", "json_", "quiet"),
+    text=True,
+)
 @api_command(CheckRequest)
 def check(model: Any, images: Any, request: CheckRequest, *, model_options: ModelOptions | None = None,
           inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,
@@ -59,7 +79,6 @@ def check(model: Any, images: Any, request: CheckRequest, *, model_options: Mode
     platform allows (SIGALRM in the main thread): the passes stop at the budget and the time
     check fails. ``on_stuck(message)`` is called from a watchdog thread if they cannot be
     stopped (the CLI prints it and exits)."""
-    from inspect_model.engine.selection import select_layers
     from inspect_model.methods.checks import smoke as checks
     from inspect_model.methods.objectives.targets import select_output
 
@@ -78,11 +97,12 @@ def check(model: Any, images: Any, request: CheckRequest, *, model_options: Mode
 
     with prep.binding.bound(net) if prep.binding is not None else contextlib.nullcontext():
         results = checks.run_checks(
-            net, (batch.tensor,), layers=select_layers(net) if hookable else [],
+            net, (batch.tensor,), layers=_activation_layers(net) if hookable else [],
             select=lambda out: select_output(out, r.output_key),
             expect_output_shape=r.shape, expect_params=r.param_range, finite=r.finite,
             max_dead_fraction=r.max_dead_fraction if hookable else None, deterministic=r.deterministic, max_seconds=r.max_seconds,
-            max_memory_mb=r.max_memory, on_stuck=on_stuck)
+            max_memory_mb=r.max_memory, on_stuck=on_stuck,
+            mask=getattr(getattr(batch, "text", None), "mask", None))  # texts: real tokens only
     failed = [x for x in results if not x.passed]
     payload = {
         "model": prep.loaded.name,
@@ -102,3 +122,13 @@ def check(model: Any, images: Any, request: CheckRequest, *, model_options: Mode
 class _Checks:
     def __init__(self, results: list[Any]) -> None:
         self.checks = results
+
+
+def _activation_layers(net: Any) -> list[str]:
+    """Every leaf but position tables (rotary cos/sin: sin(0) = 0 is no dead unit)."""
+    from inspect_model.engine.selection import select_layers
+    from inspect_model.methods.activations.tokens import position_tables
+
+    layers = select_layers(net)
+    tables = set(position_tables(net, layers))
+    return [n for n in layers if n not in tables]

@@ -30,6 +30,8 @@ from inspect_model.run.resume import count
 from inspect_model.run.objective_options import one_target
 from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
+from inspect_model.registry import command
+from inspect_model.render import html_columns, results
 
 
 @dataclass(frozen=True)
@@ -375,6 +377,29 @@ class JacobianRecord:
         self.results = results
 
 
+@command(
+    "grads",
+    usage="grads MODEL [IMAGE...]",
+    order=40,
+    summary=("per-layer and per-parameter gradients, gradient flow, NaN/vanishing/exploding "
+             "checks for CI, gradients between layers"),
+    help=("Gradient flow and gradient health: per layer the gradient wrt its output and wrt its "
+          "input, per parameter its gradient statistics, the global norm, and checks for NaN, "
+          "Inf, vanishing and exploding gradients (--fail-on exits 1 for CI).\n\nWith --of A "
+          "--wrt B: the gradient of one layer's output with respect to another's, and with "
+          "--jacobian-norm an estimate of the Jacobian's Frobenius norm."),
+    example=("inspect-model grads resnet18 cat.jpg --weights none --fail-on nan,inf,exploding "
+             "--output-dir g"),
+    renderer=results.grads_report,
+    tables=html_columns.grads_tables,
+    schema="grads.json",
+    gradients=True,
+    parameter_gradients=True,
+    scores=True,
+    objective=True,
+    resumable=True,
+    text=True,
+)
 @api_command(GradsRequest)
 def grads(model: Any, images: Any, request: GradsRequest, *, model_options: ModelOptions | None = None,
           inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False, tensorboard: Any = None,

@@ -27,6 +27,8 @@ from inspect_model.run.request import (
 from inspect_model.run.objective_options import one_target
 from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
+from inspect_model.registry import command
+from inspect_model.render import html_columns, results
 
 
 @dataclass(frozen=True)
@@ -173,7 +175,8 @@ class GuidedSession(Session):
             a = g.abs()
             maps.append({
                 "rank": k,
-                "target": {"class": cls, "label": class_name(cls, self.prep.categories), "score": res.scores[i][k]},
+                "target": {"class": cls, "label": class_name(cls, self.prep.categories), "score": res.scores[i][k],
+                           "probability": res.probabilities[i][k] if res.probabilities else None},
                 "max_abs": float(a.max()), "mean_abs": float(a.mean()),
                 "nonzero_fraction": float((g != 0).float().mean()), "files": {},
             })
@@ -278,6 +281,27 @@ def _finish_sanity(acc: dict[str, Any] | None) -> dict[str, Any] | None:
     return acc
 
 
+@command(
+    "guided-backprop",
+    usage="guided-backprop MODEL IMAGE...",
+    order=50,
+    summary="guided backpropagation (Springenberg et al. 2015) for any ReLU network",
+    help=("Guided backpropagation (Springenberg et al. 2015) for any network.\n\nEvery ReLU of "
+          "the model (modules, in-place ones, reused ones, and functional F.relu / torch.relu "
+          "calls) passes back only positive gradient where its input was positive. One map per "
+          "image and target: a display PNG, a grayscale magnitude PNG, and with --save-raw the "
+          "raw gradient (.npy)."),
+    example="inspect-model guided-backprop resnet50 cat.jpg --target top:3 --output-dir gb",
+    renderer=results.guided_report,
+    tables=html_columns.guided_tables,
+    schema="guided-backprop.json",
+    hooks=False,
+    gradients=True,
+    scores=True,
+    objective=True,
+    resumable=True,
+    text=True,
+)
 @api_command(GuidedRequest, positional=("target",))
 def guided_backprop(model: Any, images: Any, request: GuidedRequest, *, model_options: ModelOptions | None = None,
                     inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,
@@ -288,7 +312,7 @@ def guided_backprop(model: Any, images: Any, request: GuidedRequest, *, model_op
     ``"top:K"``, a per-sample list or a 1-D tensor). The result has ``gradients``
     (N, K, C, H, W) when kept (the API default), ``to_dict()`` and ``save(dir)``."""
     return run_images("guided-backprop", model, images, lambda prep, mopts, keep: GuidedSession(
-                      prep, mopts, request, keep_gradients=keep, progress=progress), hooks=False,
+                      prep, mopts, request, keep_gradients=keep, progress=progress),
                       model_options=model_options, inputs=inputs,
                       output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
                       notes=notes, progress=progress, request=request)

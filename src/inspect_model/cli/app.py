@@ -16,6 +16,7 @@ import typer
 
 from inspect_model import errors
 from inspect_model import registry
+from inspect_model.cli import models as _models, summary as _summary  # noqa: F401 - their @command_cli
 from inspect_model.cli.console import routed_warnings
 from inspect_model.cli.generate import build, command_help
 from inspect_model.render.table import clean
@@ -56,14 +57,22 @@ def _root(
     """inspect-model: open up PyTorch models."""
 
 
-def sync_commands() -> None:
-    """One Typer command per registry entry, in the registry's order (call again after
-    registering a command at run time: a plugin, a test's toy command)."""
+def sync_commands(*, rebuild: bool = False) -> None:
+    """One Typer command per registry entry, in the registry's order. Call it again after
+    registering a command at run time (a plugin, a test's toy command); ``rebuild`` also
+    makes the existing ones anew (their help reads the method registries: a new method)."""
+    if rebuild or list(COMMANDS) != [n for n in registry.COMMANDS if n in COMMANDS]:
+        COMMANDS.clear()
+        app.registered_commands.clear()
     for spec in registry.COMMANDS.values():
         if spec.name not in COMMANDS:
             fn = build(spec)
             COMMANDS[spec.name] = fn
             app.command(spec.name, help=command_help(spec), short_help=spec.summary)(fn)
+    stale = [c for c in app.registered_commands if c.name not in registry.COMMANDS]
+    for c in stale:  # unregistered since
+        app.registered_commands.remove(c)
+        COMMANDS.pop(str(c.name), None)
 
 
 COMMANDS: dict[str, Any] = {}  # name -> Typer function, in the order `inspect-model --help` lists them
@@ -159,6 +168,8 @@ def _exit_code(exc: BaseException, debug: bool) -> int:
     if isinstance(exc, SystemExit):
         return _system_exit_code(exc)
     if isinstance(exc, errors.Terminated):
+        if exc.hangup:  # the terminal closed: like SIGTERM, with its own code (issue 41)
+            return _fail("hung up (SIGHUP); partial outputs removed", errors.EXIT_HANGUP)
         return _fail("terminated (SIGTERM); partial outputs removed", errors.EXIT_TERMINATED)
     if isinstance(exc, errors.Interrupted):
         return _fail(_INTERRUPTED, errors.EXIT_INTERRUPTED)
@@ -184,6 +195,10 @@ def _exit_code(exc: BaseException, debug: bool) -> int:
         # `inspect-model ... | head`: the reader left; not an error of ours.
         sys.stdout = None  # type: ignore[assignment]
         return 0
+    if isinstance(exc, RecursionError):  # a model (or its output) nested past Python's recursion limit
+        _traceback(debug)
+        return _fail(f"the model nests modules or outputs too deeply for Python (over its recursion limit of "
+                     f"{sys.getrecursionlimit()} calls); flatten it", errors.EXIT_RUNTIME)
     if isinstance(exc, Exception):  # the one catch-all: a bug or an unforeseen model failure
         _traceback(debug)
         oom = _out_of_memory(exc)
@@ -205,6 +220,11 @@ def _traceback(debug: bool) -> None:
 
 
 def _system_exit_code(exc: SystemExit) -> int:
+    if isinstance(exc.__context__, BrokenPipeError):
+        # Click leaves with exit 1 when stdout's reader left (`--jsonl | head -c 20`); README:
+        # a reader leaving is no error of ours, exit 0, and nothing more is written (issue 41).
+        sys.stdout = None  # type: ignore[assignment]
+        return 0
     if _from_cli_framework(exc):  # shell completion, --show-completion: Click's own, finished exit
         code = exc.code if isinstance(exc.code, int) else 0
         sys.exit(code)

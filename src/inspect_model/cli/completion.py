@@ -87,11 +87,23 @@ def complete_layer(ctx: Any, incomplete: str) -> list[str]:
     return [n for n in names if n.startswith(incomplete)]
 
 
-def complete_method(incomplete: str) -> list[str]:
-    """CAM methods and their groups (``all``), from the method registry."""
-    from inspect_model.methods.cam.maths import GROUPS, METHODS
+def complete_method(incomplete: str, command: str = "cam") -> list[str]:
+    """``command``'s ``--method`` names and groups (``all``), from its registry entry, which
+    reads its method family's registry."""
+    from inspect_model.registry import COMMANDS
 
-    return [m for m in (*METHODS, *GROUPS) if m.startswith(incomplete.lower())]
+    spec = COMMANDS.get(command)
+    if spec is None or spec.methods is None:
+        return []
+    return [m for m in (*spec.methods(), *spec.method_groups) if m.startswith(incomplete.lower())]
+
+
+def method_completer(command: str) -> Any:
+    """The ``--method`` completion of one command (Typer passes only ``incomplete``)."""
+    def complete(incomplete: str) -> list[str]:
+        return complete_method(incomplete, command)
+
+    return complete
 
 
 def complete_target(incomplete: str) -> list[str]:

@@ -46,8 +46,11 @@ def run_api(command: str, api_fn: Callable[..., Any], opts: ModelOptions, inputs
     if speed and speed.get("images_per_second") is not None:
         from inspect_model.cli.progress import format_rate
 
-        msgs.info(f"{speed['images']} image(s) in {speed['seconds']:.2f} s: "
-                  f"{format_rate(speed['images'], speed['seconds'])}")
+        entries = result.payload.get("images") or []
+        unit = "clip" if any(isinstance(e, dict) and "clip" in e for e in entries) else "image"  # issue 39
+        # From the first batch on, as the progress lines count (tracked() starts them there).
+        msgs.info(f"{speed['images']} {unit}(s) in {speed['seconds']:.2f} s after loading the model: "
+                  f"{format_rate(speed['images'], speed['seconds'], unit)}")
     deliver(result, run_opts, msgs)
     if result.failures:
         raise CheckFailed("; ".join(result.failures))
@@ -68,7 +71,30 @@ def deliver(result: Any, run_opts: RunOptions, msgs: c.Messages) -> None:
 def _jsonl_writer(command: str) -> Callable[[dict[str, Any]], None]:
     from inspect_model.output.jsonout import dumps
 
+    left = False
+
     def write(obj: dict[str, Any]) -> None:
-        c.write_stdout(dumps({"command": command, **obj}, indent=None) + "\n")
+        nonlocal left
+        if left:
+            return
+        try:
+            c.write_stdout(dumps({"command": command, **obj}, indent=None) + "\n")
+        except BrokenPipeError:
+            # The reader left (`--jsonl | head -c 20`): the run goes on, its files complete,
+            # and ends with exit 0; stdout points at /dev/null so that no flush fails (issue 41).
+            left = True
+            _quiet_stdout()
 
     return write
+
+
+def _quiet_stdout() -> None:
+    import os
+    import sys
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (a test's StringIO)
+        pass

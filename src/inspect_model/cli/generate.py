@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from inspect_model.registry import CommandSpec, resolve
+from inspect_model.registry import CommandSpec
 from inspect_model.run.request import Flag, flags_of
 from inspect_model.cli import options as c
 from inspect_model.cli import completion
@@ -25,7 +25,6 @@ from inspect_model.cli.groups import shared_options
 
 COMPLETERS: dict[str, Callable[..., list[str]]] = {
     "layer": completion.complete_layer,
-    "method": completion.complete_method,
     "target": completion.complete_target,
     "colormap": completion.complete_colormap,
     "device": completion.complete_device,
@@ -40,7 +39,7 @@ def command_help(spec: CommandSpec) -> str:
 def build(spec: CommandSpec) -> Callable[..., Any]:
     """The Typer function of ``spec``: hand-written (``spec.cli``) or made from its request."""
     if spec.cli is not None:
-        return resolve(spec.cli)
+        return spec.cli
     request_cls = spec.request_class()
     fields = flags_of(request_cls)
     params = [inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=c.ModelArg)]
@@ -51,7 +50,7 @@ def build(spec: CommandSpec) -> Callable[..., Any]:
     for name, default, flag in fields:
         param = flag.param or name
         names[param] = name
-        annotation, cli_default = _annotation(name, default, flag)
+        annotation, cli_default = _annotation(name, default, flag, spec.name)
         params.append(inspect.Parameter(param, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=cli_default,
                                         annotation=annotation))
 
@@ -94,10 +93,12 @@ def _is_multiple(param: str, fields: list[tuple[str, Any, Flag]]) -> bool:
     return any((f.param or n) == param and f.multiple for n, _, f in fields)
 
 
-def _annotation(name: str, default: Any, flag: Flag) -> tuple[Any, Any]:
-    """(Typer annotation, CLI default) of one request field."""
-    kwargs: dict[str, Any] = {"help": flag.help, "hidden": flag.hidden}
-    if flag.complete is not None:
+def _annotation(name: str, default: Any, flag: Flag, command: str) -> tuple[Any, Any]:
+    """(Typer annotation, CLI default) of one request field of ``command``."""
+    kwargs: dict[str, Any] = {"help": flag.help() if callable(flag.help) else flag.help, "hidden": flag.hidden}
+    if flag.complete == "method":  # the command's method family (its registry entry)
+        kwargs["autocompletion"] = completion.method_completer(command)
+    elif flag.complete is not None:
         kwargs["autocompletion"] = COMPLETERS[flag.complete]
     if flag.multiple:
         base = flag.type or str

@@ -22,7 +22,9 @@ from typing import Any
 
 
 def _early(signum: int, frame: Any) -> None:
-    what, code = ("interrupted (Ctrl-C)", 130) if signum == signal.SIGINT else ("terminated (SIGTERM)", 143)
+    what, code = (("interrupted (Ctrl-C)", 130) if signum == signal.SIGINT else
+                  ("hung up (SIGHUP)", 129) if signum == getattr(signal, "SIGHUP", None) else
+                  ("terminated (SIGTERM)", 143))
     try:
         os.write(2, f"error: {what}; nothing was written\n".encode())
     finally:
@@ -33,6 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # a background job's ignored SIGINT stays so
         signal.signal(signal.SIGINT, _early)
     signal.signal(signal.SIGTERM, _early)
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # nohup stays so
+        signal.signal(signal.SIGHUP, _early)
     args = list(sys.argv[1:] if argv is None else argv)
     code: Any = 0
     try:

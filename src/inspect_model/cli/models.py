@@ -7,9 +7,11 @@ from typing import Annotated
 import typer
 
 from inspect_model.cli import console
+from inspect_model.registry import command_cli
 from inspect_model.cli import options as c
 
 
+@command_cli("models")
 def models(
     pattern: Annotated[str | None, typer.Argument(help="Glob (resnet*) or substring (vit) to filter by.")] = None,
     family: Annotated[

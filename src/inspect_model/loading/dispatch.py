@@ -261,15 +261,13 @@ def preflight(spec: str, request: LoadRequest, *, tokens: int = 0) -> None:
 
 
 # Commands that read each parameter's own gradient (not only gradients of layer outputs and inputs).
-PARAMETER_GRADIENT_COMMANDS = ("grads",)
 
 
 def refuse_offloaded(loaded: LoadedModel, command: str) -> None:
     """One line for ``grads`` on offloaded weights: accelerate loads them for each call and
     drops them after it, so no parameter keeps a gradient. Output and input gradients (cam,
-    attributions, attention's gradient methods) work offloaded."""
-    if command not in PARAMETER_GRADIENT_COMMANDS:
-        return
+    attributions, attention's gradient methods) work offloaded. The caller asks the command's
+    registry entry (``parameter_gradients``)."""
     offloaded = [n for n, p in loaded.model.named_parameters() if p.device.type == "meta"]
     if offloaded:
         raise ModelLoadError(

@@ -211,14 +211,21 @@ def hub_quiet(on: bool = True) -> Iterator[None]:
 
 @contextlib.contextmanager
 def quiet_hub_logs() -> Iterator[None]:
-    """Under ``--quiet`` (:func:`hub_quiet`): no progress bars ("Loading weights", downloads)
-    and no info or warnings from transformers, huggingface_hub and timm while loading; their
-    settings are put back afterwards. Only libraries already imported are touched."""
-    if not _QUIET.get():
+    """No progress bars ("Loading weights", downloads) under ``--quiet`` (:func:`hub_quiet`) or
+    when stderr is not a terminal (README: progress only on a terminal; issue 39), and under
+    ``--quiet`` no info or warnings from transformers, huggingface_hub and timm while
+    loading; their settings are put back afterwards. Only libraries already imported are touched."""
+    import sys
+
+    quiet = _QUIET.get()
+    try:
+        bars = not quiet and sys.stderr is not None and sys.stderr.isatty()
+    except (AttributeError, ValueError):  # a closed or odd stream: no bars
+        bars = False
+    if not quiet and bars:
         yield
         return
     import logging
-    import sys
 
     undo: list[Callable[[], None]] = []
     hub_utils = sys.modules.get("huggingface_hub.utils")
@@ -229,13 +236,14 @@ def quiet_hub_logs() -> Iterator[None]:
     if "transformers" in sys.modules:
         from transformers.utils import logging as tf_logging
 
-        level = tf_logging.get_verbosity()
-        tf_logging.set_verbosity_error()
-        undo.append(lambda: tf_logging.set_verbosity(level))
         if tf_logging.is_progress_bar_enabled():
             tf_logging.disable_progress_bar()
             undo.append(tf_logging.enable_progress_bar)
-    for name in ("timm", "huggingface_hub"):
+        if quiet:
+            level = tf_logging.get_verbosity()
+            tf_logging.set_verbosity_error()
+            undo.append(lambda: tf_logging.set_verbosity(level))
+    for name in ("timm", "huggingface_hub") if quiet else ():
         logger = logging.getLogger(name)
         old = logger.level
         logger.setLevel(logging.ERROR)

@@ -77,3 +77,29 @@ def check_size(flag: str, value: int, what: str = "") -> int:
         raise UsageError(f"{flag}{' ' + what if what else ''} must be from {_show(low)} to {_show(high)}, "
                          f"got {value:,}")
     return value
+
+
+MAX_MODULE_DEPTH = 200  # real models nest a few dozen levels; torch walks them recursively (3 frames a level)
+
+
+def check_module_depth(model: Any, name: str) -> None:
+    """A model nested deeper than :data:`MAX_MODULE_DEPTH` modules is refused in one line
+    (exit 6) before torch's recursive walks (``named_modules``, ``to``, the forward pass)
+    end in a RecursionError. The walk here is iterative."""
+    from inspect_model.errors import ModelRuntimeError
+
+    todo = [(model, 1)]
+    seen: set[int] = set()
+    while todo:
+        module, depth = todo.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        if depth > MAX_MODULE_DEPTH:
+            raise ModelRuntimeError(
+                f"model '{name}' nests modules more than {MAX_MODULE_DEPTH} deep (Python's recursion limit is "
+                f"{__import__('sys').getrecursionlimit()} calls, and torch walks a model level by level); "
+                "flatten it, e.g. an nn.Sequential of the blocks instead of each block holding the next")
+        children = getattr(module, "_modules", None)
+        if isinstance(children, dict):
+            todo.extend((child, depth + 1) for child in children.values() if child is not None)

@@ -124,7 +124,10 @@ def from_module(model: nn.Module, *, name: str, source: str, device: str, notes:
     (:mod:`inspect_model.loading.wrappers`), so that its task is read from its own class."""
     from inspect_model.loading.wrappers import unwrap_module
 
+    from inspect_model.loading.limits import check_module_depth
+
     model, unwrapped = unwrap_module(model)
+    check_module_depth(model, name)  # before torch's recursive walks (issue 41)
     notes = [*(notes or []), *unwrapped]
     current = model_device(model)
     if device != "meta" and current is not None and current != device:

@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from torch import nn
 
 FLOW_TARGET = "mean_flow_magnitude"
-OBJECTIVE_COMMANDS = ("grads", "cam", "guided-backprop")
 
 
 def is_pair_model(loaded: Any) -> bool:

@@ -17,7 +17,6 @@ from inspect_model.errors import LayerSelectionError
 
 # Float modules that torch keeps among the quantized ones (a float model prepared for quantization).
 FLOAT_MODULES = ("QuantStub", "DeQuantStub", "FloatFunctional")
-GRADIENT_COMMANDS = ("grads", "cam", "guided-backprop", "attributions", "attention")
 
 
 def quantized_modules(model: Any) -> list[str]:
@@ -36,9 +35,8 @@ def quantized_modules(model: Any) -> list[str]:
 
 
 def refuse_gradients(loaded: Any, command: str) -> None:
-    """One line for a gradient command on a really quantized model."""
-    if command not in GRADIENT_COMMANDS:
-        return
+    """One line for a gradient command (the caller asks its registry entry) on a really
+    quantized model."""
     found = quantized_modules(loaded.model)
     if found:
         raise LayerSelectionError(

@@ -12,9 +12,6 @@ from inspect_model.errors import InputError, ModelLoadError
 
 SCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".jit", ".torchscript", ".pt2", ".ep", ".bin")
 
-# Commands that need forward hooks on inner modules (all but `models` today).
-HOOK_COMMANDS = ("summary", "activations", "grads", "guided-backprop", "cam", "check")
-
 
 def saved_kind(spec: str) -> str | None:
     """The kind of saved model file ``spec`` is (:func:`~inspect_model.loading.checkpoints.sniff`),

@@ -65,6 +65,9 @@ def load_user_model(spec: str, *, device: str = "cpu", model_args: dict[str, Any
         )
     obj = resolve_attr(module, attr, where)
     model = build(obj, attr, where, model_args, device)
+    from inspect_model.loading.limits import check_module_depth
+
+    check_module_depth(model, f"{where}:{attr}")  # before torch's recursive walks (issue 41)
     borrowed = model is obj  # the user's own instance, used as it is
     if borrowed and device != "meta" and model_device(model) not in (None, device):
         # Never move the user's object to another device (issue 9): run on a copy.

@@ -51,7 +51,7 @@ def image_record(res: CamResult, i: int, *, index: int, name: str, size: list[in
             "method": m.method, "layer": m.layer, "rank": m.rank,
             "target": {"class": m.target, "label": class_name(m.target, categories),
                        "score": float(scores[m.target]), "probability": float(probs[m.target])},
-            "class_independent": m.method == "eigencam",
+            "class_independent": m.class_independent,
             "raw_min": m.raw_min, "raw_max": m.raw_max,
             "warnings": list(m.warnings),
             "files": {},

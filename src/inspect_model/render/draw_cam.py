@@ -55,6 +55,7 @@ class CamDrawer(SheetDrawer):
             cname = cats[cls] if cats and 0 <= cls < len(cats) else None
             arr = m.map.numpy()
             title = f"{cls}{' ' + cname if cname else ''} p={float(probs[cls]):.3f}"
+            zero = ov.zero_line(m.warnings)
             names: dict[str, Any] = {}
             if sink.out is not None:
                 stem = f"{base}/{safe_name(m.method)}.{safe_name(m.layer)}.{class_tag(cls, cats)}"
@@ -74,14 +75,15 @@ class CamDrawer(SheetDrawer):
                                    title=f"{m.method} @ {m.layer}: {title}")
             else:
                 job = _map_job(sink, names, picture, arr, box, self.alpha, self.colormap,
-                               f"{m.method} @ {m.layer}\n{title}", keep=sink.writer is not None)
+                               f"{m.method} @ {m.layer}\n{title}" + (f"\n{zero}" if zero else ""),
+                               keep=sink.writer is not None)
             fut = sink.defer(job)
             if sink.writer is not None and arr.ndim == 2:
                 import numpy as np
 
                 sink.writer.add_image(f"cam/{m.method}/{m.layer}/rank{m.rank}", np.asarray(fut.result()[1]),
                                       entry["index"], dataformats="HWC")
-            rows.setdefault(m.rank, {})[(m.method, m.layer)] = (fut, title)
+            rows.setdefault(m.rank, {})[(m.method, m.layer)] = (fut, title + (" · numerically zero" if zero else ""))
         if sink.out is not None:
             for rank in sorted(rows):
                 cells = [rows[rank].get(col) for col in self.columns]

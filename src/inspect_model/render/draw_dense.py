@@ -60,6 +60,11 @@ def draw_dense(drawer: Any, item: Any, sink: Sink) -> dict[str, Any]:
                 rec["files"]["raw_input"] = sink.npy(f"{stem}.input.npy", m.map.numpy())
                 rec["files"]["raw_layer"] = sink.npy(f"{stem}.layer.npy", m.raw.numpy())
         title = f"{m.method} @ {m.layer}\n{describe_row(row, task)}"
+        from inspect_model.render.overlay import zero_line
+
+        if zero_line(m.warnings):  # float noise: said in the picture, the overlay's caption and the sheet
+            title += "\n" + zero_line(m.warnings)
+            caption += " · numerically zero"
         fut = sink.defer(_job(sink, names, picture, m.map.numpy(), crop, hw, drawer.alpha, drawer.colormap,
                               title, caption, row, others))
         rows.setdefault(row.rank, {})[(m.method, m.layer)] = (fut, caption)

@@ -26,6 +26,8 @@ th{position:sticky;top:0;background:#f4f4f4;cursor:pointer;user-select:none}
 th[aria-sort=ascending]::after{content:" \\25B2"}th[aria-sort=descending]::after{content:" \\25BC"}
 .scroll{max-height:70vh;overflow:auto;border:1px solid #ddd;display:inline-block;max-width:100%}
 .pics{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}figure{margin:0;max-width:380px}
+.pair{display:flex;flex-wrap:nowrap;gap:6px;align-items:flex-start;padding:4px;border:1px solid #eee}
+.pair figure{max-width:300px}
 .wide figure{max-width:100%}figure img{max-width:100%;min-width:120px;height:auto;border:1px solid #ddd;
 display:block;image-rendering:pixelated}figcaption{font-size:12px;color:#444;word-break:break-all}
 ul.warn li{color:#8a4b00}.fail{color:#b00020;font-weight:bold}
@@ -158,14 +160,48 @@ def _table(records: list[dict[str, Any]], columns: Any) -> str:
     return "".join(out)
 
 
-def _figures(paths: list[str], captions: dict[str, str], wide: bool = False) -> str:
+def _figure(p: str, captions: dict[str, str]) -> str:
+    cap = captions.get(p) or PurePosixPath(p).name
+    return (f'<figure><a href="{_esc(p)}"><img loading="lazy" decoding="async" src="{_esc(p)}" '
+            f'alt="{_esc(cap)}"></a><figcaption>{_esc(cap)}</figcaption></figure>')
+
+
+def _figures(paths: list[str], captions: dict[str, str], wide: bool = False,
+             groups: list[list[str]] | None = None) -> str:
+    """The pictures; those of one map (its overlay and heat map) side by side, in the order
+    the report lists the maps (issue 39), the rest after them by name."""
     out = ['<div class="pics wide">' if wide else '<div class="pics">']
-    for p in paths:
-        cap = captions.get(p) or PurePosixPath(p).name
-        out.append(f'<figure><a href="{_esc(p)}"><img loading="lazy" decoding="async" src="{_esc(p)}" '
-                   f'alt="{_esc(cap)}"></a><figcaption>{_esc(cap)}</figcaption></figure>')
+    have = set(paths)
+    placed: set[str] = set()
+    for g in groups or []:
+        members = [p for p in g if p in have and p not in placed]
+        if not members:
+            continue
+        placed.update(members)
+        figs = "".join(_figure(p, captions) for p in members)
+        out.append(f'<div class="pair">{figs}</div>' if len(members) > 1 else figs)
+    out += [_figure(p, captions) for p in paths if p not in placed]
     out.append("</div>")
     return "".join(out)
+
+
+_KIND_ORDER = {"overlay": 0, "heatmap": 1, "strip": 2}
+
+
+def _map_groups(doc: dict[str, Any]) -> list[list[str]]:
+    """Each map's pictures (overlay, heat map...) as one group, in the report's order of
+    images and maps (the order the methods were asked for, not file names)."""
+    groups: list[list[str]] = []
+    for img in doc.get("images") or []:
+        if not isinstance(img, dict):
+            continue
+        for m in img.get("maps") or []:
+            files = m.get("files") if isinstance(m, dict) else None
+            if isinstance(files, dict):  # the overlay first, then the heat map (report.json sorts its keys)
+                kinds = sorted(files, key=lambda k: (_KIND_ORDER.get(k, len(_KIND_ORDER)), k))
+                groups.append([files[k] for k in kinds if isinstance(files[k], str)
+                               and files[k].lower().endswith(".png")])
+    return groups
 
 
 def _captions(doc: dict[str, Any]) -> dict[str, str]:
@@ -251,10 +287,11 @@ def render_html(doc: dict[str, Any]) -> str:
         parts.append("<h2>Pictures of the whole run</h2>")
         parts.append(_figures(top, caps, wide=True))
     if nested:
+        groups = _map_groups(doc)
         parts.append(f"<h2>Pictures per image ({len(nested)})</h2>")
         for folder, paths in nested.items():
             parts.append(f"<h3>{_esc(folder)}</h3>")
-            parts.append(_figures(paths, caps))
+            parts.append(_figures(paths, caps, groups=groups))
     parts.append('<p class="meta">Files: ' + _esc(", ".join(doc.get("files") or [])[:2000]) + "</p>")
     parts.append(f"<script>{_SCRIPT}</script></body></html>")
     return "\n".join(parts) + "\n"

@@ -111,27 +111,46 @@ def _maps(doc: dict[str, Any]) -> list[dict[str, Any]]:
             for m in i.get("maps") or []]
 
 
+def summary_tables(doc: dict[str, Any]) -> list[Any]:
+    return [("Layers", doc.get("layers") or [], SUMMARY)]
+
+
+def activations_tables(doc: dict[str, Any]) -> list[Any]:
+    return [("Layers", doc.get("layers") or [], ACTIVATIONS)]
+
+
+def grads_tables(doc: dict[str, Any]) -> list[Any]:
+    if not doc.get("layers"):
+        return []
+    return [("Layers (gradient wrt the layer's output, and wrt its input through this layer only)",
+             doc.get("layers") or [], GRAD_LAYERS),
+            ("Parameters", doc.get("params") or [], GRAD_PARAMS), ("Checks", doc.get("checks") or [], GRAD_CHECKS)]
+
+
+def check_tables(doc: dict[str, Any]) -> list[Any]:
+    return [("Checks", doc.get("checks") or [], CHECK)]
+
+
+def cam_tables(doc: dict[str, Any]) -> list[Any]:
+    return [("Maps (one row per image, target, method and layer)", _maps(doc), CAM_MAPS)]
+
+
+def attention_tables(doc: dict[str, Any]) -> list[Any]:
+    return [("Maps (one row per image or text, method and layer)", _maps(doc), ATTENTION_MAPS)]
+
+
+def guided_tables(doc: dict[str, Any]) -> list[Any]:
+    return [("Maps (one row per image and target)", _maps(doc), GUIDED_MAPS)]
+
+
 def tables(doc: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]], Columns]]:
-    """The tables of a document, the main one first; empty ones left out."""
-    command = doc.get("command")
-    out: list[tuple[str, list[dict[str, Any]], Columns]] = []
-    if command == "summary":
-        out.append(("Layers", doc.get("layers") or [], SUMMARY))
-    elif command == "activations":
-        out.append(("Layers", doc.get("layers") or [], ACTIVATIONS))
-    elif command == "grads" and doc.get("layers"):
-        out += [("Layers (gradient wrt the layer's output, and wrt its input through this layer only)",
-                 doc.get("layers") or [], GRAD_LAYERS),
-                ("Parameters", doc.get("params") or [], GRAD_PARAMS), ("Checks", doc.get("checks") or [], GRAD_CHECKS)]
-    elif command == "check":
-        out.append(("Checks", doc.get("checks") or [], CHECK))
-    elif command == "cam":
-        out.append(("Maps (one row per image, target, method and layer)", _maps(doc), CAM_MAPS))
-    elif command == "attention":
-        out.append(("Maps (one row per image or text, method and layer)", _maps(doc), ATTENTION_MAPS))
-    elif command == "guided-backprop":
-        out.append(("Maps (one row per image and target)", _maps(doc), GUIDED_MAPS))
-    out = [(t, rows, cols) for t, rows, cols in out if rows]
+    """The tables of a document (its command's registry entry names them), the main one
+    first; empty ones left out."""
+    from inspect_model.registry import COMMANDS
+
+    spec = COMMANDS.get(str(doc.get("command")))
+    made = spec.tables(doc) if spec is not None and spec.tables is not None else []
+    out: list[tuple[str, list[dict[str, Any]], Columns]] = [(t, rows, cols) for t, rows, cols in made if rows]
     if not out:  # another command, or another mode (grads --of/--wrt): the generic table
         maps = _maps(doc)
         if maps:

@@ -220,3 +220,13 @@ def contact_sheet(rows: Sequence[tuple[str, Sequence[SheetCell | None]]], column
                    font=raster.font(fs - 1), fill=raster.FG, anchor="ma")
         top += rh + cap_h + pad
     return img
+
+
+#: methods/cam/maths.py's NUMERIC_ZERO (render does not import methods; a test holds them equal).
+NUMERIC_ZERO = "the map is numerically zero"
+ZERO_LINE = "numerically zero (float noise, not evidence): drawn blank"
+
+
+def zero_line(warnings: Sequence[str] | None) -> str:
+    """The picture's line for a map that is float noise (issue 39), else ''."""
+    return ZERO_LINE if any(str(w).startswith(NUMERIC_ZERO) for w in warnings or ()) else ""

@@ -1,5 +1,5 @@
-"""The report on stdout of each command, looked up by the result's view (its command, or
-``grads-jacobian``): a result carries data; this module turns it into text or rich tables.
+"""The report on stdout of the built-in commands (each command's registry entry names its
+renderer): a result carries data; this module turns it into text or rich tables.
 
 Each renderer takes the result (``record``, ``payload``, ``warnings``, ``files``,
 ``to_dict()``); modules load on first use, so importing this one stays cheap.
@@ -27,7 +27,7 @@ def _positions(r: Any, most: int = 16) -> list[str]:
     return lines
 
 
-def _activations(r: Any, rich: bool) -> Any:
+def activations_report(r: Any, rich: bool) -> Any:
     from inspect_model.render import activations as render
 
     fn = render.render_rich if rich else render.render_text
@@ -35,10 +35,12 @@ def _activations(r: Any, rich: bool) -> Any:
     return [*out, *_positions(r)] if rich else out + _lines(_positions(r))
 
 
-def _grads(r: Any, rich: bool) -> Any:
+def grads_report(r: Any, rich: bool) -> Any:
     from inspect_model.render import gradients as render
     from inspect_model.render.table import warning_text
 
+    if r.view == "grads-jacobian":  # grads --of/--wrt
+        return _jacobian(r, rich)
     warned = warning_text({"warnings": r.warnings})
     if rich:
         return [*render.render_rich(r.record), *_positions(r), *warned]
@@ -52,25 +54,25 @@ def _jacobian(r: Any, rich: bool) -> Any:
     return render.render_jacobian_rich(results) if rich else render.render_jacobian_text(results)
 
 
-def _cam(r: Any, rich: bool) -> Any:
+def cam_report(r: Any, rich: bool) -> Any:
     from inspect_model.render import cam_report as render
 
     return render.render_rich(r.to_dict()) if rich else render.render_text(r.to_dict())
 
 
-def _guided(r: Any, rich: bool) -> Any:
+def guided_report(r: Any, rich: bool) -> Any:
     from inspect_model.render import saliency as render
 
     return render.render_rich(r.to_dict()) if rich else render.render_text(r.to_dict())
 
 
-def _summary(r: Any, rich: bool) -> Any:
+def summary_report(r: Any, rich: bool) -> Any:
     from inspect_model.render import summary as render
 
     return render.render_rich(r.record) if rich else render.render_text(r.record)
 
 
-def _check(r: Any, rich: bool) -> Any:
+def check_report(r: Any, rich: bool) -> Any:
     from inspect_model.render.table import clean
 
     lines = []
@@ -84,43 +86,29 @@ def _check(r: Any, rich: bool) -> Any:
     return [text] if rich else text
 
 
-def _models(r: Any, rich: bool) -> Any:
+def models_report(r: Any, rich: bool) -> Any:
     from inspect_model.render.table import Column, plain_table
 
-    items = [[m["name"], m["family"]] for m in r.payload["models"]]
+    items = [[m.name, m.family] for m in r.record.models]  # api/models.ModelsReport
     text = plain_table((Column("Model"), Column("Family")), items) + f"\n\n{len(items)} models\n"
     return [text] if rich else text
 
 
-RENDERERS: dict[str, Callable[[Any, bool], Any]] = {
-    "summary": _summary,
-    "activations": _activations,
-    "grads": _grads,
-    "grads-jacobian": _jacobian,
-    "guided-backprop": _guided,
-    "cam": _cam,
-    "check": _check,
-    "models": _models,
-}
+def _renderer(command: str) -> Callable[[Any, bool], Any]:
+    """The renderer the command's registry entry names."""
+    from inspect_model.registry import COMMANDS
+
+    spec = COMMANDS.get(command)
+    if spec is None or spec.renderer is None:
+        raise KeyError(f"no renderer for the command '{command}'; name one in its registry entry")
+    return spec.renderer
 
 
-def _renderer(view: str) -> Callable[[Any, bool], Any]:
-    found = RENDERERS.get(view)
-    if found is None:  # a command added through the registry names its renderer there ("module:function")
-        from inspect_model.registry import COMMANDS, resolve
-
-        spec = COMMANDS.get(view)
-        if spec is None or spec.renderer is None:
-            raise KeyError(f"no renderer for the command '{view}'; name one in its registry entry")
-        found = resolve(spec.renderer)
-    return found
-
-
-def result_text(view: str, result: Any) -> str:
+def result_text(command: str, result: Any) -> str:
     """The plain-text report of ``result`` (``report.txt``, and stdout when piped)."""
-    return str(_renderer(view)(result, False))
+    return str(_renderer(command)(result, False))
 
 
-def result_rich(view: str, result: Any) -> list[Any]:
+def result_rich(command: str, result: Any) -> list[Any]:
     """The report as rich renderables (stdout on a terminal)."""
-    return list(_renderer(view)(result, True))
+    return list(_renderer(command)(result, True))

@@ -46,7 +46,12 @@ def strip_html(entry: dict[str, Any], cmap: str = "viridis") -> str:
     text = entry.get("text") or {}
     tokens = text.get("tokens") or []
     lut = raster.colormap_lut(cmap)
-    head = f'{html.escape(str(entry.get("image")))}: {html.escape(str(text.get("text", "")))}'
+    from inspect_model.render.table import one_line
+
+    def h(value: Any) -> str:  # control characters from --text escaped, as report.txt shows them (issue 41)
+        return html.escape(one_line(value), quote=True)
+
+    head = f'{h(entry.get("image"))}: {h(text.get("text", ""))}'
     out = [f'<div class="strip"><p class="meta">{head}</p>']
     for m in entry.get("maps") or []:
         values = m.get("values")
@@ -62,10 +67,10 @@ def strip_html(entry: dict[str, Any], cmap: str = "viridis") -> str:
             ink = "#000" if 0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2] > 140 else "#fff"
             edge = ";outline:2px solid #000" if i == text.get("query") else ""
             spans.append(f'<span title="{v[i]:.4g}" style="background:rgb({rgb[0]},{rgb[1]},{rgb[2]});color:{ink};'
-                         f'padding:1px 3px;margin:1px{edge}">{html.escape(token_label(str(tok), 24))}</span>')
+                         f'padding:1px 3px;margin:1px{edge}">{h(token_label(str(tok), 24))}</span>')
         label = m["method"] + ("" if m.get("layer") in (None, "all") else f" {short_layer(m['layer'])}")
-        out.append(f'<div><b style="display:inline-block;min-width:120px" title="{html.escape(str(m.get("layer")))}">'
-                   f'{html.escape(label)}</b>'
+        out.append(f'<div><b style="display:inline-block;min-width:120px" title="{h(m.get("layer"))}">'
+                   f'{h(label)}</b>'
                    + "".join(spans) + "</div>")
     out.append("</div>")
     return "".join(out)

@@ -11,14 +11,15 @@ from typing import Any
 
 
 def media_binding(command: str, loaded: Any, plan: Any, binding: Any, categories: Any,
-                   notes: Callable[[str], None] | None) -> tuple[Any, Any]:
-    """A pair model's plan brings its own binding (the second images); for the gradient
-    commands it scores the mean flow magnitude, the one 'class' (loading/pairs.py)."""
-    from inspect_model.loading.pairs import FLOW_TARGET, OBJECTIVE_COMMANDS, PairBinding
+                   notes: Callable[[str], None] | None, *, objective: bool = False) -> tuple[Any, Any]:
+    """A pair model's plan brings its own binding (the second images); for a command that
+    explains a score (``objective``, from its registry entry) it scores the mean flow
+    magnitude, the one 'class' (loading/pairs.py)."""
+    from inspect_model.loading.pairs import FLOW_TARGET, PairBinding
 
     if not isinstance(getattr(plan, "binding", None), PairBinding):  # image pairs, frame pairs, tensor pairs
         return binding, categories
-    plan.binding.objective = command in OBJECTIVE_COMMANDS
+    plan.binding.objective = objective
     if notes is not None:
         what = f"; explained: {FLOW_TARGET} (|flow| averaged) of the final prediction, w.r.t. the first image" \
             if plan.binding.objective else ""

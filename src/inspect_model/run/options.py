@@ -288,6 +288,9 @@ def load(opts: ModelOptions, *, device: str | None = None) -> Any:
             )
     else:
         raise InputError(f"expected an nn.Module or a model name, got {type(opts.model).__name__}")
+    from inspect_model.loading.limits import check_module_depth
+
+    check_module_depth(loaded.model, loaded.name)  # before torch's recursive walks (issue 41)
     want = parse_dtype(opts.dtype)
     if hasattr(loaded.model, "hf_device_map"):
         return loaded  # placed by accelerate, in --dtype already: never moved or cast as a whole

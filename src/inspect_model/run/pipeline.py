@@ -28,6 +28,7 @@ from inspect_model.run.options import (
     load,
     resolve_device,
 )
+from inspect_model.registry import capability
 from inspect_model.run.session import Result, Session
 
 if TYPE_CHECKING:
@@ -82,12 +83,13 @@ def resolved_weights(loaded: Any, mopts: ModelOptions) -> str | None:
     return None if given is None or str(given).lower() == "none" else given
 
 
-def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: bool = True,
+def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: bool | None = None,
             notes: Callable[[str], None] | None = None, default_batch: int | None = None,
             output_dir: Any = None, request: Any = None) -> Prepared:
     """Load the model (its notes go to ``notes``), plan the inputs (folders and globs
     without what lies in ``output_dir``) and attach the model's task with the objective of
-    ``request``'s target options (api/tasks.py)."""
+    ``request``'s target options (api/tasks.py). What the command's registry entry says it
+    does decides the checks: ``hooks`` (None: the entry's), ``gradients``, ``objective``."""
     from inspect_model.run.tasks import attach_task
 
     prep, task, texts, tok = _prepare(command, mopts, inputs, hooks=hooks, notes=notes, default_batch=default_batch,
@@ -96,7 +98,7 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
         if task is not None else prep
 
 
-def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: bool, notes: Any,
+def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: bool | None, notes: Any,
              default_batch: int | None, output_dir: Any) -> tuple[Prepared, Any, Any, Any]:
     import torch
 
@@ -110,13 +112,16 @@ def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: 
     torch_dtype = parse_dtype(mopts.dtype)
     torch.manual_seed(inputs.seed)
     loaded = load(mopts)
-    if hooks:
+    if capability(command, "hooks", True) if hooks is None else hooks:
         require_hookable(loaded, command)
-    from inspect_model.loading.dispatch import refuse_offloaded
-    from inspect_model.loading.quantized import refuse_gradients
+    if capability(command, "gradients"):
+        from inspect_model.loading.quantized import refuse_gradients
 
-    refuse_gradients(loaded, command)  # quantized kernels have no autograd
-    refuse_offloaded(loaded, command)  # weights streamed from disk keep no parameter gradients
+        refuse_gradients(loaded, command)  # quantized kernels have no autograd
+    if capability(command, "parameter_gradients"):
+        from inspect_model.loading.dispatch import refuse_offloaded
+
+        refuse_offloaded(loaded, command)  # weights streamed from disk keep no parameter gradients
     from inspect_model.run.world import rank_device
     from inspect_model.devices import model_device
 
@@ -147,7 +152,7 @@ def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: 
         if notes is not None:
             others = ", ".join(str(k) for k in binding.others) or "none"
             wrt = ("; gradients are taken with respect to it, the others held fixed"
-                   if command in ("grads", "cam", "guided-backprop", "check") else "")
+                   if capability(command, "gradients") else "")
             notes(f"several inputs: images feed input {binding.image_label} (--image-input); "
                   f"other inputs: {others}{wrt}")
     images = inputs.images
@@ -158,7 +163,8 @@ def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: 
 
         bs = inputs.batch_size or int(images.shape[0]) or 1
         plan: Any = tensor_plan(loaded, images.to(device=dev), names=inputs.names, batch_size=bs, seed=inputs.seed)
-        binding, categories = media_binding(command, loaded, plan, binding, categories, notes)  # a flow model's pairs
+        binding, categories = media_binding(command, loaded, plan, binding, categories, notes,
+                                            objective=capability(command, "objective"))  # a flow model's pairs
     else:
         if isinstance(images, (str, Path)):
             images = [images]
@@ -174,7 +180,8 @@ def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: 
             skip_bad=inputs.skip_bad, device=dev, dtype=torch_dtype, clip=inputs.clip,
             clip_options=ClipOptions(inputs.frames, inputs.stride, inputs.clips), exclude=output_dir, notes=notes,
         )
-        binding, categories = media_binding(command, loaded, plan, binding, categories, notes)
+        binding, categories = media_binding(command, loaded, plan, binding, categories, notes,
+                                            objective=capability(command, "objective"))
     return Prepared(loaded, plan, categories, dev, torch_dtype, binding), task, texts, tok
 
 
@@ -210,10 +217,10 @@ def _prepare_text(command: str, mopts: ModelOptions, inputs: InputOptions, loade
     """:func:`prepare`'s plan for ``--text``: the texts tokenised and bound to the model."""
     from inspect_model.errors import UsageError
     from inspect_model.loading.text import text_run
-    from inspect_model.registry import COMMANDS
+    from inspect_model.registry import COMMANDS, with_capability
 
     if command in COMMANDS and not COMMANDS[command].text:
-        takes = ", ".join(n for n, s in COMMANDS.items() if s.text)
+        takes = ", ".join(with_capability("text"))
         raise UsageError(f"{command} does not take text; --text works with {takes}")
     plan, categories = text_run(loaded, inputs, spec=mopts.model, device=dev, categories=categories, command=command)
     return Prepared(loaded, plan, categories, dev, torch_dtype, plan.binding)
@@ -258,7 +265,7 @@ def execute(
 
 
 def run_images(command: str, model: Any, images: Any, make_session: Callable[[Prepared, ModelOptions, bool], Session],
-               *, hooks: bool = True, model_options: ModelOptions | None = None, inputs: InputOptions | None = None,
+               *, hooks: bool | None = None, model_options: ModelOptions | None = None, inputs: InputOptions | None = None,
                output_dir: Any = None, force: bool = False, tensorboard: Any = None, keep: bool | None = None,
                on_item: Any = None, notes: Any = None, progress: Any = None, request: Any = None) -> Result:
     """The one shape of every image command's API function: the model loaded and the inputs
@@ -282,8 +289,12 @@ def run_images(command: str, model: Any, images: Any, make_session: Callable[[Pr
 
 def tracked(batches: Iterator[InputBatch], total: int, progress: Callable[[int, int], None] | None
             ) -> Iterator[InputBatch]:
-    """``batches``, calling ``progress(done, total)`` after each."""
+    """``batches``, calling ``progress(0, total)`` when the first is asked for (the rate's
+    clock starts there, after loading, as the report's throughput does) and
+    ``progress(done, total)`` after each."""
     done = 0
+    if progress is not None:
+        progress(0, total)
     for b in batches:
         yield b
         done += len(b.names)

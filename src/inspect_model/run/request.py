@@ -11,7 +11,7 @@ fingerprint (:meth:`Request.resolved`). Nothing here imports torch.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -23,7 +23,7 @@ class Flag:
     """How the command line spells one request field."""
 
     flags: tuple[str, ...]
-    help: str
+    help: str | Callable[[], str]  # a callable is read when the CLI is built (a registry's current names)
     type: Any = None  # the CLI's type when the default does not say it (None defaults)
     complete: str | None = None  # a completion function's name in cli/completion.py
     multiple: bool = False  # a repeatable option (the field is a tuple)
@@ -31,7 +31,7 @@ class Flag:
     param: str | None = None  # the Click parameter (and config-file key) when not the field's name
 
 
-def option(default: Any, *flags: str, help: str, type: Any = None, complete: str | None = None,
+def option(default: Any, *flags: str, help: str | Callable[[], str], type: Any = None, complete: str | None = None,
            multiple: bool = False, hidden: bool = False, param: str | None = None) -> Any:
     """A request field with its command-line spelling (``--alpha``, ``-a``) and help."""
     meta = {"cli": Flag(tuple(flags), help, type, complete, multiple, hidden, param)}

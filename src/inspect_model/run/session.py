@@ -94,7 +94,7 @@ class Result:
     """What a command produced: everything its reports hold, as data.
 
     ``to_dict()`` is the ``--json`` document; ``text()``/``rich()`` the report on stdout,
-    drawn by the renderer of ``view`` (default: the command; :mod:`inspect_model.render.results`);
+    drawn by the renderer its command's registry entry names (``view``: a variant it reads);
     ``save(dir)`` writes the command's files. Attributes of the method's record
     (``record``) are reachable directly: ``im.summary(...).total_params``."""
 
@@ -105,7 +105,7 @@ class Result:
     files: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)  # failed checks: exit 1 on the CLI
     record: Any = None
-    view: str = ""  # the renderer's key when it is not the command's ("grads-jacobian")
+    view: str = ""  # a variant of the command's report its renderer reads ("grads-jacobian")
     session: Any = None  # to draw the files again (save)
     items: list[ImageItem] | None = None
 
@@ -127,12 +127,12 @@ class Result:
     def text(self) -> str:
         from inspect_model.render.results import result_text
 
-        return result_text(self.view or self.command, self)
+        return result_text(self.command, self)
 
     def rich(self) -> list[Any]:
         from inspect_model.render.results import result_rich
 
-        return result_rich(self.view or self.command, self)
+        return result_rich(self.command, self)
 
     def save(self, directory: str | os.PathLike[str], *, force: bool = False) -> list[str]:
         """Write the command's files into ``directory``: all of them or, on failure, none."""
@@ -198,9 +198,11 @@ class Session:
     def check_scalable(self, what: str) -> None:
         """Raise :class:`UsageError` if this session cannot run under ``what`` (``--resume``,
         ``torchrun``): it has no state to keep or merge."""
-        if type(self).state_dict is Session.state_dict:
+        from inspect_model.registry import capability, with_capability
+
+        if not capability(self.command, "resumable", True) or type(self).state_dict is Session.state_dict:
             raise UsageError(f"{self.command} does not support {what} yet; "
-                             "activations, grads, cam and guided-backprop do")
+                             f"{', '.join(with_capability('resumable'))} do")
 
     def start(self, index: int, batch: int, rank: int) -> None:
         """This process runs the block of images from run index ``index`` (batch ``batch``) as rank ``rank``."""

@@ -19,7 +19,12 @@ from inspect_model.errors import Interrupted, Terminated
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:
-    raise Terminated()
+    raise Terminated(signum)
+
+
+# SIGHUP (the terminal or ssh session closed) unwinds like SIGTERM (issue 41); nohup's
+# ignored SIGHUP stays ignored.
+_HUP = getattr(signal, "SIGHUP", None)
 
 
 def _raise_interrupted(signum: int, frame: Any) -> None:
@@ -27,7 +32,7 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
 
 
 def install() -> Callable[[], None]:
-    """SIGTERM raises :class:`Terminated`, SIGINT :class:`Interrupted` (an ignored SIGINT, a
+    """SIGTERM and SIGHUP raise :class:`Terminated`, SIGINT :class:`Interrupted` (an ignored SIGINT, a
     background job's, stays ignored); SIGXFSZ is ignored so that a file-size limit makes
     the write fail (EFBIG: an output error) instead of killing the process. Returns what
     puts the old handlers back. Only in the main thread (elsewhere: nothing, a no-op)."""
@@ -36,6 +41,8 @@ def install() -> Callable[[], None]:
     old: dict[int, Any] = {}
     try:
         old[signal.SIGTERM] = signal.signal(signal.SIGTERM, _raise_terminated)
+        if _HUP is not None and signal.getsignal(_HUP) is not signal.SIG_IGN:
+            old[_HUP] = signal.signal(_HUP, _raise_terminated)
         if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
             old[signal.SIGINT] = signal.signal(signal.SIGINT, _raise_interrupted)
         if hasattr(signal, "SIGXFSZ"):
@@ -65,9 +72,12 @@ def sigterm_unwinds() -> Iterator[None]:
     if current not in (signal.SIG_DFL, None):
         yield
         return
-    old = signal.signal(signal.SIGTERM, _raise_terminated)
+    old = {signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_terminated)}
+    if _HUP is not None and signal.getsignal(_HUP) is signal.SIG_DFL:
+        old[_HUP] = signal.signal(_HUP, _raise_terminated)
     try:
         yield
     finally:
-        with contextlib.suppress(ValueError, OSError):
-            signal.signal(signal.SIGTERM, old)
+        for sig, handler in old.items():
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(sig, handler)

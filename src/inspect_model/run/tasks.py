@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inspect_model.errors import UsageError
+from inspect_model.errors import UnsupportedModelError, UsageError
 
 
 def objective_of(request: Any, inputs: Any) -> Any:
@@ -32,7 +32,8 @@ def plan_texts(loaded: Any, inputs: Any, spec: Any) -> tuple[list[str], Any]:
 def attach_task(command: str, prep: Any, inputs: Any, request: Any, task: Any, *, texts: list[str] | None = None,
                 tokenizer: Any = None, notes: Any = None) -> Any:
     """``prep`` with the task's binding and score names (module docstring)."""
-    from inspect_model.methods.families import SCORING_COMMANDS, TaskContext
+    from inspect_model.methods.families import TaskContext
+    from inspect_model.registry import capability
     from inspect_model.methods.families.binding import TaskBinding
 
     objective = objective_of(request, inputs)
@@ -40,22 +41,13 @@ def attach_task(command: str, prep: Any, inputs: Any, request: Any, task: Any, *
     text_plan = getattr(plan, "texts", None) is not None
     if text_plan:
         texts, tokenizer = plan.texts, plan.tokenizer
-    scoring = command in SCORING_COMMANDS or _named_headless(command, task, objective)
+    scoring = capability(command, "scores") or _named_headless(command, task, objective)  # registry entry
     ctx = TaskContext(prep.loaded.model, prep.loaded, objective, command, scoring, tokenizer=tokenizer, texts=texts,
                       images=not text_plan, device=prep.device)
     if not text_plan and task.takes == "text" and not _token_input(plan):
         raise UsageError(f"{prep.loaded.name} is a {task.name} model: it reads token ids; give --text TEXT "
                          "(or --input-size input_ids=LEN:int64:0-VOCAB)")
-    if command == "cam" and text_plan:
-        raise UsageError(f"cam maps a spatial layer; {prep.loaded.name} is a {task.name} model over tokens: use "
-                         "attributions --text ... (one value per token)"
-                         + ("" if task.name == "seq2seq" else " or attention --text ..."))
-    if command == "attention" and task.name == "contrastive":
-        raise UsageError(f"{prep.loaded.name} has two towers; attention maps are drawn for one: load its vision "
-                         "tower (CLIPVisionModel) for the image's attention, or use attributions IMAGE --text ...")
-    if command == "attention" and task.name == "seq2seq":
-        raise UsageError(f"attention maps of an encoder-decoder ({prep.loaded.name}: self- and cross-attention) are "
-                         "not drawn yet; grads, attributions and activations take it")
+    refuse_command(command, task, prep.loaded.name, text_plan)
     adapter = task.adapter(ctx)
     prep.task = task
     if adapter is None:
@@ -74,6 +66,27 @@ def attach_task(command: str, prep: Any, inputs: Any, request: Any, task: Any, *
         if scoring:
             notes(f"task: {task.name}; explained: {adapter.words}")
     return prep
+
+
+def refuse_command(command: str, task: Any, name: str, tokens: bool) -> None:
+    """A command that does not apply to the task: one line naming one that does (exit 9)."""
+    why = None
+    if command == "attributions" and task.name in ("detection", "segmentation"):
+        what = "detections" if task.name == "detection" else "mask scores"
+        why = f"attributions explain class scores; {name} is a {task.name} model: use cam or guided-backprop " \
+              f"(they explain its {what})"
+    elif command == "cam" and tokens:
+        also = "" if task.name == "seq2seq" else " or attention --text ..."
+        why = f"cam maps a spatial layer; {name} is a {task.name} model over tokens: use attributions --text ... " \
+              f"(one value per token){also}"
+    elif command == "attention" and task.name == "contrastive":
+        why = f"{name} has two towers and attention is drawn for one: load its vision tower (CLIPVisionModel), " \
+              "or use attributions IMAGE --text ..."
+    elif command == "attention" and task.name == "seq2seq":
+        why = f"attention maps of an encoder-decoder ({name}: self- and cross-attention) are not drawn; " \
+              "grads, attributions and activations take it"
+    if why is not None:
+        raise UnsupportedModelError(why)
 
 
 def _named_headless(command: str, task: Any, objective: Any) -> bool:

@@ -8,9 +8,13 @@ from typing import Any
 
 
 def load_schema(command: str) -> dict[str, Any]:
-    """The JSON Schema of ``command``'s report (e.g. ``"summary"``, ``"guided-backprop"``)."""
+    """The JSON Schema of ``command``'s report (e.g. ``"summary"``, ``"guided-backprop"``):
+    the published file with its generated parts (options, method enums) made from the
+    registries as they are now, so a method or option added at run time is in it."""
+    from inspect_model.schemas.generate import regenerate
+
     text = resources.files(__name__).joinpath(f"{command}.json").read_text(encoding="utf-8")
-    return json.loads(text)
+    return regenerate(command, json.loads(text))
 
 
 def available() -> list[str]:

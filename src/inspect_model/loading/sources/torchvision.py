@@ -296,16 +296,7 @@ def load_torchvision(
     except Exception as exc:
         raise ModelLoadError(f"cannot build torchvision model '{name}': {type(exc).__name__}: {exc}") from exc
     model.eval()
-    cats = None
-    transforms = None
-    if w is not None:
-        cats = list(w.meta.get("categories") or []) or None
-        try:
-            transforms = w.transforms()
-        except Exception:
-            transforms = None
-    elif not (build_args or {}).get("num_classes"):
-        cats = _offline_categories(models, name)
+    cats, transforms = _weights_meta(models, name, w, build_args)
     return LoadedModel(
         model=model,
         name=name,
@@ -319,6 +310,18 @@ def load_torchvision(
         device=device,
     )
 
+
+
+def _weights_meta(models: Any, name: str, w: Any, build_args: dict[str, Any] | None) -> tuple[Any, Any]:
+    """(class names, preprocessing transforms) of the weights; with ``--weights none`` the
+    default weights' class names where the head keeps its size."""
+    if w is None:
+        return (None if (build_args or {}).get("num_classes") else _offline_categories(models, name)), None
+    try:
+        transforms = w.transforms()
+    except Exception:
+        transforms = None
+    return list(w.meta.get("categories") or []) or None, transforms
 
 
 def _offline_categories(models: Any, name: str) -> list[str] | None:

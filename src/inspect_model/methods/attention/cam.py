@@ -22,30 +22,27 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-ALIASES = {"gradcampp": "gradcam++", "gradcamplusplus": "gradcam++"}
-
-
 def cam_names() -> tuple[str, ...]:
     """The CAM methods an attention run can add: those of one forward (+ backward) pass that
     need no classifier of their own (CAM needs global pooling + one linear layer; Score-CAM
     passes of its own: both stay with ``cam``)."""
-    from inspect_model.methods.cam.maths import REGISTRY
+    from inspect_model.methods.cam import base
 
-    return tuple(m.name for m in REGISTRY.values() if m.one_pass and m.name != "cam")
+    return base.shared_pass_names()
 
 
 def cam_name(token: str) -> str | None:
     """``gradcam``, ``Grad-CAM++`` ... -> the registry's name; ``None`` when not a CAM method.
     ``cam``/``scorecam`` are refused with what to run instead."""
-    from inspect_model.methods.cam.maths import REGISTRY
+    from inspect_model.methods.cam import base
 
     key = token.lower().replace("_", "").replace("-", "")
-    key = ALIASES.get(key, key)
-    if key in ("cam", "scorecam"):
+    key = base.aliases().get(key, key)
+    if key in base.names() and key not in cam_names():
         raise UsageError(f"--method '{token}' takes a classifier check or passes of its own: run "
                          f"`inspect-model cam MODEL IMAGES --method {key}` (attention adds "
                          f"{', '.join(cam_names())})")
-    return key if key in REGISTRY else None
+    return key if key in base.names() else None
 
 
 class CamTap:
@@ -58,9 +55,9 @@ class CamTap:
 
     @property
     def needs_grad(self) -> bool:
-        from inspect_model.methods.cam.maths import REGISTRY
+        from inspect_model.methods.cam import base
 
-        return any(REGISTRY[m].needs_gradients for m in self.methods)
+        return any(base.get(m).needs_gradients for m in self.methods)
 
     def attach(self, handles: list[Any]) -> None:
         import torch
@@ -94,8 +91,10 @@ class CamTap:
                 raise LayerSelectionError(f"--cam-layer '{self.layer.name}': the class score does not depend on it")
             grads = [cm.to_spatial(self.grad, self.layer.layout).to(a.dtype)]
         idx = torch.tensor(classes or [0] * a.shape[0]).view(-1, 1)
-        inp = cm.MapInputs(a, grads, idx, fc_weight=_unused, masked_scores=_unused)
-        return {m: torch.relu(cm.REGISTRY[m].fn(inp)[0]).float().cpu() for m in self.methods}
+        from inspect_model.methods.cam import base
+
+        inp = base.MapInputs(a, grads, idx, fc_weight=_unused, masked_scores=_unused)
+        return {m: torch.relu(base.get(m).maps(inp)[0]).float().cpu() for m in self.methods}
 
 
 def _unused() -> Any:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-# What needs no score: these run on any model with attention.
-SCORE_FREE = ("raw", "rollout")
+from inspect_model.methods.attention import base
+
 # Head classes in Hugging Face class names (BertForMaskedLM, GPT2LMHeadModel, ...).
 _HEAD_WORDS = ("For", "LMHead", "WithHeads")
 
@@ -42,6 +42,11 @@ def explicit_objective(target: Any) -> bool:
     return True
 
 
+def score_free(method: str) -> bool:
+    """An attention method that explains no score (its registry entry needs no gradients)."""
+    return method in base.REGISTRY and not base.REGISTRY[method].needs_gradients
+
+
 def split_methods(methods: tuple[str, ...], model: Any, *, task: Any = None, target: Any = None
                   ) -> tuple[tuple[str, ...], dict[str, str]]:
     """(the methods to run, the skipped ones with why) of ``methods`` on ``model``."""
@@ -51,10 +56,10 @@ def split_methods(methods: tuple[str, ...], model: Any, *, task: Any = None, tar
     named = explicit_objective(target)
     skipped: dict[str, str] = {}
     for m in methods:
-        if m in SCORE_FREE:
+        if score_free(m):  # runs on any model with attention
             continue
-        if m == "legrad":
-            skipped[m] = f"legrad scores each block's tokens through the model's head, and {name} has none"
+        if m in base.REGISTRY and base.REGISTRY[m].needs_head:
+            skipped[m] = f"{m} scores each block's tokens through the model's head, and {name} has none"
         elif not named:
             skipped[m] = (f"{name} has no head: {m} explains a score, and none is named (give --target norm "
                           "or --target cosine:REF)")

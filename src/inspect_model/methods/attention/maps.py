@@ -34,13 +34,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import LayerSelectionError, UsageError, suggest
+from inspect_model.methods.attention import base
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-METHODS = ("raw", "rollout", "grad-rollout", "legrad")
-GRADIENT_METHODS = ("grad-rollout", "legrad")
+METHODS = base.names()  # the built-in attention methods (methods/attention/base.py)
+GRADIENT_METHODS = base.gradient_names()
 FUSIONS = ("mean", "max", "min")
 
 
@@ -68,6 +69,15 @@ def parse_methods(items: Sequence[str] | str | None) -> tuple[str, ...]:
                                  + ", ".join(METHODS) + f" (and CAM methods: {', '.join(cam_names())})"
                                  + suggest(tok, list(METHODS)))
     return tuple(m for m in (*METHODS, *cam_names()) if m in names)
+
+
+def _needs(name: str, what: str) -> bool:
+    """An attention method's property ``what``; a CAM method's backward pass is the score's."""
+    if name in base.REGISTRY:
+        return bool(getattr(base.REGISTRY[name], what))
+    from inspect_model.methods.cam import base as cam_base
+
+    return cam_base.get(name).needs_gradients
 
 
 def cam_methods(methods: Sequence[str]) -> tuple[str, ...]:
@@ -126,16 +136,12 @@ class AttentionOptions:
 
     @property
     def needs_grad(self) -> bool:
-        from inspect_model.methods.cam.maths import REGISTRY
-
-        return any(m in GRADIENT_METHODS or (m in REGISTRY and REGISTRY[m].needs_gradients) for m in self.methods)
+        return any(_needs(m, "needs_gradients") for m in self.methods)
 
     @property
     def score_backward(self) -> bool:
         """A backward pass of the target's score: grad-rollout's, shared by gradient CAMs."""
-        from inspect_model.methods.cam.maths import REGISTRY
-
-        return any(m == "grad-rollout" or (m in REGISTRY and REGISTRY[m].needs_gradients) for m in self.methods)
+        return any(_needs(m, "score_backward") for m in self.methods)
 
 
 @dataclass

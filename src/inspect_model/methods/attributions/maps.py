@@ -30,18 +30,11 @@ from typing import Any
 import torch
 
 from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
-from inspect_model.errors import InputError, ModelRuntimeError, UsageError
+from inspect_model.errors import InputError, ModelRuntimeError
 from inspect_model.loading.wrappers import unwrap_module
 from inspect_model.methods.attributions import passes as ap
-from inspect_model.methods.attributions.options import (  # noqa: F401 - re-exported
-    METHODS,
-    SMOOTHABLE,
-    UNSIGNED,
-    check_settings,
-    parse_methods,
-    parse_sizes,
-    parse_steps,
-)
+from inspect_model.methods.attributions import base as ab
+from inspect_model.methods.attributions.options import check_settings, parse_methods, parse_sizes, parse_steps
 from inspect_model.methods.guided.backprop import GuidedBackwardMode, _targets_for
 from inspect_model.methods.objectives.targets import class_probabilities, require_float, select_output
 
@@ -86,7 +79,7 @@ class AttributionSettings:
 
     @property
     def smoothed(self) -> tuple[str, ...]:
-        return tuple(m for m in self.methods if self.smooth and m in SMOOTHABLE)
+        return tuple(m for m in self.methods if self.smooth and ab.get(m).smoothable)
 
 
 @dataclass
@@ -105,6 +98,19 @@ class AttributionResult:
     smoothed: tuple[str, ...] = ()
     guided_sites: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Run:
+    """What a method with passes of its own gets (``AttributionMethod.compute``)."""
+
+    b: Any  # sweeps.Batch
+    baseline: torch.Tensor | None  # (N, *S), for the methods that need_baseline
+    fx: torch.Tensor  # (U,) f(x) of each unit, float64
+    result: AttributionResult  # where a method adds what it reports besides its maps
+    smoothed: set[str]  # the methods --smooth wraps in noise
+    space: str  # input | embedding
+    shape: tuple[int, int]  # (N, K)
 
 
 def map_statistics(m: torch.Tensor) -> dict[str, float]:
@@ -296,47 +302,20 @@ def _attribute(scorer: _Scorer, st: AttributionSettings, target: Any, categories
     res = AttributionResult(maps={}, targets=targets, scores=fx.reshape(n, k).tolist(),
                             probabilities=probs.reshape(n, k).tolist(), space=space,
                             embedding_layer=emb_name, smoothed=st.smoothed)
-    plain = {m for m in ("saliency", "gradient", "input-x-gradient") if m in methods and m not in smoothed}
+    reg = {m: ab.get(m) for m in methods}
+    shared = {m: r.gradient_rule for m, r in reg.items() if r.gradient_rule is not None}
+    plain = {m: rule for m, rule in shared.items() if not reg[m].noisy and m not in smoothed}
     if plain:
         maps.update(sw.gradient_pass(b, plain, noisy=False)[0])
-    noisy = {m for m in ("saliency", "gradient", "input-x-gradient") if m in smoothed}
-    noisy |= {m for m in ("smoothgrad", "vargrad") if m in methods}
+    noisy = {m: rule for m, rule in shared.items() if m not in plain}
     if noisy:
         maps.update(sw.gradient_pass(b, noisy, noisy=True)[0])
-    if "guided" in methods:
-        out, res.guided_sites = sw.gradient_pass(b, {"guided"}, noisy="guided" in smoothed, guided=True)
-        maps.update(out)
-        if not res.guided_sites:
-            res.warnings.append("guided: the model has no ReLU on the path to the output; the guided map is the "
-                                "plain gradient")
-    base = None
-    if "integrated-gradients" in methods or "occlusion" in methods:
-        base = ap.make_baseline(st.baseline, x, seed=st.seed, first_index=first_index, space=space)
-    if "integrated-gradients" in methods:
-        assert base is not None
-        ig_noisy = "integrated-gradients" in smoothed
-        if st.steps == "auto":  # f(b) first: each map stops refining once its gap is small enough
-            fb = sw.forward_scores(b, base)
-            maps["integrated-gradients"], used = sw.ig_auto(b, base, fx, fb)
-        else:
-            maps["integrated-gradients"] = sw.ig_pass(b, base, noisy=ig_noisy)
-            fb = sw.forward_scores(b, base)
-            used = [len(ap.integration_rule(st.rule, int(st.steps))[0])] * b.units
-        f_end = sw.forward_scores(b, x, noisy=True) if ig_noisy else fx
-        sums = maps["integrated-gradients"].reshape(b.units, -1).double().sum(1).cpu()
-        res.baseline_scores = fb.reshape(n, k).tolist()
-        res.deltas = (sums - (f_end - fb)).reshape(n, k).tolist()
-        res.ig_steps = [used[i * k:(i + 1) * k] for i in range(n)]
-    if "occlusion" in methods:
-        assert base is not None
-        sample = tuple(x.shape[1:])
-        window = ap.window_shape(st.window, sample, space=space)
-        if any(w > d for w, d in zip(window, sample)):
-            given = ",".join(map(str, st.window))
-            raise UsageError(f"--window {given} ({'x'.join(map(str, window))} on this input) is larger than the "
-                             f"input {sample}; give a window no larger than {'x'.join(map(str, sample[-2:]))}")
-        default_stride = tuple(max(w // 2, 1) for w in st.window)
-        stride = ap.window_shape(st.stride, sample, space=space, what="--window-stride", default=default_stride)
-        maps["occlusion"] = sw.occlusion_pass(b, base, fx, window, stride)
+    baseline = None
+    if any(r.needs_baseline for r in reg.values()):
+        baseline = ap.make_baseline(st.baseline, x, seed=st.seed, first_index=first_index, space=space)
+    run = Run(b, baseline, fx, res, smoothed, space, (n, k))
+    for m, r in reg.items():
+        if r.gradient_rule is None:
+            maps[m] = r.compute(run)
     res.maps = {m: maps[m].float().cpu().reshape(n, k, *x.shape[1:]) for m in methods}
     return res

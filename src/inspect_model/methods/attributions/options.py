@@ -1,5 +1,5 @@
-"""The names and checks of the ``attributions`` options, without torch: method names,
-integration rules, noise modes, baselines and window sizes. The request (api/) and
+"""The checks of the ``attributions`` options, without torch: method names (from the
+registry, :mod:`.base`), integration rules, noise modes, baselines and window sizes. The request (api/) and
 :class:`methods.attributions.AttributionSettings` both validate through here, so that a bad
 option fails before torch is imported.
 """
@@ -13,31 +13,29 @@ from typing import Any
 
 from inspect_model.errors import UsageError, suggest
 
-METHODS = ("saliency", "gradient", "input-x-gradient", "integrated-gradients", "smoothgrad", "vargrad",
-           "occlusion", "guided")
-SMOOTHABLE = ("saliency", "gradient", "input-x-gradient", "integrated-gradients", "guided")
-UNSIGNED = ("saliency", "vargrad")  # maps that are >= 0 everywhere
 RULES = ("riemann-left", "riemann-right", "riemann-middle", "riemann-trapezoid", "gauss-legendre")
 NOISE_MODES = ("fraction", "absolute")
-ALIASES = {"ig": "integrated-gradients", "ixg": "input-x-gradient", "guided-backprop": "guided",
-           "gradients": "gradient", "input-x-gradients": "input-x-gradient", "gausslegendre": "gauss-legendre"}
 
 
 def parse_methods(methods: str | Sequence[str]) -> tuple[str, ...]:
     """``"saliency,integrated-gradients"``, a list (items may hold commas), or ``all``:
-    known names, in the order of :data:`METHODS`, each once."""
+    known names (the family's registry, :mod:`.base`), in its order, each once."""
+    from inspect_model.methods.attributions import base
+
+    known = base.names()
     items = [methods] if isinstance(methods, str) else list(methods)
     names = [n.strip().lower() for item in items for n in str(item).split(",") if n.strip()]
     if "all" in names:
-        return METHODS
-    names = [ALIASES.get(n, n) for n in names]
+        return known
+    aliases = base.aliases()
+    names = [aliases.get(n, n) for n in names]
     for n in names:
-        if n not in METHODS:
-            raise UsageError(f"--method '{n}' is not an attribution method; methods: {', '.join(METHODS)}, all"
-                             + suggest(n, list(METHODS)))
+        if n not in known:
+            raise UsageError(f"--method '{n}' is not an attribution method; methods: {', '.join(known)}, all"
+                             + suggest(n, list(known)))
     if not names:
-        raise UsageError("--method names no method; give one or more of " + ", ".join(METHODS))
-    return tuple(m for m in METHODS if m in names)
+        raise UsageError("--method names no method; give one or more of " + ", ".join(known))
+    return tuple(m for m in known if m in names)
 
 
 def parse_baseline(spec: Any) -> Any:
@@ -144,5 +142,8 @@ def check_settings(*, steps: int | str, rule: str, samples: int, noise: float, n
         raise UsageError(f"--noise {noise}: give a level of 0 or more (a fraction of the input range)")
     if batch_size < 1:
         raise UsageError(f"--batch-size {batch_size}: give 1 or more rows per pass")
-    if smooth and not any(m in SMOOTHABLE for m in methods):
-        raise UsageError("--smooth applies to " + ", ".join(SMOOTHABLE) + "; none of them is selected")
+    from inspect_model.methods.attributions import base
+
+    smoothable = [n for n, m in base.methods().items() if m.smoothable]
+    if smooth and not any(m in smoothable for m in methods):
+        raise UsageError("--smooth applies to " + ", ".join(smoothable) + "; none of them is selected")

@@ -56,14 +56,15 @@ class Batch:
         return xs + torch.stack([cache[(ni, si)] for ni, si in zip(n.tolist(), s.tolist())])
 
 
-def gradient_pass(b: Batch, want: set[str], *, noisy: bool, guided: bool = False) -> tuple[dict[str, torch.Tensor],
-                                                                                              dict[str, int]]:
-    """Maps from the gradient at x (or at its noisy copies, averaged): any of ``saliency``
-    (|g|), ``gradient`` (g), ``input-x-gradient`` (x g), ``smoothgrad`` (g), ``vargrad``
-    (var g), ``guided`` (g under the guided rule): one backward per row for all of them."""
+def gradient_pass(b: Batch, want: dict[str, str], *, noisy: bool, guided: bool = False
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+    """Maps from the gradient at x (or at its noisy copies, averaged), method name -> its
+    rule (``AttributionMethod.gradient_rule``): ``abs`` |g| (saliency), ``grad`` g (gradient,
+    smoothgrad, guided under the guided rule), ``input-x-grad`` x g, ``var`` var g (vargrad):
+    one backward per row for all of them."""
     samples = b.settings.samples if noisy else 1
     acc = {name: b.acc() for name in want}
-    sq = b.acc() if "vargrad" in want else None
+    sq = b.acc() if "var" in want.values() else None
     dtype = b.dtype
     sites: Counter[str] = Counter()
 
@@ -81,11 +82,11 @@ def gradient_pass(b: Batch, want: set[str], *, noisy: bool, guided: bool = False
         u, xs, g = res
         g = g.to(dtype)
         for name, a in acc.items():
-            if name == "saliency":
+            if want[name] == "abs":
                 a.index_add_(0, u, g.abs())
-            elif name == "input-x-gradient":
+            elif want[name] == "input-x-grad":
                 a.index_add_(0, u, xs.to(g.dtype) * g)
-            else:  # gradient, smoothgrad, vargrad (its mean), guided
+            else:  # grad; var (its mean)
                 a.index_add_(0, u, g)
         if sq is not None:
             sq.index_add_(0, u, g * g)
@@ -93,8 +94,10 @@ def gradient_pass(b: Batch, want: set[str], *, noisy: bool, guided: bool = False
     label = ("guided" if guided else "gradients") + (" (noise samples)" if noisy else "")
     ap.sweep(b.units * samples, b.settings.batch_size, build, consume, progress=b.progress, label=label)
     out = {name: a / samples for name, a in acc.items()}
-    if sq is not None:
-        out["vargrad"] = sq / samples - out["vargrad"] ** 2  # captum NoiseTunnel: E[g^2] - E[g]^2
+    for name, rule in want.items():
+        if rule == "var":
+            assert sq is not None
+            out[name] = sq / samples - out[name] ** 2  # captum NoiseTunnel: E[g^2] - E[g]^2
     return out, dict(sorted(sites.items()))
 
 

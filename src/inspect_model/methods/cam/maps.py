@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import UsageError
+from inspect_model.loading.wrappers import unwrap_module
 from inspect_model.methods.cam import maths as cm
 from inspect_model.methods.cam import passes as cp
 from inspect_model.methods.cam.layers import (
@@ -29,7 +30,7 @@ from inspect_model.methods.cam.layers import (
     resolve_layer,
     resolve_layers,
 )
-from inspect_model.methods.cam.maths import GRADIENT_METHODS, GROUPS, METHODS
+from inspect_model.methods.cam import base
 
 if TYPE_CHECKING:
     import torch
@@ -38,8 +39,6 @@ if TYPE_CHECKING:
     from inspect_model.methods.objectives.targets import TargetSpec
 
 __all__ = [
-    "GRADIENT_METHODS",
-    "METHODS",
     "CamLayer",
     "CamMap",
     "CamResult",
@@ -67,6 +66,7 @@ class CamMap:
     raw_min: float
     raw_max: float
     warnings: list[str] = field(default_factory=list)
+    class_independent: bool = False  # the method's map is the same for every target (Eigen-CAM)
 
 
 @dataclass
@@ -90,7 +90,7 @@ class CamResult:
 
 # ----------------------------------------------------------------------------- options
 def _tokens(items: Sequence[str] | None) -> list[tuple[str, str]]:
-    aliases = {"gradcampp": "gradcam++", "gradcamplusplus": "gradcam++", "gradient": "gradients"}
+    aliases = base.aliases()
     out = []
     for item in items or ["gradcam"]:
         for raw in item.split(","):
@@ -104,7 +104,7 @@ def cam_is_optional(items: Sequence[str] | None) -> bool:
     """True when CAM comes only from ``all``: then a network it does not fit skips it with a
     note instead of failing the run."""
     names = [m for _, m in _tokens(items)]
-    optional = {m.name for m in cm.REGISTRY.values() if m.in_all == "if-fits"}
+    optional = {n for n, m in base.methods().items() if m.in_all == "if-fits"}
     return not optional & set(names)
 
 
@@ -113,17 +113,18 @@ def parse_methods(items: Sequence[str] | None) -> list[str]:
     methods of the single gradient pass: CAM (where the network fits it) and the five
     gradient methods; ``gradients`` is the five gradient methods."""
     wanted: list[str] = []
+    methods, groups = base.names(), base.groups()
     for raw, m in _tokens(items):
-        if m in GROUPS:
-            wanted.extend(GROUPS[m])
-        elif m in METHODS:
+        if m in groups:
+            wanted.extend(groups[m])
+        elif m in methods:
             wanted.append(m)
         else:
             from inspect_model.errors import suggest
 
-            raise UsageError(f"--method '{raw}' is not a CAM method" + (suggest(m, list(METHODS)) or "")
-                             + f"; choose from {', '.join(METHODS)}, all, gradients")
-    return [m for m in METHODS if m in wanted]
+            raise UsageError(f"--method '{raw}' is not a CAM method" + (suggest(m, list(methods)) or "")
+                             + f"; choose from {', '.join(methods)}, all, gradients")
+    return [m for m in methods if m in wanted]
 
 
 def parse_reshape(text: str | None) -> tuple[int, int] | None:
@@ -162,6 +163,7 @@ def compute_cams(
     given back as it was (hooks, flags, ``requires_grad``, ``.grad``)."""
     import torch
 
+    model = unwrap_module(model)[0]  # compiled / DataParallel: the module inside (loading/wrappers.py)
     optional_cam = cam_is_optional(list(methods))
     methods = parse_methods(list(methods))
     notes: list[str] = []
@@ -170,8 +172,8 @@ def compute_cams(
     x = x.detach()
     hw = input_dims(x)  # (H, W), or (T, H, W) for clips: maps over time (methods/cam/video.py)
     cam_layers, names = _layers(model, x, layers, reshape, output_key)
-    grads = any(m in GRADIENT_METHODS for m in methods)
-    fc = cp.classifier(model) if "cam" in methods else None
+    grads = any(base.get(m).needs_gradients for m in methods)
+    fc = cp.classifier(model) if any(base.get(m).needs_classifier for m in methods) else None
     passes = {"forward": 0, "backward": 0, "scorecam_forward": 0}
 
     first, acts, gradients = _capture_all(model, x, names, grads=grads, target=target, output_key=output_key,
@@ -188,28 +190,33 @@ def compute_cams(
                                tuple(acts[n].shape[1:])) for n in names]
 
     raw_maps: dict[tuple[str, str], torch.Tensor] = {}  # (layer, method) -> (K, N, h, w)
+    scales: dict[str, torch.Tensor] = {}  # layer -> (K, N): the terms' size, for the numeric-zero test
     for layer in cam_layers:
         A = cm.to_spatial(acts[layer.name], layer.layout)
         A = A.float() if A.dtype != torch.float64 else A
+        if grads:
+            scales[layer.name] = torch.stack([cm.term_scale(A, cm.to_spatial(g, layer.layout))
+                                              for g in gradients[layer.name]]).cpu()
 
         def masked_scores(A: torch.Tensor = A) -> torch.Tensor:
             weights, n_pass = cp.scorecam(model, x, A, classes, output_key, scorecam_batch, progress)
             passes["scorecam_forward"] += n_pass
             return weights
 
-        inp = cm.MapInputs(
+        inp = base.MapInputs(
             A, [cm.to_spatial(g, layer.layout) for g in gradients[layer.name]] if grads else None, classes,
             fc_weight=lambda name=layer.name, A=A: cp.check_cam(model, fc, name, A, first),
             masked_scores=masked_scores)
         for m in methods:
             try:
-                raw_maps[(layer.name, m)] = cm.REGISTRY[m].fn(inp)
+                raw_maps[(layer.name, m)] = base.get(m).maps(inp)
             except UsageError as exc:
-                if not (optional_cam and cm.REGISTRY[m].in_all == "if-fits"):
+                if not (optional_cam and base.get(m).in_all == "if-fits"):
                     raise
                 notes.append(f"{m} left out of --method all at layer '{layer.name}': "
                              + str(exc).split(": ", 1)[-1].split("; use --method")[0])
-    maps = _records(raw_maps, classes, hw, [layer.name for layer in cam_layers], methods, fuse)
+    maps = _records(raw_maps, classes, hw, [layer.name for layer in cam_layers], methods, fuse, scales,
+                    first.scores.detach().float().cpu())
     return CamResult(scores=first.scores.float().cpu(), targets=classes.cpu().tolist(),
                      layers=cam_layers, maps=maps, input_hw=hw, passes=passes, notes=notes)
 
@@ -256,7 +263,8 @@ def _capture_all(model: nn.Module, x: torch.Tensor, names: list[str], *, grads: 
 
 
 def _records(raw_maps: dict[tuple[str, str], torch.Tensor], classes: torch.Tensor, hw: tuple[int, ...],
-             layer_names: list[str], methods: list[str], fuse: bool) -> list[CamMap]:
+             layer_names: list[str], methods: list[str], fuse: bool,
+             scales: dict[str, torch.Tensor] | None = None, scores: torch.Tensor | None = None) -> list[CamMap]:
     import torch
 
     out: list[CamMap] = []
@@ -267,11 +275,17 @@ def _records(raw_maps: dict[tuple[str, str], torch.Tensor], classes: torch.Tenso
         fin = cm.finish_maps(raw.reshape(k * n, *sp), hw).reshape(k, n, *hw).cpu()
         finished[(layer, m)] = fin
         raw_cpu = raw.detach().float().cpu()
+        gradient_map = base.get(m).needs_gradients and scales and layer in scales
         for i in range(n):
             for j in range(k):
                 r = raw_cpu[j, i]
+                warns = cm.map_warnings(r, float(scales[layer][j, i]) if gradient_map else None,  # type: ignore[index]
+                                        float(scores[i, classes[i, j]]) if gradient_map and scores is not None
+                                        else None)
+                if cm.is_numeric_zero(warns):
+                    fin[j, i] = 0.0  # noise is not stretched to full contrast
                 out.append(CamMap(i, j, int(classes[i, j]), m, layer, fin[j, i], r.clone(),
-                                  float(r.min()), float(r.max()), cm.map_warnings(r)))
+                                  float(r.min()), float(r.max()), warns, base.get(m).class_independent))
     if fuse and len(layer_names) > 1:
         name = "fused:" + "+".join(layer_names)
         for m in methods:
@@ -285,7 +299,8 @@ def _records(raw_maps: dict[tuple[str, str], torch.Tensor], classes: torch.Tenso
                 for j in range(k):
                     s = stack[j, i]
                     out.append(CamMap(i, j, int(classes[i, j]), m, name, fused[j, i], None,
-                                      float(s.min()), float(s.max()), cm.map_warnings(s)))
+                                      float(s.min()), float(s.max()), cm.map_warnings(s),
+                                      base.get(m).class_independent))
     order = {m: i for i, m in enumerate(methods)}
     lorder = {n: i for i, n in enumerate(layer_names)}
     out.sort(key=lambda c: (c.sample, c.rank, lorder.get(c.layer, len(lorder)), order[c.method]))
@@ -308,7 +323,8 @@ def gradcam(model: nn.Module, x: torch.Tensor, layer: str,
     cap, _ = cp.capture(model, x, [layer], grads=True, target=list(class_indices), output_key=None, fc=None)
     layout = infer_layout(model, layer, tuple(cap.acts[layer].shape), hw)
     A = cm.to_spatial(cap.acts[layer], layout).float()
-    raw = torch.stack([cm.gradient_map("gradcam", A, cm.to_spatial(g, layout).float())
+    weigh = base.get("gradcam").weigh  # type: ignore[attr-defined]
+    raw = torch.stack([weigh(A, cm.to_spatial(g, layout).float())
                        for g in cap.grads[layer]], dim=1)  # (N, K, h, w)
     n, k = raw.shape[:2]
     return cm.finish_maps(raw.reshape(n * k, *raw.shape[2:]), hw).reshape(n, k, *hw)

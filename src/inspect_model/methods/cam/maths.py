@@ -5,7 +5,9 @@ shape (N, C, h, w) (activations of the chosen layer and d(score)/dA for one targ
 sample), and returns the *raw* map (N, h, w): the weighted channel sum before ReLU and
 normalisation, so that a report can say what the map's real range was. ``finish_maps``
 then applies the ReLU, upsamples to the input resolution and normalises each map to [0, 1],
-and ``map_warnings`` says when a map is constant, empty or not finite.
+and ``map_warnings`` says when a map is constant, empty or not finite. Each method's own
+formula is in its module under :mod:`.variants` (the registry: :mod:`.base`); the shared
+pieces (CAM's and Eigen-CAM's maps, Score-CAM's masks) stay here.
 
 The definitions follow the papers and pytorch-grad-cam (whose formulas are the de-facto
 reference): Grad-CAM (Selvaraju et al. 2017), Grad-CAM++ (Chattopadhyay et al. 2018, the
@@ -18,9 +20,8 @@ by :func:`to_spatial` before any of this runs.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
@@ -89,42 +90,7 @@ def token_grid(tokens: int, input_hw: tuple[int, int], max_prefix: int = 16) -> 
     return None
 
 
-# ----------------------------------------------------------------------------- gradient maps
-def gradient_map(method: str, A: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
-    """Raw map (N, h, w) of one gradient-based method from A, G (N, C, h, w); for a clip's
-    (N, C, t, h, w) the same formulas over (t, h, w) give (N, t, h, w) (methods/cam/video.py)."""
-    import torch
-
-    sp = tuple(range(2, A.dim()))  # the spatial (and temporal) dims
-
-    if method == "gradcam":
-        # Selvaraju et al. 2017, Eq. 1-2: alpha_k = mean_ij dS/dA_k_ij.
-        w = G.mean(dim=sp, keepdim=True)
-        return (w * A).sum(dim=1)
-    if method == "hirescam":
-        # Draelos & Carin 2020: the element-wise product, no spatial averaging of gradients.
-        return (G * A).sum(dim=1)
-    if method == "xgradcam":
-        # Fu et al. 2020, Eq. 9: alpha_k = sum_ij (A_k_ij / sum_ij A_k_ij) dS/dA_k_ij.
-        w = (G * A).sum(dim=sp, keepdim=True) / (A.sum(dim=sp, keepdim=True) + EPS)
-        return (w * A).sum(dim=1)
-    if method == "layercam":
-        # Jiang et al. 2021: a per-location weight relu(dS/dA_k_ij) times the activation.
-        return (torch.relu(G) * A).sum(dim=1)
-    if method == "gradcam++":
-        # Chattopadhyay et al. 2018, Eq. 19 with Y = exp(S): the exp(S) factors cancel in
-        # alpha, and the one left in the weights only scales the map (and overflows for large
-        # scores), so it is dropped as pytorch-grad-cam does.
-        g2 = G * G
-        g3 = g2 * G
-        sum_a = A.sum(dim=sp, keepdim=True)
-        alpha = g2 / (2 * g2 + sum_a * g3 + EPS)
-        alpha = torch.where(G != 0, alpha, torch.zeros_like(alpha))
-        w = (torch.relu(G) * alpha).sum(dim=sp, keepdim=True)
-        return (w * A).sum(dim=1)
-    raise ValueError(f"not a gradient method: {method}")
-
-
+# ----------------------------------------------------------------------------- CAM and Eigen-CAM
 def cam_map(A: torch.Tensor, fc_weight: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
     """CAM (Zhou et al. 2016, Eq. 2): M_c = sum_k w_k^c A_k for class ``classes[n]``.
 
@@ -210,8 +176,30 @@ def finish_maps(raw: torch.Tensor, input_hw: tuple[int, int]) -> torch.Tensor:
     return ((up - lo) / span.clamp_min(1e-30)) * (span > 0)
 
 
-def map_warnings(raw: torch.Tensor) -> list[str]:
-    """Why a raw map (h, w) cannot be trusted, as short sentences; [] when it is fine."""
+NUMERIC_ZERO = "the map is numerically zero"
+#: A map whose largest |value| is below this fraction of the terms it sums is float rounding
+#: noise (float32 keeps ~1e-7 of a sum; 100x that): drawn blank and said so (issue 39).
+ZERO_RELATIVE = 1e-5
+#: ... and a map whose peak is below this fraction of the score per location (a map's values
+#: are in the score's units: Grad-CAM's mean is about score / locations).
+ZERO_OF_SCORE = 1e-6
+
+
+def term_scale(A: torch.Tensor, G: torch.Tensor) -> torch.Tensor:
+    """(N,) the size of the terms a gradient map sums: the largest, over locations, sum over
+    channels of |dS/dA * A| (A, G: (N, C, ...))."""
+    t = (A.detach().abs().float() * G.detach().abs().float()).sum(1)
+    return t.reshape(t.shape[0], -1).amax(1)
+
+
+def is_numeric_zero(warnings: list[str]) -> bool:
+    return any(w.startswith(NUMERIC_ZERO) for w in warnings)
+
+
+def map_warnings(raw: torch.Tensor, scale: float | None = None, score: float | None = None) -> list[str]:
+    """Why a raw map (h, w) cannot be trusted, as short sentences; [] when it is fine.
+    ``scale``: the size of the terms the map sums (:func:`term_scale`); ``score``: the target's
+    score, whose share per location a map of evidence for it reaches (``ZERO_OF_SCORE``)."""
     import torch
 
     finite = torch.isfinite(raw)
@@ -222,113 +210,16 @@ def map_warnings(raw: torch.Tensor) -> list[str]:
     if hi == lo:
         return [(f"the map is constant ({hi:.4g} everywhere): the layer carries no spatial "
                  "evidence for this target (zero gradients or activations)")]
+    peak = max(abs(lo), abs(hi))
+    if scale is not None and scale > 0 and peak <= ZERO_RELATIVE * scale:
+        return [(f"{NUMERIC_ZERO}: its largest |value| {peak:.3g} is {peak / scale:.1g} of the terms it sums "
+                 f"({scale:.3g}), float rounding noise, not evidence; drawn blank")]
+    share = abs(score) / raw.numel() if score else 0.0  # the score spread evenly over the locations
+    if share > 0 and peak <= ZERO_OF_SCORE * share:
+        return [(f"{NUMERIC_ZERO}: its largest |value| {peak:.3g} is {peak / share:.1g} of the target's score "
+                 f"per location ({abs(score or 0):.3g} over {raw.numel()}): the gradients hardly reach the layer, "
+                 "float rounding noise, not evidence; drawn blank")]
     if hi <= 0:
         return [(f"the map is empty: no location has positive evidence (raw max {hi:.4g}); "
                  "after ReLU it is zero everywhere")]
     return []
-
-
-# ----------------------------------------------------------------------------- the registry
-@dataclass
-class MapInputs:
-    """What a method's function gets for one layer: ``A`` (N, C, h, w); ``grads``, one
-    d(score)/dA (N, C, h, w) per target rank (K of them) when the method needs gradients;
-    ``classes`` (N, K); and two callbacks for the methods that need more than the pass:
-    ``fc_weight()`` (CAM's classifier weights, UsageError when the network does not end in
-    global pooling + one linear layer) and ``masked_scores()`` (Score-CAM's channel weights
-    (N, K, C) from its masked forward passes)."""
-
-    A: torch.Tensor
-    grads: list[torch.Tensor] | None
-    classes: torch.Tensor
-    fc_weight: Callable[[], torch.Tensor]
-    masked_scores: Callable[[], torch.Tensor]
-
-    @property
-    def k(self) -> int:
-        return int(self.classes.shape[1])
-
-
-@dataclass(frozen=True)
-class CamMethod:
-    """One CAM method: its function (MapInputs -> raw maps (K, N, h, w)) and the properties
-    the rest of the code reads (parsing, ``all``, help, passes, the report)."""
-
-    name: str
-    title: str
-    paper: str
-    fn: Callable[[MapInputs], Any]
-    needs_gradients: bool = False  # captured in the one backward pass that stops at the layer
-    one_pass: bool = True  # from the single forward (+ backward) pass; False: passes of its own
-    in_all: str = "no"  # "yes", "if-fits" (skipped with a note where the network does not fit), "no"
-
-
-def _gradient(method: str) -> Callable[[MapInputs], Any]:
-    def fn(inp: MapInputs) -> Any:
-        import torch
-
-        assert inp.grads is not None
-        return torch.stack([gradient_map(method, inp.A, G.to(inp.A.dtype)) for G in inp.grads])
-
-    return fn
-
-
-def _cam(inp: MapInputs) -> Any:
-    import torch
-
-    w = inp.fc_weight()
-    return torch.stack([cam_map(inp.A, w, inp.classes[:, j]) for j in range(inp.k)])
-
-
-def _eigen(inp: MapInputs) -> Any:
-    import torch
-
-    n, sp = inp.A.shape[0], inp.A.shape[2:]
-    ok = torch.isfinite(inp.A.reshape(n, -1)).all(1)  # (N,)
-    if bool(ok.all()):
-        return eigen_map(inp.A)[None].expand(inp.k, *[-1] * (1 + len(sp)))
-    # No SVD of NaN/Inf (LinAlgError): those images get a NaN map, reported like any other
-    # NaN map; the images with finite activations keep theirs (issue 14).
-    out = torch.full((n, *sp), float("nan"), dtype=inp.A.dtype, device=inp.A.device)
-    if bool(ok.any()):
-        out[ok] = eigen_map(inp.A[ok]).to(out.dtype)
-    return out[None].expand(inp.k, *[-1] * (1 + len(sp)))
-
-
-def _score(inp: MapInputs) -> Any:
-    import torch
-
-    weights = inp.masked_scores()  # (N, K, C)
-    return torch.stack([scorecam_map(inp.A[i].float(), weights[i]) for i in range(inp.A.shape[0])], dim=1)
-
-
-REGISTRY: dict[str, CamMethod] = {m.name: m for m in (
-    CamMethod("cam", "CAM", "Zhou et al. 2016", _cam, in_all="if-fits"),
-    CamMethod("gradcam", "Grad-CAM", "Selvaraju et al. 2017", _gradient("gradcam"), needs_gradients=True,
-              in_all="yes"),
-    CamMethod("gradcam++", "Grad-CAM++", "Chattopadhyay et al. 2018", _gradient("gradcam++"),
-              needs_gradients=True, in_all="yes"),
-    CamMethod("xgradcam", "XGrad-CAM", "Fu et al. 2020", _gradient("xgradcam"), needs_gradients=True,
-              in_all="yes"),
-    CamMethod("layercam", "Layer-CAM", "Jiang et al. 2021", _gradient("layercam"), needs_gradients=True,
-              in_all="yes"),
-    CamMethod("hirescam", "HiResCAM", "Draelos & Carin 2020", _gradient("hirescam"), needs_gradients=True,
-              in_all="yes"),
-    CamMethod("scorecam", "Score-CAM", "Wang et al. 2020", _score, one_pass=False),
-    CamMethod("eigencam", "Eigen-CAM", "Muhammad & Yeasin 2020", _eigen),
-)}
-METHODS = tuple(REGISTRY)
-GRADIENT_METHODS = tuple(m.name for m in REGISTRY.values() if m.needs_gradients)
-GROUPS = {  # --method names that stand for several methods
-    "all": tuple(m.name for m in REGISTRY.values() if m.in_all != "no"),
-    "gradients": GRADIENT_METHODS,
-}
-
-
-def method_help() -> str:
-    """``--method``'s help, from the registry."""
-    names = ", ".join(METHODS)
-    fits = [m.name for m in REGISTRY.values() if m.in_all == "if-fits"]
-    return (f"{names}; all ({' + '.join(fits)} where the net fits it, and "
-            f"{', '.join(n for n in GROUPS['all'] if n not in fits)}: one pass) or gradients "
-            f"({', '.join(GRADIENT_METHODS)}); repeatable. Default gradcam.")

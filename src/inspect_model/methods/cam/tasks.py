@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import LayerSelectionError, ModelRuntimeError, UsageError
+from inspect_model.methods.cam import base
 from inspect_model.methods.cam import maths as cm
 from inspect_model.methods.objectives.scores import Row, Selection
 
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
     from torch import nn
 
 MAX_GRID_CELLS = 64 * 64  # the combined grid of a pyramid: the finest level within this many cells
-TASK_METHODS = ("gradcam", "gradcam++", "xgradcam", "layercam", "hirescam", "eigencam")
 
 
 @dataclass
@@ -51,6 +51,7 @@ class TaskMap:
     raw_min: float
     raw_max: float
     warnings: list[str] = field(default_factory=list)
+    class_independent: bool = False  # the method's map is the same for every row (Eigen-CAM)
 
     def stats(self) -> dict[str, Any]:
         """Where the map's mass lies: its peak (input pixels) and, for a detection, the share
@@ -83,10 +84,11 @@ def check_task_methods(methods: Sequence[str], task: str) -> list[str]:
     """The methods that apply to a detector or segmenter: the gradient methods and Eigen-CAM.
     CAM (a classifier's fc weights) and Score-CAM (softmax of class scores on masked inputs)
     have no meaning there: named, they are refused; from ``all``, left out."""
-    bad = [m for m in methods if m not in TASK_METHODS]
+    fits = base.task_names(task)
+    bad = [m for m in methods if m not in fits]
     if bad:
         raise UsageError(f"--method {bad[0]} does not apply to a {task} model; use "
-                         f"{', '.join(TASK_METHODS)}")
+                         f"{', '.join(fits)}")
     return list(methods)
 
 
@@ -185,7 +187,7 @@ def compute_task_cams(model: nn.Module, x: torch.Tensor, objective: Any, layer: 
     from inspect_model.methods.cam.layers import infer_layout
 
     methods = check_task_methods(methods, objective.task)
-    grads = any(m in cm.GRADIENT_METHODS for m in methods)
+    grads = any(base.get(m).needs_gradients for m in methods)
     hw = (int(x.shape[-2]), int(x.shape[-1]))
     module = dict(model.named_modules()).get(layer)
     if module is None:
@@ -243,20 +245,25 @@ def _layer_info(name: str, parts: dict[str, Any], layout: Any, A: torch.Tensor) 
 
 def _maps(sel: Selection, A: torch.Tensor, rank_grads: list[Any], methods: Sequence[str], layer: str,
           hw: tuple[int, int], crops: list[tuple[float, float]]) -> list[TaskMap]:
-    eigen: dict[int, torch.Tensor] = {}
+    same: dict[tuple[int, str], torch.Tensor] = {}  # class-independent maps, once per sample
     out: list[TaskMap] = []
     for row in sel.rows:
         i = row.sample
         for m in methods:
-            if m == "eigencam":
-                if i not in eigen:
-                    eigen[i] = cm.eigen_map(A[i:i + 1])[0] if bool(A[i].isfinite().all()) else \
-                        A[i, 0] * float("nan")
-                raw = eigen[i]
+            method = base.get(m)
+            G = rank_grads[row.rank][i:i + 1] if method.needs_gradients else None
+            if method.class_independent:
+                if (i, m) not in same:
+                    same[(i, m)] = method.row_map(A[i:i + 1], G)[0]
+                raw = same[(i, m)]
             else:
-                G = rank_grads[row.rank][i:i + 1]
-                raw = cm.gradient_map(m, A[i:i + 1], G.to(A.dtype))[0]
+                raw = method.row_map(A[i:i + 1], G)[0]
+            scale = float(cm.term_scale(A[i:i + 1], G)[0]) if G is not None else None
             raw = raw.detach().float().cpu()
-            out.append(TaskMap(row, m, layer, finish(raw, crops[i], hw), raw, float(raw.min()), float(raw.max()),
-                               cm.map_warnings(raw)))
+            warns = cm.map_warnings(raw, scale, row.confidence if scale is not None else None)
+            shown = finish(raw, crops[i], hw)
+            if cm.is_numeric_zero(warns):
+                shown = shown * 0.0  # noise is not stretched to full contrast (issue 39)
+            out.append(TaskMap(row, m, layer, shown, raw, float(raw.min()), float(raw.max()), warns,
+                               method.class_independent))
     return out

@@ -36,6 +36,7 @@ class MapScores:
     scores: dict[str, float] = field(default_factory=dict)
     curves: dict[str, list[float]] = field(default_factory=dict)
     confidence: dict[str, float] = field(default_factory=dict)
+    steps: dict[str, int] = field(default_factory=dict)  # --eval-steps auto: the steps each curve took
 
 
 def inputs_per_map(metrics: Sequence[str], steps: int) -> int:
@@ -145,31 +146,45 @@ def pass_rows(x: torch.Tensor, batch: int | None) -> int:
     return DEFAULT_BATCH if x.device.type != "cpu" else cpu_rows(x, DEFAULT_BATCH)
 
 
+# --eval-steps auto (issue 40): every curve starts at AUTO_STEPS[0] steps and is refined by
+# halving its steps (the new points only: step_counts at 2s holds those at s at even k) while
+# its AUC moves by more than the tolerance between two levels; at most AUTO_STEPS[-1].
+AUTO_STEPS = (8, 16, 32, 64, 128)
+DEFAULT_TOLERANCE = 0.005
+
+
 def evaluate_maps(model: nn.Module, x: torch.Tensor, jobs: Sequence[MapJob], *, metrics: Sequence[str],
-                  steps: int = 32, batch: int | None = None, output_key: str | None = None,
+                  steps: int | str = 32, batch: int | None = None, output_key: str | None = None,
                   original: Sequence[float] | None = None,
                   progress: Callable[[int], None] | None = None,
-                  read: Callable[..., list[float]] | None = None) -> tuple[list[MapScores], int]:
+                  read: Callable[..., list[float]] | None = None,
+                  tolerance: float = DEFAULT_TOLERANCE) -> tuple[list[MapScores], int]:
     """Scores of each job's map on the batch ``x`` (N, C, H, W), and the forward passes run.
     ``original[j]``: the unperturbed target probability of job j (the confidence metric's Y,
     the first point of deletion and the last of insertion); scored once per image when not
     given. The curves' other ends, the all-zero input and each image's blurred copy, are
-    scored once and read for every map (:func:`count_inputs`)."""
+    scored once and read for every map (:func:`count_inputs`). ``steps="auto"``: each curve's
+    steps chosen by ``tolerance`` on its AUC (:data:`AUTO_STEPS`; :func:`_refine`); the scores'
+    ``steps`` say how many each curve took."""
     import torch
 
     hw = (int(x.shape[-2]), int(x.shape[-1]))
     x = x.detach()
+    auto = steps == "auto"
+    first_steps = AUTO_STEPS[0] if auto else int(steps)
     shared = read is None  # a detector's or segmenter's target is read per map
-    expected = count_inputs([j.sample for j in jobs], metrics, steps, original_known=original is not None,
+    expected = count_inputs([j.sample for j in jobs], metrics, first_steps, original_known=original is not None,
                             shared=shared)
     scorer = Scorer(model, output_key, pass_rows(x, batch), progress, expected, read)
     blurred = fa.gaussian_blur(x.float()).to(x.dtype) if "insertion" in metrics else None
-    counts = fa.step_counts(hw[0] * hw[1], steps)
+    counts = fa.step_counts(hw[0] * hw[1], first_steps)
+    orders = []
     ends = _Ends(scorer, x, blurred, original, shared)
     for j, job in enumerate(jobs):
         xi = x[job.sample]
         gen = torch.Generator().manual_seed(job.seed)
         order = fa.pixel_order(job.saliency, gen)
+        orders.append(order)
         if "deletion" in metrics:
             scorer.add((j, "deletion"), fa.causal_inputs(xi, torch.zeros_like(xi), order, counts[1:-1]), job.target)
             ends.want(j, job, "image", "zero")
@@ -191,7 +206,57 @@ def evaluate_maps(model: nn.Module, x: torch.Tensor, jobs: Sequence[MapJob], *, 
     scorer.run()
     while scorer.pending:
         scorer.run()
-    return [_scores(j, job, scorer, ends, metrics) for j, job in enumerate(jobs)], scorer.passes
+    used: dict[tuple[int, str], int] = {}
+    if auto:
+        used = _refine(scorer, x, blurred, jobs, orders, ends, metrics, tolerance)
+    out = [_scores(j, job, scorer, ends, metrics) for j, job in enumerate(jobs)]
+    for (j, name), n in used.items():
+        out[j].steps[name] = n
+    return out, scorer.passes
+
+
+def _refine(scorer: Scorer, x: torch.Tensor, blurred: torch.Tensor | None, jobs: Sequence[MapJob],
+            orders: list[torch.Tensor], ends: _Ends, metrics: Sequence[str], tolerance: float) -> dict[Any, int]:
+    """``--eval-steps auto``: refine every deletion/insertion curve level by level (all curves
+    of a level in one queue of full passes) until its AUC moves by at most ``tolerance``; the
+    final interior points are left in ``scorer.probs`` as a fixed-steps run leaves them.
+    Returns the steps each (map, curve) took."""
+    import torch
+
+    hw = (int(x.shape[-2]), int(x.shape[-1]))
+    curves = [name for name in ("deletion", "insertion") if name in metrics]
+    steps = {(j, name): AUTO_STEPS[0] for j in range(len(jobs)) for name in curves}
+    prev: dict[tuple[int, str], float] = {}  # each curve's AUC at its previous level
+    todo = list(steps)
+    while todo:
+        now = {}
+        for key in todo:  # the AUC at this level
+            j, name = key
+            first, last = ("image", "zero") if name == "deletion" else ("blur", "image")
+            now[key] = fa.auc([ends.value(j, jobs[j], first), *scorer.probs[key], ends.value(j, jobs[j], last)])
+        # One level further: after the first level always (two AUCs to compare), then while the AUC moves.
+        nxt = [k for k in todo
+               if steps[k] < AUTO_STEPS[-1] and (k not in prev or abs(now[k] - prev[k]) > tolerance)]
+        prev.update(now)
+        for key in nxt:
+            j, name = key
+            job = jobs[j]
+            s = steps[key] * 2
+            new_counts = fa.step_counts(hw[0] * hw[1], s)[1:-1:2]  # the odd points: the new ones
+            xi = x[job.sample]
+            start, finish = (xi, torch.zeros_like(xi)) if name == "deletion" else (blurred[job.sample], xi)
+            scorer.add((key, s), fa.causal_inputs(start, finish, orders[j], new_counts), job.target)
+        scorer.run()
+        while scorer.pending:
+            scorer.run()
+        for key in nxt:
+            s = steps[key] * 2
+            old, new = scorer.probs.pop(key), scorer.probs.pop((key, s))
+            merged = [v for pair in zip(new, old + [None]) for v in pair if v is not None]  # odd, even, odd, ...
+            scorer.probs[key] = merged
+            steps[key] = s
+        todo = nxt
+    return steps
 
 
 class _Ends:

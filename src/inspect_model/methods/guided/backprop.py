@@ -131,6 +131,7 @@ class GuidedResult:
     warnings: list[str] = field(default_factory=list)
     classes: int = 0  # scores per input (the class count)
     rows: list[Any] | None = None  # detection / segmentation: what each map explains (objectives.Row)
+    probabilities: list[list[float]] | None = None  # softmax of the scores, (N, K), as cam reports
 
 
 def _targets_for(spec: Any, flat: torch.Tensor, categories: Sequence[str] | None) -> list[list[int]]:
@@ -181,16 +182,17 @@ def guided_backprop(
     """
     if not isinstance(inputs, torch.Tensor) or inputs.dim() < 1 or inputs.shape[0] < 1:
         raise InputError("guided backprop needs a batched input tensor (N, ...)")
-    if not inputs.is_floating_point():
-        raise InputError(f"guided backprop needs a floating-point input, got {inputs.dtype}")
     kinds = resolve_kinds(activations)
     # torch.compile'd models run a compiled backward the mode cannot see: use the eager module.
     model = unwrap_module(model)[0]  # compiled / DataParallel: the eager module (loading/wrappers.py)
     opts = CaptureOptions(outputs=False, freeze_params=True, eval_mode=True, grad_enabled=True)
     with HookEngine(model, [], opts) as engine:
-        leaf = inputs.detach().requires_grad_(True)
-        # Feed a copy: a model may modify its input in place, which a leaf cannot allow.
-        out = run_forward(engine, lambda: model(leaf.clone()))
+        if inputs.is_floating_point():
+            leaf = inputs.detach().requires_grad_(True)
+            # Feed a copy: a model may modify its input in place, which a leaf cannot allow.
+            out = run_forward(engine, lambda: model(leaf.clone()))
+        else:  # token ids: differentiate at the output of the embedding that reads them (issue 42)
+            leaf, out = _at_embedding(model, engine, inputs)
         scores = select_output(out, output_key)
         if scores.dim() < 1 or scores.shape[0] != leaf.shape[0]:
             raise ModelRuntimeError(
@@ -205,6 +207,7 @@ def guided_backprop(
         k_total = len(targets[0])
         grads: list[torch.Tensor] = []
         picked: list[torch.Tensor] = []
+        probs: list[torch.Tensor] = []
         sites: Counter[str] = Counter()
         unguided: Counter[str] = Counter()
         for k in range(k_total):
@@ -226,10 +229,13 @@ def guided_backprop(
                 unguided = Counter({kd: n for kd, n in mode.seen.items() if kd not in mode.kinds})
             grads.append(g.detach().float().cpu())
             picked.append(flat.detach().gather(1, idx[:, None])[:, 0].float().cpu())
+            if flat.shape[1] > 1:  # the same number cam shows (issue 39): a probability, not a logit
+                probs.append(torch.softmax(flat.detach().float(), 1).gather(1, idx[:, None])[:, 0].cpu())
     result = GuidedResult(
         gradients=torch.stack(grads, 1),
         targets=targets,
         scores=torch.stack(picked, 1).tolist(),
+        probabilities=torch.stack(probs, 1).tolist() if probs else None,
         sites=dict(sorted(sites.items())),
         unguided=dict(sorted(unguided.items())),
         kinds=kinds,
@@ -238,6 +244,32 @@ def guided_backprop(
     if not result.sites:
         result.warnings.append(_no_guided_warning(kinds, result.unguided))
     return result
+
+
+def _at_embedding(model: torch.nn.Module, engine: Any, ids: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """One forward pass with the output of the embedding reading ``ids`` made a leaf that
+    requires grad (its first call with these ids; a shared embedding's later calls, a
+    decoder's, are left alone). Returns (the leaf (N, L, D), the model's output)."""
+    from inspect_model.methods.attributions.maps import find_embedding
+
+    module = dict(model.named_modules())[find_embedding(model, engine, ids)]
+    held: dict[str, torch.Tensor] = {}
+
+    def swap(_m: torch.nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
+        if "leaf" in held or not args or not isinstance(args[0], torch.Tensor) or args[0].shape != ids.shape:
+            return None
+        held["leaf"] = out.detach().requires_grad_(True)
+        return held["leaf"].clone()  # a clone: a model may add to its embeddings in place
+
+    handle = module.register_forward_hook(swap)
+    try:
+        out = run_forward(engine, lambda: model(ids))
+    finally:
+        handle.remove()
+    if "leaf" not in held or not held["leaf"].is_floating_point():
+        raise InputError(f"guided backprop needs a floating-point input, got {ids.dtype}, and no embedding "
+                         "layer read it")
+    return held["leaf"], out
 
 
 def guided_gradcam(gradients: torch.Tensor, cams: torch.Tensor) -> torch.Tensor:

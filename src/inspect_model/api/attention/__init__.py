@@ -25,6 +25,12 @@ from inspect_model.run.request import (
 )
 from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
+from inspect_model.methods.attention.base import method_help as attention_help
+from inspect_model.methods.attention import base as attention_base
+from inspect_model.methods.attention.base import all_names as attention_names
+from inspect_model.registry import command
+from inspect_model.render import html_columns
+from inspect_model.render.attention import render_result
 
 
 @dataclass(frozen=True)
@@ -33,9 +39,7 @@ class AttentionRequest(Request):
 
     command: ClassVar[str] = "attention"
 
-    methods: tuple[str, ...] = option(("rollout",), "--method", "-m", help="raw, rollout, grad-rollout, legrad or all; "
-                                   "also CAM methods (gradcam, gradcam++, xgradcam, layercam, hirescam, eigencam) "
-                                   "from the same passes, at --cam-layer; repeat or comma-separate.",
+    methods: tuple[str, ...] = option(("rollout",), "--method", "-m", help=attention_help, complete="method",
                                    multiple=True, param="method")
     layers: tuple[str, ...] = option((), "--layers", "--layer", "-l", help="Attention layers for raw and legrad: "
                                   "indices (-1 = last), module names or all (default: raw the last, legrad all).",
@@ -64,7 +68,7 @@ class AttentionRequest(Request):
                                     "default 64, on a CPU at most 4 MiB of input (6 at 224 px).")
 
     def validate(self) -> None:
-        from inspect_model.api.cam_evaluate import check_evaluate_request
+        from inspect_model.run.evaluate import check_evaluate_request
         from inspect_model.render.overlay import check_colormap
 
         self._set("target", check_target_value(self.target))
@@ -106,7 +110,7 @@ class AttentionSession(Session):
         self.evaluator = None
         self.cam_layer: Any = None
         if request.evaluate:
-            from inspect_model.api.cam_evaluate import Evaluator, check_evaluate_request
+            from inspect_model.run.evaluate import Evaluator, check_evaluate_request
 
             parsed = check_evaluate_request(evaluate=True, metrics=list(request.metrics) or None,
                                             boxes=request.boxes, steps=request.eval_steps, batch=request.eval_batch)
@@ -144,7 +148,7 @@ class AttentionSession(Session):
         from inspect_model.methods.attention.maps import cam_methods
         from inspect_model.methods.attention.passes import compute_attention
 
-        from inspect_model.api.attention_text import feed_text, token_batch
+        from inspect_model.api.attention.text import feed_text, token_batch
 
         batch = token_batch(batch, self.prep.loaded.model) or batch  # token ids without texts: as texts (issue 42)
         if getattr(batch, "text", None) is not None:  # token ids of texts (issue 26)
@@ -194,7 +198,7 @@ class AttentionSession(Session):
                                   "(torchvision starts ViT's head at zero, so with --weights none every score is 0)")
             r, c = divmod(int(a.argmax()), a.shape[1])
             layer = "+".join(self.options.layers) if method == "legrad" and self.options.layers else "all"
-            layer = res.cam_layer if method not in ("rollout", "grad-rollout", "legrad") else layer
+            layer = res.cam_layer if method not in attention_base.REGISTRY else layer  # a CAM method's layer
             maps.append({"method": method, "layer": layer, "target": target, "rank": 0, "peak_cell": [r, c],
                          "max": float(a.max()), "min": float(a.min()), "files": {}})
         for layer, v in res.raw.items():
@@ -218,7 +222,7 @@ class AttentionSession(Session):
             payload["evaluation"] = self.evaluator.summary(self.entries, columns)
         record = _AttentionRecord(self.maps) if self.keep_maps else None
         if self.keep_maps and self.text_maps:
-            from inspect_model.api.attention_text import TextRecord
+            from inspect_model.api.attention.text import TextRecord
 
             record = TextRecord(self.text_maps)
         return Result("attention", self.resolved_options(), payload, self.warnings.to_list(), record=record)
@@ -287,6 +291,29 @@ class _AttentionRecord:
         self.grid = parts[0].grid if parts else None
 
 
+@command(
+    "attention",
+    usage="attention MODEL IMAGE...",
+    order=80,
+    summary=("attention maps of transformers: raw, rollout, grad-rollout, LeGrad, for any "
+             "attention kernel"),
+    help=("Attention maps of vision transformers, for any attention kernel (fused SDPA, "
+          "nn.MultiheadAttention, eager softmax), with no change to the model.\n\nMethods: raw "
+          "attention of chosen layers and heads; rollout (Abnar & Zuidema 2020); grad-rollout "
+          "(Chefer et al. 2021); legrad (Bousselham et al. 2024). Files per image: one overlay "
+          "per method, one head grid per raw layer, with --mosaic every layer by every head. "
+          "--evaluate scores the maps for faithfulness exactly as cam --evaluate does, and ranks "
+          "the methods."),
+    example=("inspect-model attention vit_b_16 cat.jpg --method rollout,grad-rollout,legrad "
+             "--output-dir attn"),
+    renderer=render_result,
+    tables=html_columns.attention_tables,
+    methods=attention_names,
+    schema="attention.json",
+    gradients=True,
+    resumable=True,
+    text=True,
+)
 @api_command(AttentionRequest)
 def attention(model: Any, images: Any, request: AttentionRequest, *, model_options: ModelOptions | None = None,
               inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,

@@ -16,8 +16,20 @@ from inspect_model.errors import UsageError
 DEFAULT_STEPS = 32
 
 
-def check_evaluate_request(*, evaluate: bool, metrics: list[str] | None, boxes: Any, steps: int,
-                           batch: int | None) -> list[str]:
+def parse_eval_steps(steps: int | str) -> int | str:
+    """``--eval-steps``: a number, or ``auto`` (each curve refined until its AUC is stable)."""
+    if isinstance(steps, str):
+        if steps.strip().lower() == "auto":
+            return "auto"
+        try:
+            return int(steps)
+        except ValueError:
+            raise UsageError(f"--eval-steps '{steps}': give a number of steps (32) or auto") from None
+    return steps
+
+
+def check_evaluate_request(*, evaluate: bool, metrics: list[str] | None, boxes: Any, steps: int | str,
+                           batch: int | None, tolerance: float = 0.005) -> list[str]:
     """The --evaluate options that need no model; the metrics asked for ([] without --evaluate)."""
     from inspect_model.methods.faithfulness.metrics import parse_metrics
 
@@ -29,7 +41,11 @@ def check_evaluate_request(*, evaluate: bool, metrics: list[str] | None, boxes: 
 
             load_boxes(boxes)
         return []
-    if steps < 2:
+    steps = parse_eval_steps(steps)
+    if steps == "auto":
+        if not (0 < tolerance < 1):
+            raise UsageError(f"--eval-tolerance {tolerance}: give an AUC tolerance between 0 and 1 (0.005)")
+    elif steps < 2:  # type: ignore[operator]
         raise UsageError(f"--eval-steps must be 2 or more, got {steps}")
     if batch is not None and batch < 1:
         raise UsageError(f"--eval-batch must be 1 or more, got {batch}")
@@ -44,9 +60,11 @@ def check_evaluate_request(*, evaluate: bool, metrics: list[str] | None, boxes: 
 class Evaluator:
     """Scores maps batch by batch (see the module docstring)."""
 
-    def __init__(self, prep: Any, metrics: list[str], *, steps: int, batch: int | None, boxes: Any = None,
-                 output_key: str | None = None, notes: Any = None, progress: Any = None) -> None:
-        self.prep, self.metrics, self.steps, self.batch = prep, metrics, steps, batch
+    def __init__(self, prep: Any, metrics: list[str], *, steps: int | str, batch: int | None, boxes: Any = None,
+                 output_key: str | None = None, notes: Any = None, progress: Any = None,
+                 tolerance: float = 0.005) -> None:
+        self.prep, self.metrics, self.steps, self.batch = prep, metrics, parse_eval_steps(steps), batch
+        self.tolerance = tolerance  # --eval-steps auto: the AUC change at which a curve stops
         self.used_batch: int | None = None  # the inputs per pass chosen (--eval-batch, else pass_rows)
         self.output_key, self.progress = output_key, progress
         self.source = str(boxes) if boxes is not None else None
@@ -58,8 +76,11 @@ class Evaluator:
         notes = notes or (lambda text: None)
         from inspect_model.methods.faithfulness.passes import inputs_per_map
 
-        per = inputs_per_map(metrics, steps)
-        notes(f"evaluate: {', '.join(metrics)}; {per} perturbed inputs per map (and the curves' ends, shared by "
+        per = inputs_per_map(metrics, 8 if self.steps == "auto" else int(self.steps))
+        notes(f"evaluate: {', '.join(metrics)}; {per} perturbed inputs per map"
+              + (f" at first (--eval-steps auto: curves refined 8, 16, ... 128 steps while their AUC moves by more "
+                 f"than {self.tolerance})" if self.steps == "auto" else "")
+              + " (and the curves' ends, shared by "
               f"the maps of an image), run in forward passes of "
               + (f"up to {batch} (--eval-batch)" if batch is not None else
                  "up to 64 (on a CPU, up to 4 MiB of input: --eval-batch sets it)"))
@@ -144,7 +165,8 @@ class Evaluator:
         from inspect_model.methods.faithfulness.passes import count_inputs, evaluate_maps
 
         x = batch.tensor
-        total = count_inputs([j.sample for j in jobs], self.metrics, self.steps, original_known=original is not None,
+        first_steps = 8 if self.steps == "auto" else int(self.steps)  # auto: the first level's inputs
+        total = count_inputs([j.sample for j in jobs], self.metrics, first_steps, original_known=original is not None,
                              shared=read is None)
         first = entries[0]["index"] if entries else 0
         label = f"cam: evaluating image {first + 1}" + (f"-{first + len(entries)}" if len(entries) > 1 else "")
@@ -162,12 +184,15 @@ class Evaluator:
         self.used_batch = pass_rows(x, self.batch)
         scored, passes = evaluate_maps(self.prep.loaded.model, x, jobs, metrics=self.metrics, steps=self.steps,
                                        batch=self.used_batch, output_key=self.output_key, original=original,
-                                       progress=progress, read=read)
+                                       progress=progress, read=read, tolerance=self.tolerance)
         self.passes += passes
-        self.inputs += total
+        self.inputs += total if self.steps != "auto" else total + sum(
+            n - 8 for s in scored for n in s.steps.values())  # the refined levels' new points
         for rec, s in zip(recs, scored):
             rec["evaluation"] = {"scores": dict(s.scores), "curves": dict(s.curves), "confidence": dict(s.confidence),
                                  "rank": None}
+            if s.steps:
+                rec["evaluation"]["steps"] = dict(s.steps)
         # Rank the maps of one image and one target rank against each other.
         for entry in entries:
             by_rank: dict[int, list[dict[str, Any]]] = {}
@@ -190,6 +215,8 @@ class Evaluator:
             curves: dict[str, list[float]] = {}
             for name in ("deletion", "insertion", "road_morf", "road_lerf"):
                 have = [r["curves"][name] for r in recs if name in r["curves"]]
+                if len({len(v) for v in have}) > 1:  # --eval-steps auto: curves of several lengths
+                    have = [_resample(v, max(len(h) for h in have)) for v in have]
                 if have:
                     curves[name] = [sum(v) / len(have) for v in zip(*have)]
             ranks = [r["rank"] for r in recs if r["rank"] is not None]
@@ -202,6 +229,7 @@ class Evaluator:
         return {
             "metrics": list(self.metrics),
             "steps": self.steps,
+            **({"tolerance": self.tolerance} if self.steps == "auto" else {}),
             "batch": self.used_batch if self.used_batch is not None else self.batch,
             "road_fractions": list(fa.ROAD_FRACTIONS),
             "road_noise": fa.ROAD_NOISE,
@@ -212,6 +240,17 @@ class Evaluator:
             "average": rows,
             "plots": [],
         }
+
+
+def _resample(curve: list[float], n: int) -> list[float]:
+    """``curve`` (evenly spaced on [0, 1]) read at ``n`` even points, linearly between its own."""
+    m = len(curve) - 1
+    out = []
+    for i in range(n):
+        t = i * m / (n - 1) if n > 1 else 0.0
+        k = min(int(t), m - 1) if m > 0 else 0
+        out.append(curve[k] + (t - k) * (curve[k + 1] - curve[k]) if m > 0 else curve[0])
+    return out
 
 
 def _takes_label(fn: Any) -> bool:

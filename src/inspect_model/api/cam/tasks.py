@@ -50,6 +50,8 @@ class DenseCam:
     """What :class:`~inspect_model.api.cam.CamSession` delegates to for a dense task."""
 
     def __init__(self, session: Any, task: str, request: Any) -> None:
+        from inspect_model.methods.cam import base as cam_base
+        from inspect_model.methods.cam.base import task_names
         from inspect_model.methods.cam.maps import cam_is_optional
         from inspect_model.methods.objectives.scores import make_objective
         from inspect_model.methods.cam.tasks import check_task_methods
@@ -62,11 +64,11 @@ class DenseCam:
         self.objective = make_objective(task, prep.loaded.model, target, prep.categories,
                                         score_threshold=request.score_threshold, max_detections=max_detections)
         methods = list(session.methods)
-        if not cam_is_optional(session.method_items) or "cam" not in methods:
-            pass
-        elif "cam" in methods:
-            methods.remove("cam")
-            session.warnings.add(f"cam left out of --method all: a {task} model has no classifier of class scores")
+        if cam_is_optional(session.method_items):  # from `all`: what this task cannot explain is left out
+            for m in [m for m in methods if m not in task_names(task) and cam_base.get(m).in_all == "if-fits"]:
+                methods.remove(m)
+                session.warnings.add(f"{m} left out of --method all: a {task} model has no classifier of class "
+                                     "scores")
         self.methods = check_task_methods(methods, task)
         session.methods = self.methods
         self.options = {"task": task, "score_threshold": getattr(self.objective, "threshold", None),
@@ -154,7 +156,7 @@ class DenseCam:
             records.append({
                 "method": m.method, "layer": m.layer, "rank": m.row.rank,
                 "target": {"class": m.row.label, "label": m.row.name, "score": m.row.score, "probability": prob},
-                "class_independent": m.method == "eigencam", "raw_min": m.raw_min, "raw_max": m.raw_max,
+                "class_independent": m.class_independent, "raw_min": m.raw_min, "raw_max": m.raw_max,
                 "warnings": list(m.warnings), "files": {}, "stats": m.stats(),
                 self.task: m.row.record(frame),
             })

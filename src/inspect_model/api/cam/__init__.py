@@ -28,7 +28,10 @@ from inspect_model.run.request import (
 from inspect_model.run.resume import count
 from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
-from inspect_model.methods.cam.maths import method_help
+from inspect_model.methods.cam.base import method_help
+from inspect_model.methods.cam.base import names as cam_names
+from inspect_model.registry import command
+from inspect_model.render import html_columns, results
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,7 @@ class CamRequest(Request):
 
     command: ClassVar[str] = "cam"
 
-    methods: tuple[str, ...] = option(("gradcam",), "--method", "-m", help=method_help(), multiple=True,
+    methods: tuple[str, ...] = option(("gradcam",), "--method", "-m", help=method_help, multiple=True,
                                       param="method", complete="method")
     layers: tuple[str, ...] = option((), "--layer", "--layers", "-l", help="auto (last spatial layer; ViT/Swin: "
                                      "last block as a patch grid) or a layer spec; repeat for one map per layer.",
@@ -66,14 +69,18 @@ class CamRequest(Request):
                         "original-image pixels: with --evaluate for the pointing and energy games; for a detector "
                         "the boxes to explain, for a segmenter the region of the mask; for a flow model the region "
                         "whose mean flow magnitude is explained.")
-    eval_steps: int = option(32, "--eval-steps", help="Steps of the deletion and insertion curves.")
+    eval_steps: int | str = option(32, "--eval-steps", type=str, help="Steps of the deletion and insertion curves, "
+                                   "or auto: each curve refined (8, 16, ... 128) until its AUC moves by at most "
+                                   "--eval-tolerance.")
+    eval_tolerance: float = option(0.005, "--eval-tolerance", help="With --eval-steps auto: the AUC change between "
+                                   "two levels at which a curve stops.")
     eval_batch: int | None = option(None, "--eval-batch", type=int, help="Perturbed inputs per forward pass (--evaluate); "
                                     "default 64, on a CPU at most 4 MiB of input (6 at 224 px).")
     score_threshold: float | None = option(None, "--score-threshold", type=float, help=SCORE_THRESHOLD_HELP)
     max_detections: int = option(10, "--max-detections", help=MAX_DETECTIONS_HELP)
 
     def validate(self) -> None:
-        from inspect_model.api.cam_evaluate import check_evaluate_request
+        from inspect_model.run.evaluate import check_evaluate_request
         from inspect_model.methods.cam.maps import parse_methods, parse_reshape
         from inspect_model.methods.objectives.scores import check_dense_options
         from inspect_model.render.overlay import check_colormap
@@ -92,9 +99,12 @@ class CamRequest(Request):
             raise UsageError("empty layer spec; give a name, a glob, type:CLASS or auto")
         check_colormap(self.colormap)
         check_dense_options(self.score_threshold, self.max_detections)
+        from inspect_model.run.evaluate import parse_eval_steps
+
+        self._set("eval_steps", parse_eval_steps(self.eval_steps))
         self._set("parsed_metrics", tuple(check_evaluate_request(
             evaluate=self.evaluate, metrics=list(self.metrics) or None, boxes=self.boxes, steps=self.eval_steps,
-            batch=self.eval_batch)))
+            batch=self.eval_batch, tolerance=self.eval_tolerance)))
 
 
 def check_cam_request(**options: Any) -> CamRequest:
@@ -110,7 +120,7 @@ class CamSession(Session):
 
     def __init__(self, prep: Any, mopts: ModelOptions, request: CamRequest, *, notes: Any = None,
                  progress: Any = None) -> None:
-        from inspect_model.api.cam_tasks import DenseCam, dense_task
+        from inspect_model.api.cam.tasks import DenseCam, dense_task
         from inspect_model.methods.objectives.targets import parse_target
 
         r = self.request = request
@@ -131,7 +141,7 @@ class CamSession(Session):
         self.columns: list[tuple[str, str]] = []
         self.eval_options = {"evaluate": r.evaluate, "metrics": list(r.parsed_metrics) or None,
                              "boxes": str(r.boxes) if r.boxes else None, "eval_steps": r.eval_steps,
-                             "eval_batch": r.eval_batch}
+                             "eval_batch": r.eval_batch, "eval_tolerance": r.eval_tolerance}
         self.evaluator: Any = None
         flow = hasattr(prep.binding, "second_for")
         if flow and ("scorecam" in self.methods or r.evaluate):
@@ -145,10 +155,11 @@ class CamSession(Session):
 
             flow_boxes(prep, r.boxes, self.notes)  # a flow model: the region whose flow is explained
         if r.evaluate:
-            from inspect_model.api.cam_evaluate import Evaluator
+            from inspect_model.run.evaluate import Evaluator
 
             self.evaluator = Evaluator(prep, list(r.parsed_metrics), steps=r.eval_steps, batch=r.eval_batch,
-                                       boxes=r.boxes, output_key=r.output_key, notes=self.notes, progress=progress)
+                                       boxes=r.boxes, output_key=r.output_key, notes=self.notes, progress=progress,
+                                       tolerance=r.eval_tolerance)
         from inspect_model.render.draw_cam import CamDrawer
 
         self.drawer = CamDrawer(categories=prep.categories, preprocess=prep.plan.preprocess, alpha=r.alpha,
@@ -296,6 +307,30 @@ class CamSession(Session):
         if self.dense is not None:
             self.dense.merge([st["dense"] for st in states if st.get("dense")])
 
+@command(
+    "cam",
+    usage="cam MODEL IMAGE...",
+    order=60,
+    summary="CAM, Grad-CAM, Grad-CAM++, XGrad-CAM, LayerCAM, HiResCAM, Score-CAM, Eigen-CAM",
+    help=("Class activation maps: CAM, Grad-CAM, Grad-CAM++, XGrad-CAM, Layer-CAM, HiResCAM, "
+          "Score-CAM and Eigen-CAM.\n\nAll gradient methods come from one forward pass and a "
+          "backward pass that stops at the layer. With --output-dir: per image, target, method "
+          "and layer a heat-map overlay on the original image, the bare map with a colour bar, "
+          "--save-raw .npy maps, and contact sheets. --evaluate scores and ranks the maps "
+          "(faithfulness) and plots deletion/insertion curves."),
+    example=("inspect-model cam resnet50 cat.jpg --method gradcam --method scorecam --target "
+             "top:2 -o cams"),
+    renderer=results.cam_report,
+    tables=html_columns.cam_tables,
+    methods=cam_names,
+    method_groups=("all", "gradients"),
+    schema="cam.json",
+    gradients=True,
+    scores=True,
+    objective=True,
+    resumable=True,
+    text=True,
+)
 @api_command(CamRequest)
 def cam(model: Any, images: Any, request: CamRequest, *, model_options: ModelOptions | None = None,
         inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False, tensorboard: Any = None,
@@ -304,7 +339,7 @@ def cam(model: Any, images: Any, request: CamRequest, *, model_options: ModelOpt
     (a spec, an ``nn.Module`` or a ``LoadedModel``), with the options of :class:`CamRequest`
     as keywords (``methods=["gradcam"]``, ``target=3``...). The result's ``to_dict()`` is the
     CLI's ``--json``; ``save(dir)`` (or ``output_dir=``) writes the CLI's files.
-    ``evaluate=True`` adds faithfulness scores (see :mod:`inspect_model.api.cam_evaluate`)."""
+    ``evaluate=True`` adds faithfulness scores (see :mod:`inspect_model.run.evaluate`)."""
     return run_images("cam", model, images,
                       lambda prep, mopts, keep: CamSession(prep, mopts, request, notes=notes, progress=progress),
                       model_options=model_options, inputs=inputs,

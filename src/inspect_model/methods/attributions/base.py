@@ -1,0 +1,89 @@
+"""The attributions family's base and registry: an attribution method is one module under
+:mod:`.variants` with one class over :class:`AttributionMethod` (captum's ``attr/_core/``:
+one file per method, its properties on the class), registered by :func:`register`.
+
+Properties: signed or not (``signed``: the colormap, the report), ``smoothable`` (``--smooth``
+wraps it in SmoothGrad noise), ``needs_gradients``, ``needs_baseline``, title, paper and
+aliases. A method either names how it reads the one shared gradient pass (``gradient_rule``:
+``abs`` |g|, ``grad`` g, ``input-x-grad`` x g, ``var`` var g over noise; ``noisy``: over the
+noise samples), so that the gradient methods share their backward passes, or runs passes
+of its own in :meth:`AttributionMethod.compute`. ``--method`` parsing, ``all``, help,
+completion and the schema's enum read the registry. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import torch
+
+
+class AttributionMethod:
+    """One attribution method (see the module docstring)."""
+
+    name: ClassVar[str]
+    title: ClassVar[str]
+    paper: ClassVar[str]
+    aliases: ClassVar[tuple[str, ...]] = ()
+    order: ClassVar[int] = 100  # place in method lists and reports
+    signed: ClassVar[bool] = True  # False: the map is >= 0 everywhere
+    smoothable: ClassVar[bool] = False  # --smooth averages it over noisy copies
+    needs_gradients: ClassVar[bool] = True
+    needs_baseline: ClassVar[bool] = False  # reads --baseline
+    gradient_rule: ClassVar[str | None] = None  # from the shared gradient pass: abs | grad | input-x-grad | var
+    noisy: ClassVar[bool] = False  # the shared pass over noise samples (SmoothGrad, VarGrad)
+
+    def compute(self, run: Any) -> torch.Tensor:
+        """The maps (U, *S) of the batch ``run`` (methods.attributions.maps.Run: ``b`` the
+        sweeps' Batch, ``baseline``, ``fx``, ``result``, ``smoothed``), for a method with
+        passes of its own."""
+        raise NotImplementedError
+
+
+REGISTRY: dict[str, AttributionMethod] = {}
+_loaded = False
+
+
+def register(cls: type[AttributionMethod]) -> type[AttributionMethod]:
+    """Class decorator: add an attribution method to the family."""
+    if cls.name in REGISTRY and type(REGISTRY[cls.name]) is not cls:
+        raise ValueError(f"attribution method '{cls.name}' is already registered")
+    REGISTRY[cls.name] = cls()
+    return cls
+
+
+def unregister(name: str) -> None:
+    REGISTRY.pop(name, None)
+
+
+def methods() -> dict[str, AttributionMethod]:
+    """Every registered method, in their ``order`` (the built-ins are imported once)."""
+    global _loaded
+    if not _loaded:
+        from inspect_model.methods.attributions import variants
+
+        for info in pkgutil.iter_modules(variants.__path__):
+            importlib.import_module(f"{variants.__name__}.{info.name}")
+        _loaded = True
+    return dict(sorted(REGISTRY.items(), key=lambda kv: (kv[1].order, kv[0])))
+
+
+def get(name: str) -> AttributionMethod:
+    return methods()[name]
+
+
+def names() -> tuple[str, ...]:
+    return tuple(methods())
+
+
+def aliases() -> dict[str, str]:
+    return {a: n for n, m in methods().items() for a in m.aliases}
+
+
+def method_help() -> str:
+    """``--method``'s help, from the registry."""
+    parts = [n + (f" ({m.aliases[0]})" if m.aliases and len(m.aliases[0]) <= 3 else "") for n, m in methods().items()]
+    return f"{', '.join(parts)}, or all; repeatable or comma-separated (default: saliency)."

@@ -1,0 +1,1 @@
+"""The attribution methods, one module each (imported by :func:`inspect_model.methods.attributions.base.methods`)."""

@@ -1,0 +1,107 @@
+"""Issue 35, "Done when": a toy CAM method, a toy attribution method and a toy command, each
+one module (tests/fixtures/toys/), are seen in --help, completion, --json, the schema and
+report.html, with nothing else edited."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import torch
+
+TOYS = ("fixtures.toys.toy_cam", "fixtures.toys.toy_attribution", "fixtures.toys.toy_command")
+
+
+@pytest.fixture
+def toys() -> Any:
+    import inspect_model as im
+    from inspect_model import registry
+    from inspect_model.cli import app
+    from inspect_model.methods.attributions import base as attribution_base
+    from inspect_model.methods.cam import base as cam_base
+
+    for name in TOYS:
+        sys.modules.pop(name, None)
+        importlib.import_module(name)
+    app.sync_commands(rebuild=True)  # the help texts read the method registries anew
+    yield
+    cam_base.unregister("toymeancam")
+    attribution_base.unregister("toy-sign")
+    registry.unregister("toy-norms")
+    app.sync_commands(rebuild=True)
+    im.__dict__.pop("toy_norms", None)
+
+
+def _run(cli: Any, args: list[str]) -> Any:
+    r = cli(args)
+    assert r.exit_code == 0, r.stderr
+    return r
+
+
+def test_toys_appear_in_help_and_completion(toys: Any, cli: Any) -> None:
+    from inspect_model.cli import completion
+
+    assert "toymeancam" in _run(cli, ["cam", "--help"]).stdout
+    assert "toy-sign" in _run(cli, ["attributions", "--help"]).stdout
+    top = _run(cli, ["--help"]).stdout
+    assert "toy-norms" in top and "the norm of each input" in top
+    assert "--power" in _run(cli, ["toy-norms", "--help"]).stdout
+    assert completion.complete_method("toy", "cam") == ["toymeancam"]
+    assert completion.complete_method("toy", "attributions") == ["toy-sign"]
+    assert "toymeancam" in completion.complete_method("", "attention")  # one pass, no classifier: attention adds it
+    assert "toy-norms" in completion.command_names()
+
+
+def test_toys_run_and_their_reports_validate(toys: Any, cli: Any, models_py: Path, tmp_path: Path) -> None:
+    from inspect_model.schemas import load_schema
+    from inspect_model.schemas.generate import options_schema
+
+    model = f"{models_py}:TinyCNN"
+    base = [model, "--input-size", "3x8x8", "--batch-size", "2"]
+    # the toy CAM: --json, the schema's method enum, report.html
+    cam = json.loads(_run(cli, ["cam", *base, "--method", "toymeancam,gradcam", "--layer", "features.3",
+                                "--json"]).stdout)
+    methods = [m["method"] for m in cam["images"][0]["maps"]]
+    assert methods == ["gradcam", "toymeancam"]
+    toy_map = cam["images"][0]["maps"][1]
+    assert toy_map["class_independent"] is True  # read from the method's property
+    schema = load_schema("cam")
+    assert "toymeancam" in schema["$defs"]["method"]["enum"]
+    jsonschema.Draft202012Validator(schema).validate(cam)
+    # the toy attribution: its maps are the sign of the gradient (checked against autograd)
+    attr = json.loads(_run(cli, ["attributions", *base, "--method", "toy-sign,gradient", "--json"]).stdout)
+    recs = {m["method"]: m for m in attr["images"][0]["maps"]}
+    assert set(recs) == {"gradient", "toy-sign"}
+    schema = load_schema("attributions")
+    assert "toy-sign" in schema["$defs"]["method"]["enum"]
+    jsonschema.Draft202012Validator(schema).validate(attr)
+    # the toy command: --json, its options in the generated schema
+    norms = json.loads(_run(cli, ["toy-norms", *base, "--power", "1", "--json"]).stdout)
+    assert norms["command"] == "toy-norms" and norms["options"]["power"] == 1
+    assert "power" in options_schema("toy-norms")["properties"]
+    # report.html of each: the toy's rows and its own table
+    for args, name, expect in ((["cam", "--method", "toymeancam", "--layer", "features.3"], "cam", "toymeancam"),
+                               (["attributions", "--method", "toy-sign"], "attr", "toy-sign"),
+                               (["toy-norms"], "norms", "Norms of the inputs")):
+        out = tmp_path / name
+        _run(cli, [args[0], *base, *args[1:], "-o", str(out), "-q"])
+        assert expect in (out / "report.html").read_text(encoding="utf-8")
+
+
+def test_the_toy_attribution_is_the_sign_of_the_gradient(toys: Any) -> None:
+    import inspect_model as im
+    from fixtures.models import TinyCNN
+
+    torch.manual_seed(0)
+    net = TinyCNN().eval()
+    x = torch.randn(2, 3, 8, 8)
+    res = im.attribute(net, x, target=[1, 3], settings=im.AttributionSettings(methods=("toysign", "gradient")))
+    torch.testing.assert_close(res.maps["toy-sign"], res.maps["gradient"].sign())
+    xr = x.clone().requires_grad_(True)
+    net(xr)[torch.arange(2), torch.tensor([1, 3])].sum().backward()
+    torch.testing.assert_close(res.maps["toy-sign"][:, 0], xr.grad.sign())
