@@ -103,7 +103,6 @@ def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: 
     import torch
 
     from inspect_model.loading.inputs import plan_inputs
-    from inspect_model.loading.models import require_hookable
     from inspect_model.loading.shapes import parse_dtype
     from inspect_model.methods.objectives.targets import check_label_count, load_labels
 
@@ -111,23 +110,7 @@ def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: 
     _precheck(mopts, inputs)
     torch_dtype = parse_dtype(mopts.dtype)
     torch.manual_seed(inputs.seed)
-    loaded = load(mopts)
-    if capability(command, "hooks", True) if hooks is None else hooks:
-        require_hookable(loaded, command)
-    if capability(command, "gradients"):
-        from inspect_model.loading.quantized import refuse_gradients
-
-        refuse_gradients(loaded, command)  # quantized kernels have no autograd
-    if capability(command, "parameter_gradients"):
-        from inspect_model.loading.dispatch import refuse_offloaded
-
-        refuse_offloaded(loaded, command)  # weights streamed from disk keep no parameter gradients
-    from inspect_model.run.world import rank_device
-    from inspect_model.devices import model_device
-
-    placed = hasattr(loaded.model, "hf_device_map")  # spread by accelerate: inputs go to its main device
-    dev = (model_device(loaded.model) or "cpu") if loaded.borrowed or placed \
-        else resolve_device(rank_device(mopts.device))
+    loaded, dev, placed = _load_checked(command, mopts, hooks)
     for note in loaded.notes:
         if notes is not None:
             notes(note)
@@ -202,6 +185,30 @@ def _texts_beside_images(task: Any, inputs: InputOptions, loaded: Any, mopts: Mo
         raise UsageError(f"--text with images: only a two-tower (image-text) model takes both; {loaded.name} is a "
                          f"{task.name} model; drop the images or --text")
     return has_text, None, None
+
+
+def _load_checked(command: str, mopts: ModelOptions, hooks: bool | None) -> tuple[Any, str, bool]:
+    """The model loaded and refused where the command cannot run on it; the device its inputs
+    go to; whether accelerate placed it (issue 37: its main device, never moved or cast)."""
+    from inspect_model.devices import model_device
+    from inspect_model.loading.models import require_hookable
+    from inspect_model.run.world import rank_device
+
+    loaded = load(mopts)
+    if capability(command, "hooks", True) if hooks is None else hooks:
+        require_hookable(loaded, command)
+    if capability(command, "gradients"):
+        from inspect_model.loading.quantized import refuse_gradients
+
+        refuse_gradients(loaded, command)  # quantized kernels have no autograd
+    if capability(command, "parameter_gradients"):
+        from inspect_model.loading.dispatch import refuse_offloaded
+
+        refuse_offloaded(loaded, command)  # weights streamed from disk keep no parameter gradients
+    placed = hasattr(loaded.model, "hf_device_map")  # spread by accelerate: inputs go to its main device
+    dev = (model_device(loaded.model) or "cpu") if loaded.borrowed or placed \
+        else resolve_device(rank_device(mopts.device))
+    return loaded, dev, placed
 
 
 def _precheck(mopts: ModelOptions, inputs: InputOptions) -> None:
