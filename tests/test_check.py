@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
+from fixtures.invariants import register_model
 from fixtures.models import TinyCNN, assert_unchanged, model_state
 from inspect_model.engine.selection import select_layers
 from inspect_model.methods.checks.smoke import parse_count_range, run_checks
@@ -90,3 +92,86 @@ def test_check_leaves_model_unchanged_and_grads_none() -> None:
     run_checks(m, (torch.randn(2, 3, 8, 8),), layers=select_layers(m), deterministic=True)
     assert_unchanged(m, before)
     assert all(p.grad is None for p in m.parameters())
+
+
+# ----------------------------------------------------------------- honest outputs (issue 14)
+class DeadRelu(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.relu = nn.ReLU()
+        with torch.no_grad():
+            self.fc.weight.zero_()
+            self.fc.bias.fill_(-1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.relu(self.fc(x)) + x
+
+
+def test_deterministic_counts_a_dead_layer_once(monkeypatch: pytest.MonkeyPatch, cli) -> None:
+    spec = register_model(monkeypatch, DeadRelu())
+    res = cli(["check", spec, "--input-size", "4", "--weights", "none", "--deterministic"])
+    assert res.exit_code == 1
+    line = next(ln for ln in res.stdout.splitlines() if "dead layers" in ln)
+    assert "dead layers: 1 " in line and line.endswith("(relu)"), line
+
+
+def test_finite_outputs_says_non_finite_values(monkeypatch: pytest.MonkeyPatch, cli) -> None:
+    class Log(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.log(x - 10.0)
+
+    spec = register_model(monkeypatch, Log())
+    res = cli(["check", spec, "--input-size", "5", "--weights", "none", "--max-dead-fraction", "1.0"])
+    assert res.exit_code == 1
+    assert "FAIL  finite outputs: 5 non-finite values (expected 0)" in res.stdout, res.stdout
+    assert "finite outputs 5 non-finite values (expected 0)" in res.stderr, res.stderr
+
+
+# ----------------------------------------------------------------- report numbers (issue 29.6)
+def test_check_json_is_numeric_like_grads(cli, models_py: Path) -> None:
+    import jsonschema
+
+    from inspect_model.schemas import __file__ as schemas_init
+
+    r = cli(["check", f"{models_py}:TinyCNN", "--input-size", "3x8x8", "--expect-output-shape", "1x5",
+             "--expect-params", "1.5K", "--deterministic", "--max-seconds", "600", "--max-memory", "100000",
+             "--json"])
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    jsonschema.validate(doc, json.loads((Path(schemas_init).parent / "check.json").read_text()))
+    checks = {c["name"]: c for c in doc["checks"]}
+    assert checks["time"]["threshold"] == 600 and isinstance(checks["time"]["value"], float)
+    assert checks["time"]["expected"] == {"min": None, "max": 600} and checks["time"]["expected_text"] == "<= 600"
+    assert checks["memory"]["threshold"] == 100000
+    assert checks["params"] == {**checks["params"], "value": 1493, "threshold": None,
+                                "expected": {"min": 1450, "max": 1549}}
+    assert checks["output shape"]["value"] == [1, 5] and checks["output shape"]["expected"] == [1, 5]
+    assert checks["finite outputs"]["threshold"] == 0 and checks["finite gradients"]["expected"] is True
+    assert checks["deterministic"]["threshold"] == 0.0
+    for c in doc["checks"]:  # no comparison hidden in a string any more, except for humans
+        assert not isinstance(c["expected"], str) and not isinstance(c["threshold"], str)
+
+
+@pytest.mark.parametrize(("text", "passes"), [
+    ("1.5K", True), ("1.49 K", True), ("1.49K", True), ("1493", True), ("1.4K", False), ("1K..2K", True),
+    ("0.0015M", True), ("1.5k", True), ("2K", False),
+])
+def test_expect_params_takes_the_suffixes_the_tool_prints(cli, models_py: Path, text: str, passes: bool) -> None:
+    """TinyCNN has 1,493 parameters; summary prints it as 1.49 K."""
+    r = cli(["check", f"{models_py}:TinyCNN", "--input-size", "3x8x8", "--expect-params", text])
+    assert r.exit_code == (0 if passes else 1), (text, r.stdout, r.stderr)
+
+
+def test_expect_params_rounding_interval() -> None:
+    from inspect_model.errors import UsageError
+    from inspect_model.methods.checks.smoke import parse_count_range
+
+    assert parse_count_range("11.7M") == (11_650_000, 11_749_999)  # resnet18's 11,689,512 passes
+    assert parse_count_range("11.69 M") == (11_685_000, 11_694_999)
+    assert parse_count_range("25M..26M") == (25_000_000, 26_000_000)
+    assert parse_count_range("1.2G") == (1_150_000_000, 1_249_999_999)
+    assert parse_count_range("25557032") == (25_557_032, 25_557_032)
+    for bad in ("11.7X", "M", "1..0"):
+        with pytest.raises(UsageError):
+            parse_count_range(bad)

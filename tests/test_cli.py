@@ -131,3 +131,22 @@ def test_tensorboard_without_the_extra_is_a_clear_usage_error(cli, models_py, tm
     assert r.exit_code == 2
     assert r.stderr.strip() == ("error: --tensorboard needs the tensorboard package; "
                                 "pip install 'inspect-model[tensorboard]'")
+
+
+# ----------------------------------------------------------------- top-level --help (issue 29.8)
+def test_top_level_help_lists_exit_codes_one_a_line_and_whole_summaries(cli) -> None:
+    from inspect_model import errors
+
+    res = cli(["--help"])
+    assert res.exit_code == 0
+    lines = res.stdout.splitlines()
+    start = lines.index("  Exit codes:")
+    block = lines[start + 2:start + 2 + len(errors.EXIT_CODES)]
+    assert [ln.split(None, 1)[0] for ln in block] == [f"{c}:" for c in errors.EXIT_CODES]  # no blank lines between
+    assert all(ln.split(None, 1)[1] == errors.EXIT_CODES[int(ln.split(None, 1)[0][:-1])] for ln in block)
+    from inspect_model import registry
+
+    commands = " ".join(" ".join(lines[lines.index("Commands:") + 1:]).split())
+    for spec in registry.COMMANDS.values():  # whole, never cut at "et al." (Click's first-sentence rule)
+        assert f"{spec.name} {spec.summary}" in commands, spec.name
+    assert "(Springenberg et al. 2015) for any ReLU network" in commands

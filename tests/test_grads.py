@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fixtures.invariants import register_model
 from fixtures.models import DictOut, ReusedReLU, TinyCNN, TwoLayer, assert_unchanged, model_state
 from inspect_model.errors import InputError, ModelRuntimeError, UsageError
 from inspect_model.methods.gradients.stats import merge_stats
@@ -463,3 +464,23 @@ def test_histogram_of_a_large_gradient_is_a_faithful_sample() -> None:
     e_small, _ = np.histogram(np.clip(np.log10(np.abs(v[:1000][np.isfinite(v[:1000]) & (v[:1000] != 0)])),
                                       HIST_LO, HIST_HI - 1e-6), HIST_BINS, (HIST_LO, HIST_HI))
     assert small.counts == e_small.tolist()
+
+
+# ----------------------------------------------------------------- every layer in the histograms (issue 14)
+def test_grads_histograms_show_every_layer_on_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      cli) -> None:
+    from inspect_model.render.gradients import HIST_PER_PAGE
+
+    model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(60)])  # 60 layers: every one on a page
+    spec = register_model(monkeypatch, model)
+    res = cli(["grads", spec, "--input-size", "4", "--weights", "none", "-o", str(tmp_path / "g"), "--quiet"])
+    assert res.exit_code == 0, res.stderr
+    pages = sorted(p.name for p in (tmp_path / "g").glob("grad_histograms_*.png"))
+    n_pages = -(-60 // HIST_PER_PAGE)
+    assert pages == [f"grad_histograms_{i:03d}.png" for i in range(1, n_pages + 1)]
+
+    import inspect_model as im
+    from inspect_model.render.gradients import histogram_pages
+
+    result = im.grads(model, inputs=im.InputOptions(input_size=["4"]), model_options=im.ModelOptions(model, weights=None))
+    assert len(histogram_pages(result.record)) == n_pages  # tests/test_pictures.py checks each layer's panel
