@@ -28,7 +28,11 @@ def test_smoke_run_completes_and_prints_one_table(tmp_path: Path) -> None:
     lines = proc.stdout.splitlines()
     assert lines[0].split()[:4] == ["work", "ours", "floor", "ratio"]
     assert "target" in lines[0] and "result" in lines[0]
-    assert lines[-1].startswith("Measured ") and "smoke mode" in lines[-1]
+    measured = [ln for ln in lines if ln.startswith("Measured ")]
+    assert len(measured) == 1 and "smoke mode" in measured[0]
+    # After the table, the verdict: how many targets pass and which fail (issue 40).
+    verdict = lines[lines.index(measured[0]) + 1]
+    assert verdict.startswith("targets: ") and " PASS, " in verdict and verdict.endswith(" FAIL")
     doc = json.loads(out.read_text())
     benches = {r["bench"] for r in doc["rows"]}
     assert benches >= {"summary", "activations", "memory", "grads", "guided-backprop", "cam", "faithfulness",
