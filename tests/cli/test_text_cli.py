@@ -120,14 +120,16 @@ def test_text_for_a_vision_model_is_refused(folders):
 
 
 def test_text_options_only_where_they_apply(folders):
-    r = run_cli(["summary", "resnet18", "--text", "hi"])
+    r = run_cli(["models", "--text", "hi"])
     assert r.exit_code == 2 and "--text" in r.stderr
+    r = run_cli(["summary", "resnet18", "--text", "hi"])  # summary takes texts (issue 42), an image model not
+    assert r.exit_code == 4 and r.stderr.startswith("error: --text needs a tokenizer, and resnet18 has none")
     import inspect_model as im
     from inspect_model.run.options import InputOptions
-    from inspect_model.errors import UsageError
+    from inspect_model.errors import UnsupportedModelError
 
     # issue 42: cam takes --text, and on a token model refuses in one line naming a command that works
-    with pytest.raises(UsageError, match="^cam maps a spatial layer; .* use attributions --text"):
+    with pytest.raises(UnsupportedModelError, match="^cam maps a spatial layer; .* use attributions --text"):
         im.cam(str(folders["gpt2"]), inputs=InputOptions(text=["hi"]))
 
 

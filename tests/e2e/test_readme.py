@@ -179,6 +179,12 @@ def test_readme_command_line_runs(line: str, tmp_path: Path, monkeypatch: pytest
 
         for kind in ("bert", "gpt2"):
             save_text_model(kind, tmp_path / f"tiny-{kind}", trained=kind == "bert")
+        import re
+
+        from fixtures.task_models import save_task_model
+
+        for kind in set(re.findall(r"tiny-(llama|t5|clip|bertmodel|clipvision)\b", line)):  # issue 42's tasks
+            save_task_model(kind, tmp_path / f"tiny-{kind}")
         (tmp_path / "texts.txt").write_text("the cat sat on the mat\na dog ran to the park\n")
     monkeypatch.chdir(tmp_path)
     argv, stdin, pipe = _argv(line)

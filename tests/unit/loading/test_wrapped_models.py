@@ -161,3 +161,21 @@ def test_every_command_treats_a_wrapped_model_as_the_plain_one(gpt2, wrapped_py,
         assert r.exit_code != 6 and "unexpected" not in r.stderr
         errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
         assert errors == [line for line in plain.stderr.splitlines() if line.startswith("error:")]
+
+
+def test_the_bare_methods_unwrap_too():
+    """The methods under the commands (Python API) take a wrapper as the module it wraps."""
+    import inspect_model as im
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                              torch.nn.Flatten(), torch.nn.Linear(4, 3)).eval()
+    x = torch.randn(2, 3, 8, 8)
+    want = im.capture_activations(net, x).layers
+    grads = im.compute_gradients(net, x).layers
+    cams = torch.stack([m.map for m in im.compute_cams(net, x, layers=["0"]).maps])
+    for wrapper in (torch.compile(net), torch.nn.DataParallel(net)):
+        assert [(r.name, r.stats) for r in im.capture_activations(wrapper, x).layers] == \
+            [(r.name, r.stats) for r in want]
+        assert [r.name for r in im.compute_gradients(wrapper, x).layers] == [r.name for r in grads]
+        assert torch.equal(torch.stack([m.map for m in im.compute_cams(wrapper, x, layers=["0"]).maps]), cams)

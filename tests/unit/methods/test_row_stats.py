@@ -88,6 +88,15 @@ def test_seen_gradients_reuses_the_same_memory_only() -> None:
     assert again[0].norm == pytest.approx(2 * first[0].norm, rel=1e-6)
     other = g.clone()
     assert seen.measure(other, 4) == again  # equal values in other memory: measured, same result
+    # Memory given back and taken again (the same address, other values): never a hit.
+    seen2 = SeenGradients()
+    a = torch.randn(4, 64, 32, 32)
+    first = seen2.measure(a, 4)
+    ptr = a.data_ptr()
+    del a
+    b = torch.full((4, 64, 32, 32), 3.0)
+    got = seen2.measure(b, 4)
+    assert got[0].mean == pytest.approx(3.0) and (b.data_ptr() != ptr or got != first)
     seen.clear()
     assert not seen._seen
 

@@ -134,3 +134,16 @@ def test_gradient_statistics_are_those_of_the_real_tokens(folders):
     assert st["mean"] == pytest.approx(float(real.mean()), rel=1e-4, abs=1e-9)
     assert st["zero_fraction"] == pytest.approx(float((real == 0).double().mean()))
     assert float((g == 0).double().mean()) > float((real == 0).double().mean())  # padding: exact zeros
+
+
+def test_check_dead_layers_count_real_tokens_only(folders):
+    """Llama's pad rows embed to zeros (padding_idx): over a padded batch 11% of the embedding's
+    values are 0; over real tokens none, and sin(0) = 0 in the rotary table is no dead unit."""
+    args = ["check", str(folders["llama"]), "--weights", "default", *[a for t in TEXTS for a in ("--text", t)],
+            "--max-dead-fraction", "0.05", "--json", "-q"]
+    r = run_cli(args)
+    assert r.exit_code == 0, r.stdout + r.stderr
+    dead = next(c for c in json.loads(r.stdout)["checks"] if c["name"] == "dead layers")
+    assert dead["passed"] and dead["value"] == 0
+    hidden, mask = _hidden_states(folders["llama"])
+    assert float((hidden[0] == 0).double().mean()) > 0.05  # with padding the embedding would fail the check

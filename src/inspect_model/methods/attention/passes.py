@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import LayerSelectionError, ModelRuntimeError, UnsupportedModelError, UsageError
+from inspect_model.loading.wrappers import unwrap_module
 from inspect_model.methods.attention import base
 from inspect_model.methods.attention import maps as am
 from inspect_model.methods.attention.models import (
@@ -415,4 +416,5 @@ def compute_attention(model: nn.Module, x: torch.Tensor, options: am.AttentionOp
     back as it was. ``target``: ``predicted``, a class index, a :class:`TargetSpec` or one
     class index per image (gradient methods). ``cam_layer``: a ``CamLayer`` already resolved
     for the CAM-family methods (else ``options.cam_layer`` is resolved with a probe pass)."""
+    model = unwrap_module(model)[0]  # compiled / DataParallel: the module inside (loading/wrappers.py)
     return run(model, x, options or am.AttentionOptions(), target, cam_layer)
