@@ -110,7 +110,14 @@ def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: 
     _precheck(mopts, inputs)
     torch_dtype = parse_dtype(mopts.dtype)
     torch.manual_seed(inputs.seed)
-    loaded, dev, placed = _load_checked(command, mopts, hooks)
+    loaded = load(mopts)
+    _refuse(command, loaded, hooks)
+    from inspect_model.run.world import rank_device
+    from inspect_model.devices import model_device
+
+    placed = hasattr(loaded.model, "hf_device_map")  # spread by accelerate: inputs go to its main device
+    dev = (model_device(loaded.model) or "cpu") if loaded.borrowed or placed \
+        else resolve_device(rank_device(mopts.device))
     for note in loaded.notes:
         if notes is not None:
             notes(note)
@@ -168,6 +175,24 @@ def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: 
     return Prepared(loaded, plan, categories, dev, torch_dtype, binding), task, texts, tok
 
 
+def _refuse(command: str, loaded: Any, hooks: bool | None) -> None:
+    """What the command's registry entry says it does, checked against the model: hooks (None:
+    the entry's), gradients (quantized kernels have none), parameter gradients (offloaded
+    weights keep none)."""
+    from inspect_model.loading.models import require_hookable
+
+    if capability(command, "hooks", True) if hooks is None else hooks:
+        require_hookable(loaded, command)
+    if capability(command, "gradients"):
+        from inspect_model.loading.quantized import refuse_gradients
+
+        refuse_gradients(loaded, command)
+    if capability(command, "parameter_gradients"):
+        from inspect_model.loading.dispatch import refuse_offloaded
+
+        refuse_offloaded(loaded, command)
+
+
 def _texts_beside_images(task: Any, inputs: InputOptions, loaded: Any, mopts: ModelOptions
                          ) -> tuple[bool, Any, Any]:
     """(texts given, the texts and tokenizer of a two-tower model, held beside its images;
@@ -185,30 +210,6 @@ def _texts_beside_images(task: Any, inputs: InputOptions, loaded: Any, mopts: Mo
         raise UsageError(f"--text with images: only a two-tower (image-text) model takes both; {loaded.name} is a "
                          f"{task.name} model; drop the images or --text")
     return has_text, None, None
-
-
-def _load_checked(command: str, mopts: ModelOptions, hooks: bool | None) -> tuple[Any, str, bool]:
-    """The model loaded and refused where the command cannot run on it; the device its inputs
-    go to; whether accelerate placed it (issue 37: its main device, never moved or cast)."""
-    from inspect_model.devices import model_device
-    from inspect_model.loading.models import require_hookable
-    from inspect_model.run.world import rank_device
-
-    loaded = load(mopts)
-    if capability(command, "hooks", True) if hooks is None else hooks:
-        require_hookable(loaded, command)
-    if capability(command, "gradients"):
-        from inspect_model.loading.quantized import refuse_gradients
-
-        refuse_gradients(loaded, command)  # quantized kernels have no autograd
-    if capability(command, "parameter_gradients"):
-        from inspect_model.loading.dispatch import refuse_offloaded
-
-        refuse_offloaded(loaded, command)  # weights streamed from disk keep no parameter gradients
-    placed = hasattr(loaded.model, "hf_device_map")  # spread by accelerate: inputs go to its main device
-    dev = (model_device(loaded.model) or "cpu") if loaded.borrowed or placed \
-        else resolve_device(rank_device(mopts.device))
-    return loaded, dev, placed
 
 
 def _precheck(mopts: ModelOptions, inputs: InputOptions) -> None:
