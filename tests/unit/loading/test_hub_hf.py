@@ -165,7 +165,9 @@ def test_bert_takes_token_ids(bert_dir):
     assert doc["total_macs"] == 2 * per_layer + 16 * 16
     res = run_cli(["activations", str(bert_dir), "--weights", "DEFAULT", "--json"])
     assert res.exit_code == 0, res.stderr
-    res = run_cli(["grads", str(bert_dir), "--weights", "DEFAULT", "--json"])
+    res = run_cli(["grads", str(bert_dir), "--weights", "DEFAULT", "--json"])  # head-less: no silent target (issue 42)
+    assert res.exit_code == 2 and "--target norm" in res.stderr, res.stderr
+    res = run_cli(["grads", str(bert_dir), "--weights", "DEFAULT", "--target", "norm", "--json"])
     assert res.exit_code == 0, res.stderr
 
 
