@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -57,9 +58,11 @@ def write_model(name: str, log: Any = print) -> Path:
     from accelerate import init_empty_weights
     from safetensors.torch import save_file
 
-    folder = cache_dir() / f"{name}-bf16"
-    if (folder / "complete").is_file():
-        return folder
+    final = cache_dir() / f"{name}-bf16"
+    if (final / "complete").is_file():
+        return final
+    # Written aside and renamed when complete: two runs at once never read half a model.
+    folder = cache_dir() / f".{name}-bf16.{os.getpid()}"
     folder.mkdir(parents=True, exist_ok=True)
     cfg = transformers.LlamaConfig(**SHAPES[name], architectures=["LlamaForCausalLM"], bos_token_id=1,
                                    eos_token_id=2, pad_token_id=0, dtype="bfloat16")
@@ -104,7 +107,13 @@ def write_model(name: str, log: Any = print) -> Path:
         {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
     _tokenizer().save_pretrained(folder)
     (folder / "complete").write_text(f"{total}\n")
-    return folder
+    try:
+        if final.exists() and not (final / "complete").is_file():
+            shutil.rmtree(final)  # an unfinished folder of an earlier version of this writer
+        os.rename(folder, final)
+    except OSError:  # another run finished first: keep its copy
+        shutil.rmtree(folder, ignore_errors=True)
+    return final
 
 
 def _tokenizer() -> Any:
