@@ -3,7 +3,8 @@ avoid, measured in this process on this device), the ratio, the peer's ratio whe
 is installed (the ``bench`` extra: torchinfo, pytorch-grad-cam, captum), the target and
 whether it is met.
 
-    python benchmarks/run.py [--device cpu|cuda|mps] [--quick | --smoke] [--only cam,faithfulness]
+    python benchmarks/run.py [--device cpu|cuda|mps] [--quick | --smoke] [--only cam,faithfulness|issue40]
+                             [--clock wall|cpu] [--threads N]
                              [--repeats N] [--json FILE] [--markdown]
 
 The device defaults to CUDA when ``torch.cuda.is_available()``, else the CPU. Sizes follow
@@ -52,16 +53,29 @@ BENCHES = [
 ]
 
 
+# --only takes these names for several benchmarks at once.
+GROUPS = {
+    # issue 40's rows: grads, activation statistics, --evaluate, Score-CAM, IG at equal gap, cam -o, --workers 0
+    "issue40": ["bench_grads", "bench_activations_memory", "bench_evaluate", "bench_cam", "bench_attributions",
+                "bench_dataset", "bench_pictures"],
+}
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="small sizes: under 3 minutes on a 2-core CPU")
     mode.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat: does everything run (CI)")
-    ap.add_argument("--only", default="", help="comma-separated benchmark titles or module names")
+    ap.add_argument("--only", default="", help="comma-separated benchmark titles or module names, or a group: "
+                    + ", ".join(GROUPS))
     ap.add_argument("--repeats", type=int, default=0, help="best of N interleaved runs (default 3; quick 2; smoke 1)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows and the machine to FILE")
     ap.add_argument("--markdown", action="store_true", help="print the table as Markdown (README's)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: time each run by this process's CPU time (a machine shared with other jobs; "
+                         "use with --threads 1)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     return ap.parse_args(argv)
 
 
@@ -92,11 +106,17 @@ def run(argv: list[str] | None = None) -> int:
     args = parse(argv)
     from common import PEERS, Context, Row, Target, have, sizes_for
 
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     device = pick_device(args.device)
     mode = "smoke" if args.smoke else "quick" if args.quick else "full"
     repeats = args.repeats or {"full": 3, "quick": 2, "smoke": 1}[mode]
-    ctx = Context(device, mode, repeats, sizes_for(device.type, mode), {p: have(p) for p in PEERS})
+    ctx = Context(device, mode, repeats, sizes_for(device.type, mode), {p: have(p) for p in PEERS}, clock=args.clock)
     wanted = {w.strip() for w in args.only.split(",") if w.strip()}
+    for group in wanted & set(GROUPS):
+        wanted |= set(GROUPS[group])
     load0 = os.getloadavg()
     start, cpu0 = time.perf_counter(), time.process_time()
     rows: list[Row] = []
@@ -117,12 +137,16 @@ def run(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - start
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu_s = time.process_time() - cpu0 + kids.ru_utime + kids.ru_stime
-    meta = machine(device) | {"mode": mode, "repeats": repeats, "seconds": round(elapsed, 1),
+    meta = machine(device) | {"mode": mode, "repeats": repeats, "seconds": round(elapsed, 1), "clock": args.clock,
                               "cpu_seconds": round(cpu_s, 1),
                               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                               "load_average": [round(v, 1) for v in (load0[0], os.getloadavg()[0])],
                               "peers": {p: ok for p, ok in ctx.peers.items()}}
     print(render(rows, meta, markdown=args.markdown))
+    judged = [r for r in rows if r.result is not None]
+    failed = [r.work for r in judged if not r.result]
+    print(f"targets: {len(judged) - len(failed)} PASS, {len(failed)} FAIL"
+          + ("".join(f"\n  FAIL: {w}" for w in failed) if failed else ""))
     if args.json:
         doc = {"machine": meta, "rows": [r.to_dict() for r in rows]}
         text = json.dumps(_finite(doc), indent=2, sort_keys=True, default=str, allow_nan=False)
@@ -169,7 +193,9 @@ def render(rows: list[Any], meta: dict[str, Any], *, markdown: bool) -> str:
     missing = [p for p, ok in meta["peers"].items() if not ok]
     where = (f"Measured {meta['date']} on {meta['device']}" + (f" ({meta['gpu']})" if "gpu" in meta else "")
              + f", {meta['cpu']}, {meta['cores']} cores, torch {meta['torch']} ({meta['threads']} threads), "
-             f"{meta['mode']} mode, best of {meta['repeats']} interleaved runs, {meta['seconds']:.0f} s in all "
+             f"{meta['mode']} mode, best of {meta['repeats']} interleaved runs"
+             + (" timed by process CPU time" if meta.get("clock") == "cpu" else "")
+             + f", {meta['seconds']:.0f} s in all "
              f"({meta.get('cpu_seconds', 0):.0f} s of CPU time); "
              f"load average {meta['load_average'][0]} at the start, {meta['load_average'][1]} at the end"
              + (f"; peers not installed (columns empty): {', '.join(missing)}" if missing else "") + ".")

@@ -16,7 +16,7 @@ SAMPLE_IMAGES = ROOT / "sample_images"
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-try:  # Hypothesis profiles (tests/test_fuzz.py): `pytest --hypothesis-profile long` for longer runs
+try:  # Hypothesis profiles (tests/e2e/test_fuzz.py): `pytest --hypothesis-profile long` for longer runs
     from hypothesis import HealthCheck, Phase, settings
 
     _slow = [HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -32,6 +32,15 @@ except ImportError:  # pragma: no cover - hypothesis is in the test extra
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite golden files in tests/golden")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tiers (issue 35): every test under tests/e2e/ (README lines, registry sweeps,
+    torchrun, benchmarks) is ``slow``, so ``-m "not slow"`` leaves the end-to-end tier out."""
+    e2e = ROOT / "tests" / "e2e"
+    for item in items:
+        if Path(str(item.path)).is_relative_to(e2e):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture

@@ -87,6 +87,22 @@ inspect-model attention "$tmp/tiny-bert" --weights default --text "the movie was
 cp "$tmp"/text/images/0000-text-0/strips.png "$out/attention_text_strips.png"
 cp "$tmp"/text/images/0001-text-1/raw.bert.encoder.layer.1.attention.self.png "$out/attention_text_heads.png"
 
+# Tasks (issue 42): a tiny GPT-2 and a tiny CLIP of tests/fixtures/task_models.py (random weights, built offline).
+python - "$tmp" <<'PY'
+import sys
+sys.path.insert(0, ".")
+from pathlib import Path
+from tests.fixtures.task_models import save_task_model
+for kind in ("gpt2", "clip"):
+    save_task_model(kind, Path(sys.argv[1]) / f"tiny-{kind}")
+PY
+inspect-model attributions "$tmp/tiny-gpt2" --weights default --text "the cat sat on the" --target-text " mat" \
+  -m saliency,input-x-gradient,ig --output-dir "$tmp/lm" --quiet > /dev/null
+cp "$tmp"/lm/images/0000-text-0/integrated-gradients.*.heatmap.png "$out/task_causal_lm.png"
+inspect-model attributions "$tmp/tiny-clip" sample_images/cat.jpg --weights default --text "a cat" --text "a dog" \
+  --target top:2 -m saliency,ig --output-dir "$tmp/clip" --quiet > /dev/null
+cp "$tmp/clip/contact_sheet_001.png" "$out/task_contrastive.png"
+
 # Detection and segmentation: the tiny Faster R-CNN and FCN of tests/fixtures/dense.py, trained
 # here in about a minute on synthetic shapes (red squares: class 1, blue discs: class 2), so these
 # maps show what a trained model looks at.

@@ -51,6 +51,7 @@ class CommandSpec:
     methods: Callable[[], tuple[str, ...]] | None = None  # its --method names (completion, the schema's enum)
     method_groups: tuple[str, ...] = ("all",)  # --method names that stand for several (completion)
     schema: str | None = None  # file name in inspect_model/schemas/
+    report: Any = None  # the frozen record type whose to_dict() is the report body (its schema is generated)
     hooks: bool = True  # registers module hooks (refuses models that cannot be hooked)
     gradients: bool = False  # takes gradients (refuses quantized models; notes the input they are taken of)
     parameter_gradients: bool = False  # reads each parameter's gradient (refuses offloaded weights)

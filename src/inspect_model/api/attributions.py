@@ -81,7 +81,7 @@ class AttributionsRequest(Request):
                             "original image.")
 
     def validate(self) -> None:  # no torch here: a bad option fails at once
-        from inspect_model.api.cam_evaluate import check_evaluate_request
+        from inspect_model.run.evaluate import check_evaluate_request
         from inspect_model.methods.attributions import options as ao
 
         self._set("target", check_target_value(self.target))
@@ -134,7 +134,7 @@ class AttributionsSession(Session):
         self.prep, self.mopts, self.request = prep, mopts, request
         self.spec = parse_target(request.target, prep.categories)
         self.settings = request.settings(batch_size=prep.plan.batch_size, seed=int(prep.plan.seed))
-        from inspect_model.api.cam_evaluate import _takes_label
+        from inspect_model.run.evaluate import _takes_label
 
         # Long work reports (done, total, label); a two-argument callback sees the images only.
         self.keep_maps, self.progress = keep_maps, progress if progress and _takes_label(progress) else None
@@ -146,7 +146,7 @@ class AttributionsSession(Session):
         self.sanity_acc: dict[str, Any] | None = None
         self.evaluator = None
         if request.evaluate:
-            from inspect_model.api.cam_evaluate import Evaluator
+            from inspect_model.run.evaluate import Evaluator
             from inspect_model.methods.faithfulness.metrics import parse_metrics
 
             self.evaluator = Evaluator(prep, parse_metrics(list(request.metrics or []), boxes=False),
@@ -183,7 +183,7 @@ class AttributionsSession(Session):
         items, start = [], len(self.entries)
         for i in range(x.shape[0]):
             img = batch.images[i] if batch.images is not None else None
-            entry = self._entry(first + i, batch.names[i], res, i, img, x)
+            entry = self._entry(first + i, batch.names[i], res, i, img, x, batch)
             self.entries.append(entry)
             maps = {m: res.maps[m][i] for m in res.maps}
             items.append(ImageItem(entry, (img, x[i].detach().float().cpu(), maps)))
@@ -191,7 +191,8 @@ class AttributionsSession(Session):
             self._evaluate(res, batch, self.entries[start:])
         return items
 
-    def _entry(self, index: int, name: str, res: Any, i: int, img: Any, ids: Any) -> dict[str, Any]:
+    def _entry(self, index: int, name: str, res: Any, i: int, img: Any, ids: Any, batch: Any = None
+               ) -> dict[str, Any]:
         from inspect_model.methods.attributions import base as ab
         from inspect_model.methods.attributions.maps import map_statistics
         from inspect_model.render.attributions import map_record
@@ -220,6 +221,9 @@ class AttributionsSession(Session):
                  "maps": records, "files": {}}
         if res.space == "embedding":
             entry["token_ids"] = [int(t) for t in ids[i].reshape(-1).tolist()]
+            text = getattr(batch, "text", None) if batch is not None else None
+            if text is not None:  # the text and its real tokens (issue 42: pictures name them)
+                entry["text"] = {"text": text.texts[i], "tokens": text.tokens[i]}
         return entry
 
     def _evaluate(self, res: Any, batch: Any, entries: list[dict[str, Any]]) -> None:

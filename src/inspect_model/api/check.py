@@ -79,7 +79,6 @@ def check(model: Any, images: Any, request: CheckRequest, *, model_options: Mode
     platform allows (SIGALRM in the main thread): the passes stop at the budget and the time
     check fails. ``on_stuck(message)`` is called from a watchdog thread if they cannot be
     stopped (the CLI prints it and exits)."""
-    from inspect_model.engine.selection import select_layers
     from inspect_model.methods.checks import smoke as checks
     from inspect_model.methods.objectives.targets import select_output
 
@@ -98,11 +97,12 @@ def check(model: Any, images: Any, request: CheckRequest, *, model_options: Mode
 
     with prep.binding.bound(net) if prep.binding is not None else contextlib.nullcontext():
         results = checks.run_checks(
-            net, (batch.tensor,), layers=select_layers(net) if hookable else [],
+            net, (batch.tensor,), layers=_activation_layers(net) if hookable else [],
             select=lambda out: select_output(out, r.output_key),
             expect_output_shape=r.shape, expect_params=r.param_range, finite=r.finite,
             max_dead_fraction=r.max_dead_fraction if hookable else None, deterministic=r.deterministic, max_seconds=r.max_seconds,
-            max_memory_mb=r.max_memory, on_stuck=on_stuck)
+            max_memory_mb=r.max_memory, on_stuck=on_stuck,
+            mask=getattr(getattr(batch, "text", None), "mask", None))  # texts: real tokens only
     failed = [x for x in results if not x.passed]
     payload = {
         "model": prep.loaded.name,
@@ -122,3 +122,13 @@ def check(model: Any, images: Any, request: CheckRequest, *, model_options: Mode
 class _Checks:
     def __init__(self, results: list[Any]) -> None:
         self.checks = results
+
+
+def _activation_layers(net: Any) -> list[str]:
+    """Every leaf but position tables (rotary cos/sin: sin(0) = 0 is no dead unit)."""
+    from inspect_model.engine.selection import select_layers
+    from inspect_model.methods.activations.tokens import position_tables
+
+    layers = select_layers(net)
+    tables = set(position_tables(net, layers))
+    return [n for n in layers if n not in tables]

@@ -175,7 +175,8 @@ class GuidedSession(Session):
             a = g.abs()
             maps.append({
                 "rank": k,
-                "target": {"class": cls, "label": class_name(cls, self.prep.categories), "score": res.scores[i][k]},
+                "target": {"class": cls, "label": class_name(cls, self.prep.categories), "score": res.scores[i][k],
+                           "probability": res.probabilities[i][k] if res.probabilities else None},
                 "max_abs": float(a.max()), "mean_abs": float(a.mean()),
                 "nonzero_fraction": float((g != 0).float().mean()), "files": {},
             })

@@ -35,6 +35,25 @@ class ModelsRequest(Request):
             raise UsageError("--family applies to torchvision's models; timm's are listed by PATTERN")
 
 
+@dataclass(frozen=True)
+class ModelEntry:
+    """One model this tool loads by name."""
+
+    name: str
+    family: str  # torchvision's sub-registry (classification, detection, ...), or timm
+
+
+@dataclass(frozen=True)
+class ModelsReport:
+    """The ``models`` report: the names and their count (its schema is generated from here)."""
+
+    models: tuple[ModelEntry, ...]
+    count: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"models": [{"name": m.name, "family": m.family} for m in self.models], "count": self.count}
+
+
 @command(
     "models",
     usage="models [PATTERN]",
@@ -44,6 +63,7 @@ class ModelsRequest(Request):
     example="inspect-model models 'resnet*'; inspect-model models --source timm 'convnext*'",
     renderer=results.models_report,
     schema="models.json",
+    report=ModelsReport,
     hooks=False,
     images=False,
     streams=False,
@@ -62,5 +82,5 @@ def models(source_model: Any, request: ModelsRequest) -> Result:
         from inspect_model.loading.sources.torchvision import list_models
 
         items = [(n, f) for n, f in list_models(r.pattern) if r.family is None or f == r.family]
-    payload = {"models": [{"name": n, "family": f} for n, f in items], "count": len(items)}
-    return Result("models", r.resolved(), payload, [], record=None)
+    report = ModelsReport(tuple(ModelEntry(n, f) for n, f in items), len(items))
+    return Result("models", r.resolved(), report.to_dict(), [], record=report)

@@ -126,7 +126,10 @@ def _run_pass(loaded: Any, m: nn.Module, dev: str, *, sizes: list[tuple[int, ...
         fwd = _meta_call(m, x, torch_dtype)
     elif dev != "meta" and _on_meta(m):
         raise _NeedsRealModel()
-    return _traced(m, x, fwd, graph, name=loaded.name, depth=depth, train=train)
+    res = _traced(m, x, fwd, graph, name=loaded.name, depth=depth, train=train)
+    if loaded.family == "detection":  # a list of images: batch first, as every other model's (issue 39)
+        res.input_shapes = [[batch_size, *sizes[0]]]
+    return res
 
 
 def _traced(m: nn.Module, inputs: Sequence[Any], fwd: Callable[[], Any] | None, graph: bool, *,
@@ -283,6 +286,10 @@ class SummaryRequest(Request):
     seed: int = option(0, "--seed", help="Seed for random inputs.")
     train: bool = option(False, "--train", help="Run the pass in training mode.")
     graph: bool = option(False, "--graph", help="Also draw the model's graph (graph.svg, graph.png, graph.dot).")
+    text: tuple[str, ...] = option((), "--text", multiple=True, help="Size the inputs from these texts (a text "
+                                   "model): their count and longest tokenised length.")
+    text_file: Any = option(None, "--text-file", type=str, help="Texts to size the inputs from, one per line.")
+    tokenizer: Any = option(None, "--tokenizer", type=str, help="The tokenizer's folder for --text.")
 
     def validate(self) -> None:
         positive(self.batch_size, "--batch-size")
@@ -328,6 +335,8 @@ def summary(model: Any, request: SummaryRequest, *, model_options: ModelOptions 
     real = mopts.checkpoint or tensorboard is not None
     load_device = "meta" if dev == "meta" and not real else ("cpu" if dev == "meta" else dev)
     loaded = load(mopts, device=load_device)
+    if r.text or r.text_file is not None:  # issue 42: the inputs sized from the texts
+        input_size, batch_size = _text_sizes(loaded, r, mopts, notes)
     require_hookable(loaded, "summary")
     for note in loaded.notes if notes is not None else []:
         notes(note)
@@ -367,3 +376,18 @@ def summary(model: Any, request: SummaryRequest, *, model_options: ModelOptions 
     if output_dir is not None and not res.error:  # a failed pass leaves no files (the CLI exits 6)
         result.save(output_dir, force=force)
     return result
+
+
+def _text_sizes(loaded: Any, r: SummaryRequest, mopts: ModelOptions, notes: Any) -> tuple[list[str], int]:
+    """``--text``: one input per text, as long as the longest tokenised text (token ids)."""
+    from inspect_model.errors import UsageError
+    from inspect_model.loading.text import load_tokenizer, read_texts, tokenizer_folder
+
+    if r.input_size:
+        raise UsageError("--text sizes the input from the texts; drop --input-size")
+    texts = read_texts(list(r.text), r.text_file)
+    tok = load_tokenizer(tokenizer_folder(loaded, r.tokenizer, mopts.model))
+    longest = max(len(tok(t)["input_ids"]) for t in texts)
+    if notes is not None:
+        notes(f"inputs sized from --text: {len(texts)} text(s) of up to {longest} token(s)")
+    return [str(longest)], len(texts)

@@ -46,8 +46,11 @@ def run_api(command: str, api_fn: Callable[..., Any], opts: ModelOptions, inputs
     if speed and speed.get("images_per_second") is not None:
         from inspect_model.cli.progress import format_rate
 
-        msgs.info(f"{speed['images']} image(s) in {speed['seconds']:.2f} s: "
-                  f"{format_rate(speed['images'], speed['seconds'])}")
+        entries = result.payload.get("images") or []
+        unit = "clip" if any(isinstance(e, dict) and "clip" in e for e in entries) else "image"  # issue 39
+        # From the first batch on, as the progress lines count (tracked() starts them there).
+        msgs.info(f"{speed['images']} {unit}(s) in {speed['seconds']:.2f} s after loading the model: "
+                  f"{format_rate(speed['images'], speed['seconds'], unit)}")
     deliver(result, run_opts, msgs)
     if result.failures:
         raise CheckFailed("; ".join(result.failures))

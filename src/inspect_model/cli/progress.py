@@ -95,7 +95,10 @@ class Progress:
         now = time.monotonic()
         key = label or self.label
         have = self._state.get(key)
-        started = have[2] if have is not None and done >= have[0] else (self._start if label is None else now)
+        # The rate counts from the first call (done 0: the first batch starts, after loading), so
+        # it agrees with the final "N image(s) in S s" line (issue 39).
+        started = have[2] if have is not None and done >= have[0] else (
+            self._start if label is None and done > 0 else now)
         self._state[key] = (done, total, started)
         if now - self._last_line < self.interval:
             return

@@ -42,6 +42,9 @@ def summary(
         bool, typer.Option("--graph", help="Also draw the model's graph into the output folder (-o): graph.svg, "
                            "graph.png and graph.dot (modules, the operations between them, nested containers).")
     ] = False,
+    text: c.TextOpt = None,
+    text_file: c.TextFileOpt = None,
+    tokenizer: c.TokenizerOpt = None,
     tensorboard: c.TensorboardOpt = None,
     json_: c.JsonOpt = False,
     output_dir: c.OutputDirOpt = None,
@@ -67,7 +70,8 @@ def summary(
     if depth is not None and depth < 0:
         raise UsageError(f"--depth must be 0 or more, got {depth}")
     check_dtype(dtype)
-    check_request(InputOptions(None, input_size=input_size), batch_size=batch_size)
+    check_request(InputOptions(None, input_size=input_size, text=text, text_file=text_file, tokenizer=tokenizer),
+                  batch_size=batch_size)
     from inspect_model import api
 
     msgs = console.Messages(quiet)
@@ -79,7 +83,8 @@ def summary(
     with hold_output_dir(output_dir, wait=wait, force=force):  # a failure inside removes what it made
         res = api.summary(None, model_options=opts, input_size=input_size, batch_size=batch_size, depth=depth,
                           seed=seed, output_dir=output_dir, force=force, notes=msgs.note, train=train,
-                          tensorboard=tensorboard, graph=graph)
+                          tensorboard=tensorboard, graph=graph, text=text or (), text_file=text_file,
+                          tokenizer=tokenizer)
         deliver(res, run_opts, msgs)
         if res.record.error:
             where = f" in layer '{res.record.failed_layer}'" if res.record.failed_layer else ""

@@ -76,9 +76,10 @@ def _op_name(packet: Any) -> str:
     return _OP_NAMES.get(name, name)
 
 
-def _tensors(obj: Any, depth: int = 0) -> Iterator[Any]:
-    """The tensors in ``obj``: nested lists, tuples, dicts, and the attributes of small
-    records (transformers' ModelOutput, torchvision's ImageList), a few levels deep."""
+def _tensors(obj: Any, depth: int = 0, records: bool = True) -> Iterator[Any]:
+    """The tensors in ``obj``: nested lists, tuples, dicts (transformers' ModelOutput), and
+    with ``records`` the attributes of other objects (torchvision's ImageList), a few levels
+    deep. The model's outputs are read without ``records``: a KV cache is not an output."""
     import torch
     from torch import nn
 
@@ -88,13 +89,13 @@ def _tensors(obj: Any, depth: int = 0) -> Iterator[Any]:
         return
     elif isinstance(obj, (list, tuple)):
         for o in obj:
-            yield from _tensors(o, depth + 1)
+            yield from _tensors(o, depth + 1, records)
     elif isinstance(obj, dict):
         for o in obj.values():
-            yield from _tensors(o, depth + 1)
-    elif hasattr(obj, "__dict__") and not callable(obj):
+            yield from _tensors(o, depth + 1, records)
+    elif records and hasattr(obj, "__dict__") and not callable(obj):
         for o in vars(obj).values():
-            yield from _tensors(o, depth + 1)
+            yield from _tensors(o, depth + 1, records)
 
 
 class GraphTracer:
@@ -195,7 +196,7 @@ class GraphTracer:
             elif n and not self.inside and self.stack and self.stack[-1] == n:
                 self.stack.pop()
             if mod is self.model and not self.inside:
-                for i, t in enumerate(_tensors(out)):
+                for i, t in enumerate(_tensors(out, records=False)):
                     node = self._add(GraphNode(f"output{i}", "output", f"output {i}", "Tensor", (),
                                                (tuple(t.shape),)))
                     src = self.producer.get(t)

@@ -65,8 +65,10 @@ def normalised(a: np.ndarray, signed: bool) -> tuple[np.ndarray, float]:
     return ((v + 1.0) / 2.0 if signed else v).astype(np.float32), s
 
 
-def heatmap(m: torch.Tensor, title: str, *, signed: bool, side: int = 224) -> Image.Image:
-    """The bare map, titled, with a colour bar in the map's units."""
+def heatmap(m: torch.Tensor, title: str, *, signed: bool, side: int = 224,
+            tokens: Sequence[str] | None = None) -> Image.Image:
+    """The bare map, titled, with a colour bar in the map's units; a token map (L, D) with
+    each token written under its cell (``tokens``, issue 42)."""
     from PIL import Image
 
     from inspect_model.render import raster
@@ -79,6 +81,8 @@ def heatmap(m: torch.Tensor, title: str, *, signed: bool, side: int = 224) -> Im
     if h == 1:  # tokens: cells of at least 24 px, a strip 40 px tall
         cell = max(24, math.ceil(side / max(w, 1)))
         body = body.resize((w * cell, 40), Image.NEAREST)
+        if tokens:
+            body = _token_row(body, [str(t) for t in tokens][:w], cell)
     else:
         k = max(1, math.ceil(side / max(h, w, 1)))
         if k > 1:
@@ -91,6 +95,30 @@ def heatmap(m: torch.Tensor, title: str, *, signed: bool, side: int = 224) -> Im
         # A token strip is short: the bar is taller than it, so that its label fits.
         right = raster.colorbar(max(body.size[1], 150 if h == 1 else 60), -s if signed else 0.0, s, cmap, label)
     return raster.titled(body, title.split("\n"), right=right, note=note)
+
+
+def _token_row(strip: Image.Image, tokens: list[str], cell: int) -> Image.Image:
+    """``strip`` with each token's text under its cell, turned upright when it is wider."""
+    from PIL import Image, ImageDraw
+
+    from inspect_model.render import raster
+    from inspect_model.render.token_strips import token_label
+
+    names = [token_label(t) for t in tokens]
+    widest = max((raster.text_size(n, 11)[0] for n in names), default=0)
+    upright = widest > cell - 4
+    below = widest + 6 if upright else 16
+    out = Image.new("RGB", (strip.size[0], strip.size[1] + below), (255, 255, 255))
+    out.paste(strip, (0, 0))
+    draw = ImageDraw.Draw(out)
+    for i, name in enumerate(names):
+        if upright:
+            label = raster.vertical_text(name, 11)
+            out.paste(label, (i * cell + (cell - label.size[0]) // 2, strip.size[1] + 3))
+        else:
+            tw = raster.text_size(name, 11)[0]
+            draw.text((i * cell + (cell - tw) // 2, strip.size[1] + 2), name, fill=raster.FG, font=raster.font(11))
+    return out
 
 
 def overlay(image: Image.Image, m: torch.Tensor, box: Sequence[float] | None = None, *,

@@ -52,8 +52,9 @@ class AttributionsDrawer(SheetDrawer):
             stem = f"{base}/{method}.{class_tag(rec['target']['class'], self.categories)}"
             title = f"{method}{' (smoothed)' if rec['smoothed'] else ''}\n{Path(entry['image']).name}: " \
                     f"{_label(rec['target'])}, score {rec['target']['score']:.4g}"
-            files = {"heatmap": sink.image(f"{stem}.heatmap.png",
-                                           lambda m=m, t=title, s=signed: ra.heatmap(m, t, signed=s))}
+            tokens = (entry.get("text") or {}).get("tokens")  # a token map: its tokens under the cells
+            files = {"heatmap": sink.image(f"{stem}.heatmap.png", lambda m=m, t=title, s=signed: ra.heatmap(
+                m, t, signed=s, tokens=tokens))}
             if self.overlays and picture is not None and m.dim() == 3:
                 files["overlay"] = sink.image(f"{stem}.overlay.png", lambda m=m, s=signed: ra.overlay(
                     picture, m, box, signed=s), photo=True)

@@ -89,7 +89,7 @@ def check_report(r: Any, rich: bool) -> Any:
 def models_report(r: Any, rich: bool) -> Any:
     from inspect_model.render.table import Column, plain_table
 
-    items = [[m["name"], m["family"]] for m in r.payload["models"]]
+    items = [[m.name, m.family] for m in r.record.models]  # api/models.ModelsReport
     text = plain_table((Column("Model"), Column("Family")), items) + f"\n\n{len(items)} models\n"
     return [text] if rich else text
 

@@ -124,6 +124,7 @@ def overview_figure(input_img: Image.Image | None, rows: list[tuple[str, list[tu
 MAP_COLUMNS = (
     Column("Image"),
     Column("Target"),
+    Column("Prob", "right"),
     Column("Score", "right"),
     Column("max|g|", "right"),
     Column("mean|g|", "right"),
@@ -147,7 +148,9 @@ def map_rows(payload: dict[str, Any]) -> list[list[str]]:
         for m in img["maps"]:
             t = m["target"]
             label = f"{t['class']} {t['label']}" if t.get("label") else str(t["class"])
-            rows.append([img["image"], label, _num(t["score"]), _num(m["max_abs"]), _num(m["mean_abs"]),
+            prob = t.get("probability")
+            rows.append([img["image"], label, "--" if prob is None else f"{prob:.3f}", _num(t["score"]),
+                         _num(m["max_abs"]), _num(m["mean_abs"]),
                          f"{100.0 * m['nonzero_fraction']:.1f}%"])
     return rows
 

@@ -7,13 +7,15 @@ parts that would otherwise be kept twice are written from their one source here:
 - ``properties.options``: the report's ``options`` object, from the command's request
   fields (names and JSON types from their annotations) plus the model and input options
   every image command shares;
+- the report body of a command whose entry names its record type (``CommandSpec.report``,
+  ``models``): every field of the frozen record, with its type;
 - ``$defs.method.enum`` (cam, attention, attributions): the command's method family's
   registry (``CommandSpec.methods``); every method name in the report refers to it;
 - ``$defs.input_box`` and ``$defs.image_box`` (cam, guided-backprop): a detection's box in
   model-input pixels and in the original picture's pixels (:data:`BOX_DEFS`).
 
 ``python -m inspect_model.schemas.generate --check`` fails when a published file differs
-from what this module makes of it (tests/test_registry.py runs it); ``--write`` rewrites
+from what this module makes of it (tests/e2e/test_registry.py runs it); ``--write`` rewrites
 them. The report bodies stay hand-written and are validated against real reports in the
 tests. Nothing here imports torch.
 """
@@ -81,10 +83,15 @@ BOX_DEFS: dict[str, dict[str, Any]] = {
 
 
 def json_type(annotation: Any) -> dict[str, Any]:
-    """The JSON Schema of a request field's annotation."""
+    """The JSON Schema of a request field's or a report record's annotation."""
     origin = typing.get_origin(annotation)
     if annotation is Any:
         return {}
+    if dataclasses.is_dataclass(annotation):
+        return record_schema(annotation)
+    if origin is list:
+        args = typing.get_args(annotation)
+        return {"type": "array", "items": json_type(args[0]) if args else {}}
     if origin in (typing.Union, types.UnionType):
         parts = [json_type(a) for a in typing.get_args(annotation)]
         if all(set(p) == {"type"} and isinstance(p["type"], str) for p in parts):
@@ -97,6 +104,14 @@ def json_type(annotation: Any) -> dict[str, Any]:
     if annotation in simple:
         return {"type": simple[annotation]}
     return {}  # paths and other objects: recorded as strings or objects, not constrained here
+
+
+def record_schema(cls: Any) -> dict[str, Any]:
+    """The JSON Schema of a frozen report record (issue 35): its fields, their types, all
+    required; what its ``to_dict()`` writes."""
+    hints = typing.get_type_hints(cls)  # each field in the module of the class that declares it
+    fields = [f.name for f in dataclasses.fields(cls)]
+    return {"type": "object", "required": fields, "properties": {n: json_type(hints[n]) for n in fields}}
 
 
 def options_schema(command: str) -> dict[str, Any]:
@@ -132,6 +147,10 @@ def regenerate(command: str, doc: dict[str, Any]) -> dict[str, Any]:
     if '"#/$defs/input_box"' in json.dumps(doc):  # the reports that hold detections' boxes
         out.setdefault("$defs", {}).update(json.loads(json.dumps(BOX_DEFS)))
     spec = get(command)
+    if spec.report is not None:  # the report's body is its record type's (the record writes it)
+        body = record_schema(spec.report)
+        out["properties"].update(body["properties"])
+        out["required"] = [r for r in out.get("required", []) if r not in body["properties"]] + body["required"]
     if spec.methods is not None:  # the method family's registry
         out.setdefault("$defs", {})["method"] = {"enum": list(spec.methods())}
     return out

@@ -23,6 +23,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from inspect_model.errors import InputError, ModelLoadError
+from inspect_model.loading.wrappers import unwrap_module
 from inspect_model.methods.activations.measure import (
     ActivationStats,
     Channels,
@@ -329,6 +330,7 @@ def capture_activations(
 
     if not isinstance(model, nn.Module):
         raise ModelLoadError(f"capture_activations needs an nn.Module, got {type(model).__name__}")
+    model = unwrap_module(model)[0]  # compiled / DataParallel: the module inside (loading/wrappers.py)
     selected = select_layers(model, list(layers) if layers else None, depth=depth)
     if keep is True:
         kept = list(selected)

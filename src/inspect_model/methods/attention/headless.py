@@ -59,7 +59,7 @@ def split_methods(methods: tuple[str, ...], model: Any, *, task: Any = None, tar
         if score_free(m):  # runs on any model with attention
             continue
         if m in base.REGISTRY and base.REGISTRY[m].needs_head:
-            skipped[m] = f"legrad scores each block's tokens through the model's head, and {name} has none"
+            skipped[m] = f"{m} scores each block's tokens through the model's head, and {name} has none"
         elif not named:
             skipped[m] = (f"{name} has no head: {m} explains a score, and none is named (give --target norm "
                           "or --target cosine:REF)")

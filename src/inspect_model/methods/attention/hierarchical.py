@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.errors import ModelRuntimeError
+from inspect_model.errors import ModelRuntimeError, UnsupportedModelError
 
 if TYPE_CHECKING:
     import torch
@@ -72,8 +72,8 @@ def unpool(u: torch.Tensor, coarse: tuple[int, int], fine: tuple[int, int]) -> t
 
     (h, w), (hh, ww) = coarse, fine
     if hh < h or ww < w:
-        raise ModelRuntimeError(f"attention on a {h}x{w} map follows one on a {hh}x{ww} map: rollout follows "
-                                "maps that shrink (patch merging), not ones that grow")
+        raise UnsupportedModelError(f"attention on a {h}x{w} map follows one on a {hh}x{ww} map: rollout "
+                                    "follows maps that shrink (patch merging), not ones that grow; -m raw works")
     fh, fw = -(-hh // h), -(-ww // w)
     rows = (torch.arange(hh) // fh).clamp(max=h - 1)
     cols = (torch.arange(ww) // fw).clamp(max=w - 1)

@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.errors import ModelRuntimeError
+from inspect_model.errors import ModelRuntimeError, UnsupportedModelError
 
 if TYPE_CHECKING:
     import torch
@@ -53,7 +53,8 @@ def block_of(model: nn.Module, attn_name: str) -> str:
         parent = ".".join(parts[:cut - 1])
         if isinstance(modules.get(parent, model if not parent else None), tnn.ModuleList | tnn.Sequential):
             return ".".join(parts[:cut])
-    raise ModelRuntimeError(f"attention module '{attn_name}' is not inside a list of transformer blocks")
+    raise UnsupportedModelError(f"attention module '{attn_name}' is not inside a list of transformer blocks; "
+                                "-m raw,rollout,grad-rollout need none")
 
 
 def _get(model: Any, path: str) -> Any:

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.errors import LayerSelectionError, ModelRuntimeError, UsageError
+from inspect_model.errors import LayerSelectionError, ModelRuntimeError, UnsupportedModelError, UsageError
+from inspect_model.loading.wrappers import unwrap_module
 from inspect_model.methods.attention import base
 from inspect_model.methods.attention import maps as am
 from inspect_model.methods.attention.models import (
@@ -56,27 +57,30 @@ def _check_call(st: _State, call: Any, model: nn.Module) -> None:
     if call.batch != st.batch or call.name in st.owners:  # a Swin stage of one window is windowed too
         what = f"'{call.name}' attends within {call.batch} windows of {call.queries} tokens for {st.batch} image(s)"
         if call.name not in st.owners:
-            raise ModelRuntimeError(f"attention in {what}, in a layout this tool cannot map back to the image "
-                                    "(windowed or grid attention of neither Swin nor MaxViT)")
+            raise UnsupportedModelError(f"attention in {what}, in a layout this tool cannot map back to the image "
+                                        "(windowed or grid attention of neither Swin nor MaxViT); cam and "
+                                        "attributions take this model")
         if st.tokens is not None and st.opts.methods != ("raw",):
-            raise ModelRuntimeError(f"attention in {what} after global attention over {st.tokens} tokens: "
-                                    "rollout through a mix of windowed and global attention is not supported")
+            raise UnsupportedModelError(f"attention in {what} after global attention over {st.tokens} tokens: "
+                                        "rollout through a mix of windowed and global attention is not supported; "
+                                        "-m raw works")
         st.windowed.add(call.name)
         return
     if st.windowed and st.opts.methods != ("raw",):
-        raise ModelRuntimeError(f"attention in '{call.name}' is global after windowed attention: rollout through "
-                                "a mix of windowed and global attention is not supported")
+        raise UnsupportedModelError(f"attention in '{call.name}' is global after windowed attention: rollout "
+                                    "through a mix of windowed and global attention is not supported; -m raw works")
     if call.queries != call.keys:
-        raise ModelRuntimeError(
+        raise UnsupportedModelError(
             f"attention in '{call.name}' maps {call.queries} queries to {call.keys} keys: these methods need "
-            "self-attention over one token sequence (found cross- or reduced-key attention)")
+            "self-attention over one token sequence (found cross- or reduced-key attention); cam and attributions "
+            "take this model")
     if st.tokens is None:
         st.tokens, st.heads = call.keys, call.heads
         st.prefix = prefix_tokens(model, call.keys)
     elif call.keys != st.tokens and ("rollout" in st.opts.methods or "grad-rollout" in st.opts.methods):
-        raise ModelRuntimeError(
+        raise UnsupportedModelError(
             f"attention in '{call.name}' has {call.keys} tokens where an earlier layer had {st.tokens}: rollout "
-            "needs the same tokens in every layer (found a hierarchical transformer)")
+            "needs the same tokens in every layer (found a hierarchical transformer); -m raw works")
 
 
 def _on_forward(st: _State, model: nn.Module) -> Any:
@@ -314,9 +318,10 @@ def _legrad_backward(model: nn.Module, tokens: list[torch.Tensor], idx: torch.Te
 
     project = score_projection(model)
     if project is None:
-        raise ModelRuntimeError(
+        raise UnsupportedModelError(
             f"legrad needs the model's head to score intermediate tokens, and {type(model).__name__} is not a "
-            "family it knows (torchvision ViT, timm ViT/DeiT/EVA, HF ViT/DeiT/CLIP classification)")
+            "family it knows (torchvision ViT, timm ViT/DeiT/EVA, HF ViT/DeiT/CLIP classification); "
+            "-m rollout,grad-rollout work")
     grads = []
     for t in tokens:
         leaf = t.detach().requires_grad_(True)
@@ -411,4 +416,5 @@ def compute_attention(model: nn.Module, x: torch.Tensor, options: am.AttentionOp
     back as it was. ``target``: ``predicted``, a class index, a :class:`TargetSpec` or one
     class index per image (gradient methods). ``cam_layer``: a ``CamLayer`` already resolved
     for the CAM-family methods (else ``options.cam_layer`` is resolved with a probe pass)."""
+    model = unwrap_module(model)[0]  # compiled / DataParallel: the module inside (loading/wrappers.py)
     return run(model, x, options or am.AttentionOptions(), target, cam_layer)

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.errors import LayerSelectionError, ModelRuntimeError, UsageError
+from inspect_model.errors import LayerSelectionError, ModelRuntimeError, UnsupportedModelError, UsageError
 from inspect_model.methods.attention import maps as am
 
 if TYPE_CHECKING:
@@ -146,8 +146,9 @@ class _State:
 def _on_forward(st: _State) -> Any:
     def fn(call: Any) -> None:
         if call.queries != call.keys:
-            raise ModelRuntimeError(f"attention in '{call.name}' maps {call.queries} queries to {call.keys} keys: "
-                                    "these methods need self-attention over the text's tokens")
+            raise UnsupportedModelError(f"attention in '{call.name}' maps {call.queries} queries to {call.keys} "
+                                        "keys: these methods need self-attention over the text's tokens; "
+                                        "attributions and grads take this model")
         st.heads = st.heads or call.heads
         p = call.probs()  # (B, h, L, L)
         if call.name in st.raw_layers:
@@ -213,7 +214,8 @@ def compute_text_attention(model: nn.Module, ids: torch.Tensor, mask: torch.Tens
             if opts.needs_grad:  # ids are integers: the gradient starts at the embeddings' output
                 emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
                 if emb is None:
-                    raise ModelRuntimeError(f"{type(model).__name__} has no input embeddings to take gradients at")
+                    raise UnsupportedModelError(f"{type(model).__name__} has no input embeddings to take gradients "
+                                                "at; -m raw,rollout need none")
                 handles.append(emb.register_forward_hook(_make_leaf(leaf)))
             for name in legrad_layers:
                 block = block_of(model, name)
@@ -271,9 +273,9 @@ def _backward(model: nn.Module, st: _State, scores: torch.Tensor, classes: list[
         st.phase = "legrad"
         project = text_projection(model, last)
         if project is None:
-            raise ModelRuntimeError(f"legrad needs the model's head to score intermediate tokens, and "
-                                    f"{type(model).__name__} is not a family it knows (BERT-style classifiers, "
-                                    "causal language models)")
+            raise UnsupportedModelError(f"legrad needs the model's head to score intermediate tokens, and "
+                                        f"{type(model).__name__} is not a family it knows (BERT-style classifiers, "
+                                        "causal language models); -m rollout,grad-rollout work")
         grads = []
         for t in tokens:
             x = t.detach().requires_grad_(True)

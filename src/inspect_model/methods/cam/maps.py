@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import UsageError
+from inspect_model.loading.wrappers import unwrap_module
 from inspect_model.methods.cam import maths as cm
 from inspect_model.methods.cam import passes as cp
 from inspect_model.methods.cam.layers import (
@@ -162,6 +163,7 @@ def compute_cams(
     given back as it was (hooks, flags, ``requires_grad``, ``.grad``)."""
     import torch
 
+    model = unwrap_module(model)[0]  # compiled / DataParallel: the module inside (loading/wrappers.py)
     optional_cam = cam_is_optional(list(methods))
     methods = parse_methods(list(methods))
     notes: list[str] = []

@@ -195,11 +195,13 @@ def run_checks(
     max_seconds: float | None = None,
     max_memory_mb: float | None = None,
     on_stuck: Callable[[str], None] | None = None,
+    mask: Any = None,
 ) -> list[CheckResult]:
     """Run the checks on ``model(*inputs)``; ``select`` picks the output tensor to check
     (default: the first tensor of the output). ``max_seconds`` is a timeout where the
     platform allows (:mod:`inspect_model.methods.budget`): the passes are stopped at the
-    budget and the time check fails; ``on_stuck(message)`` is called if they cannot be."""
+    budget and the time check fails; ``on_stuck(message)`` is called if they cannot be.
+    ``mask`` (B, L): a text batch's attention mask; layer health counts its real tokens only."""
     import torch
 
     from inspect_model.methods.objectives.targets import select_output
@@ -217,7 +219,10 @@ def run_checks(
     t0 = time.perf_counter()
     # Inputs too (taken before the call, so before an in-place ReLU): a layer fed only zeros
     # is not where a dead path starts.
-    engine = HookEngine(model, layers, CaptureOptions(stats_fn=_health, grad_enabled=True, inputs=True))
+    from inspect_model.methods.activations.tokens import real_tokens
+
+    health = _health if mask is None else (lambda t: _health(real_tokens(t, mask)))  # padding left out
+    engine = HookEngine(model, layers, CaptureOptions(stats_fn=health, grad_enabled=True, inputs=True))
     try:
         # The budget inside the engine: its timer is off before the hooks come off.
         with engine, time_budget(max_seconds, on_stuck):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inspect_model.methods.families import Task, is_hf, register_task
+from inspect_model.methods.families.base import Task, is_hf, register_task
 
 
 def _known(model: Any, loaded: Any) -> str:

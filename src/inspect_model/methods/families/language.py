@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from inspect_model.errors import InputError, UsageError
-from inspect_model.methods.families import Task, TaskContext, is_hf, refuse_options, register_task
+from inspect_model.methods.families.base import Task, TaskContext, is_hf, refuse_options, register_task
 from inspect_model.methods.families.objective import TaskLabels
 from inspect_model.methods.families.text import TokenAdapter, at_position, last_positions
 

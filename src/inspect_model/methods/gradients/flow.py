@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import InputError, ModelRuntimeError, one_line
+from inspect_model.loading.wrappers import unwrap_module
 from inspect_model.methods.gradients.checks import (
     DEFAULT_EXPLODING,
     DEFAULT_VANISHING,
@@ -339,6 +340,7 @@ def gradients(
     ``histograms`` adds log10|g| histograms per layer and parameter (for plots/TensorBoard).
     ``progress(done, total, label)`` follows the per-layer work of each backward pass and
     the per-parameter statistics. :class:`GradRun` does the same in steps (resumable, mergeable across processes)."""
+    model = unwrap_module(model)[0]  # compiled / DataParallel: the module inside (loading/wrappers.py)
     run = GradRun(model, layers=layers, depth=depth, target=target, loss=loss, labels=labels,
                   output_key=output_key, categories=categories, clip_norm=clip_norm,
                   vanishing_below=vanishing_below, exploding_above=exploding_above, fail_on=fail_on,

@@ -131,6 +131,7 @@ class GuidedResult:
     warnings: list[str] = field(default_factory=list)
     classes: int = 0  # scores per input (the class count)
     rows: list[Any] | None = None  # detection / segmentation: what each map explains (objectives.Row)
+    probabilities: list[list[float]] | None = None  # softmax of the scores, (N, K), as cam reports
 
 
 def _targets_for(spec: Any, flat: torch.Tensor, categories: Sequence[str] | None) -> list[list[int]]:
@@ -206,6 +207,7 @@ def guided_backprop(
         k_total = len(targets[0])
         grads: list[torch.Tensor] = []
         picked: list[torch.Tensor] = []
+        probs: list[torch.Tensor] = []
         sites: Counter[str] = Counter()
         unguided: Counter[str] = Counter()
         for k in range(k_total):
@@ -227,10 +229,13 @@ def guided_backprop(
                 unguided = Counter({kd: n for kd, n in mode.seen.items() if kd not in mode.kinds})
             grads.append(g.detach().float().cpu())
             picked.append(flat.detach().gather(1, idx[:, None])[:, 0].float().cpu())
+            if flat.shape[1] > 1:  # the same number cam shows (issue 39): a probability, not a logit
+                probs.append(torch.softmax(flat.detach().float(), 1).gather(1, idx[:, None])[:, 0].cpu())
     result = GuidedResult(
         gradients=torch.stack(grads, 1),
         targets=targets,
         scores=torch.stack(picked, 1).tolist(),
+        probabilities=torch.stack(probs, 1).tolist() if probs else None,
         sites=dict(sorted(sites.items())),
         unguided=dict(sorted(unguided.items())),
         kinds=kinds,
