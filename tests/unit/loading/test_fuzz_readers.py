@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 DRIVER = ROOT / "tests" / "fixtures" / "fuzz_readers.py"
 LIMIT = 1536 * 2**20  # address space beyond what the imports took: every reader must stay within it
 
