@@ -90,3 +90,24 @@ def test_cli_reports_auto_steps_and_tolerance(cli, models_py: Path, tmp_path: Pa
     bad = cli(["cam", f"{models_py}:TinyCNN", *images, "--weights", "none", "--evaluate", "--eval-steps", "many"])
     assert bad.exit_code == 2
     assert bad.stderr.strip().splitlines() == ["error: --eval-steps 'many': give a number of steps (32) or auto"]
+
+
+def test_attributions_evaluate_takes_auto_steps(cli, models_py: Path) -> None:  # noqa: ANN001
+    import jsonschema
+
+    from inspect_model.schemas import load_schema
+
+    r = cli(["attributions", f"{models_py}:TinyCNN", "--input-size", "3x16x16", "--batch-size", "2", "-q",
+             "-m", "saliency", "--evaluate", "--metric", "deletion", "--eval-steps", "auto", "--eval-tolerance",
+             "0.02", "--json"])
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(r.stdout)
+    schema = load_schema("attributions")
+    schema["properties"].pop("options")  # the evaluation is under test here
+    jsonschema.Draft202012Validator(schema).validate(doc)
+    assert doc["evaluation"]["steps"] == "auto" and doc["evaluation"]["tolerance"] == 0.02
+    assert doc["options"]["eval_steps"] == "auto" and doc["options"]["eval_tolerance"] == 0.02
+    for e in doc["images"]:
+        for m in e["maps"]:
+            n = m["evaluation"]["steps"]["deletion"]
+            assert n in AUTO_STEPS and len(m["evaluation"]["curves"]["deletion"]) == n + 1

@@ -170,3 +170,16 @@ def test_our_hooks_leave_and_accelerates_stay(vit):
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
     assert {n for n, m in model.named_modules() if hasattr(m, "_hf_hook")} == wrapped
     assert all(p.device.type == "meta" for p in model.parameters())  # still offloaded after the run
+
+
+@pytest.mark.parametrize("command", ["activations", "guided-backprop"])
+def test_torchvision_model_equal_with_disk_offload(command):
+    """A model of another source (torchvision, random weights, seeded): built, then dispatched
+    (accelerate writes its weights to the offload folder and frees them)."""
+    run = {"activations": lambda mo: im.activations(None, model_options=mo, inputs=InputOptions([CAT])),
+           "guided-backprop": lambda mo: im.guided_backprop(None, model_options=mo, inputs=InputOptions([CAT]))}[command]
+    resident = run(ModelOptions("resnet18", weights="none")).to_dict()
+    offloaded = run(ModelOptions("resnet18", weights="none", offload=True)).to_dict()
+    assert set(offloaded["options"]["placement"].values()) == {"disk"}
+    diff, count = max_diff(resident, offloaded)
+    assert count > 5 and diff <= 1e-6

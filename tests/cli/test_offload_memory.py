@@ -58,3 +58,16 @@ def test_offloaded_run_holds_about_one_block(tmp_path):
     print(f"offloaded 208 MB model: peak RSS grew {grown / 1e6:.0f} MB; largest block {block / 1e6:.0f} MB; "
           f"ratio {grown / block:.2f}")
     assert grown < 3 * block, f"peak RSS grew {grown / 1e6:.0f} MB, the largest block is {block / 1e6:.0f} MB"
+
+    # The same config without weights: initialised one block at a time, each written to the
+    # offload folder before the next is made.
+    bare = tmp_path / "config-only"
+    bare.mkdir()
+    (bare / "config.json").write_text((tmp_path / "config.json").read_text())
+    run = run_peak("-m", "inspect_model", "activations", str(bare), "--weights", "none", "--input-size",
+                   "input_ids=16:int64:0-256", "--offload", "--json", "-q")
+    assert run["rc"] == 0, run["stderr"]
+    assert set(json.loads(run["stdout"])["options"]["placement"].values()) == {"disk"}
+    grown = run["peak"] - base["peak"]
+    print(f"random 208 MB model, --weights none --offload: peak RSS grew {grown / 1e6:.0f} MB")
+    assert grown < 3 * block, f"peak RSS grew {grown / 1e6:.0f} MB, the largest block is {block / 1e6:.0f} MB"

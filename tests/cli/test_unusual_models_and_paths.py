@@ -1,4 +1,4 @@
-"""Hostile inputs, round 3: what a QA pass through the real CLI found.
+"""Unusual models and paths through the real CLI (found by a QA pass, issue 28's third round):
 
 - A binary classifier's single logit, (N,) or (N, 1): every class command takes it as one
   class, and its probability is the sigmoid (a softmax over one class is always 1).
