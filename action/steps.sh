@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The steps of action.yml (the GitHub Action at the repository root), as one script so that
-# they can be run and tested outside GitHub (tests/test_ci_action.py):
+# they can be run and tested outside GitHub (tests/e2e/test_ci_action.py):
 #   steps.sh install   torch CPU-only from $IM_TORCH_INDEX, then the package at $IM_PACKAGE[$IM_EXTRAS]
 #   steps.sh run       inspect-model $IM_COMMAND [$IM_MODEL] [--config $IM_CONFIG] [-o $IM_OUTPUT_DIR] $IM_ARGS;
 #                      writes exit-code=N to $GITHUB_OUTPUT and exits 0 (the upload runs next)

@@ -9,7 +9,7 @@ initialised detector has detections to explain.
 
 Each (model, command) ends in ``ok``, a ``refused`` one-line error of the tool (an
 ``InspectModelError``: legitimate and documented), or ``FAILED`` (anything else: a bug).
-Exit status 1 if anything FAILED. ``tests/test_detection_registry.py`` runs it (slow-marked
+Exit status 1 if anything FAILED. ``tests/e2e/test_detection_registry.py`` runs it (slow-marked
 for the whole registry, two models in CI).
 
 Run: python benchmarks/dense_registry.py [--only NAME ...] [--size 128]

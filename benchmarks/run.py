@@ -50,6 +50,7 @@ BENCHES = [
     "bench_dataset",
     "bench_pictures",
     "bench_leaks",
+    "bench_offload",
 ]
 
 

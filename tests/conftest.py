@@ -16,7 +16,7 @@ SAMPLE_IMAGES = ROOT / "sample_images"
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
-try:  # Hypothesis profiles (tests/test_fuzz.py): `pytest --hypothesis-profile long` for longer runs
+try:  # Hypothesis profiles (tests/e2e/test_fuzz.py): `pytest --hypothesis-profile long` for longer runs
     from hypothesis import HealthCheck, Phase, settings
 
     _slow = [HealthCheck.too_slow, HealthCheck.data_too_large]

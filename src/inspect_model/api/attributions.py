@@ -71,7 +71,11 @@ class AttributionsRequest(Request):
                             "ROAD, confidence) and rank the methods, as cam --evaluate.")
     metrics: tuple[str, ...] = option((), "--metric", help="With --evaluate: deletion, insertion, road, confidence "
                                       "or all (default); repeatable.", multiple=True, param="metric")
-    eval_steps: int = option(32, "--eval-steps", help="Steps of the deletion and insertion curves.")
+    eval_steps: int | str = option(32, "--eval-steps", type=str, help="Steps of the deletion and insertion curves, "
+                                   "or auto: each curve refined (8, 16, ... 128) until its AUC moves by at most "
+                                   "--eval-tolerance.")
+    eval_tolerance: float = option(0.005, "--eval-tolerance", help="With --eval-steps auto: the AUC change between "
+                                   "two levels at which a curve stops.")
     eval_batch: int | None = option(None, "--eval-batch", type=int, help="Perturbed inputs per forward pass (--evaluate); "
                                     "default 64, on a CPU at most 4 MiB of input (6 at 224 px).")
     sanity: bool = option(False, "--sanity", help="Cascading weight randomisation (Adebayo et al. 2018) on a copy "
@@ -88,7 +92,10 @@ class AttributionsRequest(Request):
         check_target_syntax(self.target)
         self._set("methods", ao.parse_methods(self.methods or ("saliency",)))
         check_evaluate_request(evaluate=self.evaluate, metrics=list(self.metrics) or None, boxes=None,
-                               steps=self.eval_steps, batch=self.eval_batch)
+                               steps=self.eval_steps, batch=self.eval_batch, tolerance=self.eval_tolerance)
+        from inspect_model.run.evaluate import parse_eval_steps
+
+        self._set("eval_steps", parse_eval_steps(self.eval_steps))
         self._set("steps", ao.parse_steps(self.steps))
         ao.check_settings(steps=self.steps, rule=self.rule, samples=self.samples, noise=self.noise,
                           noise_mode=self.noise_mode, batch_size=1, smooth=self.smooth, methods=self.methods,
@@ -151,7 +158,8 @@ class AttributionsSession(Session):
 
             self.evaluator = Evaluator(prep, parse_metrics(list(request.metrics or []), boxes=False),
                                        steps=request.eval_steps, batch=request.eval_batch,
-                                       output_key=request.output_key, notes=notes, progress=progress)
+                                       output_key=request.output_key, notes=notes, progress=progress,
+                                       tolerance=request.eval_tolerance)
         from inspect_model.render.draw_attributions import AttributionsDrawer
 
         self.drawer = AttributionsDrawer(categories=prep.categories, preprocess=prep.plan.preprocess,

@@ -23,6 +23,7 @@ Every path ends in accelerate's ``dispatch_model``; the model keeps ``hf_device_
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -61,7 +62,8 @@ def load_placed(spec: str, request: LoadRequest, placement: Placement) -> Loaded
                      name=loaded.name)
         folder = offload_folder(placement, loaded.model) if "disk" in dmap.values() else None
         if loaded.weights is not None:
-            loaded.model = _hf_pretrained(loaded, dmap, folder, dtype)
+            if not _hf_in_place(loaded, dmap, dtype):
+                loaded.model = _hf_pretrained(loaded, dmap, folder, dtype)
             if not isinstance(getattr(loaded.model, "hf_device_map", None), dict):
                 loaded.model.hf_device_map = dict(dmap)  # one device: transformers attaches no hooks, none needed
         else:
@@ -77,6 +79,68 @@ def load_placed(spec: str, request: LoadRequest, placement: Placement) -> Loaded
     loaded.notes.append(f"placement (accelerate): {describe(dmap)}"
                         + (f"; offloaded weights in {folder}" if folder else ""))
     return loaded
+
+
+def _shard_keys(folder: str) -> dict[str, str]:
+    """Tensor name -> shard file of a save_pretrained folder (one file, or an index)."""
+    import json
+
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as fh:
+            return {k: os.path.join(folder, v) for k, v in json.load(fh).get("weight_map", {}).items()}
+    single = os.path.join(folder, "model.safetensors")
+    if not os.path.isfile(single):
+        return {}
+    from safetensors import safe_open
+
+    with safe_open(single, framework="pt") as f:
+        return dict.fromkeys(f.keys(), single)
+
+
+def _hf_in_place(loaded: LoadedModel, dmap: dict[str, Any], dtype: Any) -> bool:
+    """The shards' tensors straight into the empty model: resident blocks read (memory-mapped)
+    onto their devices, disk blocks indexed to be read from the shards when they run. Nothing
+    is read twice (transformers' loader reads disk-bound tensors once at load time too). False,
+    and nothing done, when the shards' names are not the model's (a conversion transformers
+    knows): then its own loader runs."""
+    from accelerate.utils import set_module_tensor_to_device
+    from safetensors import safe_open
+
+    model = loaded.model
+    files = _shard_keys(str(getattr(loaded.config, "_name_or_path", "") or ""))
+    source = {id(p): n for n, p in model.named_parameters() if n in files}
+    names = list(model.named_parameters(remove_duplicate=False))
+    if not files or any(n not in files and id(p) not in source for n, p in names):
+        return False
+    kind = str(dtype).replace("torch.", "")
+    index: dict[str, Any] = {}
+    for name, param in names:
+        key = name if name in files else source[id(param)]
+        dev = _device_of(name, dmap)
+        if dev == "disk":
+            index[name] = {"safetensors_file": files[key], "weight_name": key}
+            if param.is_floating_point():
+                index[name]["dtype"] = kind  # cast as it is read: the shard may hold another dtype
+            continue
+        with safe_open(files[key], framework="pt") as f:
+            value = f.get_tensor(key)
+        where = f"cuda:{dev}" if isinstance(dev, int) else dev
+        set_module_tensor_to_device(model, name, where, value=value, dtype=dtype)
+    for name, buf in model.named_buffers():
+        if name in files:  # persistent buffers saved with the weights
+            with safe_open(files[name], framework="pt") as f:
+                set_module_tensor_to_device(model, name, "cpu", value=f.get_tensor(name))
+    from accelerate import dispatch_model
+
+    with _quiet_accelerate():
+        dispatch_model(model, dmap, main_device=main_device(dmap), offload_index=index or None, force_hooks=True)
+    return True
+
+
+def _device_of(name: str, dmap: dict[str, Any]) -> Any:
+    best = max((k for k in dmap if k == "" or name == k or name.startswith(k + ".")), key=len)
+    return dmap[best]
 
 
 def _hf_pretrained(loaded: LoadedModel, dmap: dict[str, Any], folder: str | None, dtype: Any) -> Any:

@@ -99,7 +99,7 @@ class Preprocess:
     def uncrop_box(self, width: int, height: int) -> tuple[float, float, float, float]:
         """The crop's box (left, top, right, bottom) in original-image pixels. A map over the
         model input covers exactly this box of the original (it may reach outside it), to the
-        pixel: the sizes and offsets are torchvision's integers (tests/test_image_boxes.py
+        pixel: the sizes and offsets are torchvision's integers (tests/unit/loading/test_image_boxes.py
         measures them through the real resize and crop)."""
         sx, sy, left, top, cw, ch = self.geometry(width, height)
         return (left / sx, top / sy, (left + cw) / sx, (top + ch) / sy)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -106,33 +106,37 @@ def fast_stats(t: torch.Tensor, n: int | None = None, buf: list[torch.Tensor] | 
 
 class SeenGradients:
     """The statistics of the last few gradients measured in a backward pass, found again by
-    where their values lie. A layer's output gradient is, in a chain, the very tensor the next
-    layer's input gradient was (autograd hands a view's gradient back as a view of the same
-    memory): measuring it once halves the statistics of ``grads``. Each entry holds its
-    tensor, so that the memory cannot be reused or accumulated into in place (autograd adds
-    in place only into a buffer nobody else holds); the version counter catches any other
-    in-place change. :meth:`clear` after each backward pass gives the tensors back."""
+    where their values lie. A layer's output gradient is, in a chain, the very memory the next
+    layer's input gradient was (autograd hands a view's gradient back as a view of it):
+    measuring it once halves the statistics of ``grads``. An entry holds a weak reference to
+    the storage only: a strong one would stop autograd from adding a residual branch's
+    gradient in place (it does so only into a buffer nobody else holds), and those
+    out-of-place additions cost resnet50 more than the statistics saved. A hit needs the
+    storage alive (the memory not reused), the same storage and place, and the same version
+    (views share their base's version counter: an in-place addition since is a miss)."""
 
     def __init__(self, size: int = 4) -> None:
         self.size = size
-        self._seen: dict[tuple, tuple[torch.Tensor, int, TensorStats, list[float] | None]] = {}
+        self._seen: dict[tuple, tuple[Any, int, TensorStats, list[float] | None]] = {}
         self._buf: list[torch.Tensor] = []  # fast_stats' scratch, reused within a pass
 
     def measure(self, g: torch.Tensor, n: int) -> tuple[TensorStats, list[float] | None]:
         """(statistics, per-sample L2 norms when dim 0 is the batch ``n``) of ``g``."""
         import torch
+        from torch.multiprocessing.reductions import StorageWeakRef
 
         from inspect_model.methods.stats import tensor_stats
 
         g = g.detach()
         batch = g.dim() >= 1 and g.shape[0] == n
+        strided = g.layout == torch.strided and g.numel() > 0
+        storage = g.untyped_storage()._cdata if strided else None
         # The same memory read in the same order: equal values (a flatten between two layers
         # changes the shape only; the per-sample norms hold where both lead with the batch).
-        key = (g.data_ptr(), g.dtype, g.device, g.numel()) if g.is_contiguous() else \
-            (g.data_ptr(), g.dtype, g.device, tuple(g.shape), g.stride())
-        hit = self._seen.get(key)
-        if hit is not None and hit[0]._version == hit[1] and g._version == hit[1] and \
-                (not batch or hit[3] is not None):
+        key = (storage, g.data_ptr(), g.dtype, g.numel()) if g.is_contiguous() else \
+            (storage, g.data_ptr(), g.dtype, tuple(g.shape), g.stride())
+        hit = self._seen.get(key) if strided else None
+        if hit is not None and not hit[0].expired() and g._version == hit[1] and (not batch or hit[3] is not None):
             return hit[2], hit[3] if batch else None
         fast = fast_stats(g, n, self._buf)
         if fast is not None:
@@ -142,9 +146,9 @@ class SeenGradients:
             per = None
         if per is None and batch:
             per = torch.linalg.vector_norm(g.reshape(n, -1), dim=1, dtype=torch.float64).tolist()
-        if g.numel() and g.layout == torch.strided:
+        if strided:
             self._seen.pop(key, None)
-            self._seen[key] = (g, g._version, stats, per)
+            self._seen[key] = (StorageWeakRef(g.untyped_storage()), g._version, stats, per)
             while len(self._seen) > self.size:
                 self._seen.pop(next(iter(self._seen)))
         return stats, per

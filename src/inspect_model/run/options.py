@@ -263,6 +263,9 @@ def load(opts: ModelOptions, *, device: str | None = None) -> Any:
     elif isinstance(opts.model, str):
         placement = opts.placement()
         placement.check()
+        if placement.active and str(opts.device).strip().lower() not in ("cpu", "auto"):
+            raise UsageError(f"--device {opts.device} and --device-map/--max-memory/--offload: the device map says "
+                             "where each block runs; drop --device")
         with warnings.catch_warnings():
             # torchvision builders warn about init defaults the user did not ask about.
             warnings.simplefilter("ignore", FutureWarning)

@@ -103,7 +103,6 @@ def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: 
     import torch
 
     from inspect_model.loading.inputs import plan_inputs
-    from inspect_model.loading.models import require_hookable
     from inspect_model.loading.shapes import parse_dtype
     from inspect_model.methods.objectives.targets import check_label_count, load_labels
 
@@ -112,16 +111,7 @@ def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: 
     torch_dtype = parse_dtype(mopts.dtype)
     torch.manual_seed(inputs.seed)
     loaded = load(mopts)
-    if capability(command, "hooks", True) if hooks is None else hooks:
-        require_hookable(loaded, command)
-    if capability(command, "gradients"):
-        from inspect_model.loading.quantized import refuse_gradients
-
-        refuse_gradients(loaded, command)  # quantized kernels have no autograd
-    if capability(command, "parameter_gradients"):
-        from inspect_model.loading.dispatch import refuse_offloaded
-
-        refuse_offloaded(loaded, command)  # weights streamed from disk keep no parameter gradients
+    _refuse(command, loaded, hooks)
     from inspect_model.run.world import rank_device
     from inspect_model.devices import model_device
 
@@ -183,6 +173,24 @@ def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: 
         binding, categories = media_binding(command, loaded, plan, binding, categories, notes,
                                             objective=capability(command, "objective"))
     return Prepared(loaded, plan, categories, dev, torch_dtype, binding), task, texts, tok
+
+
+def _refuse(command: str, loaded: Any, hooks: bool | None) -> None:
+    """What the command's registry entry says it does, checked against the model: hooks (None:
+    the entry's), gradients (quantized kernels have none), parameter gradients (offloaded
+    weights keep none)."""
+    from inspect_model.loading.models import require_hookable
+
+    if capability(command, "hooks", True) if hooks is None else hooks:
+        require_hookable(loaded, command)
+    if capability(command, "gradients"):
+        from inspect_model.loading.quantized import refuse_gradients
+
+        refuse_gradients(loaded, command)
+    if capability(command, "parameter_gradients"):
+        from inspect_model.loading.dispatch import refuse_offloaded
+
+        refuse_offloaded(loaded, command)
 
 
 def _texts_beside_images(task: Any, inputs: InputOptions, loaded: Any, mopts: ModelOptions

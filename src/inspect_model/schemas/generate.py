@@ -15,7 +15,7 @@ parts that would otherwise be kept twice are written from their one source here:
   model-input pixels and in the original picture's pixels (:data:`BOX_DEFS`).
 
 ``python -m inspect_model.schemas.generate --check`` fails when a published file differs
-from what this module makes of it (tests/test_registry.py runs it); ``--write`` rewrites
+from what this module makes of it (tests/e2e/test_registry.py runs it); ``--write`` rewrites
 them. The report bodies stay hand-written and are validated against real reports in the
 tests. Nothing here imports torch.
 """

@@ -63,7 +63,11 @@ class AttentionRequest(Request):
                                    "pointing, energy or all; repeatable.", multiple=True, param="metric")
     boxes: Any = option(None, "--boxes", type=Path, help="With --evaluate: JSON or CSV of boxes image,x0,y0,x1,y1 "
                      "in original-image pixels, for the pointing and energy games.")
-    eval_steps: int = option(32, "--eval-steps", help="Steps of the deletion and insertion curves.")
+    eval_steps: int | str = option(32, "--eval-steps", type=str, help="Steps of the deletion and insertion curves, "
+                                   "or auto: each curve refined (8, 16, ... 128) until its AUC moves by at most "
+                                   "--eval-tolerance.")
+    eval_tolerance: float = option(0.005, "--eval-tolerance", help="With --eval-steps auto: the AUC change between "
+                                   "two levels at which a curve stops.")
     eval_batch: int | None = option(None, "--eval-batch", type=int, help="Perturbed inputs per forward pass (--evaluate); "
                                     "default 64, on a CPU at most 4 MiB of input (6 at 224 px).")
 
@@ -78,7 +82,10 @@ class AttentionRequest(Request):
         self._set("layers", o.layers)
         check_colormap(self.colormap)
         check_evaluate_request(evaluate=self.evaluate, metrics=list(self.metrics) or None, boxes=self.boxes,
-                               steps=self.eval_steps, batch=self.eval_batch)
+                               steps=self.eval_steps, batch=self.eval_batch, tolerance=self.eval_tolerance)
+        from inspect_model.run.evaluate import parse_eval_steps
+
+        self._set("eval_steps", parse_eval_steps(self.eval_steps))
 
     def options(self) -> Any:
         from inspect_model.methods.attention.maps import AttentionOptions
@@ -116,7 +123,8 @@ class AttentionSession(Session):
                                             boxes=request.boxes, steps=request.eval_steps, batch=request.eval_batch)
             self.metrics = parsed
             self.evaluator = Evaluator(prep, parsed, steps=request.eval_steps, batch=request.eval_batch,
-                                       boxes=request.boxes, notes=notes, progress=progress)
+                                       boxes=request.boxes, notes=notes, progress=progress,
+                                       tolerance=request.eval_tolerance)
         self.drawer = AttentionDrawer(categories=prep.categories, preprocess=prep.plan.preprocess,
                                       colormap=request.colormap, save_raw=request.save_raw, query=request.query)
         # --text, or token ids of a token model: token maps (issue 26); images still drawn as images
@@ -234,7 +242,8 @@ class AttentionSession(Session):
             head_fusion=o.head_fusion, discard_ratio=o.discard_ratio, mosaic=o.mosaic, cam_layer=o.cam_layer,
             target=list(r.target) if isinstance(r.target, tuple) else r.target, colormap=r.colormap,
             save_raw=r.save_raw, evaluate=r.evaluate, metrics=list(getattr(self, "metrics", r.metrics)),
-            boxes=str(r.boxes) if r.boxes else None, eval_steps=r.eval_steps, eval_batch=r.eval_batch)
+            boxes=str(r.boxes) if r.boxes else None, eval_steps=r.eval_steps, eval_batch=r.eval_batch,
+            eval_tolerance=r.eval_tolerance)
 
     # ------------------------------------------------------------------ resumable, mergeable
     def state_dict(self) -> dict[str, Any]:

@@ -116,8 +116,8 @@ def auto_class(transformers: Any, config: Any) -> tuple[Any, str]:
     """The Auto class and task of the config's architectures; the base model and "custom" else."""
     archs = [str(a) for a in getattr(config, "architectures", None) or []]
     for suffix, auto, task in ARCHITECTURES:
-        if any(a.endswith(suffix) for a in archs) and hasattr(transformers, auto) and _knows(
-                getattr(transformers, auto), config):
+        if any(a.endswith(suffix) for a in archs) and hasattr(transformers, auto) and (
+                suffix != "ForConditionalGeneration" or _knows(getattr(transformers, auto), config)):
             return getattr(transformers, auto), task
     return transformers.AutoModel, "custom"
 

@@ -18,7 +18,7 @@ V-cycle of geometric multigrid:
 All masks and channels are solved as one batch (B, C, H, W); the work is a few dozen
 stencil applications of the whole batch, on any device. Converges in 6-8 iterations to a
 relative residual of 1e-5 for ROAD's masks at 64-224 px (checked against scipy's exact solve in
-benchmarks/bench_evaluate.py and against a dense solve in tests/test_faithfulness.py).
+benchmarks/bench_evaluate.py and against a dense solve in tests/cli/test_faithfulness.py).
 """
 
 from __future__ import annotations

@@ -18,7 +18,6 @@ from typing import Any
 
 from inspect_model.errors import UsageError, suggest
 from inspect_model.methods.families.base import (
-    SCORING_COMMANDS,
     TASKS,
     Task,
     TaskContext,
@@ -28,7 +27,7 @@ from inspect_model.methods.families.base import (
     register_task,
 )
 
-__all__ = ["SCORING_COMMANDS", "TASKS", "Task", "TaskContext", "find_task", "is_hf", "mro_names", "refuse_options",
+__all__ = ["TASKS", "Task", "TaskContext", "find_task", "is_hf", "mro_names", "refuse_options",
            "register_task", "task_names"]
 
 

@@ -11,8 +11,7 @@ from inspect_model.errors import UsageError
 from inspect_model.methods.families.objective import Objective
 
 TASKS: dict[str, Task] = {}
-# Commands that explain a score: the task's scores replace the model's output for them.
-SCORING_COMMANDS = ("grads", "cam", "guided-backprop", "attributions")
+# Which commands explain a score is their registry entry's `scores` (registry.capability).
 
 
 @dataclass
