@@ -201,6 +201,9 @@ def label(index: int, categories: Sequence[str] | None) -> str:
     return str(index)
 
 
+MAX_CLASSES = 1_000_000  # class indices in a labels file: ImageNet-21k has 21,841
+
+
 def load_labels(path: str | Path) -> LabelNames:
     """Class names from a file: one per line, or a JSON list, or a JSON {index: name} map."""
     p = Path(path)
@@ -225,6 +228,10 @@ def load_labels(path: str | Path) -> LabelNames:
                 items = sorted((int(k), str(v)) for k, v in data.items())
             except ValueError as exc:
                 raise InputError(f"labels file '{p}': JSON keys must be class indices") from exc
+            if items and not (0 <= items[0][0] and items[-1][0] < MAX_CLASSES):
+                bad = items[0][0] if items[0][0] < 0 else items[-1][0]
+                raise InputError(f"labels file '{p}': class index {bad} is not from 0 to {MAX_CLASSES - 1:,}; "
+                                 "keys are class indices")  # a list of that size would be allocated (issue 41)
             out = [""] * (items[-1][0] + 1 if items else 0)
             for i, name in items:
                 out[i] = name
