@@ -43,7 +43,10 @@ def main() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for r in range(args.repeats + 1):
-            for name, model in models.items():  # interleaved: load from other processes hits all alike
+            names = list(models)
+            names = names[r % len(names):] + names[:r % len(names)]  # each goes first in turn
+            for name in names:  # interleaved: load from other processes hits all alike
+                model = models[name]
                 t0 = time.perf_counter()
                 im.activations(model, x)
                 dt = time.perf_counter() - t0

@@ -89,6 +89,16 @@ def test_every_command_on_hf_models(folders, model, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("model", ("gpt2", "llama", "bert", "bertmodel", "t5"))
+def test_every_command_on_token_ids_without_text(folders, model, tmp_path):
+    """The issue's second input form: token ids of ``--input-size`` (no tokenizer needed)."""
+    for command in COMMANDS:
+        r = run_cli([command, folders[model], "--input-size", "input_ids=8:int64:4-30"]
+                    + (["-o", str(tmp_path / command)] if command != "summary" else []))
+        _check(r, f"{command} {model} --input-size")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("model", OTHERS)
 def test_every_command_on_image_dense_and_video_models(others, model, tmp_path):
     for command in COMMANDS:

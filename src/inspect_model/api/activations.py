@@ -184,6 +184,7 @@ class ActivationsSession(Session):
 
         report = self.capture.report()
         plan = self.prep.plan
+        report.real_tokens = getattr(plan, "texts", None) is not None
         skipped = input_outcome(plan, self.warnings)
         called = {r.name for r in report.layers}
         missing = [n for n in self.selected if n not in called]

@@ -241,6 +241,9 @@ class AttributionsSession(Session):
 
         import torch
 
+        if res.space == "embedding":  # token ids: tokens deleted and inserted (issue 42)
+            self._evaluate_tokens(res, batch, entries)
+            return
         if res.space != "input" or batch.tensor.dim() != 4:
             raise UsageError("--evaluate perturbs image pixels; it needs image inputs (N, C, H, W)")
         maps, probs = [], []
@@ -253,6 +256,44 @@ class AttributionsSession(Session):
                 maps.append(SimpleNamespace(sample=i, target=rec["target"]["class"], map=rel))
         assert self.evaluator is not None
         self.evaluator.feed(SimpleNamespace(maps=maps, probabilities=probs), batch, entries)
+
+    def _evaluate_tokens(self, res: Any, batch: Any, entries: list[dict[str, Any]]) -> None:
+        """Deletion and insertion of tokens for every map (methods/faithfulness/tokens.py)."""
+        from inspect_model.methods.faithfulness.metrics import auc, mean_ranks
+        from inspect_model.methods.faithfulness.tokens import token_curves
+        from inspect_model.methods.objectives.targets import class_probabilities, select_output
+
+        import torch
+
+        model, ids = self.prep.loaded.model, batch.tensor
+        tok = getattr(self.prep.plan, "tokenizer", None)
+        fill = next((int(v) for v in (getattr(tok, "mask_token_id", None), getattr(tok, "pad_token_id", None))
+                     if v is not None), 0)
+        lengths = batch.text.lengths if getattr(batch, "text", None) is not None else [int(ids.shape[1])] * len(ids)
+
+        ev = self.evaluator
+        assert ev is not None
+        ev.metrics = [m for m in ev.metrics if m in ("deletion", "insertion")]  # the curves a text has
+
+        def probability(rows: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                y = select_output(model(rows), self.request.output_key)
+            ev.passes, ev.inputs = ev.passes + 1, ev.inputs + int(rows.shape[0])
+            return class_probabilities(y.reshape(y.shape[0], -1).double()).cpu()
+
+        steps = 32 if self.request.eval_steps == "auto" else int(self.request.eval_steps)
+        for i, entry in enumerate(entries):
+            for rec in entry["maps"]:
+                rel = res.maps[rec["method"]][i, rec["rank"]].sum(-1)  # (L,): one value per token
+                curves = token_curves(probability, ids[i], lengths[i], rel, int(rec["target"]["class"]), fill, steps)
+                rec["evaluation"] = {"scores": {k: auc(v) for k, v in curves.items()}, "curves": curves,
+                                     "confidence": {}, "rank": None, "replacement_token": fill}
+            by_rank: dict[int, list[dict[str, Any]]] = {}
+            for rec in entry["maps"]:
+                by_rank.setdefault(rec["rank"], []).append(rec)
+            for group in by_rank.values():
+                for rec, r in zip(group, mean_ranks([g["evaluation"]["scores"] for g in group])):
+                    rec["evaluation"]["rank"] = r
 
     def finish(self) -> Result:
         from inspect_model.methods.attributions import sanity as san

@@ -67,6 +67,8 @@ def row_cells(r: LayerActivation) -> list[str]:
 def footer_lines(rep: ActivationReport, files: list[str] | None = None, drawn: list[str] | None = None) -> list[str]:
     n_layers = len({r.name for r in rep.layers})
     lines = [
+        f"Texts: {rep.images} in {rep.batches} batch(es); statistics merged over their real tokens (padding left "
+        "out)" if rep.real_tokens else
         f"Images: {rep.images} in {rep.batches} batch(es); statistics merged over all images",
         f"Layers: {n_layers} hooked, {len(rep.layers)} rows (one per call and output)",
         "Dead ch: channels exactly zero for every image; Zero %: exact zeros; moments over finite values",
@@ -133,7 +135,8 @@ def to_payload(rep: ActivationReport, *, images: list[dict[str, Any]] | None = N
         "image_count": rep.images,
         "images": list(images or []),
         "batches": rep.batches,
-        "aggregation": "merged over all images (exact: per-image moments combined)",
+        "aggregation": "merged over the real tokens of every text, padding left out (exact: per-text moments "
+                       "combined)" if rep.real_tokens else "merged over all images (exact: per-image moments combined)",
         "selected_layers": list(rep.selected),
         "drawn_layers": drawn,
         "layers": [layer_dict(r, drawn) for r in rep.layers],

@@ -47,7 +47,7 @@ def attach_task(command: str, prep: Any, inputs: Any, request: Any, task: Any, *
     if not text_plan and task.takes == "text" and not _token_input(plan):
         raise UsageError(f"{prep.loaded.name} is a {task.name} model: it reads token ids; give --text TEXT "
                          "(or --input-size input_ids=LEN:int64:0-VOCAB)")
-    refuse_command(command, task, prep.loaded.name, text_plan)
+    refuse_command(command, task, prep.loaded.name, text_plan or (task.takes == "text" and _token_input(plan)))
     adapter = task.adapter(ctx)
     prep.task = task
     if adapter is None:
@@ -119,14 +119,16 @@ def summary_inputs(model: Any) -> Any:
     def pre(_mod: Any, args: tuple, kwargs: dict) -> Any:
         import torch
 
-        if len(args) != 1 or kwargs:
+        if task == "seq2seq" and not args and "input_ids" in kwargs and "decoder_input_ids" not in kwargs:
+            args, kwargs = (kwargs["input_ids"],), {k: v for k, v in kwargs.items() if k != "input_ids"}
+        elif len(args) != 1 or kwargs:
             return None
         x = args[0]
         n = int(x.shape[0])
         if task == "seq2seq":
             start = int(getattr(cfg, "decoder_start_token_id", None) or 0)
-            return (), {"input_ids": x, "decoder_input_ids": torch.full((n, 1), start, dtype=torch.long,
-                                                                        device=x.device)}
+            return (), {**kwargs, "input_ids": x, "decoder_input_ids": torch.full((n, 1), start, dtype=torch.long,
+                                                                                  device=x.device)}
         return (), {"pixel_values": x, "input_ids": torch.ones((1, 4), dtype=torch.long, device=x.device)}
 
     @contextlib.contextmanager

@@ -58,6 +58,8 @@ def test_layer_statistics_are_those_of_the_real_tokens(folders, kind):
                  *[a for t in TEXTS for a in ("--text", t)]])
     rows = {r["name"]: r for r in doc["layers"]}
     assert list(rows) == SITES[kind]
+    assert doc["aggregation"] == ("merged over the real tokens of every text, padding left out (exact: per-text "
+                                  "moments combined)")
     r = run_cli(["activations", str(folders[kind]), "--weights", "default", *layers, "--jsonl", "-q",
                  *[a for t in TEXTS for a in ("--text", t)]])
     assert r.exit_code == 0, r.stderr

@@ -117,6 +117,7 @@ class ActivationReport:
     selected: list[str]
     kept_layers: list[str]
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)  # API: kept, concatenated
+    real_tokens: bool = False  # texts: statistics over their real tokens, padding left out (tokens.py)
 
 
 @dataclass

@@ -83,7 +83,8 @@ class TaskBinding:
             first = next((v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.dim()), None)
             self.rows = None if first is None else torch.arange(int(first.shape[0]), device=first.device)
             self.call_mask = None
-            return None
+            complete = getattr(self.adapter, "complete", None)  # inputs the task builds (a decoder's)
+            return None if complete is None else complete(args, kwargs, self.rows)
 
         def post(_mod: nn.Module, _args: Any, out: Any) -> Any:
             if self.rows is None:

@@ -92,6 +92,15 @@ class Seq2SeqAdapter(TokenAdapter):
         kwargs["decoder_input_ids"] = dec.to(x.device)
         return args, kwargs
 
+    def complete(self, args: tuple, kwargs: dict[str, Any], rows: Any) -> tuple[tuple, dict[str, Any]] | None:
+        """A call completed by the several-inputs binding (``--input-size input_ids=...``):
+        the decoder's inputs added when it has none."""
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None or "decoder_input_ids" in kwargs or "decoder_inputs_embeds" in kwargs:
+            return None
+        _, built = self.call(ids, kwargs.get("attention_mask"), rows)
+        return args, {**kwargs, "decoder_input_ids": built["decoder_input_ids"]}
+
     def _nearest(self, real: Any) -> list[int]:
         """A perturbed text (a deletion, a noisy copy): the continuation of the text it shares most with."""
         best = max(self.by_text, key=lambda k: sum(a == b for a, b in zip(k, real.tolist())))
