@@ -1,4 +1,6 @@
-"""``tensor_stats`` at memory speed for large float32 tensors (issue 40).
+"""Gradient statistics at memory speed for ``grads`` (issue 40): each gradient measured once
+(:class:`SeenGradients`), norms without float64 copies (:func:`l2_norm`); the row reductions
+themselves are :func:`inspect_model.methods.stats.fast_stats`, which ``tensor_stats`` uses.
 
 Profiling ``grads`` on resnet18/resnet50 (batch 8, 224 px) showed where its 1.9-3x over one
 forward + backward went: not in hooks or Python, but in the statistics' reductions with a
@@ -18,90 +20,15 @@ next to the spread that the variance would come from a cancellation.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import TYPE_CHECKING, Any
+
+from inspect_model.methods.stats import FAST_MIN, TensorStats, _row_length, fast_stats, tensor_stats
 
 if TYPE_CHECKING:
     import torch
 
-    from inspect_model.methods.stats import TensorStats
-
-# Below this many values the exact float64 path costs little and is kept (bit-identical
-# numbers for every small tensor, the ones the equality tests compare with rel=1e-9).
-FAST_MIN = 1 << 16
-_ROW_MAX, _ROW_MIN = 4096, 32
-# |x| range within which squares and sums of a row stay normal float32 numbers.
-_ABS_HI, _ABS_LO = 1e15, 1e-15
-
-
-@functools.lru_cache(maxsize=256)
-def _row_length(m: int) -> int:
-    """The largest divisor of ``m`` in [_ROW_MIN, _ROW_MAX] (0: none)."""
-    if m <= _ROW_MAX:
-        return m if m >= _ROW_MIN else 0
-    for d in range(_ROW_MAX, _ROW_MIN - 1, -1):
-        if m % d == 0:
-            return d
-    return 0
-
-
-def fast_stats(t: torch.Tensor, n: int | None = None, buf: list[torch.Tensor] | None = None) -> tuple[TensorStats, list[float] | None] | None:
-    """``(tensor_stats(t), per-sample L2 norms over the first dim of size n)`` of a large
-    float32 tensor, within float32 rounding of the float64 values; ``None`` where the exact
-    path must run (see the module docstring). ``n``: the batch size (None: no per-sample norms);
-    ``buf``: a list holding the float32 scratch tensor to reuse (grown here as needed)."""
-    import torch
-
-    from inspect_model.methods.stats import TensorStats
-
-    x = t.detach()
-    numel = x.numel()
-    if x.dtype != torch.float32 or numel < FAST_MIN or x.is_complex() or x.layout != torch.strided:
-        return None
-    per = n is not None and x.dim() >= 1 and x.shape[0] == n and n > 0
-    m = numel // n if per else numel  # type: ignore[operator]
-    row = _row_length(m)
-    if row == 0:
-        return None
-    v = x.reshape(-1)  # a copy only for a non-contiguous gradient
-    lo_t, hi_t = torch.aminmax(v)
-    lo, hi = float(lo_t), float(hi_t)
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return None  # NaN or Inf: counted on the exact path
-    big = max(-lo, hi)
-    if big > _ABS_HI or (0 < big < _ABS_LO):
-        return None
-    rows = v.view(-1, row)
-    f64 = torch.float64
-    # sign() once, into a reused buffer: its row sums are positives - negatives and its row
-    # L2 norms squared positives + negatives (float32 integers below 2^24: exact), both at
-    # the speed of a plain reduction (count_nonzero and (x < 0).sum() are 5-20x slower).
-    if buf is None:
-        buf = []
-    if not buf or buf[0].numel() < numel or buf[0].device != v.device:
-        buf[:] = [torch.empty_like(v)]
-    sg = torch.sign(rows, out=buf[0][:numel].view(rows.shape))
-    counts = torch.stack([sg.sum(1), torch.linalg.vector_norm(sg, 2, 1)])
-    ab = torch.abs(rows, out=sg)  # |x| into the same buffer: its row sums are the L1 norms
-    # (3, R): per-row sum, L2 norm, L1 norm in float32, then float64 from here on.
-    r = torch.stack([rows.sum(1), torch.linalg.vector_norm(rows, 2, 1), ab.sum(1)]).to(f64)
-    c = counts.to(f64)
-    sq = r[1].square()
-    s1, l2sq, l1, signed, nonzero = (float(a) for a in torch.stack(
-        [r[0].sum(), sq.sum(), r[2].sum(), c[0].sum(), c[1].square().round().sum()]))
-    zeros = numel - round(nonzero)
-    negatives = round((nonzero - signed) / 2)
-    mean = s1 / numel
-    var = max(l2sq / numel - mean * mean, 0.0)
-    if big > 0 and var < 1e-2 * (l2sq / numel):
-        return None  # var = E[x^2] - mean^2 would cancel float32 digits: the exact path
-    std = math.sqrt(var * numel / (numel - 1))
-    norms = sq.view(n, -1).sum(1).sqrt().tolist() if per else None
-    stats = TensorStats(numel=numel, mean=mean, std=std, min=lo, max=hi, abs_mean=l1 / numel,
-                        norm=math.sqrt(l2sq), zero_fraction=zeros / numel, negative_fraction=negatives / numel,
-                        nan_count=0, inf_count=0, neg_inf_count=0)
-    return stats, norms
+__all__ = ["FAST_MIN", "SeenGradients", "fast_stats", "l2_norm"]
 
 
 class SeenGradients:
@@ -124,8 +51,6 @@ class SeenGradients:
         """(statistics, per-sample L2 norms when dim 0 is the batch ``n``) of ``g``."""
         import torch
         from torch.multiprocessing.reductions import StorageWeakRef
-
-        from inspect_model.methods.stats import tensor_stats
 
         g = g.detach()
         batch = g.dim() >= 1 and g.shape[0] == n
