@@ -153,6 +153,9 @@ class GuidedSession(Session):
         for i in range(x.shape[0]):
             frame = self._frame(batch, i) if res.rows is not None else None
             entry = self._entry(self.index_base + len(self.entries), batch.names[i], res, i, frame)
+            text = getattr(batch, "text", None)
+            if text is not None:  # token maps: the text and its tokens (issue 42)
+                entry["text"] = {"text": text.texts[i], "tokens": text.tokens[i]}
             self.entries.append(entry)
             items.append(ImageItem(entry, (x[i].detach().float().cpu(), res.gradients[i],
                                            None if ggc is None else ggc[i])))

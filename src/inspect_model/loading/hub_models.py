@@ -159,6 +159,9 @@ def read_state_dict(path: str) -> dict[str, Any]:
 
     import torch
 
+    from inspect_model.loading.torch_files import check_regular
+
+    check_regular(path, "weights file")  # a pipe or device in the cache never reaches a loader (issue 41)
     if path.endswith(".safetensors"):
         st = require("safetensors.torch")
         try:

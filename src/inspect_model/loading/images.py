@@ -227,6 +227,29 @@ def load_image(path: Path, *, channels: int = 3, resize: int | None = None) -> L
     return LoadedImage(path=path, image=img, original_mode=mode, warnings=notes)
 
 
+def header_size(path: Path | str, what: str = "image") -> tuple[int, int]:
+    """``(width, height)`` from the header of the image file at ``path``, nothing decoded: a
+    regular file only (a FIFO would block in ``open()``), no Pillow bomb warning or error (the
+    callers hold the size to :data:`MAX_PIXELS` in their own words). ``OSError`` when it is
+    no image Pillow reads, :class:`InputError` when it is no regular file."""
+    from PIL import Image
+
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{what} '{path}' {NOT_REGULAR}")
+    old_max = Image.MAX_IMAGE_PIXELS
+    try:
+        Image.MAX_IMAGE_PIXELS = None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(path) as im:
+                return int(im.size[0]), int(im.size[1])
+    except (SyntaxError, ValueError, EOFError) as exc:
+        raise OSError(str(exc)) from exc
+    finally:
+        Image.MAX_IMAGE_PIXELS = old_max
+
+
 def _convert(img: Image.Image, channels: int) -> Image.Image:
     """Any Pillow mode (L, LA, P, RGBA, CMYK, I;16, I, F, 1, YCbCr...) to RGB or L."""
     import numpy as np

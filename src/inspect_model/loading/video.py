@@ -100,12 +100,11 @@ def probe(path: Path) -> VideoInfo:
         files = _walk_images(path)
         if not files:
             raise InputError(f"folder '{path}' holds no frames (image files)")
-        from PIL import Image
+        from inspect_model.loading.images import header_size
 
         try:
-            with Image.open(files[0]) as im:
-                w, h = im.size
-        except Exception as exc:
+            w, h = header_size(files[0], "frame")  # a regular file, its header only
+        except OSError as exc:
             raise InputError(f"frame '{files[0]}' is not an image Pillow can read") from exc
         _check_frame_size(f"frame '{files[0]}'", w, h)
         return VideoInfo(path, len(files), None, w, h, tuple(files))

@@ -60,6 +60,13 @@ class GuidedDrawer(Drawer):
                 pre = self.preprocess
                 files.update(guided_clip_files(sink, base, tag, g, x, entry, mean=getattr(pre, "mean", None),
                                                std=getattr(pre, "std", None)))
+            elif g.dim() == 2 and sink.out is not None:  # token embeddings (L, D): one cell per token (issue 42)
+                from inspect_model.render.attributions import heatmap
+
+                title = f"guided backprop\n{entry['image']}: {cls} {m['target']['label'] or ''}".rstrip()
+                tokens = (entry.get("text") or {}).get("tokens")
+                files["tokens"] = sink.image(f"{base}/guided.{tag}.tokens.png", lambda g=g, t=title, tk=tokens: heatmap(
+                    g, t, signed=True, tokens=tk))
             elif sink.out is not None and not self.save_raw:
                 self.warn("the input is not an image (C, H, W); no PNGs written (use --save-raw for .npy)")
             if sink.out is not None and self.save_raw:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inspect_model.errors import UsageError
+from inspect_model.errors import InputError, UsageError
 
 DEFAULT_STEPS = 32
 
@@ -96,12 +96,11 @@ class Evaluator:
         self.boxes = match_boxes(load_boxes(path), names, str(path))
         for name, bs in self.boxes.items():
             if plan.paths:
-                from PIL import Image
+                from inspect_model.loading.images import header_size
 
                 try:
-                    with Image.open(name) as im:
-                        width, height = im.size
-                except OSError:
+                    width, height = header_size(name)  # a regular file, its header only (issue 41)
+                except (OSError, InputError):
                     continue  # an unreadable image fails (or is skipped) where it is read
             else:
                 height, width = (int(v) for v in plan.tensor.shape[-2:])

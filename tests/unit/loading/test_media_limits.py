@@ -102,3 +102,24 @@ def test_decoding_many_big_frames_stays_within_a_memory_limit(tmp_path: Path) ->
     assert r.returncode == 0, r.stderr[-2000:]
     n, pixels = map(int, r.stdout.split())
     assert n == 60 and pixels <= MAX_PIXELS
+
+
+@pytest.mark.parametrize("kind", ["fifo", "bomb"])
+def test_frame_folders_read_headers_of_regular_files_only(kind: str, tmp_path: Path) -> None:
+    """A neighbour: the first frame of a folder is sized from its header; a FIFO there would
+    block in open(), a 12000x12000 header would warn (or be taken for no image)."""
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    first = folder / "f000.png"
+    if kind == "fifo":
+        os.mkfifo(first)
+        with pytest.raises(InputError, match="not a regular file"):
+            probe(folder)
+    else:
+        first.write_bytes(gif(12000, 12000, frames=1))
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no DecompressionBombWarning escapes
+            with pytest.raises(InputError, match="12000x12000 pixels"):
+                probe(folder)
