@@ -244,8 +244,9 @@ def test_quiet_silences_transformers_loading_output(vit_dir):
     quiet = run_cli(["summary", str(path), "--weights", "DEFAULT", "--device", "cpu", "--quiet"])
     assert quiet.exit_code == 0 and quiet.stderr == "", quiet.stderr
     assert quiet.stdout == loud.stdout
-    if before[0]:  # the bar is on in this environment: without --quiet it shows
-        assert "Loading weights" in loud.stderr
+    # Issue 39 (10): the libraries' bars show only on a terminal; CliRunner's stderr is not one
+    # (tests/cli/test_hub_progress.py shows the bar where it is)
+    assert "Loading weights" not in loud.stderr
     assert (tf_logging.is_progress_bar_enabled(), tf_logging.get_verbosity()) == before
 
 
