@@ -335,8 +335,10 @@ CASES = [
     Case("input-size-needs-too-much-memory", lambda e: ["activations", e.spec, "--weights", "none",
                                                         "--input-size", "3x100000x100000"],
          E.EXIT_INPUT, ("3x100000x100000", "GiB", "--input-size")),
-    Case("batch-size-needs-too-much-memory", lambda e: ["grads", e.spec, *IN, "--batch-size", "100000000"],
-         E.EXIT_INPUT, ("100000000x3x8x8", "GiB", "--batch-size")),
+    # within --batch-size's range (1 to 65,536), and still far past any memory
+    Case("batch-size-needs-too-much-memory", lambda e: ["grads", e.spec, "--input-size", "3x1024x1024",
+                                                        "--batch-size", "65536"],
+         E.EXIT_INPUT, ("65536x3x1024x1024", "GiB", "--batch-size")),
     Case("image-strip-grows-on-resize", lambda e: ["cam", e.spec, "--weights", "none",
                                                    e.write("strip.png", _png(16, 400000))],
          E.EXIT_INPUT, ("strip.png", "16x400000", "resize")),
