@@ -122,6 +122,7 @@ def _close(a: object, b: object) -> bool:
     return a == b
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 def test_torchrun_two_ranks_equal_one_process(cli, spec: str, tmp_path: Path) -> None:
     import os
     import subprocess

@@ -123,6 +123,7 @@ def test_resume_gives_the_report_of_one_run(cli, models_py: Path, tmp_path: Path
     assert sorted(resumed["files"]) == sorted(one["files"])
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 def test_torchrun_two_ranks_equal_one_process(cli, models_py: Path, tmp_path: Path) -> None:
     """2 ranks (gloo) share the images; rank 0's report equals one process's."""
     import os

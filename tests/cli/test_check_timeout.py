@@ -85,6 +85,7 @@ def test_the_model_is_given_back_after_a_timeout(hangs: Path) -> None:
     assert signal.getsignal(signal.SIGALRM) is handler and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signal masks")
 def test_a_model_stuck_out_of_reach_ends_the_process_with_one_line(hangs: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}

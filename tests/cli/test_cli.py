@@ -68,6 +68,7 @@ def test_model_name_completion_without_torch(tmp_path: Path) -> None:
     assert r.stdout.strip().endswith("HEAVY=")
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 def test_layer_name_completion_is_cached(tmp_path: Path) -> None:
     env = {"_INSPECT_MODEL_COMPLETE": "complete_bash", "COMP_WORDS": "inspect-model grads resnet18 --layers layer4.1.c",
            "COMP_CWORD": "4", "XDG_CACHE_HOME": str(tmp_path)}

@@ -53,6 +53,7 @@ def test_completion_answers_without_errors(shell: str, words: str, expected: set
     assert expected <= _words(shell, r.stdout), r.stdout
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 @pytest.mark.parametrize("command, option", [("cam", "-l"), ("activations", "--layers"), ("guided-backprop", "--layer")])
 def test_layer_names_complete_in_every_command(command: str, option: str, tmp_path: Path) -> None:
     r = _complete("bash", f"inspect-model {command} resnet18 {option} layer4.", tmp_path)

@@ -77,6 +77,7 @@ def test_task_and_auto_layer_from_the_module():
 
 
 # ----------------------------------------------------------------------------- segmentation
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 def test_segmentation_map_equals_pytorch_grad_cam():
     """Our SemanticSegmentationTarget Grad-CAM against pytorch-grad-cam's on the same model,
     layer and target: the sum of the class's logits over its predicted mask."""
@@ -136,6 +137,7 @@ def test_segmentation_targets_and_absent_class(dense_py, scenes):
 
 
 # ----------------------------------------------------------------------------- detection
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 def test_detector_maps_fall_on_the_detection():
     """Pointing game on the tiny trained detector: the map's peak lies in the detection's box
     for more than half of the detections, for Grad-CAM, HiResCAM, Layer-CAM and Eigen-CAM."""
@@ -221,6 +223,7 @@ def test_score_threshold_is_restored_and_the_model_untouched():
     assert all(p.requires_grad and p.grad is None for p in m.parameters())
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 def test_check_reads_detection_outputs(dense_py, scenes):
     res = run_cli(["check", f"{dense_py}:detector", str(scenes[0][0]), *FLAGS])
     assert res.exit_code == 0, res.stderr
@@ -277,6 +280,7 @@ def test_finish_crops_the_padded_part():
     assert math.isclose(float(out[:, -1].min()), 1.0, abs_tol=1e-6) and float(out[:, 0].max()) < 0.05
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 def test_evaluate_scores_the_same_target(dense_py, scenes):
     """Deletion starts from the unperturbed input: its first point is the class's mean
     probability over the explained mask, computed here independently."""

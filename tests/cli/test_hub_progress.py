@@ -23,6 +23,7 @@ def vit_folder(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 def test_no_loading_bar_when_stderr_is_not_a_terminal(vit_folder: Path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     res = subprocess.run([sys.executable, "-m", "inspect_model", "summary", str(vit_folder), "--weights", "DEFAULT",

@@ -142,6 +142,7 @@ def test_output_and_input_gradients_work_with_disk_offload(vit, command):
     assert count > 5 and diff <= 1e-6
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 def test_grads_refuses_disk_offload_in_one_line(vit):
     r = subprocess.run([sys.executable, "-m", "inspect_model", "grads", vit, CAT, "--offload"],
                        capture_output=True, text=True, timeout=300)

@@ -64,6 +64,7 @@ def _stalled(data: dict[str, Path], tmp_path: Path, *extra: str) -> tuple[subpro
 
 
 # ------------------------------------------------------------------ SIGHUP
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 def test_the_issue_example_sighup_mid_run_leaves_no_staging_folder(data: dict[str, Path], tmp_path: Path) -> None:
     proc, out = _stalled(data, tmp_path)
     proc.send_signal(signal.SIGHUP)
@@ -74,6 +75,7 @@ def test_the_issue_example_sighup_mid_run_leaves_no_staging_folder(data: dict[st
     assert stdout == "" and not out.exists()
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 def test_sighup_under_resume_keeps_the_state_like_sigterm(data: dict[str, Path], tmp_path: Path) -> None:
     proc, out = _stalled(data, tmp_path, "--resume")
     proc.send_signal(signal.SIGHUP)
@@ -82,6 +84,7 @@ def test_sighup_under_resume_keeps_the_state_like_sigterm(data: dict[str, Path],
     assert [p.name for p in out.iterdir()] == [".inspect-model-staging-resume"]
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 def test_an_ignored_sighup_stays_ignored_under_nohup(data: dict[str, Path], tmp_path: Path) -> None:
     """``nohup inspect-model ...`` must outlive the terminal: the CLI keeps SIGHUP ignored."""
     code = ("import signal, sys, runpy\n"
@@ -119,6 +122,7 @@ def test_sighup_while_importing_is_one_line(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ a reader that leaves
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 @pytest.mark.parametrize("fmt", ["--jsonl", "--json", "text"])
 def test_the_issue_example_a_reader_leaving_is_exit_0_with_nothing_on_stderr(fmt: str, data: dict[str, Path],
                                                                              tmp_path: Path) -> None:

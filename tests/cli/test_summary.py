@@ -244,6 +244,7 @@ def _classification_models() -> list[str]:
     return [n for n, fam in registry().items() if fam == "classification"]
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 def test_summary_runs_on_every_classification_model() -> None:
     """Every classification model of torchvision's registry, on meta: rows add up, the
     output is (1, 1000), parameters equal a direct count on the same architecture, and the

@@ -325,6 +325,7 @@ def test_activations_grids_and_raw_arrays_hold_the_real_tokens(folders, tmp_path
 THREE = ["the cat sat on the mat", "a dog ran", "the movie was very good"]
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 @pytest.mark.parametrize("command", ["attention", "activations"])
 def test_resume_and_torchrun_shard_the_texts(folders, tmp_path, command):
     """Texts are sharded and resumed like image paths: --resume and two torchrun ranks give the

@@ -225,6 +225,7 @@ def _state(out: Path) -> dict[str, Any]:
     return load_state(out / STAGING / "state-0.pt")
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 def test_a_state_keeps_its_pictures_as_tensors_not_pil_images(killed: dict[str, Any], tmp_path: Path) -> None:
     from inspect_model.render.stored_pictures import StoredPicture
 

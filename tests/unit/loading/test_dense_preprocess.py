@@ -94,6 +94,7 @@ def _iou(a: list[float], b: list[float]) -> float:
     return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 def test_detector_boxes_and_pictures_are_in_the_original_image(tmp_path):
     """The tiny trained detector on a non-square picture at twice its training scale (it
     resizes by 1/2 inside): the model gets the picture itself, every object is found at its

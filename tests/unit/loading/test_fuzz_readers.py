@@ -30,6 +30,7 @@ def _fuzz(seed: int, cases: int, **more: str) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 @pytest.mark.parametrize("seed", [41, 4141])
 def test_every_reader_gives_a_value_or_one_documented_error_line(seed: int) -> None:
     doc = _fuzz(seed, 10)
@@ -43,6 +44,7 @@ def test_every_reader_gives_a_value_or_one_documented_error_line(seed: int) -> N
     assert doc["slowest"][0][0] < 20
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 def test_the_harness_catches_an_allocation_past_the_limit_and_a_hang() -> None:
     """The limit and the deadline are real: a reader that allocates 4 GiB and one that never
     answers are both reported as failures."""

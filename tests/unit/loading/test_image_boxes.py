@@ -82,6 +82,7 @@ def test_expected_mapping_is_not_the_identity():
     assert expected_image_box([0, 0, 96, 96]) == [48, 0, 240, 192]
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 def test_cam_detections_carry_their_box_on_the_picture(dense_py, picture, tmp_path):
     path, objects = picture
     doc = _json(run_cli(["cam", f"{dense_py}:detector", str(path), *FLAGS, "-m", "gradcam",

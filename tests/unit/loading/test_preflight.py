@@ -85,6 +85,7 @@ def test_free_ram_obeys_an_address_space_limit():
     assert free_ram() is None or free_ram() > 0
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 def test_too_large_config_is_refused_in_seconds(tmp_path):
     """Weights of about 275 GB in float32: more than any machine this runs on has free."""
     folder = _save_config(tmp_path, vocab_size=4_000_000, hidden_size=8192, num_hidden_layers=4,

@@ -112,6 +112,7 @@ def results():
     return model, x, target, boxes, exact, res, raw
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 def test_trained_model_learned(results):
     assert results[4] >= 0.9
 

@@ -285,6 +285,7 @@ main()
 """
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 @pytest.mark.parametrize("resume", [True, False], ids=["resume", "plain"])
 @pytest.mark.parametrize("limit", [3000, 12000])
 def test_a_file_size_limit_is_an_output_error_and_leaves_no_temporary_file(resume: bool, limit: int,

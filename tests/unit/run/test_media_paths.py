@@ -107,6 +107,7 @@ def torchrun(data: dict) -> Path:
 NAMES = [f"clip-{c}" for c in CLIP_COMMANDS] + [f"pair-{c}" for c in PAIR_COMMANDS]
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 def test_samples_are_clips_and_pairs(one_process: Path) -> None:
     clips = _report(one_process, "clip-cam")["images"]
     assert [(Path(e["clip"]["video"]).name, e["clip"]["clip"]) for e in clips] == \
@@ -117,12 +118,14 @@ def test_samples_are_clips_and_pairs(one_process: Path) -> None:
     assert [e["pair"]["frames"] for e in pairs[2:]] == [[0, 1], [1, 2], [9, 10], [10, 11]]
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 @pytest.mark.parametrize("name", NAMES)
 def test_resume_after_a_kill_equals_one_process(name: str, one_process: Path, resumed: Path) -> None:
     _same(_report(one_process, name), _report(resumed, name))
     assert _files(one_process, name) == _files(resumed, name)
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 @pytest.mark.parametrize("name", NAMES)
 def test_torchrun_equals_one_process(name: str, one_process: Path, torchrun: Path) -> None:
     _same(_report(one_process, name, sheets=False), _report(torchrun, name, sheets=False))

@@ -174,6 +174,7 @@ def _same(one: dict[str, Any], two: dict[str, Any]) -> None:
     _close(one, two)
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_resume_after_a_kill_equals_one_process(command: str, one_process: Path, resumed: Path) -> None:
     from inspect_model.output.tensorboard import graph_written
@@ -183,6 +184,7 @@ def test_resume_after_a_kill_equals_one_process(command: str, one_process: Path,
     assert graph_written(one_process / f"tb-{command}") and graph_written(resumed / f"tb-{command}")
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_torchrun_equals_one_process(command: str, one_process: Path, torchrun: Path) -> None:
     from inspect_model.output.tensorboard import graph_written
@@ -200,6 +202,7 @@ def _wait(paths: list[Path], proc: subprocess.Popen[str]) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 def test_sigterm_under_resume_is_143_and_one_line(data: dict[str, Path], tmp_path: Path) -> None:
     """Mid-run, after a checkpoint: exit 143, one line; the resumable state is kept, nothing committed."""
     out = tmp_path / "out"
@@ -216,6 +219,7 @@ def test_sigterm_under_resume_is_143_and_one_line(data: dict[str, Path], tmp_pat
     assert [p.name for p in out.iterdir()] == [".inspect-model-staging-resume"]
 
 
+@pytest.mark.slow  # over 3 s: kept out of the quick tier
 def test_sigterm_under_torchrun_is_143_and_one_line_on_every_rank(data: dict[str, Path], tmp_path: Path) -> None:
     """torchrun forwards SIGTERM to its workers: each exits 143 with one line; nothing committed."""
     out = tmp_path / "out"
