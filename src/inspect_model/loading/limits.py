@@ -27,6 +27,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "--resize": (1, 65_536),
     "--crop": (1, 65_536),
     "--steps": (1, 100_000),
+    "--generate": (1, 4096),
     "--samples": (1, 100_000),
     "--eval-steps": (1, 100_000),
     "--eval-batch": (1, BATCH),

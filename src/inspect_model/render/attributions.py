@@ -240,9 +240,18 @@ def sanity_table(sanity: dict[str, Any]) -> tuple[list[Column], list[list[str]]]
     return cols, rows
 
 
+GENERATION_COLUMNS = (Column("Text"), Column("Step", "right"), Column("Token"), Column("log p", "right"),
+                      Column("Score", "right"), Column("Method"), Column("Top source"), Column("Sum", "right"),
+                      Column("Gap", "right"))
+
+
 def _tables(payload: dict[str, Any]) -> list[tuple[str, list[Column], list[list[str]]]]:
     from inspect_model.render import faithfulness as rf
 
+    if any(i.get("generation") for i in payload.get("images", [])):  # --generate (issue 36)
+        from inspect_model.render.generation import generation_lines, generation_rows
+
+        return [("\n".join(generation_lines(payload)), list(GENERATION_COLUMNS), generation_rows(payload))]
     out = [("", list(MAP_COLUMNS), map_rows(payload))]
     ev = payload.get("evaluation")
     if ev is not None and ev.get("average"):
@@ -259,6 +268,9 @@ def _tables(payload: dict[str, Any]) -> list[tuple[str, list[Column], list[list[
 def _title(payload: dict[str, Any]) -> str:
     where = (f"the output of embedding layer '{payload['embedding_layer']}'" if payload.get("embedding_layer")
              else "the input")
+    if any(i.get("generation") for i in payload.get("images", [])):
+        return (f"Attributions over a generation: {', '.join(payload.get('methods', []))} (to {where}); "
+                "each generated token's score attributed to the tokens before it")
     return f"Attributions: {', '.join(payload.get('methods', []))} (to {where})"
 
 

@@ -52,6 +52,10 @@ def attach_task(command: str, prep: Any, inputs: Any, request: Any, task: Any, *
     prep.task = task
     if adapter is None:
         return prep
+    words = getattr(request, "objective_words", None)  # a request that explains something else (--generate)
+    words = words(adapter) if callable(words) else None
+    if words is not None:
+        adapter.words = words
     inner = None if text_plan else prep.binding
     binding = TaskBinding(adapter, scoring=scoring, inner=inner)
     if text_plan:
