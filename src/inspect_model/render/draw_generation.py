@@ -29,7 +29,9 @@ class GenerationDrawer(Drawer):
                                                else "")
         files = {}
         for method in gen["matrices"]:
-            title = f"{method}: {objective}\n{entry['image']}: {gen['mode']} continuation {gen['text']!r}"
+            what = "greedy continuation" if gen["mode"] == "greedy" else "continuation given"
+            shown = gen["text"] if len(gen["text"]) <= 60 else gen["text"][:59] + "…"
+            title = f"{method}: {objective}\n{entry['image']}: {what} {shown!r}"
             name = sink.figure(f"{base}/generation.{method}.png",
                                matrix_figure(gen, method, signed=ab.get(method).signed, title=title))
             if name:

@@ -31,6 +31,7 @@ from inspect_model.methods.attributions.base import method_help as attribution_h
 from inspect_model.methods.attributions.base import names as attribution_names
 from inspect_model.registry import command
 from inspect_model.render.attributions import render_result
+from inspect_model.render.html_columns import attributions_tables
 
 
 
@@ -118,6 +119,13 @@ class AttributionsRequest(Request):
     def generates(self) -> bool:
         """Attribution over a generation (``--generate N`` or ``--continuation``, issue 36)."""
         return self.generate is not None or self.continuation is not None
+
+    def check_task(self, task: Any, name: str) -> None:
+        """A generation needs a language model (run/tasks.py asks before the task's notes)."""
+        if self.generates:
+            from inspect_model.api.attributions.generation import check_generation_task
+
+            check_generation_task(task, name)
 
     def objective_words(self, adapter: Any) -> str | None:
         """What a generation run explains, for the task's note and the report (run/tasks.py)."""
@@ -400,6 +408,7 @@ class _MapsRecord:
     example=("inspect-model attributions resnet50 cat.jpg --method saliency --method "
              "integrated-gradients --steps 64 -o attr"),
     renderer=render_result,
+    tables=attributions_tables,
     methods=attribution_names,
     schema="attributions.json",
     hooks=False,

@@ -55,6 +55,14 @@ def check_generation_inputs(images: Any, inputs: Any) -> None:
                              "own step (teacher-force a text with --continuation)")
 
 
+def check_generation_task(task: Any, name: str) -> None:
+    """A model whose task does not generate: one line, exit 9."""
+    if task is None or not task.generates:
+        what = f"a {task.name} model" if task is not None else "not a language model"
+        raise UnsupportedModelError(f"--generate continues a text with a language model (causal LM or "
+                                    f"encoder-decoder); {name} is {what}")
+
+
 def objective_words(request: Any, adapter: Any) -> str:
     """What each row explains, in words."""
     what = f"the {request.generate} greedy tokens" if request.generate is not None else \
@@ -78,10 +86,7 @@ class GenerationSession(Session):
         from inspect_model.render.draw_generation import GenerationDrawer
 
         task = prep.task
-        if task is None or not task.generates:
-            name = task.name if task is not None else "not a language model"
-            raise UnsupportedModelError(f"--generate continues a text with a language model (causal LM or "
-                                        f"encoder-decoder); {prep.loaded.name} is a {name} model")
+        check_generation_task(task, prep.loaded.name)
         self.prep, self.mopts, self.request, self.keep_maps = prep, mopts, request, keep_maps
         from inspect_model.run.evaluate import _takes_label
 
@@ -136,7 +141,10 @@ class GenerationSession(Session):
         return items
 
     def _names(self, ids: list[int]) -> list[str]:
-        return [str(t) for t in self.tok.convert_ids_to_tokens(list(ids))]
+        """The tokenizer's name of each id; ``<id N>`` for ids it does not know (a model's
+        vocabulary may be larger than its tokenizer's)."""
+        names = self.tok.convert_ids_to_tokens(list(ids))
+        return [f"<id {i}>" if n is None else str(n) for i, n in zip(ids, names)]
 
     def _entry(self, index: int, name: str, text: str, res: Any) -> dict[str, Any]:
         from inspect_model.methods.attributions import base as ab
