@@ -17,7 +17,6 @@ class GenerationDrawer(Drawer):
         self.methods = methods
 
     def draw(self, item: Any, sink: Sink) -> dict[str, Any]:
-        from inspect_model.methods.attributions import base as ab
         from inspect_model.render.generation import matrix_figure
 
         entry = item.entry
@@ -28,12 +27,13 @@ class GenerationDrawer(Drawer):
         objective = "log p(token | prefix)" + (f" - log p({gen['contrast']['token']!r})" if gen.get("contrast")
                                                else "")
         files = {}
+        signed = {m["method"]: bool(m.get("signed", True)) for m in entry.get("maps") or []}
         for method in gen["matrices"]:
             what = "greedy continuation" if gen["mode"] == "greedy" else "continuation given"
             shown = gen["text"] if len(gen["text"]) <= 60 else gen["text"][:59] + "…"
             title = f"{method}: {objective}\n{entry['image']}: {what} {shown!r}"
             name = sink.figure(f"{base}/generation.{method}.png",
-                               matrix_figure(gen, method, signed=ab.get(method).signed, title=title))
+                               matrix_figure(gen, method, signed=signed.get(method, True), title=title))
             if name:
                 files[f"generation.{method}"] = name
         return files

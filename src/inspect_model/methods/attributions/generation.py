@@ -261,7 +261,7 @@ def _occlusion(m: _Model, ids: list[torch.Tensor], xs: list[torch.Tensor], base:
     return torch.cat(out)
 
 
-def _cells(kind: str, rule: str | None, xs: list[torch.Tensor], gs: list[torch.Tensor]) -> torch.Tensor:
+def _cells(rule: str | None, xs: list[torch.Tensor], gs: list[torch.Tensor]) -> torch.Tensor:
     """A gradient method's cells (C,) from the shared gradients (``gradient_rule``)."""
     parts = []
     for x, g in zip(xs, gs):
@@ -318,7 +318,7 @@ def _run(m: _Model, prompt: list[int], st: GenerationSettings, progress: Progres
         for name, r in reg.items():
             if r.generation == "gradient":
                 gs = gs if gs is not None else _gradients(m, ids, xs, target, st.contrast)
-                row = _cells(r.generation, r.gradient_rule, xs, gs)
+                row = _cells(r.gradient_rule, xs, gs)
             elif r.generation == "integrated":
                 row, fb = _integrated(m, ids, xs, base, target, st.contrast, st)
                 fbs.append(fb)
