@@ -1,0 +1,68 @@
+"""One pair of a ``patch`` run, from prompts to its record (issue 36): tokenised, checked
+(same length, the metric's tokens, the position, the subject), run through every site's
+grid (methods/lm/grid.py) and written as a :class:`PairRecord`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inspect_model.errors import UsageError
+from inspect_model.methods.lm.patch_report import HOOK_NAMES, MetricRecord, PairRecord, SiteRecord, SubjectRecord, top_cell
+
+
+def patch_one(session: Any, index: int, name: str, pair: Any) -> PairRecord:
+    """The record of ``pair`` (``session``: api/patch.PatchSession, its model, tokenizer and request)."""
+    import torch
+
+    from inspect_model.methods.lm.grid import Noise, run_pair
+    from inspect_model.methods.lm.metrics import parse_metric, resolve_metric
+    from inspect_model.methods.lm.prompts import encode, noise_level, subject_range, token_names
+
+    r, tok, model = session.request, session.tok, session.prep.loaded.model
+    where = f" (pair {index})" if r.pairs is not None else ""
+    clean = encode(tok, pair.clean, model)
+    corrupt = encode(tok, pair.corrupt, model) if pair.corrupt is not None else None
+    if corrupt is not None and len(corrupt) != len(clean):
+        raise UsageError(f"--clean is {len(clean)} tokens and --corrupt {len(corrupt)}{where}; patching needs prompts "
+                         f"of the same length")
+    n = len(clean)
+    pos = r.position if r.position is not None else -1
+    if not -n <= pos < n:
+        raise UsageError(f"--position {pos} is outside the prompt's {n} tokens{where}")
+    metric = resolve_metric(parse_metric(pair.metric or r.metric), tok)
+    noise, subject = None, None
+    if r.noise_subject is not None:
+        text = pair.subject or r.noise_subject
+        first, end = subject_range(tok, pair.clean, text, model, n)
+        std, how = noise_level(r.noise_std, session.mods.embed)
+        noise = Noise(first, end, std, r.samples, session.prep.plan.seed)
+        subject = SubjectRecord(text, first, end, std, how, r.samples, session.prep.plan.seed)
+    dev = session.prep.device
+    out = run_pair(model, session.mods, session.call, metric,
+                   clean=torch.tensor(clean, device=dev), sites=session.sites, per_forward=session.per_forward,
+                   corrupt=torch.tensor(corrupt, device=dev) if corrupt is not None else None, position=pos,
+                   denoise=r.denoise, noise=noise, window=r.window if noise is not None else 1, tokenizer=tok)
+    names = token_names(tok, clean)
+    sites = tuple(_site(session, g, names, lowest=r.mode == "noise", window=r.window if noise else 1)
+                  for g in out.grids)
+    m = out.metric
+    mrec = MetricRecord(m.kind, m.words(), tuple(m.spec.tokens), tuple(m.ids), tuple(m.names), pos)
+    return PairRecord(index, name, pair.clean, pair.corrupt, tuple(names),
+                      tuple(token_names(tok, corrupt)) if corrupt is not None else None, mrec, out.clean,
+                      out.corrupt, subject, sites, out.forwards, out.cells)
+
+
+def _site(session: Any, grid: Any, tokens: list[str], *, lowest: bool, window: int) -> SiteRecord:
+    anat = session.anatomy
+    if grid.site == "head":
+        labels = [f"H{h}" for h in range(len(grid.raw[0]))]
+        modules = tuple(f"{b.out_proj} (input)" for b in anat.blocks)
+    else:
+        labels = [f"{i} {t!r}" for i, t in enumerate(tokens)]
+        attr = {"resid": "name", "attn": "attention", "mlp": "mlp"}[grid.site]
+        modules = tuple(str(getattr(b, attr)) for b in anat.blocks)
+    raw = [[float(v) for v in row] for row in grid.raw]
+    return SiteRecord(grid.site, HOOK_NAMES[grid.site], modules, grid.axis, tuple(labels),
+                      window if grid.site in ("attn", "mlp") else 1,
+                      tuple(tuple(row) for row in raw), tuple(tuple(row) for row in grid.normalised),
+                      top_cell(raw, grid.normalised, labels, lowest))
