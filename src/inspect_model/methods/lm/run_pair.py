@@ -23,8 +23,9 @@ def patch_one(session: Any, index: int, name: str, pair: Any) -> PairRecord:
     clean = encode(tok, pair.clean, model)
     corrupt = encode(tok, pair.corrupt, model) if pair.corrupt is not None else None
     if corrupt is not None and len(corrupt) != len(clean):
+        shown = ["|".join(repr(t) for t in token_names(tok, ids)[:24]) for ids in (clean, corrupt)]
         raise UsageError(f"--clean is {len(clean)} tokens and --corrupt {len(corrupt)}{where}; patching needs prompts "
-                         f"of the same length")
+                         f"of the same length (clean: {shown[0]}, corrupt: {shown[1]})")
     n = len(clean)
     pos = r.position if r.position is not None else -1
     if not -n <= pos < n:
