@@ -19,7 +19,7 @@ from inspect_model.registry import command
 from inspect_model.run.options import InputOptions, ModelOptions
 from inspect_model.run.request import COLORMAP_HELP, Request, api_command, option
 from inspect_model.run.session import ImageItem, Result, Session, Warnings
-from inspect_model.methods.lm.patch_report import PatchReport
+from inspect_model.reports.patch import PatchReport
 from inspect_model.render import patch as render
 
 SITE_NAMES = ("resid", "attn", "mlp", "head")
@@ -131,10 +131,13 @@ class PatchSession(Session):
     def finish(self) -> Result:
         from inspect_model.methods.lm.patch_report import MODES, NORMALISATION
 
+        import dataclasses
+
         files = {int(e["index"]): dict(e.get("files") or {}) for e in self.entries}
-        recs = sorted(self.records, key=lambda r: r.index)
-        report = PatchReport(self.request.mode, MODES[self.request.mode], NORMALISATION, self.anatomy.describe(),
-                             tuple(recs), len(recs)).with_files(files)
+        recs = [dataclasses.replace(r, files=files.get(r.index, r.files)) for r in sorted(self.records,
+                                                                                         key=lambda r: r.index)]
+        report = PatchReport(mode=self.request.mode, direction=MODES[self.request.mode], normalisation=NORMALISATION,
+                             model_parts=self.anatomy.describe(), pairs=recs, count=len(recs))
         payload = {**report.to_dict(), "skipped": []}
         return Result("patch", self.resolved_options(), payload, self.warnings.to_list(), record=report)
 
@@ -187,7 +190,7 @@ def _usable_sites(mods: Any, wanted: tuple[str, ...], notes: Any) -> tuple[str, 
 @command(
     "patch",
     usage="patch MODEL --clean TEXT --corrupt TEXT",
-    order=75,
+    order=86,
     summary="activation patching and causal tracing of a language model",
     help=("Activation patching: which layers, positions and heads carry what makes the clean prompt's prediction "
           "differ from the corrupted one's.\n\nRuns the clean and corrupted prompts once each, then one patched "

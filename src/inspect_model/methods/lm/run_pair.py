@@ -1,16 +1,17 @@
 """One pair of a ``patch`` run, from prompts to its record (issue 36): tokenised, checked
 (same length, the metric's tokens, the position, the subject), run through every site's
-grid (methods/lm/grid.py) and written as a :class:`PairRecord`."""
+grid (methods/lm/grid.py) and written as a :class:`~inspect_model.reports.patch.PatchPair`."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from inspect_model.errors import UsageError
-from inspect_model.methods.lm.patch_report import HOOK_NAMES, MetricRecord, PairRecord, SiteRecord, SubjectRecord, top_cell
+from inspect_model.methods.lm.patch_report import HOOK_NAMES, top_cell
+from inspect_model.reports.patch import PatchMetric, PatchPair, PatchSite, PatchSubject
 
 
-def patch_one(session: Any, index: int, name: str, pair: Any) -> PairRecord:
+def patch_one(session: Any, index: int, name: str, pair: Any) -> PatchPair:
     """The record of ``pair`` (``session``: api/patch.PatchSession, its model, tokenizer and request)."""
     import torch
 
@@ -37,7 +38,8 @@ def patch_one(session: Any, index: int, name: str, pair: Any) -> PairRecord:
         first, end = subject_range(tok, pair.clean, text, model, n)
         std, how = noise_level(r.noise_std, session.mods.embed)
         noise = Noise(first, end, std, r.samples, session.prep.plan.seed)
-        subject = SubjectRecord(text, first, end, std, how, r.samples, session.prep.plan.seed)
+        subject = PatchSubject(text=text, first=first, end=end, noise_std=std, noise=how, samples=r.samples,
+                               seed=session.prep.plan.seed)
     dev = session.prep.device
     out = run_pair(model, session.mods, session.call, metric,
                    clean=torch.tensor(clean, device=dev), sites=session.sites, per_forward=session.per_forward,
@@ -47,23 +49,25 @@ def patch_one(session: Any, index: int, name: str, pair: Any) -> PairRecord:
     sites = tuple(_site(session, g, names, lowest=r.mode == "noise", window=r.window if noise else 1)
                   for g in out.grids)
     m = out.metric
-    mrec = MetricRecord(m.kind, m.words(), tuple(m.spec.tokens), tuple(m.ids), tuple(m.names), pos)
-    return PairRecord(index, name, pair.clean, pair.corrupt, tuple(names),
-                      tuple(token_names(tok, corrupt)) if corrupt is not None else None, mrec, out.clean,
-                      out.corrupt, subject, sites, out.forwards, out.cells)
+    mrec = PatchMetric(kind=m.kind, text=m.words(), tokens=list(m.spec.tokens), token_ids=list(m.ids),
+                       token_names=list(m.names), position=pos)
+    return PatchPair(index=index, name=name, clean=pair.clean, corrupt=pair.corrupt, clean_tokens=names,
+                     corrupt_tokens=token_names(tok, corrupt) if corrupt is not None else None, metric=mrec,
+                     clean_value=out.clean, corrupt_value=out.corrupt, subject=subject, sites=list(sites),
+                     forwards=out.forwards, cells=out.cells)
 
 
-def _site(session: Any, grid: Any, tokens: list[str], *, lowest: bool, window: int) -> SiteRecord:
+def _site(session: Any, grid: Any, tokens: list[str], *, lowest: bool, window: int) -> PatchSite:
     anat = session.anatomy
     if grid.site == "head":
         labels = [f"H{h}" for h in range(len(grid.raw[0]))]
-        modules = tuple(f"{b.out_proj} (input)" for b in anat.blocks)
+        modules = [f"{b.out_proj} (input)" for b in anat.blocks]
     else:
         labels = [f"{i} {t!r}" for i, t in enumerate(tokens)]
         attr = {"resid": "name", "attn": "attention", "mlp": "mlp"}[grid.site]
-        modules = tuple(str(getattr(b, attr)) for b in anat.blocks)
+        modules = [str(getattr(b, attr)) for b in anat.blocks]
     raw = [[float(v) for v in row] for row in grid.raw]
-    return SiteRecord(grid.site, HOOK_NAMES[grid.site], modules, grid.axis, tuple(labels),
-                      window if grid.site in ("attn", "mlp") else 1,
-                      tuple(tuple(row) for row in raw), tuple(tuple(row) for row in grid.normalised),
-                      top_cell(raw, grid.normalised, labels, lowest))
+    return PatchSite(site=grid.site, hook=HOOK_NAMES[grid.site], modules=modules, axis=grid.axis, labels=labels,
+                     window=window if grid.site in ("attn", "mlp") else 1, raw=raw,
+                     normalised=[list(row) for row in grid.normalised],
+                     top=top_cell(raw, grid.normalised, labels, lowest))
