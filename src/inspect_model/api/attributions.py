@@ -30,6 +30,7 @@ from inspect_model.errors import InputError, UsageError
 from inspect_model.methods.attributions.base import method_help as attribution_help
 from inspect_model.methods.attributions.base import names as attribution_names
 from inspect_model.registry import command
+from inspect_model.reports.attributions import AttributionsReport
 from inspect_model.render.attributions import render_result
 
 
@@ -380,6 +381,7 @@ class _MapsRecord:
     renderer=render_result,
     methods=attribution_names,
     schema="attributions.json",
+    report=AttributionsReport,
     hooks=False,
     gradients=True,
     scores=True,

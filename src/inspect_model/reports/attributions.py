@@ -1,0 +1,115 @@
+"""The ``attributions`` report's records; its schema (schemas/attributions.json) is generated from them."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from inspect_model.reports.base import Record, Skipped, Warning_, fact, record
+from inspect_model.reports.common import Clip, Method, Pair
+
+
+@record
+class AttributionsImageMapTarget(Record):
+    class_: int = fact(minimum=0, key="class")
+    label: str | None
+    score: float | None
+    probability: float | None
+
+
+@record
+class AttributionsImageMapEvaluation(Record):
+    scores: dict[str, float | None]
+    curves: dict[str, list[float | None]]
+    confidence: dict[str, Any]
+    rank: float | None
+    steps: dict[str, Annotated[int, {"minimum": 2}]] = fact(doc="--eval-steps auto: the steps each curve took.", optional=True)
+
+
+@record
+class AttributionsImageMap(Record):
+    method: Method
+    smoothed: bool
+    signed: bool
+    target: AttributionsImageMapTarget
+    positive_mass: float | None
+    negative_mass: float | None
+    sum: float | None
+    abs_mass: float | None
+    max_abs: float | None
+    rank: int = fact(minimum=0)
+    layer: str
+    baseline_score: float | None = fact(optional=True)
+    completeness_gap: float | None = fact(optional=True)
+    relative_gap: float | None = fact(optional=True)
+    steps: int = fact(optional=True, minimum=1)
+    gap_tolerance: float = fact(optional=True)
+    files: dict[str, str]
+    evaluation: AttributionsImageMapEvaluation = fact(optional=True)
+    tokens: list[float | None] = fact(optional=True)
+    clip: int = fact(doc="the clip's number within its video", optional=True, minimum=0)
+    frames: list[Annotated[int, {"minimum": 0}]] = fact(doc="the video frames the (T, H, W) map covers", optional=True)
+    times: list[float | None] = fact(doc="the decoder's times of those frames (seconds; null for a folder of frames)", optional=True)
+
+
+@record
+class AttributionsImageText(Record):
+    text: str
+    tokens: list[str]
+
+
+@record
+class AttributionsImage(Record):
+    index: int = fact(minimum=0)
+    image: str
+    size: list[int] | None
+    targets: list[int]
+    maps: list[AttributionsImageMap]
+    files: dict[str, str]
+    token_ids: list[int] = fact(optional=True)
+    clip: Clip = fact(optional=True)
+    pair: Pair = fact(optional=True)
+    text: AttributionsImageText = fact(doc="a text input (--text): the text and its real tokens, in order", optional=True)
+
+
+@record
+class AttributionsSanityStepMethodsValue(Record):
+    spearman: list[float | None]
+    spearman_abs: list[float | None]
+    spearman_mean: float | None
+    spearman_abs_mean: float | None
+
+
+@record
+class AttributionsSanityStep(Record):
+    randomized: int
+    down_to: str
+    methods: dict[str, AttributionsSanityStepMethodsValue]
+
+
+@record
+class AttributionsSanity(Record):
+    layers: list[str]
+    seed: int
+    method: str
+    steps: list[AttributionsSanityStep]
+
+
+@record
+class AttributionsReport(Record):
+    """The ``attributions`` report's body (the envelope is output/jsonout's)."""
+
+    TITLE = "inspect-model attributions report"
+    model: str
+    methods: list[Method]
+    smoothed: list[Method]
+    space: Literal["input", "embedding"]
+    embedding_layer: str | None
+    guided_sites: dict[str, int]
+    images: list[AttributionsImage]
+    image_count: int = fact(minimum=1)
+    contact_sheets: list[str] = fact(optional=True)
+    evaluation: Any = fact(optional=True, schema={"type": "object", "required": ["metrics", "average"]})
+    sanity: AttributionsSanity | None
+    warnings: list[Warning_]
+    skipped: list[Skipped]
+    throughput: dict[str, Any] = fact(optional=True)
