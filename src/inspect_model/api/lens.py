@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from inspect_model.errors import UsageError
-from inspect_model.methods.lm.records import LensReport
+from inspect_model.reports.base import Warning_
+from inspect_model.reports.lens import LensReport
 from inspect_model.registry import command
 from inspect_model.render import lens as render
 from inspect_model.run.options import InputOptions, ModelOptions
@@ -151,16 +152,18 @@ class LensSession(Session):
         return {"index": index, "image": name, "text": text, "tokens": self._name(ids),
                 "predicted": self._name([int(p) for p in pred]), "rows": rows, "files": {}}
 
-    def record(self) -> LensReport:
-        from inspect_model.methods.lm.records import LensAnatomy, LensText, depth_means
+    def record(self, warnings: list[dict[str, Any]]) -> LensReport:
+        from inspect_model.reports.lens import LensAnatomy, LensText, depth_means
 
         a = self.anatomy
         texts = [LensText.from_dict(e) for e in self.entries]
-        anatomy = LensAnatomy(a.describe(), list(a.block_names), a.final_norm, a.unembed, a.hidden_scale,
-                              a.logit_bias, a.logit_scale, a.softcap)
-        return LensReport(anatomy, "tuned" if self.tuned is not None else "logit", self.request.lens,
-                          self.request.sites.split(","), self.request.top_k, self.readout_error,
-                          depth_means(texts), texts)
+        anatomy = LensAnatomy(description=a.describe(), blocks=list(a.block_names), final_norm=a.final_norm,
+                              unembed=a.unembed, hidden_scale=a.hidden_scale, logit_bias=a.logit_bias,
+                              logit_scale=a.logit_scale, softcap=a.softcap)
+        return LensReport(anatomy=anatomy, lens="tuned" if self.tuned is not None else "logit",
+                          lens_file=self.request.lens, sites=self.request.sites.split(","), top_k=self.request.top_k,
+                          readout_error=self.readout_error, layers=depth_means(texts), images=texts,
+                          warnings=[Warning_(**w) for w in warnings])
 
     def finish(self) -> Result:
         input_outcome(self.prep.plan, self.warnings)
@@ -169,8 +172,9 @@ class LensSession(Session):
             self.warnings.add(f"the readout of the last block differs from the model's logits by up to {err:.3g}: "
                               "the final norm or unembedding found may not be the model's; name them with "
                               "--final-norm/--unembed")
-        report = self.record()
-        return Result("lens", self.resolved_options(), report.to_dict(), self.warnings.to_list(), record=report)
+        report = self.record(self.warnings.to_list())
+        body = {k: v for k, v in report.to_dict().items() if k != "warnings"}  # Result adds the warnings
+        return Result("lens", self.resolved_options(), body, self.warnings.to_list(), record=report)
 
     # ------------------------------------------------------------------ resumable, mergeable
     def state_dict(self) -> dict[str, Any]:
