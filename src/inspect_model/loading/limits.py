@@ -35,6 +35,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "--probes": (1, 100_000),
     "--max-detections": (1, 100_000),
     "--top": (1, 100_000),
+    "--top-k": (1, 1_000),
     "--max-channels": (1, 1_000_000),
     "--workers": (0, 1024),
     "--window": (1, 65_536),

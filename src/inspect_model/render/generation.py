@@ -101,3 +101,14 @@ def generation_html(entry: dict[str, Any], signed: dict[str, bool]) -> str:
     out.append("</div>")
     return "".join(out)
 
+
+def generation_section(doc: dict[str, Any], most: int = 100) -> list[str]:
+    """report.html's part for ``attributions --generate``: every text's strips (at most ``most``
+    texts; the JSON report has them all); nothing for other documents."""
+    gens = [i for i in doc.get("images") or [] if isinstance(i, dict) and i.get("generation")]
+    if not gens:
+        return []
+    signed = {m["method"]: bool(m.get("signed", True)) for i in gens for m in i.get("maps") or []}
+    head = (f"<h2>Generation ({len(gens)} text(s); each row scaled to its largest magnitude, the generated token "
+            "outlined at its end)</h2>")
+    return [head, *(generation_html(i, signed) for i in gens[:most])]

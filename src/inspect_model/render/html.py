@@ -277,14 +277,12 @@ def render_html(doc: dict[str, Any]) -> str:
     for title, records, columns in tables(doc):
         parts.append(f"<h2>{_esc(title)} ({len(records)})</h2>")
         parts.append(_table(records, columns))
-    gens = [i for i in doc.get("images") or [] if isinstance(i, dict) and i.get("generation")]
-    if gens:  # attributions --generate: per generated token, a strip of what it was predicted from (issue 36)
-        from inspect_model.render.generation import generation_html
+    from inspect_model.render.lens import lens_html
 
-        signed = {m["method"]: bool(m.get("signed", True)) for i in gens for m in i.get("maps") or []}
-        parts.append(f"<h2>Generation ({len(gens)} text(s); each row scaled to its largest magnitude, the "
-                     "generated token outlined at its end)</h2>")
-        parts += [generation_html(i, signed) for i in gens[:MAX_ROWS // 200]]
+    parts += lens_html(doc)  # lens: per text a layers x positions grid of decoded tokens (nothing for others)
+    from inspect_model.render.generation import generation_section
+
+    parts += generation_section(doc)  # attributions --generate: per generated token a strip (nothing for others)
     texts = [i for i in doc.get("images") or [] if isinstance(i, dict) and i.get("text") and i.get("maps")
              and not i.get("generation")]
     if texts:  # attention --text: per-token heat strips (render/token_strips.py)
