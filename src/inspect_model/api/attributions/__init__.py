@@ -405,7 +405,8 @@ class _MapsRecord:
           "and an overlay, contact sheets of images x methods, and in the report each map's "
           "positive and negative mass and, for integrated gradients, the completeness gap. "
           "--evaluate ranks the methods by faithfulness; --sanity runs the weight-randomisation "
-          "test for every method."),
+          "test for every method. With --text on a language model, --generate N attributes each "
+          "generated token to the prompt and the tokens before it (README 'Language models')."),
     example=("inspect-model attributions resnet50 cat.jpg --method saliency --method "
              "integrated-gradients --steps 64 -o attr"),
     renderer=render_result,
