@@ -13,7 +13,8 @@ from inspect_model.run.options import InputOptions, ModelOptions, load
 from inspect_model.run.session import Result
 
 
-def _side_b_model(mopts: ModelOptions, request: Any, device: str, dtype: Any, seed: int) -> tuple[Any, str]:
+def _side_b_model(mopts: ModelOptions, request: Any, device: str, dtype: Any, seed: int,
+                  a_model: Any = None) -> tuple[Any, str]:
     """B as a second model or checkpoint, loaded as A was (device, dtype): (model, its name)."""
     import torch
     from torch import nn
@@ -35,9 +36,17 @@ def _side_b_model(mopts: ModelOptions, request: Any, device: str, dtype: Any, se
             from inspect_model.loading.user_models import private_copy
 
             model = private_copy(model, name)
+    if shares_modules(model, a_model):  # a factory that hands out one cached instance: B gets its own copy
+        from inspect_model.methods.compare.versions import copy_of
+
+        model = copy_of(model)
     if dtype != torch.float32:
         model.to(dtype)
     return model.eval(), name
+
+
+def shares_modules(b: Any, a: Any) -> bool:
+    return a is not None and bool({id(m) for m in b.modules()} & {id(m) for m in a.modules()})
 
 
 def _call(binding: Any) -> Any:
@@ -56,7 +65,7 @@ def _side(prep: Any, mopts: ModelOptions, request: Any, a_layers: list[str], not
     a_model = prep.loaded.model
     a_modules = dict(a_model.named_modules())
     if request.way() in ("model", "checkpoint"):
-        b_model, b_name = _side_b_model(mopts, request, prep.device, prep.dtype, prep.plan.seed)
+        b_model, b_name = _side_b_model(mopts, request, prep.device, prep.dtype, prep.plan.seed, a_model)
         explicit = match.read_map(request.map) if request.map else None
         b_layers = select_layers(b_model)
         m = match.match_layers(a_layers, a_modules, b_layers, dict(b_model.named_modules()), explicit)
@@ -87,7 +96,7 @@ def activations(mopts: ModelOptions, inputs: InputOptions, request: Any, *, note
     from inspect_model.methods.compare.passes import run_batches
     from inspect_model.run.pipeline import prepare
 
-    prep = prepare("compare", mopts, inputs, notes=notes, default_batch=8, request=request)
+    prep = prepare("compare", mopts, inputs, notes=notes, request=request)
     a_model = prep.loaded.model
     a_layers = select_layers(a_model, list(request.layers) or None)
     side, m, b_name = _side(prep, mopts, request, a_layers, notes)
@@ -137,7 +146,7 @@ def weights_only(mopts: ModelOptions, inputs: InputOptions, request: Any, *, not
         b_model, b_name = copy_of(a_model).to(getattr(torch, request.against_dtype)), \
             f"{loaded.name} ({request.way()})"
     else:
-        b_model, b_name = _side_b_model(mopts, request, "cpu", dtype, inputs.seed)
+        b_model, b_name = _side_b_model(mopts, request, "cpu", dtype, inputs.seed, a_model)
     explicit = match.read_map(request.map) if request.map else None
     a_layers, b_layers = weight_layers(a_model), weight_layers(b_model)
     m = match.match_layers(a_layers, dict(a_model.named_modules()), b_layers, dict(b_model.named_modules()), explicit)

@@ -123,8 +123,11 @@ def hook_a(model: Any, pairs: dict[str, str], sums: dict[str, PairSums], exchang
     modules = dict(model.named_modules())
     counter = CallCounter()
     handles = []
+    mine = threading.get_ident()
     for name in pairs:
         def hook(_mod: Any, _args: Any, out: Any, name: str = name) -> None:
+            if threading.get_ident() != mine:  # a module B shares with A, run by B's thread: not A's call
+                return
             key = (name, counter.next(name))
             order.setdefault(name, len(order))
             a = first_tensor(out)

@@ -100,8 +100,12 @@ class PairSums:
             return None
         if self.sq_d == 0.0:
             return 1.0
-        den = math.sqrt(self.sq_a) * math.sqrt(self.sq_b)
-        return self.dot / den if den > 0 else 0.0
+        na, nb = math.sqrt(self.sq_a), math.sqrt(self.sq_b)
+        if na == 0 or nb == 0:
+            return 0.0
+        # 1 - cos = (‖a−b‖² − (‖a‖−‖b‖)²) / (2‖a‖‖b‖): from the difference itself, so near-equal layers
+        # keep their 1 − cos (a·b/(‖a‖‖b‖) in float32 would round it away below ~1e-7).
+        return max(-1.0, min(1.0, 1.0 - (self.sq_d - (na - nb) ** 2) / (2 * na * nb)))
 
     def beyond_share(self) -> float | None:
         return self.beyond / self.elements if self.elements else (0.0 if self.compared else None)
