@@ -178,7 +178,7 @@ def depth_figure(rec: Any) -> Any:
     ax.set_xlabel("layer of A, in forward order" if rec.mode != "weights" else "layer of A, in module order",
                   fontsize=9)
     ax.set_ylabel("error (log scale)", fontsize=9)
-    ax.set_title(f"{rec.model} vs {rec.other}: error along depth ({rec.mode})", fontsize=11)
+    ax.set_title(f"{rec.model} vs {rec.other} ({rec.against}): error along depth ({rec.mode})", fontsize=11)
     ax.grid(True, which="major", axis="y", alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.08, 1.0), fontsize=8, frameon=False)
     return fig
