@@ -95,6 +95,15 @@ def test_report_files_and_html_match_transformers(folders, tmp_path):
                         dtype=torch.float64)
     assert torch.allclose(mat, want, equal_nan=True, atol=1e-9)
     assert res.generations[0].generated == ref
+    saved = res.save(tmp_path / "saved")  # the API result writes the same files
+    assert "images/0000-text-0/generation.integrated-gradients.png" in saved
+
+
+def test_a_generation_longer_than_the_positions_is_refused_first(folders):
+    r = run_cli(["attributions", str(folders["gpt2"]), "--text", PROMPT, "--generate", "62", "-q"])
+    assert r.exit_code == 4  # an input error, before any token is generated
+    assert r.stderr.strip() == ("error: the prompt (4 tokens) and 62 generated make a prefix of 65 tokens; "
+                                "GPT2LMHeadModel takes at most 64 positions: generate fewer tokens")
 
 
 def test_text_report_says_what_was_generated_and_explained(folders):
