@@ -195,7 +195,7 @@ class LensSession(Session):
 @command(
     "lens",
     usage="lens MODEL --text TEXT",
-    order=75,
+    order=85,
     summary="logit lens / tuned lens of a language model over texts",
     help=("What each layer of a language model would predict: every block's residual output (with --sites "
           "also attention and MLP outputs) decoded at every position through the model's own final norm and "
