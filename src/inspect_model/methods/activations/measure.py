@@ -110,6 +110,10 @@ class Channels:
     counts: torch.Tensor | float  # number of finite values: one number while all are finite
     dead: torch.Tensor  # bool: every value exactly zero, for every image so far
 
+    def copy(self) -> Channels:
+        counts = self.counts.clone() if not isinstance(self.counts, float) else self.counts
+        return Channels(self.dim, self.sums.clone(), counts, self.dead.clone())
+
     def merge(self, o: Channels) -> None:
         if o.sums.shape != self.sums.shape:
             return  # a shape change between batches: keep the first
@@ -135,6 +139,7 @@ class Measurement:
     channels: dict[int, Channels]  # by candidate channel dim
     sample_dead: dict[int, list[float]]  # dead-channel fraction of each sample, by dim
     histogram: tuple[float, float, list[float]] | None = None  # (lo, hi, counts)
+    bounds: Any = None  # fused.Bounds of a few-pass measurement: what a ReLU in place after it needs
 
     def total(self) -> Moments:
         m = Moments()
@@ -318,14 +323,19 @@ def _channels(r: tuple[torch.Tensor, ...], dim: int) -> tuple[Channels, list[flo
     return ch, dead_nc.mean(1).tolist()
 
 
-def measure(t: torch.Tensor, batch_size: int | None = None, *, hist_bins: int = 0) -> Measurement:
+def measure(t: torch.Tensor, batch_size: int | None = None, *, hist_bins: int = 0,
+            after_relu: Any = None) -> Measurement:
     """Measure one output tensor: per-sample moments and per-channel sums (see the docstring of
     :mod:`inspect_model.methods.activations.capture`).
 
     ``batch_size`` tells which leading dimension is the batch; when dim 0 differs, the whole
-    tensor counts as one unit (``per_sample=False``).
+    tensor counts as one unit (``per_sample=False``). Floating tensors take the few-pass path
+    of :mod:`~inspect_model.methods.activations.fused` (``after_relu``: the bounds of the
+    tensor that ``t`` is the in-place ReLU of), others and non-finite ones the chunked one.
     """
     import torch
+
+    from inspect_model.methods.activations.fused import measure_fused
 
     x = t.detach()
     if x.is_quantized:
@@ -346,7 +356,12 @@ def measure(t: torch.Tensor, batch_size: int | None = None, *, hist_bins: int = 
     channels: dict[int, Channels] = {}
     sample_dead: dict[int, list[float]] = {}
     samples: list[Moments] | None = None
-    for cdim in cands or [None]:
+    bounds = None
+    fused = measure_fused(x, [(c, c + shift) for c in cands], after_relu=after_relu)
+    if fused is not None:
+        samples, channels, sample_dead, bounds = fused
+        cands = []
+    for cdim in cands or ([None] if samples is None else []):
         r = _reduce_nc(x.reshape(x.shape[0], 1, -1), 1) if cdim is None else _reduce_nc(x, cdim + shift)
         if samples is None:
             samples = _sample_moments(r)
@@ -367,7 +382,7 @@ def measure(t: torch.Tensor, batch_size: int | None = None, *, hist_bins: int = 
                 hi = lo + 1e-6 if lo == 0 else lo + abs(lo) * 1e-6
             counts = torch.histc(flat.float(), bins=hist_bins, min=lo, max=hi)
             hist = (lo, hi, counts.cpu().tolist())
-    return Measurement(per_sample, samples, channels, sample_dead, hist)
+    return Measurement(per_sample, samples, channels, sample_dead, hist, bounds)
 
 
 def choose_channel_dim(type_name: str, shape: Sequence[int], per_sample: bool,
