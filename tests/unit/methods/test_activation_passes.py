@@ -179,3 +179,81 @@ def test_an_in_place_change_other_than_the_relu_is_measured_afresh() -> None:
         z = torch.relu(net[0](x) * -2.0)
     for k, v in _direct(z).items():
         assert getattr(rep.layers[-1].stats, k) == pytest.approx(v, rel=1e-5, abs=1e-6), k
+
+
+def _deferred_everywhere(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Measure as on an accelerator (deferred.py) on the CPU; count the batches run again."""
+    from inspect_model.methods.activations import capture, deferred
+
+    monkeypatch.setattr(capture, "defer_on", lambda device: True)
+    reruns: list[int] = []
+    orig = deferred.resolve
+
+    def counting(pending):  # type: ignore[no-untyped-def]
+        out = orig(pending)
+        if out is None:
+            reruns.append(len(pending))
+        return out
+
+    monkeypatch.setattr(deferred, "resolve", counting)
+    return reruns
+
+
+def _rows_equal(ra, rb) -> None:  # type: ignore[no-untyped-def]
+    assert [r.key for r in ra.layers] == [r.key for r in rb.layers]
+    for x, y in zip(ra.layers, rb.layers):
+        _same(x.stats, y.stats)
+        assert x.stats.nan_count == y.stats.nan_count and x.stats.inf_count == y.stats.inf_count
+        assert x.channel_means == pytest.approx(y.channel_means, rel=1e-6, abs=1e-7), x.key
+        assert (x.dead_channels, x.channels) == (y.dead_channels, y.channels), x.key
+
+
+def test_deferred_measurement_equals_the_one_read_in_the_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The accelerator's order (every layer's reductions queued, numbers read once a batch)
+    gives the numbers of the measurement read in each hook: moments, counts, channel means,
+    dead channels (a ReLU that kills channel 0 in every image), tokens and vectors, over two
+    batches, per image too; no batch measured twice."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU(inplace=True), nn.Identity(),
+                        nn.Flatten(2), nn.Linear(64, 5), nn.GELU(), nn.Flatten(), nn.Linear(30, 4)).eval()
+    with torch.no_grad():
+        net[1].bias[0] = -100.0
+    xs = [torch.randn(2, 3, 8, 8), torch.randn(3, 3, 8, 8)]
+    want = capture_activations(net, xs)
+    reruns = _deferred_everywhere(monkeypatch)
+    got = capture_activations(net, xs)
+    assert not reruns
+    _rows_equal(got, want)
+    assert got.layers[2].dead_channels == 1
+    layers = [r.name for r in want.layers]
+    with ActivationCapture(net, layers) as cap:
+        per = cap.run(xs[1]).images
+    monkeypatch.undo()
+    with ActivationCapture(net, layers) as cap:
+        ref = cap.run(xs[1]).images
+    for p, q in zip(per, ref):
+        for u, v in zip(p.layers, q.layers):
+            _same(u.stats, v.stats)
+            assert u.dead_channel_fraction == v.dead_channel_fraction
+
+
+@pytest.mark.parametrize("case", ["nan", "far_from_zero"])
+def test_a_batch_the_deferred_numbers_cannot_finish_is_measured_again(monkeypatch: pytest.MonkeyPatch,
+                                                                      case: str) -> None:
+    class Poke(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if case == "nan":
+                x = x.clone()
+                x[0, 1, 0, 0] = float("nan")
+                return x
+            return x * 0.001 + 100.0
+
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), Poke(), nn.Conv2d(4, 2, 1)).eval()
+    x = torch.randn(2, 3, 7, 7)
+    want = capture_activations(net, x)
+    reruns = _deferred_everywhere(monkeypatch)
+    got = capture_activations(net, x)
+    assert reruns == [3]
+    _rows_equal(got, want)
+    if case == "nan":
+        assert got.layers[1].stats.nan_count == 1

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from inspect_model.errors import InputError, ModelLoadError
 from inspect_model.loading.wrappers import unwrap_module
+from inspect_model.methods.activations.deferred import defer_on
 from inspect_model.methods.activations.fused import relu_after
 from inspect_model.methods.activations.measure import (
     ActivationStats,
@@ -165,6 +166,7 @@ class ActivationCapture:
         self._engine: Any = None
         # (weak reference to the tensor, its version, its measurement, the batch size)
         self._last: tuple[Any, int, Measurement, int | None] | None = None
+        self._defer = True  # accelerators: numbers read back once a batch (deferred.py)
 
     def __enter__(self) -> Self:
         from inspect_model.engine.hooks import CaptureOptions, HookEngine
@@ -196,11 +198,14 @@ class ActivationCapture:
             if version == last[1]:
                 m = last[2]
                 self._last = last
+                if not isinstance(m, Measurement):
+                    return m  # deferred: resolved once, its channels copied there
                 return replace(m, channels={k: c.copy() for k, c in m.channels.items()})
             module = self._engine.current_module if self._engine is not None else None
             if version == last[1] + 1 and last[2].bounds is not None and not self.hist_bins and relu_after(module):
                 after_relu = last[2].bounds
-        m = measure(t, self._batch_size, hist_bins=self.hist_bins, after_relu=after_relu)
+        defer = self._defer and defer_on(t.device)
+        m = measure(t, self._batch_size, hist_bins=self.hist_bins, after_relu=after_relu, defer=defer)
         if version is not None:
             self._last = (weakref.ref(t), version, m, self._batch_size)
         return m
@@ -230,6 +235,17 @@ class ActivationCapture:
         fed = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
         with torch.no_grad():
             run_forward(engine, lambda: self.model(*fed))
+        if not _resolve_pending(engine.records):
+            # NaN/Inf, an overflow or a cancelling variance: numbers read in the hook instead
+            # (deferred.py), for this batch only.
+            engine.reset()
+            self._last, self._defer = None, False
+            fed = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+            try:
+                with torch.no_grad():
+                    run_forward(engine, lambda: self.model(*fed))
+            finally:
+                self._defer = True
         records = engine.finalize()
         start = self._images
         images = [ImageActivations(start + i, names[i] if i < len(names) else f"input-{start + i}", [])
@@ -330,6 +346,26 @@ class ActivationCapture:
                 channel_means=tuple(means), dead_channels=dead, channels=nch, kept=r.kept))
         return ActivationReport(self.model_name, rows, self._images, self._batches, list(self.layers),
                                 [n for n in self.layers if n in self.keep])
+
+
+def _resolve_pending(records: list[Any]) -> bool:
+    """Replace the deferred measurements of ``records`` by their numbers, read back in one
+    copy; False when a batch must be measured again (deferred.py). An output measured once
+    and recorded twice (Identity) gets its own channel accumulators."""
+    from inspect_model.methods.activations.deferred import Pending, resolve
+
+    caps = [c for r in records for c in r.outputs if isinstance(c.stats, Pending)]
+    unique = list({id(c.stats): c.stats for c in caps}.values())
+    done = resolve(unique)
+    if done is None:
+        return False
+    by_id = {id(p): m for p, m in zip(unique, done)}
+    seen: set[int] = set()
+    for c in caps:
+        m = by_id[id(c.stats)]
+        c.stats = m if id(m) not in seen else replace(m, channels={k: ch.copy() for k, ch in m.channels.items()})
+        seen.add(id(m))
+    return True
 
 
 def _version(t: torch.Tensor) -> int | None:

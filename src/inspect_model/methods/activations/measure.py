@@ -324,7 +324,7 @@ def _channels(r: tuple[torch.Tensor, ...], dim: int) -> tuple[Channels, list[flo
 
 
 def measure(t: torch.Tensor, batch_size: int | None = None, *, hist_bins: int = 0,
-            after_relu: Any = None) -> Measurement:
+            after_relu: Any = None, defer: bool = False) -> Measurement:
     """Measure one output tensor: per-sample moments and per-channel sums (see the docstring of
     :mod:`inspect_model.methods.activations.capture`).
 
@@ -332,6 +332,9 @@ def measure(t: torch.Tensor, batch_size: int | None = None, *, hist_bins: int = 
     tensor counts as one unit (``per_sample=False``). Floating tensors take the few-pass path
     of :mod:`~inspect_model.methods.activations.fused` (``after_relu``: the bounds of the
     tensor that ``t`` is the in-place ReLU of), others and non-finite ones the chunked one.
+    ``defer`` (an accelerator, no histogram): where it applies, a
+    :class:`~inspect_model.methods.activations.deferred.Pending` whose numbers come back with
+    the batch's (deferred.py).
     """
     import torch
 
@@ -357,6 +360,12 @@ def measure(t: torch.Tensor, batch_size: int | None = None, *, hist_bins: int = 
     sample_dead: dict[int, list[float]] = {}
     samples: list[Moments] | None = None
     bounds = None
+    if defer and not hist_bins:
+        from inspect_model.methods.activations.deferred import measure_deferred
+
+        pending = measure_deferred(x, [(c, c + shift) for c in cands], per_sample)
+        if pending is not None:
+            return pending  # type: ignore[return-value]
     fused = measure_fused(x, [(c, c + shift) for c in cands], after_relu=after_relu)
     if fused is not None:
         samples, channels, sample_dead, bounds = fused
