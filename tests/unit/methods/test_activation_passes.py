@@ -257,3 +257,21 @@ def test_a_batch_the_deferred_numbers_cannot_finish_is_measured_again(monkeypatc
     _rows_equal(got, want)
     if case == "nan":
         assert got.layers[1].stats.nan_count == 1
+
+
+def test_the_total_of_many_images_equals_a_direct_computation() -> None:
+    """Eight images and more are merged at once (Chan's update in numpy)."""
+    t = torch.randn(12, 4, 5, 5) * torch.linspace(0.1, 3, 12).view(12, 1, 1, 1) + torch.arange(12.0).view(12, 1, 1, 1)
+    t[3, 1] = 0
+    t[5, 0, 0, 0] = float("nan")
+    for m in (measure(t, 12), measure(t[:7], 7)):
+        n = len(m.samples)
+        tot = m.total().stats()
+        d = t[:n].double().reshape(-1)
+        fin = d[torch.isfinite(d)]
+        assert tot.numel == d.numel() and tot.nan_count == int(torch.isnan(d).sum())
+        assert tot.mean == pytest.approx(float(fin.mean()), rel=1e-6)
+        assert tot.std == pytest.approx(float(fin.std()), rel=1e-6)
+        assert (tot.min, tot.max) == (float(fin.min()), float(fin.max()))
+        assert tot.zero_fraction == pytest.approx(float((d == 0).double().mean()))
+        assert tot.negative_fraction == pytest.approx(float((d < 0).double().mean()))
