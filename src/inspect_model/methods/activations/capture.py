@@ -217,8 +217,6 @@ class ActivationCapture:
         real tokens only, padding left out (tokens.py)."""
         import torch
 
-        from inspect_model.engine.hooks import run_forward
-
         if self._engine is None:
             raise RuntimeError("ActivationCapture.run() outside its `with` block")
         args = inputs if isinstance(inputs, tuple) else (inputs,)
@@ -230,22 +228,7 @@ class ActivationCapture:
         engine = self._engine
         engine.reset()
         self._last = None
-        # Copies: a model may change its input in place (x /= 255); the caller's tensor stays
-        # as it was, as in every other command (issue 28). One copy of the input per batch.
-        fed = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
-        with torch.no_grad():
-            run_forward(engine, lambda: self.model(*fed))
-        if not _resolve_pending(engine.records):
-            # NaN/Inf, an overflow or a cancelling variance: numbers read in the hook instead
-            # (deferred.py), for this batch only.
-            engine.reset()
-            self._last, self._defer = None, False
-            fed = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
-            try:
-                with torch.no_grad():
-                    run_forward(engine, lambda: self.model(*fed))
-            finally:
-                self._defer = True
+        self._forward(args)
         records = engine.finalize()
         start = self._images
         images = [ImageActivations(start + i, names[i] if i < len(names) else f"input-{start + i}", [])
@@ -293,6 +276,29 @@ class ActivationCapture:
         self._images += n
         self._batches += 1
         return BatchActivations(images, kept, hists, start)
+
+    def _forward(self, args: tuple[Any, ...]) -> None:
+        """One forward pass under the hooks; a batch whose deferred numbers cannot be finished
+        (NaN/Inf, an overflow, a cancelling variance) runs again with numbers read in the
+        hook (deferred.py)."""
+        import torch
+
+        from inspect_model.engine.hooks import run_forward
+
+        engine = self._engine
+        for attempt in (0, 1):
+            # Copies: a model may change its input in place (x /= 255); the caller's tensor stays
+            # as it was, as in every other command (issue 28). One copy of the input per batch.
+            fed = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+            self._defer = attempt == 0
+            try:
+                with torch.no_grad():
+                    run_forward(engine, lambda: self.model(*fed))
+            finally:
+                self._defer, self._last = True, None
+            if _resolve_pending(engine.records):
+                return
+            engine.reset()
 
     # ------------------------------------------------------------------ resumable, mergeable
     def start(self, index: int) -> None:

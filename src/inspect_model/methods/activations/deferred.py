@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from inspect_model.methods.activations.measure import Measurement
+    from inspect_model.methods.activations.moments import Measurement
 
 # Values per sign() temporary: whole images, at least one (64 MiB in float32).
 CHUNK_ELEMENTS = 1 << 24
@@ -127,7 +127,7 @@ def _finish(p: Pending, a: list[Any]) -> Measurement | None:
     import numpy as np
     import torch
 
-    from inspect_model.methods.activations.measure import Channels, Measurement, Moments
+    from inspect_model.methods.activations.moments import Channels, Measurement, Moments
 
     lo, hi, norm, s1, signed, nonzero = a[:6]
     n, m = len(lo), p.numel

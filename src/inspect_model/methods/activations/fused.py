@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from inspect_model.methods.activations.measure import Channels, Measurement, Moments
+    from inspect_model.methods.activations.moments import Channels, Measurement, Moments
 
 # Values per chunk of the per-image passes: a chunk and its sign() buffer stay in cache.
 CHUNK_ELEMENTS = 1 << 20
@@ -152,7 +152,7 @@ def _moments(flat: torch.Tensor, m: int, s1: np.ndarray, sumsq: np.ndarray, b: B
     import numpy as np
     import torch
 
-    from inspect_model.methods.activations.measure import Moments
+    from inspect_model.methods.activations.moments import Moments
 
     mean = s1 / m
     m2 = np.maximum(sumsq - m * np.square(mean), 0.0)
@@ -169,7 +169,7 @@ def _channels(x: torch.Tensor, dim: int, key: int, sums: torch.Tensor, b: Bounds
     import numpy as np
     import torch
 
-    from inspect_model.methods.activations.measure import Channels
+    from inspect_model.methods.activations.moments import Channels
 
     n, c = int(sums.shape[0]), int(sums.shape[1])
     cell = x.numel() // max(1, n * c)
