@@ -11,8 +11,9 @@ token for the gradient methods; integrated gradients' and occlusion's rows in ch
 plus the matrix, whatever N.
 
 The score of row t is ``log p(y_t | prefix)``, or with a contrast token c
-``log p(y_t | prefix) - log p(c | prefix)`` (inseq's contrastive step; the normaliser
-cancels, so it equals the logit difference). Attributions are taken at the outputs of the
+``log p(y_t | prefix) - log p(c | prefix)``: the normaliser cancels, so it is the logit
+difference of Yin & Neubig 2022's contrastive explanations (inseq's contrastive step,
+``contrast_prob_diff``, takes the difference of the probabilities instead). Attributions are taken at the outputs of the
 embedding layers (captum's ``LayerIntegratedGradients`` on the embedding): a causal LM's
 input embedding; an encoder-decoder's encoder embedding (the prompt, encoder tokens) and
 decoder embedding (its start token and the tokens generated before). A cell is the sum
