@@ -129,6 +129,7 @@ inspect-model cam "$tmp/dense_models.py:segmenter" "$tmp"/scene1.png "${small[@]
   --quiet > /dev/null
 cp "$tmp"/seg/images/0000-scene1/legend.png "$out/segmentation_legend.png"
 cp "$tmp"/seg/images/0000-scene1/gradcam.backbone.layer2.c1.overlay.png "$out/segmentation_class1.png"
+python sample_images/readme/make_generation_picture.py > /dev/null  # README "Language models": generation_matrix.png
 # lens (issue 36): a tiny GPT-2 of tests/fixtures/lm_models.py trained here in seconds on the fixture sentences.
 python - "$tmp" <<'PY'
 import sys

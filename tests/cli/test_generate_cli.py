@@ -95,6 +95,15 @@ def test_report_files_and_html_match_transformers(folders, tmp_path):
                         dtype=torch.float64)
     assert torch.allclose(mat, want, equal_nan=True, atol=1e-9)
     assert res.generations[0].generated == ref
+    saved = res.save(tmp_path / "saved")  # the API result writes the same files
+    assert "images/0000-text-0/generation.integrated-gradients.png" in saved
+
+
+def test_a_generation_longer_than_the_positions_is_refused_first(folders):
+    r = run_cli(["attributions", str(folders["gpt2"]), "--text", PROMPT, "--generate", "62", "-q"])
+    assert r.exit_code == 4  # an input error, before any token is generated
+    assert r.stderr.strip() == ("error: the prompt (4 tokens) and 62 generated make a prefix of 65 tokens; "
+                                "GPT2LMHeadModel takes at most 64 positions: generate fewer tokens")
 
 
 def test_text_report_says_what_was_generated_and_explained(folders):
@@ -192,3 +201,19 @@ def test_resume_and_torchrun_shard_the_texts(folders, tmp_path):
     for x in (b, c):
         assert [i["generation"] for i in x["images"]] == [i["generation"] for i in a["images"]]
     assert sorted(a["files"]) == sorted(c["files"])
+
+
+def test_texts_batched_with_padding_equal_each_text_alone(folders):
+    """Two texts of different lengths in one batch (right-padded): each row is that text's own."""
+    texts = ["the cat sat on the", "a dog"]
+    both = _run_json(["attributions", str(folders["gpt2"]), *[a for t in texts for a in ("--text", t)],
+                      "--generate", "3", "-m", "saliency", "-m", "occlusion", "--batch-size", "2"])
+    for i, text in enumerate(texts):
+        alone = _run_json(["attributions", str(folders["gpt2"]), "--text", text, "--generate", "3", "-m", "saliency",
+                           "-m", "occlusion"])
+        a, b = both["images"][i]["generation"], alone["images"][0]["generation"]
+        assert a["tokens"] == b["tokens"] and a["columns"] == b["columns"]
+        for m in ("saliency", "occlusion"):
+            for ra, rb in zip(a["matrices"][m], b["matrices"][m]):
+                assert [x is None for x in ra] == [x is None for x in rb]
+                assert all(abs(x - y) < 1e-5 for x, y in zip(ra, rb) if x is not None)

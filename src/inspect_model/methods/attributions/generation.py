@@ -11,8 +11,9 @@ token for the gradient methods; integrated gradients' and occlusion's rows in ch
 plus the matrix, whatever N.
 
 The score of row t is ``log p(y_t | prefix)``, or with a contrast token c
-``log p(y_t | prefix) - log p(c | prefix)`` (inseq's contrastive step; the normaliser
-cancels, so it equals the logit difference). Attributions are taken at the outputs of the
+``log p(y_t | prefix) - log p(c | prefix)``: the normaliser cancels, so it is the logit
+difference of Yin & Neubig 2022's contrastive explanations (inseq's contrastive step,
+``contrast_prob_diff``, takes the difference of the probabilities instead). Attributions are taken at the outputs of the
 embedding layers (captum's ``LayerIntegratedGradients`` on the embedding): a causal LM's
 input embedding; an encoder-decoder's encoder embedding (the prompt, encoder tokens) and
 decoder embedding (its start token and the tokens generated before). A cell is the sum
@@ -291,7 +292,23 @@ def attribute_generation(model: torch.nn.Module, prompt: list[int], settings: Ge
             m.sites.close()
 
 
+def _check_length(m: _Model, prompt: list[int], st: GenerationSettings) -> None:
+    """A prefix longer than the model's positions fails in the middle of a run: refuse it first.
+    (T5's relative positions have no such limit; its config's ``n_positions`` is no bound.)"""
+    cfg = getattr(m.model, "config", None)
+    if m.seq2seq:
+        limit = getattr(cfg, "max_position_embeddings", None)
+    else:
+        limit = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
+    n = len(st.continuation) if st.continuation is not None else st.new_tokens
+    longest = max(len(prompt), n) if m.seq2seq else len(prompt) + n - 1  # the last row's prefix
+    if isinstance(limit, int) and longest > limit:
+        raise InputError(f"the prompt ({len(prompt)} tokens) and {n} generated make a prefix of {longest} tokens; "
+                         f"{type(m.model).__name__} takes at most {limit} positions: generate fewer tokens")
+
+
 def _run(m: _Model, prompt: list[int], st: GenerationSettings, progress: Progress | None) -> GenerationAttribution:
+    _check_length(m, prompt, st)
     if st.continuation is not None:
         generated, stopped, mode = list(st.continuation), False, "continuation"
     else:
