@@ -40,10 +40,10 @@ from inspect_model.loading.placement import (
 )
 
 
-def load_placed(spec: str, request: LoadRequest, placement: Placement) -> LoadedModel:
+def load_placed(spec: str, request: LoadRequest, placement: Placement, *, checkpoint: str | None = None,
+                strict: bool = True) -> LoadedModel:
     """Build ``spec`` empty, plan its placement, give each block its weights, dispatch."""
-    import dataclasses
-
+    from inspect_model.loading.blockwise import materialise
     from inspect_model.loading.shapes import parse_dtype
     from inspect_model.loading.sources import find_source
 
@@ -53,32 +53,65 @@ def load_placed(spec: str, request: LoadRequest, placement: Placement) -> Loaded
     if source.name in ("torchscript", "export", "pickled"):
         raise ModelLoadError(f"{spec} is a saved {source.name} file; --device-map/--offload need a model that can "
                              "be built empty: a Hugging Face folder, timm:NAME, a torchvision name or FILE.py:NAME")
-    if source.name == "hf":
-        loaded = source.load(spec, dataclasses.replace(request, empty=True, device="cpu"))
-        if callable(getattr(loaded.model, "tie_weights", None)):
-            loaded.model.tie_weights()  # GPT-2's head is its embedding: the plan keeps them together
-        dmap = plan_device_map(loaded.model, placement, dtype, free=available_memory())
+    loaded, empty = _build(source, spec, request, checkpoint=checkpoint, strict=strict)
+    dmap = plan_device_map(loaded.model, placement, dtype, free=available_memory())
+    if empty:
         check_placed(estimate(loaded.model, dtype, tokens=128 if loaded.token_vocab else 0), dmap, loaded.model,
                      name=loaded.name)
-        folder = offload_folder(placement, loaded.model) if "disk" in dmap.values() else None
-        if loaded.weights is not None:
-            if not _hf_in_place(loaded, dmap, dtype):
-                loaded.model = _hf_pretrained(loaded, dmap, folder, dtype)
-            if not isinstance(getattr(loaded.model, "hf_device_map", None), dict):
-                loaded.model.hf_device_map = dict(dmap)  # one device: transformers attaches no hooks, none needed
-        else:
-            _init_blocks(loaded.model, dmap, folder, dtype)
-            _dispatch(loaded.model, dmap, folder)
-    else:
-        loaded = source.load(spec, dataclasses.replace(request, device="cpu"))
-        dmap = plan_device_map(loaded.model, placement, dtype, free=available_memory())
-        folder = offload_folder(placement, loaded.model) if "disk" in dmap.values() else None
+    folder = offload_folder(placement, loaded.model) if "disk" in dmap.values() else None
+    if empty and source.name == "hf" and loaded.weights is not None and not checkpoint:
+        if not _hf_in_place(loaded, dmap, dtype):
+            loaded.model = _hf_pretrained(loaded, dmap, folder, dtype)
+        if not isinstance(getattr(loaded.model, "hf_device_map", None), dict):
+            loaded.model.hf_device_map = dict(dmap)  # one device: transformers attaches no hooks, none needed
+    elif empty:
+        reader = None
+        if checkpoint:
+            from inspect_model.loading.checkpoint_blocks import open_checkpoint
+
+            reader, report = open_checkpoint(loaded.model, checkpoint, strict=strict, trust=request.trust_checkpoint)
+            loaded.checkpoint = report
+            loaded.notes.append(report.note() + " (read block by block)")
+        random = materialise(loaded.model, dmap, folder, dtype, values=reader)
+        if random and source.name != "hf" and not checkpoint:
+            loaded.notes.append("random weights made block by block, each layer by its own reset_parameters "
+                                "(a builder's own initialisation needs the whole model)")
         _dispatch(loaded.model, dmap, folder)
+    else:
+        _dispatch(loaded.model, dmap, folder)
+    from inspect_model.loading.blockwise import trim_after_offloaded
+
+    trim_after_offloaded(loaded.model)
     loaded.model.eval()
     loaded.device = main_device(dmap)
     loaded.notes.append(f"placement (accelerate): {describe(dmap)}"
                         + (f"; offloaded weights in {folder}" if folder else ""))
     return loaded
+
+
+def _build(source: Any, spec: str, request: LoadRequest, *, checkpoint: str | None,
+           strict: bool) -> tuple[LoadedModel, bool]:
+    """The model with its parameters on the meta device (True), or, where an empty build
+    would lose its weights (:func:`~inspect_model.loading.blockwise.empty_build`), built in the
+    dtype with them, the checkpoint loaded into it (False)."""
+    import dataclasses
+
+    from inspect_model.loading.blockwise import empty_build
+    from inspect_model.loading.sources import building_in, load_checkpoint_into
+
+    if source.name == "hf":
+        loaded = source.load(spec, dataclasses.replace(request, empty=True, device="cpu"))
+        if callable(getattr(loaded.model, "tie_weights", None)):
+            loaded.model.tie_weights()  # GPT-2's head is its embedding: the plan keeps them together
+        return loaded, True
+    empty = empty_build(source, spec, request, checkpoint=checkpoint)
+    if empty is not None:
+        return empty, True
+    with building_in(request.dtype):
+        loaded = source.load(spec, dataclasses.replace(request, device="cpu"))
+    if checkpoint:
+        load_checkpoint_into(loaded, spec, checkpoint, device="cpu", strict=strict, trust=request.trust_checkpoint)
+    return loaded, False
 
 
 def _shard_keys(folder: str) -> dict[str, str]:
@@ -159,50 +192,6 @@ def _hf_pretrained(loaded: LoadedModel, dmap: dict[str, Any], folder: str | None
     except Exception as exc:
         raise ModelLoadError(f"cannot load {loaded.name} with --device-map/--offload: {type(exc).__name__}: "
                              f"{short_reason(exc)}") from exc
-
-
-def _init_blocks(model: Any, dmap: dict[str, Any], folder: str | None, dtype: Any) -> None:
-    """Random weights, one block of the table at a time: allocated on its device (the CPU
-    for the disk), initialised, and written to ``folder`` and freed when it goes to the disk."""
-    import torch
-    from accelerate.utils import offload_weight, save_offload_index, set_module_tensor_to_device
-
-    index: dict[str, Any] = {}
-    init = getattr(model, "_init_weights", None)
-    for name, dev in dmap.items():
-        block = model.get_submodule(name) if name else model
-        where = "cpu" if dev in ("disk", "cpu") else (f"cuda:{dev}" if isinstance(dev, int) else dev)
-        params = [(n, p) for n, p in block.named_parameters() if p.device.type == "meta"]
-        for n, p in params:
-            set_module_tensor_to_device(block, n, where, value=torch.empty(p.shape, dtype=dtype))
-        with torch.no_grad():
-            _initialise(block, init)
-        if dev == "disk":
-            assert folder is not None  # internal: the table holds the disk, so a folder was made
-            for n, p in block.named_parameters():
-                full = f"{name}.{n}" if name else n
-                index = offload_weight(p.detach(), full, folder, index=index)
-                set_module_tensor_to_device(block, n, "meta")
-    if folder is not None:
-        save_offload_index(index, folder)
-
-
-def _initialise(block: Any, init: Any) -> None:
-    """Hugging Face's ``_init_weights`` on every submodule (else ``reset_parameters``), and a
-    small normal draw for parameters neither touches."""
-    import torch
-
-    done: set[int] = set()
-    for sub in block.modules():
-        if init is not None:
-            init(sub)
-            done.update(id(p) for p in sub.parameters(recurse=False))
-        elif hasattr(sub, "reset_parameters") and callable(sub.reset_parameters):
-            sub.reset_parameters()
-            done.update(id(p) for p in sub.parameters(recurse=False))
-    for p in block.parameters():
-        if id(p) not in done:
-            torch.nn.init.normal_(p, std=0.02)
 
 
 def _dispatch(model: Any, dmap: dict[str, Any], folder: str | None) -> None:

@@ -118,12 +118,9 @@ def load_model(
     from inspect_model.loading.sources.torchvision import WeightsNotCached
 
     if placement is not None and placement.active:
-        if checkpoint:
-            raise UsageError("--checkpoint cannot be combined with --device-map/--max-memory/--offload yet; "
-                             "save the model with save_pretrained (safetensors) and load that folder")
         from inspect_model.loading.dispatch import load_placed
 
-        return load_placed(spec, request, placement)
+        return load_placed(spec, request, placement, checkpoint=checkpoint, strict=strict)
     try:
         source = find_source(spec)
         with building_in(None if source.name in ("hf", "torchscript", "export", "pickled") else dtype):
