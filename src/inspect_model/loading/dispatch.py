@@ -23,6 +23,7 @@ Every path ends in accelerate's ``dispatch_model``; the model keeps ``hf_device_
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -94,8 +95,6 @@ def _build(source: Any, spec: str, request: LoadRequest, *, checkpoint: str | No
     """The model with its parameters on the meta device (True), or, where an empty build
     would lose its weights (:func:`~inspect_model.loading.blockwise.empty_build`), built in the
     dtype with them, the checkpoint loaded into it (False)."""
-    import dataclasses
-
     from inspect_model.loading.blockwise import empty_build
     from inspect_model.loading.sources import building_in, load_checkpoint_into
 
@@ -107,6 +106,11 @@ def _build(source: Any, spec: str, request: LoadRequest, *, checkpoint: str | No
     empty = empty_build(source, spec, request, checkpoint=checkpoint)
     if empty is not None:
         return empty, True
+    preflight(spec, dataclasses.replace(request, device="cpu"), hint=(
+        "its weights come from its own code, so it is built whole before it is placed; give --checkpoint FILE "
+        "(then it is built empty and read block by block) or use a smaller --dtype" if source.name in
+        ("file", "module") else "pretrained weights are read whole before placing; use --weights none with "
+        "--checkpoint FILE (read block by block) or a smaller --dtype"))
     with building_in(request.dtype):
         loaded = source.load(spec, dataclasses.replace(request, device="cpu"))
     if checkpoint:
@@ -222,31 +226,47 @@ def _quiet_accelerate() -> Iterator[None]:
             lg.setLevel(lv)
 
 
-def preflight(spec: str, request: LoadRequest, *, tokens: int = 0) -> None:
-    """Before a resident build of a Hugging Face model: build it empty, and refuse in one
-    line when its weights in the dtype asked for (and the activations) cannot fit
-    (:mod:`inspect_model.loading.preflight`). Other sources build models that fit any
-    machine this tool runs on (torchvision's and timm's largest are a few GB)."""
-    import dataclasses
-
-    from inspect_model.loading.preflight import check_fits, estimate
+def preflight(spec: str, request: LoadRequest, *, tokens: int = 0, hint: str | None = None) -> None:
+    """Before a resident build of any source: build it on the meta device (nothing allocated),
+    and refuse in one line when its weights in the dtype asked for and the activations it
+    keeps cannot fit (:mod:`inspect_model.loading.preflight`). A saved file (TorchScript,
+    exported, pickled) is measured by its size. A build that fails on the meta device is
+    left to the real build, which reports it."""
+    from inspect_model.loading.preflight import check_fits, estimate, image_activations
     from inspect_model.loading.shapes import parse_dtype
     from inspect_model.loading.sources import find_source
 
     if request.device == "meta":
         return
     source = find_source(spec)
-    if source.name != "hf":
-        return
-    try:
-        import accelerate  # noqa: F401  (init_empty_weights)
-    except ImportError:
-        return  # without accelerate no empty build: the build itself is the check
-    # On the meta device (not init_empty_weights, which allocates each tensor before moving it).
-    empty = source.load(spec, dataclasses.replace(request, device="meta", weights="none"))
     dtype = parse_dtype(request.dtype or "float32")
+    if source.name in ("torchscript", "export", "pickled"):
+        from inspect_model.loading.preflight import Estimate
+
+        size = os.path.getsize(spec)
+        check_fits(Estimate(weights=size, largest_block=size, dtype="as saved"), request.device, name=spec, hint=hint)
+        return
+    if source.name == "hf":
+        try:
+            import accelerate  # noqa: F401  (transformers' meta build)
+        except ImportError:
+            return  # without accelerate no empty build: the build itself is the check
+    if (request.model_args or {}).get("quantize"):
+        return  # quantizing calibrates on real numbers: no meta build
+    try:
+        empty = source.load(spec, dataclasses.replace(request, device="meta", weights="none"))
+    except ModelLoadError:
+        if source.name == "hf":
+            raise
+        return
+    except Exception:  # noqa: BLE001 - a user's code that cannot run on meta: the real build says why
+        if source.name == "hf":
+            raise
+        return
     est = estimate(empty.model, dtype, tokens=tokens if empty.token_vocab else 0)
-    check_fits(est, request.device, name=empty.name)
+    if not empty.token_vocab:
+        est = dataclasses.replace(est, activations=image_activations(empty))
+    check_fits(est, request.device, name=empty.name, hint=hint)
 
 
 # Commands that read each parameter's own gradient (not only gradients of layer outputs and inputs).

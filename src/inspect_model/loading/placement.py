@@ -55,8 +55,8 @@ class Placement:
                                  "JSON file mapping module names to devices")
         if self.offload_dir is not None and os.path.exists(self.offload_dir) \
                 and not os.path.isdir(self.offload_dir):
-            raise UsageError(f"--offload '{self.offload_dir}' is a file; give a folder (--offload takes the next word as its folder: "
-                             "put MODEL and images before it, or write --offload=DIR)")
+            raise UsageError(f"--offload '{self.offload_dir}' is a file; give a folder (--offload takes the next "
+                             "word as its folder: put MODEL and images before it, or write --offload=DIR)")
 
 
 def parse_size(text: str, *, option: str = "--max-memory") -> int:

@@ -313,7 +313,7 @@ def _request(opts: ModelOptions, device: str) -> Any:
     from inspect_model.loading.loaded import LoadRequest
 
     return LoadRequest(weights=opts.weights, device=device, trust_remote_code=opts.trust_remote_code,
-                       dtype=opts.dtype)
+                       dtype=opts.dtype, model_args=parse_model_args(opts.model_args))
 
 
 def _other_float_dtypes(model: Any, want: Any) -> list[str]:
