@@ -253,8 +253,11 @@ def preflight(spec: str, request: LoadRequest, *, tokens: int = 0, hint: str | N
             return  # without accelerate no empty build: the build itself is the check
     if (request.model_args or {}).get("quantize"):
         return  # quantizing calibrates on real numbers: no meta build
+    from inspect_model.loading.sources import building_in
+
     try:
-        empty = source.load(spec, dataclasses.replace(request, device="meta", weights="none"))
+        with building_in(None if source.name == "hf" else request.dtype):
+            empty = source.load(spec, dataclasses.replace(request, device="meta", weights="none"))
     except ModelLoadError:
         if source.name == "hf":
             raise
