@@ -66,8 +66,8 @@ MaxMemoryOpt = Annotated[str | None, typer.Option(
     "--max-memory", help="Memory per device for --device-map, e.g. 0=20GiB,1=20GiB,cpu=30GiB.")]
 OffloadOpt = Annotated[str | None, typer.Option(
     "--offload", metavar="[DIR]", help="Stream the weights the GPUs do not hold from disk, one block at a time "
-    "(with --max-memory cpu=N: keep N of them in RAM). `--offload` alone: a temporary folder, removed "
-    "afterwards; `--offload DIR` (or --offload=DIR): that folder, kept.")]
+    "(with --max-memory cpu=N: keep N of them in RAM), written to a fresh folder removed afterwards: in the "
+    "system's temporary folder, or in DIR (`--offload DIR` or --offload=DIR, after MODEL and the images).")]
 OffloadDirOpt = Annotated[str | None, typer.Option(
     "--offload-dir", hidden=True, help="Same as --offload DIR (the older spelling).")]
 # Options whose value may be left out (Click's optional values, which the Click Typer vendors

@@ -47,7 +47,7 @@ def empty_build(source: Any, spec: str, request: LoadRequest, *, checkpoint: str
     if source.name in ("file", "module") and not checkpoint:
         return None
     with init_empty_weights(include_buffers=False), building_in(request.dtype):
-        loaded = source.load(spec, dataclasses.replace(request, device="cpu"))
+        loaded = source.load(spec, dataclasses.replace(request, device="cpu", empty=True))
     if loaded.borrowed or not any(p.device.type == "meta" for p in loaded.model.parameters()):
         return None  # an instance made when the file was run: its weights are the file's
     return loaded
@@ -199,6 +199,8 @@ def trim_after_offloaded(model: Any) -> None:
     give the freed memory back: a run then holds one block, not the heap's high-water mark.
     The hook objects are accelerate's (no torch hook is added: ours are counted elsewhere)."""
     for module in model.modules():
+        if sum(p.numel() * p.element_size() for p in module.parameters()) < 1 << 22:
+            continue  # under 4 MiB: what it frees is not worth a trim (each costs a walk of the heap)
         top = getattr(module, "_hf_hook", None)
         for hook in getattr(top, "hooks", None) or [top]:
             if not getattr(hook, "offload", False) or "post_forward" in vars(hook):

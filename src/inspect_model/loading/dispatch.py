@@ -6,18 +6,21 @@
 planned on it (:mod:`inspect_model.loading.placement`), and only then are weights allocated,
 each block on its device:
 
-- a Hugging Face model with weights: transformers' ``from_pretrained`` with that table and
-  the dtype asked for; the safetensors shards are memory-mapped, and what goes to the disk is
-  read in place from the shards when a block runs (nothing is copied);
-- a Hugging Face config with ``--weights none``: each block initialised in turn (the model's
-  own ``_init_weights``), written to the offload folder when it belongs on the disk, so a
-  random model larger than the memory is built in one block of memory;
-- any other source (torchvision, timm, user files, checkpoints: models that fit the RAM):
-  built in the dtype asked for, then dispatched (accelerate writes the disk part to the
-  offload folder and frees it).
+- a Hugging Face model with weights: its safetensors shards read straight into the blocks
+  (memory-mapped; what goes to the disk is read in place from the shards when a block runs),
+  or transformers' ``from_pretrained`` with that table when the shards' names differ;
+- any source with ``--checkpoint`` (torchvision, timm, user files, Hugging Face), or with
+  ``--weights none``: :func:`~inspect_model.loading.blockwise.materialise` makes one block at
+  a time from the checkpoint (read block by block,
+  :mod:`inspect_model.loading.checkpoint_blocks`) or at random, writing it to the offload
+  folder and freeing it when it belongs on the disk;
+- what an empty build would lose (pretrained torchvision/timm weights, a user's code that
+  makes its own weights): built whole in the dtype asked for, after a preflight, then
+  dispatched.
 
 Every path ends in accelerate's ``dispatch_model``; the model keeps ``hf_device_map``, which
 :func:`inspect_model.devices.model_device` reads for the device inputs go to.
+:func:`preflight` is the check before a resident build, for every source.
 """
 
 from __future__ import annotations

@@ -51,8 +51,11 @@ def parse_spec(spec: str) -> tuple[str, str, str | None]:
     return kind, left, right
 
 
-def load_user_model(spec: str, *, device: str = "cpu", model_args: dict[str, Any] | None = None) -> LoadedModel:
-    """Run the user's file or module and build the model ``spec`` names (see module docstring)."""
+def load_user_model(spec: str, *, device: str = "cpu", model_args: dict[str, Any] | None = None,
+                    empty: bool = False) -> LoadedModel:
+    """Run the user's file or module and build the model ``spec`` names (see module docstring).
+    ``empty``: built within accelerate's ``init_empty_weights`` (parameters on the meta
+    device, issue 37), so left where it is."""
     kind, where, attr = parse_spec(spec)
     model_args = dict(model_args or {})
     module = import_file(where) if kind == "file" else import_module(where)
@@ -69,12 +72,12 @@ def load_user_model(spec: str, *, device: str = "cpu", model_args: dict[str, Any
 
     check_module_depth(model, f"{where}:{attr}")  # before torch's recursive walks (issue 41)
     borrowed = model is obj  # the user's own instance, used as it is
-    if borrowed and device != "meta" and model_device(model) not in (None, device):
+    if borrowed and not empty and device != "meta" and model_device(model) not in (None, device):
         # Never move the user's object to another device (issue 9): run on a copy.
         model = private_copy(model, f"{where}:{attr}")
         borrowed = False
     # Titled by file (or module) and attribute, as the user named it: "my_net.py:build" (issue 29).
-    loaded = from_module(model, name=f"{origin}:{attr}", source="python", device=device)
+    loaded = from_module(model, name=f"{origin}:{attr}", source="python", device="meta" if empty else device)
     loaded.borrowed = borrowed
     return loaded
 
