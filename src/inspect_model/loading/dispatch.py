@@ -109,13 +109,14 @@ def _build(source: Any, spec: str, request: LoadRequest, *, checkpoint: str | No
     empty = empty_build(source, spec, request, checkpoint=checkpoint)
     if empty is not None:
         return empty, True
-    preflight(spec, dataclasses.replace(request, device="cpu"), hint=(
-        "its weights come from its own code, so it is built whole before it is placed; give --checkpoint FILE "
-        "(then it is built empty and read block by block) or use a smaller --dtype" if source.name in
-        ("file", "module") else "pretrained weights are read whole before placing; use --weights none with "
-        "--checkpoint FILE (read block by block) or a smaller --dtype"))
+    request = dataclasses.replace(request, device="cpu")
+    hint = ("its weights come from its own code, so it is built whole before it is placed; give --checkpoint FILE "
+            "(then it is built empty and read block by block) or use a smaller --dtype" if source.name in
+            ("file", "module") else "pretrained weights are read whole before placing; use --weights none with "
+            "--checkpoint FILE (read block by block) or a smaller --dtype")
+    preflight(spec, request, hint=hint)
     with building_in(request.dtype):
-        loaded = source.load(spec, dataclasses.replace(request, device="cpu"))
+        loaded = source.load(spec, dataclasses.replace(request, check=fits_check(request, hint=hint)))
     if checkpoint:
         load_checkpoint_into(loaded, spec, checkpoint, device="cpu", strict=strict, trust=request.trust_checkpoint)
     return loaded, False
@@ -242,6 +243,8 @@ def preflight(spec: str, request: LoadRequest, *, tokens: int = 0, hint: str | N
     if request.device == "meta":
         return
     source = find_source(spec)
+    if source.name in ("file", "module"):
+        return  # a user's class is checked in its load (fits_check): its code is not run twice
     dtype = parse_dtype(request.dtype or "float32")
     if source.name in ("torchscript", "export", "pickled"):
         from inspect_model.loading.preflight import Estimate
@@ -273,6 +276,20 @@ def preflight(spec: str, request: LoadRequest, *, tokens: int = 0, hint: str | N
     if not empty.token_vocab:
         est = dataclasses.replace(est, activations=image_activations(empty))
     check_fits(est, request.device, name=empty.name, hint=hint)
+
+
+def fits_check(request: LoadRequest, *, hint: str | None = None) -> Any:
+    """The preflight of a user's class, for ``LoadRequest.check``: its meta build's weights in
+    the dtype asked for against the free memory."""
+    def check(model: Any, name: str) -> None:
+        from inspect_model.loading.preflight import check_fits, estimate
+        from inspect_model.loading.shapes import parse_dtype
+
+        if request.device != "meta":
+            check_fits(estimate(model, parse_dtype(request.dtype or "float32")), request.device, name=name,
+                       hint=hint)
+
+    return check
 
 
 # Commands that read each parameter's own gradient (not only gradients of layer outputs and inputs).

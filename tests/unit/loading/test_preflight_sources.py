@@ -113,10 +113,14 @@ def test_preflight_measures_torchvision_timm_and_user_models_on_meta(tmp_path, m
     from inspect_model.loading.dispatch import preflight
     from inspect_model.loading.loaded import LoadRequest
 
+    from inspect_model.loading.dispatch import fits_check
+    from inspect_model.loading.sources import load_model
+
     (tmp_path / "big.py").write_text(BIG)
     monkeypatch.setattr(pf, "available_memory", lambda: {"cpu": 10**9})
-    with pytest.raises(ModelLoadError) as info:
-        preflight(f"{tmp_path / 'big.py'}:Big", LoadRequest(weights="none", device="cpu", dtype="bfloat16"))
+    with pytest.raises(ModelLoadError) as info:  # a user's class: built on meta within its load, then refused
+        load_model(f"{tmp_path / 'big.py'}:Big", dtype="bfloat16",
+                   check=fits_check(LoadRequest(device="cpu", dtype="bfloat16")))
     params = 8 * (10_000 * 10_000 + 10_000)
     assert f"weights {params * 2 / 1e9:.1f} GB" in str(info.value) and "in bfloat16" in str(info.value)
     assert "1.0 GB free in RAM" in str(info.value)
@@ -149,3 +153,30 @@ def test_image_activations_come_from_a_meta_pass():
         h.remove()
     meta = load_model("resnet18", weights="none", device="meta")
     assert image_activations(meta) == by_hand > 64 * 112 * 112 * 4
+
+
+def test_a_users_factory_is_not_run_twice(tmp_path, cli):
+    """Only a class is built on meta for the preflight: a factory may cache, train or load
+    (tests/fixtures/dense.py caches trained models), so it runs once, for the real build."""
+    calls = tmp_path / "calls.txt"
+    (tmp_path / "net.py").write_text(f"""
+import torch
+
+
+def build():
+    with open({str(calls)!r}, "a") as fh:
+        fh.write("x")
+    return torch.nn.Sequential(torch.nn.Linear(4, 4))
+
+
+class Net(torch.nn.Sequential):
+    def __init__(self):
+        with open({str(calls)!r}, "a") as fh:
+            fh.write("c")
+        super().__init__(torch.nn.Linear(4, 4))
+""")
+    for name in ("build", "Net"):
+        calls.write_text("")
+        r = cli(["activations", f"{tmp_path / 'net.py'}:{name}", "--input-size", "4", "--json", "-q"])
+        assert r.exit_code == 0, r.stderr
+        assert calls.read_text() == {"build": "x", "Net": "cc"}[name]  # the class: once on meta, once for real

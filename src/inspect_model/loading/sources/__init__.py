@@ -106,6 +106,7 @@ def load_model(
     trust_remote_code: bool = False,
     dtype: str | None = None,
     placement: Any = None,
+    check: Any = None,
 ) -> LoadedModel:
     """Load a model spec with the source that claims it, built in ``dtype`` directly, then
     ``checkpoint`` into it. A ``placement`` (loading.placement.Placement) spreads it over
@@ -114,7 +115,8 @@ def load_model(
         raise UsageError("empty model name; e.g. `inspect-model summary resnet34`")
     spec = spec.strip()
     request = LoadRequest(weights=weights, device=device, model_args=dict(model_args or {}),
-                          trust_checkpoint=trust_checkpoint, trust_remote_code=trust_remote_code, dtype=dtype)
+                          trust_checkpoint=trust_checkpoint, trust_remote_code=trust_remote_code, dtype=dtype,
+                          check=check)
     from inspect_model.loading.sources.torchvision import WeightsNotCached
 
     if placement is not None and placement.active:
