@@ -223,4 +223,4 @@ def test_schema_options_follow_a_new_request_field(monkeypatch: pytest.MonkeyPat
     monkeypatch.setitem(registry.COMMANDS, "cam", dataclasses.replace(spec, request=Wider))
     props = options_schema("cam")["properties"]
     assert props["smoothing"] == {"type": ["number", "null"]}
-    assert props["target"]["anyOf"][1] == {"type": "array", "items": {"type": "string"}}
+    assert props["target"] == {"type": ["string", "array", "null"], "items": {"type": "string"}}

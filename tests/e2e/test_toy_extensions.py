@@ -84,6 +84,9 @@ def test_toys_run_and_their_reports_validate(toys: Any, cli: Any, models_py: Pat
     norms = json.loads(_run(cli, ["toy-norms", *base, "--power", "1", "--json"]).stdout)
     assert norms["command"] == "toy-norms" and norms["options"]["power"] == 1
     assert "power" in options_schema("toy-norms")["properties"]
+    toy_schema = load_schema("toy-norms")  # generated from its record types (report=NormsReport)
+    assert toy_schema["properties"]["images"]["items"]["properties"]["norm"]["minimum"] == 0
+    jsonschema.Draft202012Validator(toy_schema).validate(norms)
     # report.html of each: the toy's rows and its own table
     for args, name, expect in ((["cam", "--method", "toymeancam", "--layer", "features.3"], "cam", "toymeancam"),
                                (["attributions", "--method", "toy-sign"], "attr", "toy-sign"),

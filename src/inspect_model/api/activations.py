@@ -27,6 +27,7 @@ from inspect_model.run.resume import count
 from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import UsageError
 from inspect_model.registry import command
+from inspect_model.reports.activations import ActivationsReport
 from inspect_model.render import html_columns, results
 
 
@@ -265,6 +266,7 @@ class ActivationsSession(Session):
     renderer=results.activations_report,
     tables=html_columns.activations_tables,
     schema="activations.json",
+    report=ActivationsReport,
     resumable=True,
     labels=False,
     text=True,

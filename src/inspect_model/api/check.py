@@ -15,6 +15,7 @@ from inspect_model.run.request import OUTPUT_KEY_HELP, Request, api_command, opt
 from inspect_model.run.session import Result
 from inspect_model.errors import UsageError
 from inspect_model.registry import command
+from inspect_model.reports.check import CheckReport
 from inspect_model.render import html_columns, results
 
 
@@ -65,6 +66,7 @@ class CheckRequest(Request):
     renderer=results.check_report,
     tables=html_columns.check_tables,
     schema="check.json",
+    report=CheckReport,
     labels=False,
     streams=False,
     run=("output_dir", "force", "json_", "quiet"),

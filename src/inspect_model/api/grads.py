@@ -31,6 +31,7 @@ from inspect_model.run.objective_options import one_target
 from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
 from inspect_model.registry import command
+from inspect_model.reports.grads import GradsReport
 from inspect_model.render import html_columns, results
 
 
@@ -393,6 +394,7 @@ class JacobianRecord:
     renderer=results.grads_report,
     tables=html_columns.grads_tables,
     schema="grads.json",
+    report=GradsReport,
     gradients=True,
     parameter_gradients=True,
     scores=True,

@@ -28,6 +28,7 @@ from inspect_model.run.objective_options import one_target
 from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
 from inspect_model.registry import command
+from inspect_model.reports.guided_backprop import GuidedBackpropReport
 from inspect_model.render import html_columns, results
 
 
@@ -298,6 +299,7 @@ def _finish_sanity(acc: dict[str, Any] | None) -> dict[str, Any] | None:
     renderer=results.guided_report,
     tables=html_columns.guided_tables,
     schema="guided-backprop.json",
+    report=GuidedBackpropReport,
     hooks=False,
     gradients=True,
     scores=True,

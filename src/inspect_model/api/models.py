@@ -9,6 +9,7 @@ from inspect_model.run.session import Result
 from inspect_model.run.request import Request, api_command, option
 from inspect_model.errors import UsageError
 from inspect_model.registry import command
+from inspect_model.reports.base import Record, record
 from inspect_model.render import results
 
 
@@ -35,23 +36,21 @@ class ModelsRequest(Request):
             raise UsageError("--family applies to torchvision's models; timm's are listed by PATTERN")
 
 
-@dataclass(frozen=True)
-class ModelEntry:
+@record
+class ModelEntry(Record):
     """One model this tool loads by name."""
 
     name: str
     family: str  # torchvision's sub-registry (classification, detection, ...), or timm
 
 
-@dataclass(frozen=True)
-class ModelsReport:
+@record
+class ModelsReport(Record):
     """The ``models`` report: the names and their count (its schema is generated from here)."""
 
+    TITLE = "inspect-model models listing"
     models: tuple[ModelEntry, ...]
     count: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"models": [{"name": m.name, "family": m.family} for m in self.models], "count": self.count}
 
 
 @command(
@@ -82,5 +81,5 @@ def models(source_model: Any, request: ModelsRequest) -> Result:
         from inspect_model.loading.sources.torchvision import list_models
 
         items = [(n, f) for n, f in list_models(r.pattern) if r.family is None or f == r.family]
-    report = ModelsReport(tuple(ModelEntry(n, f) for n, f in items), len(items))
+    report = ModelsReport(models=tuple(ModelEntry(name=n, family=f) for n, f in items), count=len(items))
     return Result("models", r.resolved(), report.to_dict(), [], record=report)

@@ -20,6 +20,7 @@ from inspect_model.engine.hints import first_layer_hint, size_hint
 from inspect_model.errors import InputError, UsageError, one_line
 from inspect_model.loading.models import require_hookable
 from inspect_model.registry import command
+from inspect_model.reports.summary import SummaryReport
 from inspect_model.render import html_columns, results
 
 if TYPE_CHECKING:
@@ -309,6 +310,7 @@ class SummaryRequest(Request):
     renderer=results.summary_report,
     tables=html_columns.summary_tables,
     schema="summary.json",
+    report=SummaryReport,
     images=False,
     streams=False,
 )

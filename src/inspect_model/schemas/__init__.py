@@ -8,11 +8,15 @@ from typing import Any
 
 
 def load_schema(command: str) -> dict[str, Any]:
-    """The JSON Schema of ``command``'s report (e.g. ``"summary"``, ``"guided-backprop"``):
-    the published file with its generated parts (options, method enums) made from the
-    registries as they are now, so a method or option added at run time is in it."""
-    from inspect_model.schemas.generate import regenerate
+    """The JSON Schema of ``command``'s report (e.g. ``"summary"``, ``"guided-backprop"``),
+    generated from its report record and the registries as they are now (so a method or
+    option added at run time is in it); the published file equals it (``generate --check``)."""
+    from inspect_model.registry import COMMANDS
+    from inspect_model.schemas.generate import document, regenerate
 
+    spec = COMMANDS.get(command)
+    if spec is not None and spec.report is not None:
+        return document(command)
     text = resources.files(__name__).joinpath(f"{command}.json").read_text(encoding="utf-8")
     return regenerate(command, json.loads(text))
 

@@ -1,23 +1,23 @@
-"""The parts of the published JSON Schemas that code declares, generated from that code.
+"""The published JSON Schemas, generated from the code that writes the reports (issue 35).
 
-Each command's report schema (``<command>.json``) is published with the package. The
-parts that would otherwise be kept twice are written from their one source here:
+Each command's report schema (``schemas/<command>.json``) ships with the package and is made
+here from its one source (:func:`document`):
 
-- ``properties.command.const``: the command's registry name;
-- ``properties.options``: the report's ``options`` object, from the command's request
-  fields (names and JSON types from their annotations) plus the model and input options
-  every image command shares;
-- the report body of a command whose entry names its record type (``CommandSpec.report``,
-  ``models``): every field of the frozen record, with its type;
+- the report body: the command's report record (``report=`` on its registry entry), a frozen
+  dataclass over :class:`inspect_model.reports.base.Record` whose fields, annotations and
+  ``fact(...)`` keywords give every key, its type and bounds (:mod:`.types`);
+- ``properties.options``: the report's ``options`` object, from the command's request fields
+  plus the model and input options every image command shares;
+- the envelope (:data:`ENVELOPE`: versions, files, ``nonfinite``) and ``command.const``;
 - ``$defs.method.enum`` (cam, attention, attributions): the command's method family's
-  registry (``CommandSpec.methods``); every method name in the report refers to it;
-- ``$defs.input_box`` and ``$defs.image_box`` (cam, guided-backprop): a detection's box in
-  model-input pixels and in the original picture's pixels (:data:`BOX_DEFS`).
+  registry (``CommandSpec.methods``).
 
-``python -m inspect_model.schemas.generate --check`` fails when a published file differs
-from what this module makes of it (tests/e2e/test_registry.py runs it); ``--write`` rewrites
-them. The report bodies stay hand-written and are validated against real reports in the
-tests. Nothing here imports torch.
+A new command's schema: write its record types, name them on the entry
+(``@command("lens", ..., schema="lens.json", report=LensReport)``), run
+``python -m inspect_model.schemas.generate --write``. ``--check`` (the default) fails, naming
+the file, when a published file differs from its generation (the tests run it).
+:func:`inspect_model.schemas.load_schema` generates from the live registries, so a method or
+command registered at run time is in it. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import types
 import typing
 from pathlib import Path
 from typing import Any
+
+from inspect_model.schemas.types import json_type, record_schema
 
 HERE = Path(__file__).resolve().parent
 
@@ -69,49 +70,20 @@ OVERRIDE: dict[str, dict[str, Any]] = {
 #: Commands whose options are their request alone (no model/input options).
 OWN_OPTIONS = {"models"}
 
-_BOX = {"type": ["array", "null"], "items": {"type": "number"}, "minItems": 4, "maxItems": 4}
-#: The two frames a detection's box is reported in (``$defs``, referenced by the report bodies
-#: of the commands that explain detections): the model input's pixels, where the model found
-#: it, and the original picture's pixels, where the pictures draw it and ``--boxes`` gives it.
-BOX_DEFS: dict[str, dict[str, Any]] = {
-    "input_box": dict(_BOX, description="x0, y0, x1, y1 in model-input pixels (after --resize/--crop or the "
-                      "model's own preprocessing)"),
-    "image_box": dict(_BOX, description="x0, y0, x1, y1 in the original picture's pixels, as --boxes takes "
-                      "them and the pictures draw them (the input box mapped back through the resize and "
-                      "crop); null when no picture is known (a tensor input)"),
+__all__ = ["document", "json_type", "main", "options_schema", "record_schema", "stale", "write"]
+
+SCHEMA_URL = "https://json-schema.org/draft/2020-12/schema"
+#: What output/jsonout.envelope writes around every report body (``options`` is the command's).
+ENVELOPE: dict[str, Any] = {
+    "tool_version": {"type": "string"},
+    "python_version": {"type": "string"},
+    "torch_version": {"type": "string"},
+    "torchvision_version": {"type": "string"},
+    "files": {"type": "array", "items": {"type": "string"}},
+    "nonfinite": {"type": "array", "items": {"type": "string"},
+                  "description": "JSON paths of values that were NaN or infinite (written as null)"},
 }
-
-
-def json_type(annotation: Any) -> dict[str, Any]:
-    """The JSON Schema of a request field's or a report record's annotation."""
-    origin = typing.get_origin(annotation)
-    if annotation is Any:
-        return {}
-    if dataclasses.is_dataclass(annotation):
-        return record_schema(annotation)
-    if origin is list:
-        args = typing.get_args(annotation)
-        return {"type": "array", "items": json_type(args[0]) if args else {}}
-    if origin in (typing.Union, types.UnionType):
-        parts = [json_type(a) for a in typing.get_args(annotation)]
-        if all(set(p) == {"type"} and isinstance(p["type"], str) for p in parts):
-            return {"type": [p["type"] for p in parts]}
-        return {"anyOf": parts}
-    if origin is tuple:
-        args = [a for a in typing.get_args(annotation) if a is not Ellipsis]
-        return {"type": "array", "items": json_type(args[0]) if args else {}}
-    simple = {bool: "boolean", int: "integer", float: "number", str: "string", type(None): "null"}
-    if annotation in simple:
-        return {"type": simple[annotation]}
-    return {}  # paths and other objects: recorded as strings or objects, not constrained here
-
-
-def record_schema(cls: Any) -> dict[str, Any]:
-    """The JSON Schema of a frozen report record (issue 35): its fields, their types, all
-    required; what its ``to_dict()`` writes."""
-    hints = typing.get_type_hints(cls)  # each field in the module of the class that declares it
-    fields = [f.name for f in dataclasses.fields(cls)]
-    return {"type": "object", "required": fields, "properties": {n: json_type(hints[n]) for n in fields}}
+ENVELOPE_REQUIRED = ["schema_version", "command", "tool_version", "python_version", "options", "files"]
 
 
 def options_schema(command: str) -> dict[str, Any]:
@@ -137,21 +109,43 @@ def options_schema(command: str) -> dict[str, Any]:
     return out
 
 
-def regenerate(command: str, doc: dict[str, Any]) -> dict[str, Any]:
-    """``doc`` (a published schema) with its generated parts made anew."""
+def document(command: str) -> dict[str, Any]:
+    """The whole published schema of ``command``'s report, from its entry's record type
+    (``report=``), its request (``options``) and its method family (``$defs.method``)."""
+    from inspect_model.output.jsonout import SCHEMA_VERSION
     from inspect_model.registry import get
 
+    spec = get(command)
+    defs: dict[str, Any] = {}
+    body = record_schema(spec.report, defs)
+    extra = dict(getattr(spec.report, "SCHEMA", None) or {})
+    props: dict[str, Any] = {"schema_version": {"const": SCHEMA_VERSION}, "command": {"const": command}}
+    props.update({"options": options_schema(command), **ENVELOPE, **body["properties"]})
+    doc: dict[str, Any] = {"$schema": SCHEMA_URL, "$id": f"https://inspect-model.dev/schemas/{command}.json",
+                           "title": getattr(spec.report, "TITLE", None) or f"inspect-model {command} report"}
+    if "description" in extra:
+        doc["description"] = extra.pop("description")
+    doc.update({"type": "object", "required": ENVELOPE_REQUIRED + body.get("required", []), "properties": props})
+    doc.update(extra)
+    if spec.methods is not None:  # the method family's registry
+        defs["method"] = {"enum": list(spec.methods())}
+    if defs:
+        doc["$defs"] = defs
+    return doc
+
+
+def regenerate(command: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` (a hand-kept schema of a command with no report record yet) with its
+    generated parts made anew: ``command``, ``options`` and the method enum."""
+    from inspect_model.registry import get
+
+    spec = get(command)
+    if spec.report is not None:
+        return document(command)
     out = json.loads(json.dumps(doc))
     out["properties"]["command"] = {"const": command}
     out["properties"]["options"] = options_schema(command)
-    if '"#/$defs/input_box"' in json.dumps(doc):  # the reports that hold detections' boxes
-        out.setdefault("$defs", {}).update(json.loads(json.dumps(BOX_DEFS)))
-    spec = get(command)
-    if spec.report is not None:  # the report's body is its record type's (the record writes it)
-        body = record_schema(spec.report)
-        out["properties"].update(body["properties"])
-        out["required"] = [r for r in out.get("required", []) if r not in body["properties"]] + body["required"]
-    if spec.methods is not None:  # the method family's registry
+    if spec.methods is not None:
         out.setdefault("$defs", {})["method"] = {"enum": list(spec.methods())}
     return out
 
@@ -160,37 +154,47 @@ def dumps(doc: dict[str, Any]) -> str:
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 
 
+def expected(command: str) -> str | None:
+    """The text ``schemas/<command>.json`` should hold; None for a command without a schema."""
+    from inspect_model.registry import get
+
+    spec = get(command)
+    if spec.schema is None:
+        return None
+    if spec.report is not None:
+        return dumps(document(command))
+    if not (HERE / spec.schema).is_file():
+        return None
+    return dumps(regenerate(command, json.loads((HERE / spec.schema).read_text(encoding="utf-8"))))
+
+
 def stale() -> list[str]:
-    """The published schema files that differ from their regeneration."""
+    """The published schema files that differ from their generation (or are missing)."""
     from inspect_model.registry import COMMANDS
 
     out = []
     for name, spec in COMMANDS.items():
-        if spec.schema is None:
-            continue
-        path = HERE / spec.schema
-        text = path.read_text(encoding="utf-8")
-        if dumps(regenerate(name, json.loads(text))) != text:
-            out.append(spec.schema)
+        text = expected(name)
+        path = HERE / str(spec.schema)
+        if text is not None and (not path.is_file() or path.read_text(encoding="utf-8") != text):
+            out.append(str(spec.schema))
     return out
 
 
 def write() -> list[str]:
+    """Write every stale schema file; the names written."""
     from inspect_model.registry import COMMANDS
 
     written = []
-    for name, spec in COMMANDS.items():
-        if spec.schema is None:
-            continue
-        path = HERE / spec.schema
-        new = dumps(regenerate(name, json.loads(path.read_text(encoding="utf-8"))))
-        if new != path.read_text(encoding="utf-8"):
-            path.write_text(new, encoding="utf-8")
-            written.append(spec.schema)
+    for name in stale():
+        command = next(c for c, s in COMMANDS.items() if s.schema == name)
+        (HERE / name).write_text(str(expected(command)), encoding="utf-8")
+        written.append(name)
     return written
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``--write`` rewrites the stale files; otherwise (``--check``) exits 1 naming each."""
     args = sys.argv[1:] if argv is None else argv
     if "--write" in args:
         for name in write():

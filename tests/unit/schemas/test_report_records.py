@@ -56,3 +56,59 @@ def test_record_schema_follows_nested_records() -> None:
     schema = record_schema(Table)
     assert schema["required"] == ["rows", "note"]
     assert schema["properties"]["rows"]["items"]["properties"]["value"] == {"type": ["number", "null"]}
+
+
+def test_every_published_schema_is_generated_from_a_report_record() -> None:
+    """Each command with a schema names its report record; the files equal their generation."""
+    from inspect_model.registry import COMMANDS
+    from inspect_model.reports.base import Record
+    from inspect_model.schemas.generate import document, stale
+
+    with_schema = {n: s for n, s in COMMANDS.items() if s.schema is not None}
+    assert {"summary", "activations", "grads", "guided-backprop", "cam", "attributions", "attention",
+            "check", "models"} <= set(with_schema)
+    for name, spec in with_schema.items():
+        assert spec.report is not None and issubclass(spec.report, Record), name
+        doc = document(name)
+        assert set(spec.report.keys()) <= set(doc["properties"]), name
+    assert stale() == []
+
+
+def test_check_fails_and_names_the_file_when_a_record_changes(monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from inspect_model import registry
+    from inspect_model.reports.base import fact, record
+    from inspect_model.reports.check import CheckReport
+    from inspect_model.schemas.generate import main
+
+    assert main(["--check"]) == 0
+
+    @record
+    class Wider(CheckReport):
+        duration: float = fact(doc="seconds", minimum=0)
+
+    monkeypatch.setitem(registry.COMMANDS, "check", dataclasses.replace(registry.get("check"), report=Wider))
+    assert main(["--check"]) == 1
+    assert "check.json is out of date" in capsys.readouterr().err
+
+
+def test_records_write_their_keys_and_leave_absent_optional_ones_out() -> None:
+    from inspect_model.reports.base import ABSENT
+    from inspect_model.reports.common import Detection
+    from inspect_model.schemas.types import record_schema
+
+    d = Detection(class_=3, label="cat", score=0.5, box=[0, 0, 4, 4], image_box=None, confidence=0.9,
+                  matched_box=None, matched_image_box=None, iou=None)
+    doc = d.to_dict()
+    assert doc["class"] == 3 and "class_" not in doc and list(doc) == list(Detection.keys())
+    schema = record_schema(Detection, {})
+    assert "class" in schema["required"] and schema["properties"]["class"]["minimum"] == 0
+    from inspect_model.reports.common import Segment
+
+    seg = Segment(class_=1, label=None, score=None, area=3, area_fraction=0.1, mask_source="predicted")
+    assert seg.region is ABSENT and "region" not in seg.to_dict()
+    assert "region" not in record_schema(Segment, {})["required"]
+    jsonschema.Draft202012Validator({**record_schema(Segment, defs := {}), "$defs": defs}).validate(seg.to_dict())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft202012Validator({**record_schema(Segment, defs), "$defs": defs}).validate(
+            {**seg.to_dict(), "mask_source": "guessed"})

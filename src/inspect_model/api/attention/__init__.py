@@ -29,6 +29,7 @@ from inspect_model.methods.attention.base import method_help as attention_help
 from inspect_model.methods.attention import base as attention_base
 from inspect_model.methods.attention.base import all_names as attention_names
 from inspect_model.registry import command
+from inspect_model.reports.attention import AttentionReport
 from inspect_model.render import html_columns
 from inspect_model.render.attention import render_result
 
@@ -319,6 +320,7 @@ class _AttentionRecord:
     tables=html_columns.attention_tables,
     methods=attention_names,
     schema="attention.json",
+    report=AttentionReport,
     gradients=True,
     resumable=True,
     text=True,

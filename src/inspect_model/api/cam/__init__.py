@@ -31,6 +31,7 @@ from inspect_model.errors import InputError, UsageError
 from inspect_model.methods.cam.base import method_help
 from inspect_model.methods.cam.base import names as cam_names
 from inspect_model.registry import command
+from inspect_model.reports.cam import CamReport
 from inspect_model.render import html_columns, results
 
 
@@ -325,6 +326,7 @@ class CamSession(Session):
     methods=cam_names,
     method_groups=("all", "gradients"),
     schema="cam.json",
+    report=CamReport,
     gradients=True,
     scores=True,
     objective=True,

@@ -1,0 +1,139 @@
+"""The ``activations`` report's records; its schema (schemas/activations.json) is generated from them."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from inspect_model.reports.base import Record, Skipped, Warning_, fact, record
+from inspect_model.reports.common import Clip, NumberOrNull, Pair
+
+
+@record
+class Stats(Record):
+    DEF = "stats"
+    CLOSED = True
+
+    numel: int = fact(minimum=0)
+    mean: NumberOrNull
+    std: NumberOrNull
+    min: NumberOrNull
+    max: NumberOrNull
+    zero_fraction: float = fact(minimum=0, maximum=1)
+    negative_fraction: float = fact(minimum=0, maximum=1)
+    nan_count: int = fact(minimum=0)
+    inf_count: int = fact(minimum=0)
+
+
+@record
+class LayerLayout(Record):
+    CLOSED = True
+
+    kind: Literal["ncthw", "nthwc", "tokens"]
+    grid: list[Annotated[int, {"minimum": 1}]] = fact(minItems=3, maxItems=3)
+    prefix_tokens: int = fact(minimum=0)
+    channels: int = fact(minimum=0)
+    note: str
+
+
+@record
+class Layer(Record):
+    DEF = "layer"
+    CLOSED = True
+
+    key: str = fact(doc="name, name#i for the i-th call of a reused module, /k for output k")
+    name: str
+    type: str
+    call_index: int = fact(minimum=0)
+    calls: int = fact(minimum=1)
+    depth: int = fact(minimum=0)
+    order: int = fact(minimum=0)
+    output_key: str
+    shape: list[Annotated[int, {"minimum": 0}]]
+    dtype: str
+    per_image: bool
+    stats: Stats
+    channel_dim: int | None = fact(minimum=0)
+    channels: int = fact(minimum=0)
+    dead_channels: int = fact(minimum=0)
+    dead_channel_fraction: float = fact(minimum=0, maximum=1)
+    channel_means: list[NumberOrNull]
+    drawn: bool
+    layout: LayerLayout = fact(doc="A drawn clip layer's output laid out on its (frames, h, w) grid (video models): ncthw (3-D convolutions), nthwc (Swin3D stages, channels last) or tokens (MViT: prefix_tokens class token(s) dropped, the rest row-major over grid); its grids are drawn one column per frame.", optional=True)
+
+
+@record
+class Grid(Record):
+    DEF = "grid"
+
+    image: str
+    layer: str
+    file: str | None
+    kind: Literal["grid", "heatmap", "bars", "strip", "frames"]
+    rows: int = fact(minimum=0)
+    cols: int = fact(minimum=0)
+    channels: list[Annotated[int, {"minimum": 0}]]
+    total_channels: int = fact(minimum=0)
+    note: str = fact(optional=True)
+
+
+@record
+class ActivationsImageText(Record):
+    text: str
+    tokens: list[str]
+    query: int = fact(doc="attention: the query token", optional=True)
+    causal: bool = fact(optional=True)
+
+
+@record
+class ActivationsImage(Record):
+    index: int = fact(minimum=0)
+    image: str
+    files: dict[str, str]
+    clip: Clip = fact(optional=True)
+    pair: Pair = fact(optional=True)
+    text: ActivationsImageText = fact(doc="--text: the text and its tokens as the tokenizer names them", optional=True)
+
+
+@record
+class ActivationsQuantizedLayers(Record):
+    count: int = fact(minimum=1)
+    statistics: Any = fact(const="dequantized values")
+
+
+@record
+class ActivationsPositionsLayer(Record):
+    name: str
+    kind: Literal["output", "gradient"]
+    tokens: list[Annotated[int, {"minimum": 0}]] = fact(doc="real tokens at each position")
+    mean: list[float | None]
+    std: list[float | None]
+    norm: list[float | None] = fact(doc="mean L2 norm of a token's vector at each position")
+    width: int
+
+
+@record
+class ActivationsPositions(Record):
+    over: str
+    layers: list[ActivationsPositionsLayer]
+
+
+@record
+class ActivationsReport(Record):
+    """The ``activations`` report's body (the envelope is output/jsonout's)."""
+
+    TITLE = "inspect-model activations report"
+    SCHEMA = {"description": "The --json document of `inspect-model activations` (and activations.json in --output-dir). NaN/Inf numbers are written as null and their JSON paths listed under `nonfinite`."}
+
+    model: str
+    images: list[ActivationsImage]
+    batches: int = fact(minimum=0)
+    aggregation: str
+    selected_layers: list[str]
+    drawn_layers: list[str]
+    layers: list[Layer]
+    grids: list[Grid]
+    warnings: list[Warning_]
+    image_count: int = fact(minimum=0)
+    skipped: list[Skipped]
+    quantized_layers: ActivationsQuantizedLayers = fact(doc="rows whose output is a quantized tensor: their statistics are of the dequantized values", optional=True)
+    positions: ActivationsPositions = fact(doc="--text: statistics per token position of the chosen layers' (B, L, D) outputs (grads: and of their gradients), over the real (unpadded) tokens of every text", optional=True)

@@ -1,0 +1,161 @@
+"""The ``attributions`` report's records; its schema (schemas/attributions.json) is generated from them."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from inspect_model.reports.base import Record, Skipped, Warning_, fact, record
+from inspect_model.reports.common import Clip, Method, Pair
+
+
+@record
+class AttributionsImageMapTarget(Record):
+    class_: int = fact(minimum=0, key="class")
+    label: str | None
+    score: float | None
+    probability: float | None
+
+
+@record
+class AttributionsImageMapEvaluation(Record):
+    scores: dict[str, float | None]
+    curves: dict[str, list[float | None]]
+    confidence: dict[str, Any]
+    rank: float | None
+    steps: dict[str, Annotated[int, {"minimum": 2}]] = fact(doc="--eval-steps auto: the steps each curve took.", optional=True)
+
+
+@record
+class AttributionsImageMap(Record):
+    method: Method
+    smoothed: bool
+    signed: bool
+    target: AttributionsImageMapTarget
+    positive_mass: float | None
+    negative_mass: float | None
+    sum: float | None
+    abs_mass: float | None
+    max_abs: float | None
+    rank: int = fact(minimum=0)
+    layer: str
+    baseline_score: float | None = fact(optional=True)
+    completeness_gap: float | None = fact(optional=True)
+    relative_gap: float | None = fact(optional=True)
+    steps: int = fact(optional=True, minimum=1)
+    gap_tolerance: float = fact(optional=True)
+    files: dict[str, str]
+    evaluation: AttributionsImageMapEvaluation = fact(optional=True)
+    tokens: list[float | None] = fact(optional=True)
+    clip: int = fact(doc="the clip's number within its video", optional=True, minimum=0)
+    frames: list[Annotated[int, {"minimum": 0}]] = fact(doc="the video frames the (T, H, W) map covers", optional=True)
+    times: list[float | None] = fact(doc="the decoder's times of those frames (seconds; null for a folder of frames)", optional=True)
+
+
+@record
+class AttributionsImageText(Record):
+    text: str
+    tokens: list[str]
+
+
+@record
+class GenerationToken(Record):
+    """A row of a generation's matrices: one generated (or given) token."""
+
+    id: int = fact(minimum=0)
+    token: str
+    log_prob: float | None
+    score: float | None = fact(doc="what the row explains: log p(token | prefix), minus log p(contrast | prefix) "
+                                   "with --contrast")
+    contrast_log_prob: float | None
+
+
+@record
+class GenerationColumn(Record):
+    """A column: a token the rows are attributed to."""
+
+    id: int = fact(minimum=0)
+    token: str
+    part: Literal["prompt", "start", "generated"] = fact(doc="the prompt (an encoder-decoder's encoder tokens), a "
+                                                             "decoder's start token, or a token generated before")
+
+
+@record
+class GenerationContrast(Record):
+    id: int = fact(minimum=0)
+    token: str
+
+
+@record
+class Generation(Record):
+    """attributions --generate/--continuation (issue 36): the continuation and its tokens x tokens matrices."""
+
+    mode: Literal["greedy", "continuation"]
+    stopped: bool = fact(doc="greedy generation ended at the end-of-sequence token")
+    first_columns: int = fact(minimum=1, doc="the columns of the first row (the prompt, and a decoder's start "
+                                             "token); row t has first_columns + t")
+    text: str = fact(doc="the generated (or given) continuation, decoded")
+    tokens: list[GenerationToken]
+    columns: list[GenerationColumn]
+    matrices: dict[str, list[list[float | None]]] = fact(doc="method -> rows x columns; null past each row's own "
+                                                            "prefix")
+    contrast: GenerationContrast = fact(optional=True)
+
+
+@record
+class AttributionsImage(Record):
+    index: int = fact(minimum=0)
+    image: str
+    size: list[int] | None
+    targets: list[int]
+    maps: list[AttributionsImageMap]
+    files: dict[str, str]
+    token_ids: list[int] = fact(optional=True)
+    clip: Clip = fact(optional=True)
+    pair: Pair = fact(optional=True)
+    text: AttributionsImageText = fact(doc="a text input (--text): the text and its real tokens, in order", optional=True)
+    generation: Generation = fact(doc="--generate/--continuation: the continuation and its matrices (issue 36)",
+                                  optional=True)
+
+
+@record
+class AttributionsSanityStepMethodsValue(Record):
+    spearman: list[float | None]
+    spearman_abs: list[float | None]
+    spearman_mean: float | None
+    spearman_abs_mean: float | None
+
+
+@record
+class AttributionsSanityStep(Record):
+    randomized: int
+    down_to: str
+    methods: dict[str, AttributionsSanityStepMethodsValue]
+
+
+@record
+class AttributionsSanity(Record):
+    layers: list[str]
+    seed: int
+    method: str
+    steps: list[AttributionsSanityStep]
+
+
+@record
+class AttributionsReport(Record):
+    """The ``attributions`` report's body (the envelope is output/jsonout's)."""
+
+    TITLE = "inspect-model attributions report"
+    model: str
+    methods: list[Method]
+    smoothed: list[Method]
+    space: Literal["input", "embedding"]
+    embedding_layer: str | None
+    guided_sites: dict[str, int]
+    images: list[AttributionsImage]
+    image_count: int = fact(minimum=1)
+    contact_sheets: list[str] = fact(optional=True)
+    evaluation: Any = fact(optional=True, schema={"type": "object", "required": ["metrics", "average"]})
+    sanity: AttributionsSanity | None
+    warnings: list[Warning_]
+    skipped: list[Skipped]
+    throughput: dict[str, Any] = fact(optional=True)

@@ -1,0 +1,132 @@
+"""The base of every report record: a frozen dataclass that writes its JSON (``to_dict``) and
+states its JSON Schema through its annotations (issue 35).
+
+A record's fields are its JSON keys, in order. A field's annotation gives its JSON type
+(``int`` -> integer, ``float | None`` -> number or null, ``tuple[Row, ...]`` -> array of Row
+objects, ``dict[str, Stats]`` -> an object of Stats values, a record -> its object);
+:func:`fact` adds what a type cannot say: a description, bounds (``minimum=0``), an
+``enum``, a field that may be left out of the document (``optional=True``), or a schema
+fragment of its own (``schema={...}``) where the value takes several shapes. A record class
+states its object's extras in class variables: ``DEF`` (published once under ``$defs``
+and referenced), ``CLOSED`` (``additionalProperties: false``), ``EXTRA`` (the schema of
+keys beyond its fields), ``SCHEMA`` (more keywords: ``allOf``, ``description``) and ``USES``
+(the types whose ``$defs`` those keywords refer to).
+``Named("number_or_null")`` in an ``Annotated[...]`` publishes a plain type under ``$defs``.
+
+:mod:`inspect_model.schemas.generate` turns a command's report record (``report=`` on its
+registry entry) into the published ``schemas/<command>.json``; nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+
+class _Absent:
+    """The value of an optional field that is left out of the document."""
+
+    _instance: ClassVar[_Absent | None] = None
+
+    def __new__(cls) -> _Absent:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+#: An optional field's default: the key is not written.
+ABSENT: Any = _Absent()
+
+
+@dataclasses.dataclass(frozen=True)
+class Named:
+    """In ``Annotated[T, Named("x")]``: publish T's schema once as ``$defs.x`` and refer to it."""
+
+    name: str
+
+
+def fact(default: Any = dataclasses.MISSING, *, doc: str | None = None, optional: bool = False,
+         schema: dict[str, Any] | None = None, key: str | None = None, **keywords: Any) -> Any:
+    """A record field with what its annotation cannot say (see the module docstring):
+    ``doc`` (its description), ``optional`` (the key may be absent: default :data:`ABSENT`),
+    ``schema`` (the field's whole schema, in place of its annotation's) and JSON Schema
+    ``keywords`` (``minimum``, ``maximum``, ``enum``, ``const``, ``minItems``...); ``key``: the
+    JSON key where it is no Python name (``class_ = fact(key="class")``)."""
+    meta = {"doc": doc, "optional": optional, "schema": schema, "keywords": keywords, "key": key}
+    if optional and default is dataclasses.MISSING:
+        default = ABSENT
+    if isinstance(default, (list, dict, set)):
+        value = default
+        return dataclasses.field(default_factory=lambda: type(value)(value), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON data: records by their ``to_dict``, tuples as lists."""
+    if isinstance(value, Record):
+        return value.to_dict()
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Record:
+    """A report record (see the module docstring). Subclasses are frozen keyword-only dataclasses."""
+
+    DEF: ClassVar[str | None] = None
+    CLOSED: ClassVar[bool] = False
+    EXTRA: ClassVar[Any] = None
+    SCHEMA: ClassVar[dict[str, Any]] = {}
+    USES: ClassVar[tuple[Any, ...]] = ()  # types whose $defs a raw schema part refers to
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object: every field by name, optional ones left out while :data:`ABSENT`."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is ABSENT:
+                continue
+            out[f.metadata.get("key") or f.name] = plain(value)
+        return out
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        """The JSON keys, in order."""
+        return tuple(key(f) for f in dataclasses.fields(cls))
+
+
+def key(f: dataclasses.Field[Any]) -> str:
+    """A record field's JSON key."""
+    return f.metadata.get("key") or f.name
+
+
+def record(cls: type) -> type:
+    """Class decorator: a frozen keyword-only dataclass (``@record class Row(Record): ...``)."""
+    return dataclasses.dataclass(frozen=True, kw_only=True)(cls)
+
+
+@record
+class Warning_(Record):
+    """One deduplicated warning and how often it came."""
+
+    CLOSED = True
+    message: str
+    count: int = fact(minimum=1)
+
+
+@record
+class Skipped(Record):
+    """An input that was skipped, and why."""
+
+    path: str
+    reason: str
