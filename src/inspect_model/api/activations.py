@@ -181,6 +181,7 @@ class ActivationsSession(Session):
         return out
 
     def finish(self) -> Result:
+        from inspect_model.methods.activations.entries import activations_payload
         from inspect_model.render import activations as render
 
         report = self.capture.report()
@@ -194,11 +195,8 @@ class ActivationsSession(Session):
                               + ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else ""))
         # The layers named with --layer: drawn into the output directory when there is one.
         drawn = list(self.selected) if self.layer_specs else []
-        payload = {**render.to_payload(report, images=self.entries, grids=self.drawer.grids, drawn=drawn),
-                   "skipped": skipped}
-        for row in payload["layers"]:
-            if row["key"] in self.layouts:
-                row["layout"] = self.layouts[row["key"]]
+        payload = {**activations_payload(report, images=self.entries, grids=self.drawer.grids, drawn=drawn,
+                                         layouts=self.layouts), "skipped": skipped}
         if self.positions is not None:
             payload["positions"] = self.positions.report()
         quantized = [r.key for r in report.layers if r.dtype in render.QUANTIZED_DTYPES]
@@ -214,11 +212,11 @@ class ActivationsSession(Session):
 
     def line(self, item: ImageItem) -> dict[str, Any]:
         """``--jsonl``: the image's statistics per layer (richer than its report entry)."""
-        from inspect_model.render.activations import image_line
+        from inspect_model.methods.activations.entries import image_line
 
         if item.data is None:
             return item.entry
-        return {**image_line(item.data["image"]), "files": item.entry.get("files", {})}
+        return image_line(item.data["image"], item.entry.get("files", {})).to_dict()
 
     # ------------------------------------------------------------------ resumable, mergeable
     def start(self, index: int, batch: int, rank: int) -> None:

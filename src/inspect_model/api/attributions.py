@@ -203,37 +203,35 @@ class AttributionsSession(Session):
     def _entry(self, index: int, name: str, res: Any, i: int, img: Any, ids: Any, batch: Any = None
                ) -> dict[str, Any]:
         from inspect_model.methods.attributions import base as ab
+        from inspect_model.methods.attributions.entries import image_entry, map_entry
         from inspect_model.methods.attributions.maps import map_statistics
-        from inspect_model.render.attributions import map_record
-        from inspect_model.render.cam_report import class_name
+        from inspect_model.methods.objectives.rows import class_name
+        from inspect_model.reports.attributions import AttributionTarget, TextTokens
 
         records = []
         for k, cls in enumerate(res.targets[i]):
+            target = AttributionTarget(class_=int(cls), label=class_name(int(cls), self.prep.categories),
+                                       score=res.scores[i][k], probability=res.probabilities[i][k])
             for method, maps in res.maps.items():
                 ig = method == "integrated-gradients" and res.deltas is not None
-                rec = map_record(method, map_statistics(maps[i, k]), signed=ab.get(method).signed,
-                                 smoothed=method in res.smoothed, target=int(cls),
-                                 label=class_name(int(cls), self.prep.categories), score=res.scores[i][k],
-                                 baseline_score=res.baseline_scores[i][k] if ig else None,
-                                 delta=res.deltas[i][k] if ig else None)
-                if ig and res.ig_steps is not None:  # the steps this map took (--steps auto: its own)
-                    rec["steps"] = res.ig_steps[i][k]
-                    if self.settings.steps == "auto":
-                        rec["gap_tolerance"] = self.settings.max_gap
-                rec["target"]["probability"] = res.probabilities[i][k]
-                rec["rank"], rec["layer"] = k, res.embedding_layer or "input"
-                if res.space == "embedding":  # (L, D): one number per token, the sum over D
-                    rec["tokens"] = maps[i, k].double().sum(-1).tolist()
-                records.append(rec)
+                steps = res.ig_steps[i][k] if ig and res.ig_steps is not None else None  # --steps auto: its own
+                records.append(map_entry(
+                    method, map_statistics(maps[i, k]), signed=ab.get(method).signed,
+                    smoothed=method in res.smoothed, target=target, rank=k, layer=res.embedding_layer or "input",
+                    baseline_score=res.baseline_scores[i][k] if ig else None, delta=res.deltas[i][k] if ig else None,
+                    steps=steps, gap_tolerance=self.settings.max_gap
+                    if steps is not None and self.settings.steps == "auto" else None,
+                    # (L, D): one number per token, the sum over D
+                    tokens=maps[i, k].double().sum(-1).tolist() if res.space == "embedding" else None))
         size = list(img.image.size) if img is not None else None
-        entry = {"index": index, "image": name, "size": size, "targets": [int(t) for t in res.targets[i]],
-                 "maps": records, "files": {}}
+        token_ids = text = None
         if res.space == "embedding":
-            entry["token_ids"] = [int(t) for t in ids[i].reshape(-1).tolist()]
-            text = getattr(batch, "text", None) if batch is not None else None
-            if text is not None:  # the text and its real tokens (issue 42: pictures name them)
-                entry["text"] = {"text": text.texts[i], "tokens": text.tokens[i]}
-        return entry
+            token_ids = [int(t) for t in ids[i].reshape(-1).tolist()]
+            batch_text = getattr(batch, "text", None) if batch is not None else None
+            if batch_text is not None:  # the text and its real tokens (issue 42: pictures name them)
+                text = TextTokens(text=batch_text.texts[i], tokens=batch_text.tokens[i])
+        return image_entry(index=index, name=name, size=size, targets=[int(t) for t in res.targets[i]],
+                           maps=records, token_ids=token_ids, text=text).to_dict()
 
     def _evaluate(self, res: Any, batch: Any, entries: list[dict[str, Any]]) -> None:
         """Deletion/insertion/ROAD of every map (cam's Evaluator), on the relevance each map

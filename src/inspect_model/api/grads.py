@@ -163,7 +163,7 @@ class GradsSession(Session):
     def _grad_run(self, handle: Callable[[ImageItem], None] | None = None) -> Any:
         from inspect_model.methods.gradients.objective import read_labels_file
         from inspect_model.methods.gradients.flow import GradRun
-        from inspect_model.render.gradients import sample_payload
+        from inspect_model.methods.gradients.entries import sample_entry
 
         cats = self.prep.categories
         lab: Any = self.label
@@ -172,7 +172,7 @@ class GradsSession(Session):
 
         def on_batch(samples: list[Any]) -> None:
             for s in samples:
-                item = ImageItem(sample_payload(s, self.count))
+                item = ImageItem(sample_entry(s, self.count).to_dict())
                 if handle is not None:
                     handle(item)  # a clip's or pair's record joins the entry there (run/media.py)
                 self._keep_media(item.entry)
@@ -203,7 +203,7 @@ class GradsSession(Session):
         return self.partial if self.partial is not None else GradPartial()
 
     def finish(self) -> Result:
-        from inspect_model.render import gradients as render
+        from inspect_model.methods.gradients.entries import grads_payload
 
         self.grad_run = self.grad_run or self._grad_run()
         if self.partial is not None:  # resumed, or every shard's merged on rank 0 (run/runner.py)
@@ -221,7 +221,7 @@ class GradsSession(Session):
         if failed:
             more = f" (also failed: {', '.join(f.name for f in failed[1:])})" if len(failed) > 1 else ""
             failures = [f"gradient check '{failed[0].name}' failed: {failed[0].detail}{more}"]
-        payload = {**render.to_payload(rep), "skipped": skipped}
+        payload = {**grads_payload(rep), "skipped": skipped}
         for e in payload.get("images", []):
             e.update(self.media.get(str(e["image"]), {}))
         if self.positions is not None:
@@ -355,11 +355,11 @@ class JacobianSession(Session):
         return item.entry
 
     def finish(self) -> Result:
-        from inspect_model.render import gradients as render
+        from inspect_model.methods.gradients.entries import jacobian_payload
 
         for r in self.results:
             r.grad_map = None  # drawn; not kept
-        payload = render.jacobian_payload(self.results)
+        payload = jacobian_payload(self.results)
         payload["images"] = []
         payload["image_count"] = self.count
         return Result("grads", self.resolved_options(), payload, self.warnings.to_list(),

@@ -171,7 +171,7 @@ class GuidedSession(Session):
         return picture_frame(self.prep.plan.preprocess, img, (int(batch.tensor.shape[-2]), int(batch.tensor.shape[-1])))
 
     def _entry(self, index: int, name: str, res: Any, i: int, frame: Any = None) -> dict[str, Any]:
-        from inspect_model.render.cam_report import class_name
+        from inspect_model.methods.objectives.rows import class_name
 
         maps = []
         for k, cls in enumerate(res.targets[i]):

@@ -118,6 +118,25 @@ class ActivationsPositions(Record):
 
 
 @record
+class LineLayer(Stats):
+    """A row's statistics over one image (``--jsonl``)."""
+
+    DEF = None
+    key: str
+    dead_channel_fraction: float = fact(minimum=0, maximum=1)
+
+
+@record
+class ImageLine(Record):
+    """One ``--jsonl`` line of ``activations``: an image's statistics per row (not in the report)."""
+
+    image: str
+    index: int = fact(minimum=0)
+    layers: list[LineLayer]
+    files: Any
+
+
+@record
 class ActivationsReport(Record):
     """The ``activations`` report's body (the envelope is output/jsonout's)."""
 

@@ -189,7 +189,7 @@ class AttentionSession(Session):
         return items
 
     def _entry(self, index: int, name: str, res: Any, i: int) -> dict[str, Any]:
-        from inspect_model.render.cam_report import class_name
+        from inspect_model.methods.objectives.rows import class_name
 
         target = None
         if res.targets is not None and res.scores is not None:

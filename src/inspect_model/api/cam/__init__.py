@@ -235,15 +235,15 @@ class CamSession(Session):
         return items
 
     def _entry(self, res: Any, i: int, index: int, name: str, img: Any) -> dict[str, Any]:
-        from inspect_model.render.cam_report import image_record
+        from inspect_model.methods.cam.entries import image_entry
 
         for m in res.maps:
             if m.sample == i:
                 for w in m.warnings:
                     self.warnings.add(f"{name}: {m.method} at {m.layer} for class {m.target}: {w}")
         size = list(img.image.size) if img is not None else None
-        return image_record(res, i, index=index, name=name, size=size, categories=self.prep.categories,
-                            top=self.top)
+        return image_entry(res, i, index=index, name=name, size=size, categories=self.prep.categories,
+                           top=self.top).to_dict()
 
     def finish(self) -> Result:
         plan = self.prep.plan
