@@ -14,17 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from inspect_model.run.options import InputOptions, ModelOptions, check_target_syntax
+from inspect_model.run import option_groups as og
+from inspect_model.run.option_groups import Evaluate
+from inspect_model.run.options import InputOptions, ModelOptions
 from inspect_model.run.pipeline import run_images
-from inspect_model.run.request import (
-    OUTPUT_KEY_HELP,
-    SAVE_RAW_HELP,
-    TARGET_HELP,
-    Request,
-    api_command,
-    check_target_value,
-    option,
-)
+from inspect_model.run.request import Request, api_command, option
 from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
 from inspect_model.methods.attributions.base import method_help as attribution_help
@@ -40,11 +34,11 @@ class AttributionsRequest(Request):
     """The options of ``attributions`` (README "attributions"); validated once, here, without torch."""
 
     command: ClassVar[str] = "attributions"
+    groups: ClassVar[tuple[Any, ...]] = (Evaluate,)
 
     methods: tuple[str, ...] = option(("saliency",), "--method", "-m", help=attribution_help, complete="method", multiple=True,
                                       param="method")
-    target: str | tuple[str, ...] | None = option("predicted", "--target", "-t", type=str, help=TARGET_HELP,
-                                                  complete="target")
+    target: str | tuple[str, ...] | None = og.target()
     steps: int | str = option(32, "--steps", type=str, help="integrated-gradients: points on the path from the "
                               "baseline, or auto: per map the fewest (4, 8, 16, ... 256) whose completeness gap "
                               "is within --max-gap.")
@@ -67,36 +61,22 @@ class AttributionsRequest(Request):
                           "(SmoothGrad around it, as captum's NoiseTunnel).")
     activations: bool = option(False, "--activations", help="guided: also guide relu6, leaky_relu, silu, gelu and "
                                "prelu.")
-    output_key: str | None = option(None, "--output-key", type=str, help=OUTPUT_KEY_HELP)
-    evaluate: bool = option(False, "--evaluate", help="Score every map's faithfulness (deletion/insertion AUC, "
-                            "ROAD, confidence) and rank the methods, as cam --evaluate.")
-    metrics: tuple[str, ...] = option((), "--metric", help="With --evaluate: deletion, insertion, road, confidence "
-                                      "or all (default); repeatable.", multiple=True, param="metric")
-    eval_steps: int | str = option(32, "--eval-steps", type=str, help="Steps of the deletion and insertion curves, "
-                                   "or auto: each curve refined (8, 16, ... 128) until its AUC moves by at most "
-                                   "--eval-tolerance.")
-    eval_tolerance: float = option(0.005, "--eval-tolerance", help="With --eval-steps auto: the AUC change between "
-                                   "two levels at which a curve stops.")
-    eval_batch: int | None = option(None, "--eval-batch", type=int, help="Perturbed inputs per forward pass (--evaluate); "
-                                    "default 64, on a CPU at most 4 MiB of input (6 at 224 px).")
+    output_key: str | None = og.output_key()
+    evaluate: bool = og.evaluate()
+    metrics: tuple[str, ...] = og.metrics()
+    eval_steps: int | str = og.eval_steps()
+    eval_tolerance: float = og.eval_tolerance()
+    eval_batch: int | None = og.eval_batch()
     sanity: bool = option(False, "--sanity", help="Cascading weight randomisation (Adebayo et al. 2018) on a copy "
                           "of the model, for every method: Spearman rank correlation with the original maps.")
-    save_raw: bool = option(False, "--save-raw", help=SAVE_RAW_HELP)
+    save_raw: bool = og.save_raw()
     overlays: bool = option(True, "--overlays/--no-overlays", help="With --output-dir: maps blended over the "
                             "original image.")
 
-    def validate(self) -> None:  # no torch here: a bad option fails at once
-        from inspect_model.run.evaluate import check_evaluate_request
+    def validate(self) -> None:  # no torch here: a bad option fails at once (target, --evaluate: their groups)
         from inspect_model.methods.attributions import options as ao
 
-        self._set("target", check_target_value(self.target))
-        check_target_syntax(self.target)
         self._set("methods", ao.parse_methods(self.methods or ("saliency",)))
-        check_evaluate_request(evaluate=self.evaluate, metrics=list(self.metrics) or None, boxes=None,
-                               steps=self.eval_steps, batch=self.eval_batch, tolerance=self.eval_tolerance)
-        from inspect_model.run.evaluate import parse_eval_steps
-
-        self._set("eval_steps", parse_eval_steps(self.eval_steps))
         self._set("steps", ao.parse_steps(self.steps))
         ao.check_settings(steps=self.steps, rule=self.rule, samples=self.samples, noise=self.noise,
                           noise_mode=self.noise_mode, batch_size=1, smooth=self.smooth, methods=self.methods,

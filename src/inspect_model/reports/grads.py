@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from inspect_model.reports.base import Named, Record, Skipped, Warning_, fact, record
-from inspect_model.reports.common import Clip, Pair
+from inspect_model.reports.common import POSITIONS_DOC, Clip, Pair, Positions
 
 
 @record
@@ -153,23 +153,6 @@ class Jacobian(Record):
 
 
 @record
-class GradsPositionsLayer(Record):
-    name: str
-    kind: Literal["output", "gradient"]
-    tokens: list[Annotated[int, {"minimum": 0}]] = fact(doc="real tokens at each position")
-    mean: list[float | None]
-    std: list[float | None]
-    norm: list[float | None] = fact(doc="mean L2 norm of a token's vector at each position")
-    width: int
-
-
-@record
-class GradsPositions(Record):
-    over: str
-    layers: list[GradsPositionsLayer]
-
-
-@record
 class GradsReport(Record):
     """The ``grads`` report's body (the envelope is output/jsonout's)."""
 
@@ -181,4 +164,4 @@ class GradsReport(Record):
     mode: Literal["grads", "jacobian"]
     warnings: list[Warning_]
     skipped: list[Skipped] = fact(optional=True)
-    positions: GradsPositions = fact(doc="--text: statistics per token position of the chosen layers' (B, L, D) outputs (grads: and of their gradients), over the real (unpadded) tokens of every text", optional=True)
+    positions: Positions = fact(doc=POSITIONS_DOC, optional=True)
