@@ -129,4 +129,17 @@ inspect-model cam "$tmp/dense_models.py:segmenter" "$tmp"/scene1.png "${small[@]
   --quiet > /dev/null
 cp "$tmp"/seg/images/0000-scene1/legend.png "$out/segmentation_legend.png"
 cp "$tmp"/seg/images/0000-scene1/gradcam.backbone.layer2.c1.overlay.png "$out/segmentation_class1.png"
+python sample_images/readme/make_generation_picture.py > /dev/null  # README "Language models": generation_matrix.png
+# lens (issue 36): a tiny GPT-2 of tests/fixtures/lm_models.py trained here in seconds on the fixture sentences.
+python - "$tmp" <<'PY'
+import sys
+from pathlib import Path
+sys.path.insert(0, "tests")
+from fixtures.lm_models import save_lm
+save_lm("gpt2", Path(sys.argv[1]) / "tiny-lm", trained=True)
+PY
+inspect-model lens "$tmp/tiny-lm" --weights default --text "the cat sat on the mat" --text "the movie was very good" \
+  --sites resid,attn,mlp -o "$tmp/lens" --quiet > /dev/null
+cp "$tmp"/lens/images/0000-text-0/lens_resid.png "$out/lens_resid.png"
+cp "$tmp"/lens/kl_by_depth.png "$out/lens_kl.png"
 echo "pictures written to $out"

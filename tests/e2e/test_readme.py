@@ -186,6 +186,11 @@ def test_readme_command_line_runs(line: str, tmp_path: Path, monkeypatch: pytest
         for kind in set(re.findall(r"tiny-(llama|t5|clip|bertmodel|clipvision)\b", line)):  # issue 42's tasks
             save_task_model(kind, tmp_path / f"tiny-{kind}")
         (tmp_path / "texts.txt").write_text("the cat sat on the mat\na dog ran to the park\n")
+        if "tiny-lm" in line:  # README "Language models": a tiny GPT-2 trained in seconds, and a tuned lens for it
+            from fixtures.lm_models import save_example_lens, save_lm
+
+            save_lm("gpt2", tmp_path / "tiny-lm", trained=True)
+            save_example_lens(tmp_path / "tuned-lens")
     monkeypatch.chdir(tmp_path)
     argv, stdin, pipe = _argv(line)
     r = run_cli(argv, stdin=stdin)

@@ -48,6 +48,8 @@ def run_api(command: str, api_fn: Callable[..., Any], opts: ModelOptions, inputs
 
         entries = result.payload.get("images") or []
         unit = "clip" if any(isinstance(e, dict) and "clip" in e for e in entries) else "image"  # issue 39
+        if entries and all(isinstance(e, dict) and "text" in e for e in entries):
+            unit = "text"  # --text runs count texts
         # From the first batch on, as the progress lines count (tracked() starts them there).
         msgs.info(f"{speed['images']} {unit}(s) in {speed['seconds']:.2f} s after loading the model: "
                   f"{format_rate(speed['images'], speed['seconds'], unit)}")

@@ -221,9 +221,16 @@ def sanity_table(sanity: dict[str, Any]) -> tuple[list[Column], list[list[str]]]
     return cols, rows
 
 
+GENERATION_COLUMNS = (Column("Text"), Column("Step", "right"), Column("Token"), Column("log p", "right"),
+                      Column("Score", "right"), Column("Method"), Column("Top source"), Column("Sum", "right"),
+                      Column("Gap", "right"))
+
+
 def _tables(payload: dict[str, Any]) -> list[tuple[str, list[Column], list[list[str]]]]:
     from inspect_model.render import faithfulness as rf
 
+    if any(i.get("generation") for i in payload.get("images", [])):  # --generate (issue 36)
+        return [("\n".join(generation_lines(payload)), list(GENERATION_COLUMNS), generation_rows(payload))]
     out = [("", list(MAP_COLUMNS), map_rows(payload))]
     ev = payload.get("evaluation")
     if ev is not None and ev.get("average"):
@@ -240,6 +247,9 @@ def _tables(payload: dict[str, Any]) -> list[tuple[str, list[Column], list[list[
 def _title(payload: dict[str, Any]) -> str:
     where = (f"the output of embedding layer '{payload['embedding_layer']}'" if payload.get("embedding_layer")
              else "the input")
+    if any(i.get("generation") for i in payload.get("images", [])):
+        return (f"Attributions over a generation: {', '.join(payload.get('methods', []))} (to {where}); "
+                "each generated token's score attributed to the tokens before it")
     return f"Attributions: {', '.join(payload.get('methods', []))} (to {where})"
 
 
@@ -265,3 +275,42 @@ def render_result(result: Any, rich: bool) -> Any:
     """The registry's renderer: the report of an ``attributions`` result (text or rich)."""
     doc = result.to_dict()
     return render_rich(doc) if rich else render_text(doc) + "\n"
+
+
+def generation_rows(payload: dict[str, Any]) -> list[list[str]]:
+    """The report's rows: per text, generated token and method, the token's log-probability,
+    the score explained, the source token with the largest |attribution|, the row's sum and
+    integrated gradients' completeness gap."""
+    from inspect_model.render.token_strips import token_label
+
+    rows = []
+    for img in payload.get("images", []):
+        gen = img.get("generation")
+        if not gen:
+            continue
+        cols = gen["columns"]
+        for rec in img.get("maps", []):
+            t = rec["rank"]
+            cells = rec.get("tokens") or []
+            j = max(range(len(cells)), key=lambda k: abs(cells[k]), default=None)
+            top = f"{token_label(cols[j]['token'])} ({_num(cells[j])})" if j is not None else "-"
+            tok = gen["tokens"][t]
+            rows.append([str(img.get("image")), str(t + 1), token_label(tok["token"]), _num(tok["log_prob"]),
+                         _num(tok["score"]), rec["method"], top, _num(rec["sum"]),
+                         _num(rec.get("completeness_gap"))])
+    return rows
+
+
+def generation_lines(payload: dict[str, Any]) -> list[str]:
+    """One line per text: the prompt, what followed it, how."""
+    from inspect_model.render.table import one_line
+
+    out = []
+    for img in payload.get("images", []):
+        gen = img.get("generation")
+        if gen:
+            prompt = (img.get("text") or {}).get("text", "")
+            end = ", stopped at the end token" if gen.get("stopped") else ""
+            out.append(f"{one_line(img.get('image'))}: {one_line(repr(prompt))} -> {one_line(repr(gen['text']))} "
+                       f"({gen['mode']}, {len(gen['tokens'])} token(s){end})")
+    return out

@@ -277,7 +277,14 @@ def render_html(doc: dict[str, Any]) -> str:
     for title, records, columns in tables(doc):
         parts.append(f"<h2>{_esc(title)} ({len(records)})</h2>")
         parts.append(_table(records, columns))
-    texts = [i for i in doc.get("images") or [] if isinstance(i, dict) and i.get("text") and i.get("maps")]
+    from inspect_model.render.lens import lens_html
+
+    parts += lens_html(doc)  # lens: per text a layers x positions grid of decoded tokens (nothing for others)
+    from inspect_model.render.generation import generation_section
+
+    parts += generation_section(doc)  # attributions --generate: per generated token a strip (nothing for others)
+    texts = [i for i in doc.get("images") or [] if isinstance(i, dict) and i.get("text") and i.get("maps")
+             and not i.get("generation")]
     if texts:  # attention --text: per-token heat strips (render/token_strips.py)
         from inspect_model.render.token_strips import strip_html
 

@@ -102,6 +102,16 @@ ATTENTION_MAPS: Columns = [
     ("Prob", at("target", "probability")), ("Min", at("min")), ("Max", at("max")),
     ("Peak", lambda r: r.get("peak_token", r.get("peak_cell"))),
 ]
+ATTRIBUTION_MAPS: Columns = [
+    ("Image", at("image")), ("Target", _target), ("Method", at("method")), ("Score", at("target", "score")),
+    ("Prob", at("target", "probability")), ("Positive", at("positive_mass")), ("Negative", at("negative_mass")),
+    ("Sum", at("sum")), ("Gap", at("completeness_gap")),
+]
+GENERATION_MAPS: Columns = [  # attributions --generate (issue 36): one row per generated token and method
+    ("Text", at("image")), ("Step", lambda r: r.get("rank", 0) + 1), ("Token", at("target", "label")),
+    ("Method", at("method")), ("p", at("target", "probability")), ("Score", at("target", "score")),
+    ("Sum", at("sum")), ("Gap", at("completeness_gap")),
+]
 GENERIC: Columns = [("Name", lambda r: r.get("key", r.get("name", r.get("image")))),
                     ("Type", lambda r: r.get("type", r.get("kind")))]
 
@@ -133,6 +143,13 @@ def check_tables(doc: dict[str, Any]) -> list[Any]:
 
 def cam_tables(doc: dict[str, Any]) -> list[Any]:
     return [("Maps (one row per image, target, method and layer)", _maps(doc), CAM_MAPS)]
+
+
+def attributions_tables(doc: dict[str, Any]) -> list[Any]:
+    if any(isinstance(i, dict) and i.get("generation") for i in doc.get("images") or []):
+        return [("Generated tokens (one row per token and method; score: what the row explains)", _maps(doc),
+                 GENERATION_MAPS)]
+    return [("Maps (one row per image, target and method)", _maps(doc), ATTRIBUTION_MAPS)]
 
 
 def attention_tables(doc: dict[str, Any]) -> list[Any]:

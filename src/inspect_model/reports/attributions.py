@@ -58,6 +58,50 @@ class TextTokens(Record):
 
 
 @record
+class GenerationToken(Record):
+    """A row of a generation's matrices: one generated (or given) token."""
+
+    id: int = fact(minimum=0)
+    token: str
+    log_prob: float | None
+    score: float | None = fact(doc="what the row explains: log p(token | prefix), minus log p(contrast | prefix) "
+                                   "with --contrast")
+    contrast_log_prob: float | None
+
+
+@record
+class GenerationColumn(Record):
+    """A column: a token the rows are attributed to."""
+
+    id: int = fact(minimum=0)
+    token: str
+    part: Literal["prompt", "start", "generated"] = fact(doc="the prompt (an encoder-decoder's encoder tokens), a "
+                                                             "decoder's start token, or a token generated before")
+
+
+@record
+class GenerationContrast(Record):
+    id: int = fact(minimum=0)
+    token: str
+
+
+@record
+class Generation(Record):
+    """attributions --generate/--continuation (issue 36): the continuation and its tokens x tokens matrices."""
+
+    mode: Literal["greedy", "continuation"]
+    stopped: bool = fact(doc="greedy generation ended at the end-of-sequence token")
+    first_columns: int = fact(minimum=1, doc="the columns of the first row (the prompt, and a decoder's start "
+                                             "token); row t has first_columns + t")
+    text: str = fact(doc="the generated (or given) continuation, decoded")
+    tokens: list[GenerationToken]
+    columns: list[GenerationColumn]
+    matrices: dict[str, list[list[float | None]]] = fact(doc="method -> rows x columns; null past each row's own "
+                                                            "prefix")
+    contrast: GenerationContrast = fact(optional=True)
+
+
+@record
 class AttributionsImage(Record):
     index: int = fact(minimum=0)
     image: str
@@ -69,6 +113,8 @@ class AttributionsImage(Record):
     clip: Clip = fact(optional=True)
     pair: Pair = fact(optional=True)
     text: TextTokens = fact(doc="a text input (--text): the text and its real tokens, in order", optional=True)
+    generation: Generation = fact(doc="--generate/--continuation: the continuation and its matrices (issue 36)",
+                                  optional=True)
 
 
 @record

@@ -48,10 +48,17 @@ def attach_task(command: str, prep: Any, inputs: Any, request: Any, task: Any, *
         raise UsageError(f"{prep.loaded.name} is a {task.name} model: it reads token ids; give --text TEXT "
                          "(or --input-size input_ids=LEN:int64:0-VOCAB)")
     refuse_command(command, task, prep.loaded.name, text_plan or (task.takes == "text" and _token_input(plan)))
+    check = getattr(request, "check_task", None)  # a request that needs more of the task (--generate)
+    if callable(check):
+        check(task, prep.loaded.name)
     adapter = task.adapter(ctx)
     prep.task = task
     if adapter is None:
         return prep
+    words = getattr(request, "objective_words", None)  # a request that explains something else (--generate)
+    words = words(adapter) if callable(words) else None
+    if words is not None:
+        adapter.words = words
     inner = None if text_plan else prep.binding
     binding = TaskBinding(adapter, scoring=scoring, inner=inner)
     if text_plan:

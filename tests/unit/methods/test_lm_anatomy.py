@@ -112,8 +112,19 @@ def test_unsupported_models_say_so_in_one_line():
 
     with pytest.raises(UnsupportedModelError, match="no output embedding"):
         find_anatomy(NoHead())
-    with pytest.raises(UnsupportedModelError, match="no list of transformer blocks"):
+    with pytest.raises(UnsupportedModelError, match="no output embedding"):
         find_anatomy(nn.Sequential(nn.Conv2d(3, 4, 3)))
+
+    class Flat(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(4, 8)
+
+        def get_output_embeddings(self):
+            return self.head
+
+    with pytest.raises(UnsupportedModelError, match="no list of transformer blocks"):
+        find_anatomy(Flat())
     assert UnsupportedModelError("x").exit_code == 9
 
 

@@ -35,6 +35,9 @@ class AttributionMethod:
     needs_baseline: ClassVar[bool] = False  # reads --baseline
     gradient_rule: ClassVar[str | None] = None  # from the shared gradient pass: abs | grad | input-x-grad | var
     noisy: ClassVar[bool] = False  # the shared pass over noise samples (SmoothGrad, VarGrad)
+    # attributions --generate (issue 36): how a generated token's row is computed; None: not offered.
+    # "gradient" (from one backward, by gradient_rule), "integrated" (a path), "occlusion" (one token at a time)
+    generation: ClassVar[str | None] = None
 
     def compute(self, run: Any) -> torch.Tensor:
         """The maps (U, *S) of the batch ``run`` (methods.attributions.maps.Run: ``b`` the

@@ -41,6 +41,7 @@ class Task:
     options: ClassVar[tuple[str, ...]] = ()
     priority: ClassVar[int] = 0
     target_help: ClassVar[str] = "predicted, a class index or name, or top:K"
+    generates: ClassVar[bool] = False  # a language model: attributions --generate continues its texts (issue 36)
 
     def claims(self, model: Any, loaded: Any) -> bool:
         return False

@@ -58,6 +58,17 @@ class TaskBinding:
     mask: Any = None  # the current batch's (B, L) mask
     rows: Any = field(default=None, repr=False)  # batch row of each row of the current call
     call_mask: Any = field(default=None, repr=False)  # (R, L) mask of the current call
+    _paused: bool = field(default=False, repr=False)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """While inside, calls pass through untouched: a method that builds the model's calls
+        itself and reads its logits (attributions --generate, issue 36)."""
+        was, self._paused = self._paused, True
+        try:
+            yield
+        finally:
+            self._paused = was
 
     def set_batch(self, mask: torch.Tensor, ids: torch.Tensor | None = None) -> None:
         self.mask, self.ids = mask, ids
@@ -75,6 +86,8 @@ class TaskBinding:
     def bound(self, model: nn.Module) -> Iterator[None]:
         """While inside, ``model(x)`` is the task's call (and score); hooks always removed."""
         def pre(_mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+            if self._paused:
+                return None
             if len(args) == 1 and not kwargs:
                 return self.call(args[0])
             import torch
@@ -87,7 +100,7 @@ class TaskBinding:
             return None if complete is None else complete(args, kwargs, self.rows)
 
         def post(_mod: nn.Module, _args: Any, out: Any) -> Any:
-            if self.rows is None:
+            if self.rows is None or self._paused:
                 return None
             scores = self.adapter.score(out, self.call_mask, self.rows)
             scores._im_task_scores = True  # select_output: these are the scores, whatever --output-key said

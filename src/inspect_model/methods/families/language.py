@@ -47,6 +47,7 @@ class CausalLMAdapter(TokenAdapter):
         super().__init__(ctx)
         ob, tok = ctx.objective, ctx.tokenizer
         self.position, self.suffix, self.contrast, self.target_id = ob.position, [], None, None
+        self.contrast_text = ob.contrast  # as given (attributions --generate names it)
         if (ob.target_text is not None or ob.contrast is not None) and tok is None:
             raise UsageError("--target-text and --contrast are texts: they need --text (and the model's tokenizer)")
         if ob.target_text is not None and ob.position is not None:
@@ -111,6 +112,7 @@ class CausalLMAdapter(TokenAdapter):
 class CausalLM(Task):
     name, family, priority = "causal_lm", "causal language model", 40
     takes, options = "text", ("target_text", "position", "contrast")
+    generates = True
     target_help = "the next token (default), --target TOKEN, --target-text, --position or --contrast"
 
     def claims(self, model: Any, loaded: Any) -> bool:

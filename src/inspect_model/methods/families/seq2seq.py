@@ -119,6 +119,7 @@ class Seq2SeqAdapter(TokenAdapter):
 class Seq2Seq(Task):
     name, family, priority = "seq2seq", "encoder-decoder (seq2seq)", 45
     takes, options = "text", ("target_text",)
+    generates = True
     target_help = "--target-text (teacher-forced log-probability) or the model's greedy continuation"
 
     def claims(self, model: Any, loaded: Any) -> bool:

@@ -117,8 +117,10 @@ def _is_norm(m: Any) -> bool:
 
 
 def _has_encoder(model: Any) -> bool:
+    """An encoder-decoder (T5, BART): its config says so and it gives its encoder (transformers 5
+    gives every model with an ``encoder`` attribute a ``get_encoder``, BERT too)."""
     enc = getattr(model, "get_encoder", None)
-    if not callable(enc):
+    if not callable(enc) or not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         return False
     try:
         return enc() is not None and enc() is not model
@@ -302,7 +304,6 @@ def _given(model: nn.Module, name: str, flag: str) -> str:
 def find_anatomy(model: nn.Module, *, final_norm: str | None = None, unembed: str | None = None) -> Anatomy:
     """The anatomy of ``model`` (module docstring). ``final_norm``/``unembed``: module names
     given by the user (``--final-norm``/``--unembed``; ``final_norm=""``: none)."""
-    blocks = find_blocks(model)
     if unembed is not None:
         unembed = _given(model, unembed, "--unembed")
     else:
@@ -312,6 +313,7 @@ def find_anatomy(model: nn.Module, *, final_norm: str | None = None, unembed: st
         if unembed is None:
             raise UnsupportedModelError(f"{type(model).__name__} has no output embedding (get_output_embeddings() "
                                         "is None: no language-model head); name the unembedding with --unembed")
+    blocks = find_blocks(model)
     if final_norm is not None:
         norm, how = (_given(model, final_norm, "--final-norm") if final_norm else None), "given"
     else:

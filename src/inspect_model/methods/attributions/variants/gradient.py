@@ -8,5 +8,6 @@ from inspect_model.methods.attributions.base import AttributionMethod, register
 @register
 class Gradient(AttributionMethod):
     name, title, paper, order = "gradient", "Gradient", "Simonyan et al. 2014", 10
+    generation = "gradient"
     aliases = ("gradients",)
     smoothable, gradient_rule = True, "grad"

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 @register
 class IntegratedGradients(AttributionMethod):
     name, title, paper, order = "integrated-gradients", "Integrated Gradients", "Sundararajan et al. 2017", 30
+    generation = "integrated"
     aliases = ("ig",)
     smoothable, needs_baseline = True, True
 

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 @register
 class Occlusion(AttributionMethod):
     name, title, paper, order = "occlusion", "Occlusion", "Zeiler & Fergus 2014", 60
+    generation = "occlusion"
     needs_gradients, needs_baseline = False, True
 
     def compute(self, run: Any) -> torch.Tensor:

@@ -8,4 +8,5 @@ from inspect_model.methods.attributions.base import AttributionMethod, register
 @register
 class Saliency(AttributionMethod):
     name, title, paper, order = "saliency", "Saliency", "Simonyan et al. 2014", 0
+    generation = "gradient"
     signed, smoothable, gradient_rule = False, True, "abs"

@@ -26,6 +26,7 @@ from inspect_model.methods.attributions.base import names as attribution_names
 from inspect_model.registry import command
 from inspect_model.reports.attributions import AttributionsReport
 from inspect_model.render.attributions import render_result
+from inspect_model.render.html_columns import attributions_tables
 
 
 
@@ -72,6 +73,11 @@ class AttributionsRequest(Request):
     save_raw: bool = og.save_raw()
     overlays: bool = option(True, "--overlays/--no-overlays", help="With --output-dir: maps blended over the "
                             "original image.")
+    generate: int | None = option(None, "--generate", type=int, help="With --text on a language model: generate N "
+                                  "tokens greedily and attribute each to the prompt and the tokens before it "
+                                  "(one tokens x tokens matrix per method; README 'Language models').")
+    continuation: str | None = option(None, "--continuation", type=str, help="Like --generate, on this "
+                                      "continuation instead of the model's own (teacher-forced).")
 
     def validate(self) -> None:  # no torch here: a bad option fails at once (target, --evaluate: their groups)
         from inspect_model.methods.attributions import options as ao
@@ -85,6 +91,30 @@ class AttributionsRequest(Request):
         self._set("window", str(self.window))
         ao.parse_sizes(self.window, "--window")
         ao.parse_sizes(self.stride, "--window-stride")
+        if self.generates:
+            from inspect_model.api.attributions.generation import check_generation_request
+
+            check_generation_request(self)
+
+    @property
+    def generates(self) -> bool:
+        """Attribution over a generation (``--generate N`` or ``--continuation``, issue 36)."""
+        return self.generate is not None or self.continuation is not None
+
+    def check_task(self, task: Any, name: str) -> None:
+        """A generation needs a language model (run/tasks.py asks before the task's notes)."""
+        if self.generates:
+            from inspect_model.api.attributions.generation import check_generation_task
+
+            check_generation_task(task, name)
+
+    def objective_words(self, adapter: Any) -> str | None:
+        """What a generation run explains, for the task's note and the report (run/tasks.py)."""
+        if not self.generates:
+            return None
+        from inspect_model.api.attributions.generation import objective_words
+
+        return objective_words(self, adapter)
 
     def settings(self, *, batch_size: int, seed: int = 0) -> Any:
         from inspect_model.methods.attributions.maps import AttributionSettings
@@ -353,10 +383,12 @@ class _MapsRecord:
           "and an overlay, contact sheets of images x methods, and in the report each map's "
           "positive and negative mass and, for integrated gradients, the completeness gap. "
           "--evaluate ranks the methods by faithfulness; --sanity runs the weight-randomisation "
-          "test for every method."),
+          "test for every method. With --text on a language model, --generate N attributes each "
+          "generated token to the prompt and the tokens before it (README 'Language models')."),
     example=("inspect-model attributions resnet50 cat.jpg --method saliency --method "
              "integrated-gradients --steps 64 -o attr"),
     renderer=render_result,
+    tables=attributions_tables,
     methods=attribution_names,
     schema="attributions.json",
     report=AttributionsReport,
@@ -376,7 +408,13 @@ def attributions(model: Any, images: Any, request: AttributionsRequest, *, model
     "integrated-gradients"]``, ``steps=64``, ...; ``target`` may come third). The result has
     ``maps`` (method -> (N, K, *sample)) when kept (the API default), ``to_dict()`` and
     ``save(dir)``."""
-    return run_images("attributions", model, images, lambda prep, mopts, keep: AttributionsSession(
+    session: Any = AttributionsSession
+    if request.generates:  # attribution over a generation (issue 36): api/attributions/generation.py
+        from inspect_model.api.attributions.generation import GenerationSession, check_generation_inputs
+
+        check_generation_inputs(images, inputs)
+        session = GenerationSession
+    return run_images("attributions", model, images, lambda prep, mopts, keep: session(
                       prep, mopts, request, keep_maps=keep, notes=notes, progress=progress),
                       model_options=model_options, inputs=inputs,
                       output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
