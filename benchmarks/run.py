@@ -51,6 +51,7 @@ BENCHES = [
     "bench_pictures",
     "bench_leaks",
     "bench_offload",
+    "bench_lens",
     "bench_compare",
 ]
 

@@ -51,7 +51,7 @@ MODEL_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("dtype", c.DtypeOpt, "float32"),
     ("device_map", c.DeviceMapOpt, None),
     ("max_memory_map", c.MaxMemoryOpt, None),  # `check` keeps its own --max-memory (a budget)
-    ("offload", c.OffloadOpt, False),
+    ("offload", c.OffloadOpt, None),
     ("offload_dir", c.OffloadDirOpt, None),
 )
 INPUT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
@@ -163,7 +163,7 @@ def shared_options(*, labels: bool = True, images: bool = True, text: bool = Fal
                                 model_args=mo["model_arg"], non_strict=mo["non_strict"],
                                 trust_checkpoint=mo["trust_checkpoint"], device=mo["device"], dtype=mo["dtype"],
                                 trust_remote_code=mo["trust_remote_code"], device_map=mo["device_map"],
-                                max_memory=mo.get("max_memory_map"), offload=mo["offload"], offload_dir=mo["offload_dir"])
+                                max_memory=mo.get("max_memory_map"), **offload_fields(mo["offload"], mo["offload_dir"]))
             check_dtype(opts.dtype)
             opts.placement().check()
             if two_models:
@@ -186,6 +186,15 @@ def shared_options(*, labels: bool = True, images: bool = True, text: bool = Fal
         return command
 
     return decorate
+
+
+def offload_fields(offload: str | None, offload_dir: str | None) -> dict[str, Any]:
+    """``--offload [DIR]`` (and the older ``--offload-dir DIR``) as ModelOptions' fields:
+    ``--offload`` alone ("") is a temporary folder, ``--offload DIR`` that folder."""
+    if offload and offload_dir and offload != offload_dir:
+        raise UsageError(f"--offload {offload} and --offload-dir {offload_dir}: give one folder")
+    folder = offload or offload_dir or None
+    return {"offload": offload is not None or folder is not None, "offload_dir": folder}
 
 
 def _second_model(kw: dict[str, Any]) -> None:
