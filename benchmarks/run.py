@@ -52,6 +52,7 @@ BENCHES = [
     "bench_leaks",
     "bench_offload",
     "bench_lens",
+    "bench_compare",
 ]
 
 
