@@ -52,6 +52,8 @@ BENCHES = [
     "bench_pictures",
     "bench_leaks",
     "bench_offload",
+    "bench_lens",
+    "bench_compare",
 ]
 
 

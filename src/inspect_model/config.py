@@ -189,6 +189,8 @@ def convert_value(path: str, key: str, value: Any, param: Any) -> Any:
     choices = getattr(desc, "choices", None) if getattr(desc, "is_choice", False) else None
 
     def one(v: Any) -> Any:
+        if isinstance(v, bool) and str(getattr(param, "metavar", "") or "").startswith("["):
+            return "" if v else None  # an optional value (`offload = true`: --offload alone)
         if inner is bool or getattr(param, "is_flag", False):
             if not isinstance(v, bool):
                 raise bad("expected true or false")

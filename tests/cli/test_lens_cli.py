@@ -165,3 +165,32 @@ def test_errors_are_one_line(cli, folders, tmp_path, args, code, message):
     lines = r.stderr.strip().splitlines()
     assert lines[-1].startswith("error: ") and message.format(**subs) in lines[-1], r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_text_file_resume_after_an_interruption(cli, folders, tmp_path, monkeypatch):
+    import importlib
+
+    api_lens = importlib.import_module("inspect_model.api.lens")
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat sat on the mat\na dog ran to the park\nthe movie was very good\n")
+    common = ["lens", str(folders["gpt2"]), "--text-file", str(texts), "--batch-size", "1", "--top-k", "2", "-q"]
+    whole = _json(cli, [*common[1:], "-o", str(tmp_path / "one")])
+    real = api_lens.LensSession.feed
+    calls = {"n": 0}
+
+    def failing(self, batch):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(self, batch)
+
+    monkeypatch.setattr(api_lens.LensSession, "feed", failing)
+    assert cli([*common, "-o", str(tmp_path / "res"), "--resume"]).exit_code != 0
+    seen: list = []
+    monkeypatch.setattr(api_lens.LensSession, "feed", lambda self, b: seen.append(b.names) or real(self, b))
+    resumed = _json(cli, [*common[1:], "-o", str(tmp_path / "res"), "--resume"])
+    assert seen == [["text-1"], ["text-2"]]  # text-0 was done before the interruption
+    assert _numbers(resumed) == _numbers(whole) and resumed["layers"] == whole["layers"]
+    assert [t["index"] for t in resumed["images"]] == [0, 1, 2]
+    assert sorted(p.name for p in (tmp_path / "res" / "images").iterdir()) == ["0000-text-0", "0001-text-1",
+                                                                              "0002-text-2"]

@@ -65,6 +65,13 @@ def _width(model: Any, anatomy: Any) -> int:
     return int(w.shape[-1]) if w is not None else 0
 
 
+def _index(name: str, fallback: int) -> int:
+    """A text's run index: its name's (``text-12``: the plan names texts by their place in the
+    run, whichever rank or resumed run feeds it)."""
+    tail = name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else fallback
+
+
 class LensSession(Session):
     command = "lens"
     streams_files = True
@@ -133,7 +140,7 @@ class LensSession(Session):
             else:
                 n = batch.text.lengths[i]
                 ids = [int(v) for v in batch.tensor[i, :n].tolist()]
-            entry = self._entry(self.index_base + len(self.entries), name, batch.text.texts[i], ids,
+            entry = self._entry(_index(name, self.index_base + len(self.entries)), name, batch.text.texts[i], ids,
                                 predicted[i, :n].tolist(), decoded, i, n)
             self.entries.append(entry)
             items.append(ImageItem(entry, entry))

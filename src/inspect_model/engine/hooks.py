@@ -102,6 +102,7 @@ class HookEngine:
         self._patches: list[tuple[Any, str, Any, bool]] = []
         self._calls: dict[str, int] = {}
         self._open: dict[int, CallRecord] = {}
+        self.current_module: nn.Module | None = None  # the module whose output stats_fn is given
         self._placed = is_placed(model)
 
     # ----------------------------------------------------------------- lifecycle
@@ -284,6 +285,7 @@ class HookEngine:
         if not opts.outputs and not opts.output_grads and name not in opts.graph_roots:
             return None
         keep = self._wants(opts.keep, name)
+        self.current_module = mod
         replaced = None
         if name in opts.graph_roots and isinstance(output, torch.Tensor) and output.is_floating_point():
             root = output.detach().requires_grad_(True)

@@ -77,6 +77,11 @@ def lens_map(text: dict[str, Any], site: str, show: str = "prob", lens: str = "l
                  y=1 - 0.08 / h)
     cax = fig.add_axes((1 - (right - 0.15) / w, bottom / h, 0.15 / w, 1 - (bottom + top_m) / h))
     bar = fig.colorbar(im, cax=cax)
+    if show != "prob":  # plain rank numbers, not 6 x 10^0
+        ticks = [r for r in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10**4, 2 * 10**4, 5 * 10**4, 10**5,
+                             2 * 10**5) if r <= norm.vmax] or [1]
+        bar.ax.minorticks_off()
+        bar.set_ticks(ticks, labels=[str(r) for r in ticks])
     bar.set_label(label, fontsize=7)
     bar.ax.tick_params(labelsize=7)
     return fig

@@ -17,13 +17,16 @@ exactly zero, for every image of the run.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from inspect_model.errors import InputError, ModelLoadError
 from inspect_model.loading.wrappers import unwrap_module
+from inspect_model.methods.activations.deferred import defer_on
+from inspect_model.methods.activations.fused import relu_after
 from inspect_model.methods.activations.measure import (
     ActivationStats,
     Channels,
@@ -161,6 +164,9 @@ class ActivationCapture:
         self._batch_size: int | None = None
         self._mask: torch.Tensor | None = None
         self._engine: Any = None
+        # (weak reference to the tensor, its version, its measurement, the batch size)
+        self._last: tuple[Any, int, Measurement, int | None] | None = None
+        self._defer = True  # accelerators: numbers read back once a batch (deferred.py)
 
     def __enter__(self) -> Self:
         from inspect_model.engine.hooks import CaptureOptions, HookEngine
@@ -182,7 +188,27 @@ class ActivationCapture:
             from inspect_model.methods.activations.tokens import measure_tokens
 
             return measure_tokens(t, self._mask, hist_bins=self.hist_bins)
-        return measure(t, self._batch_size, hist_bins=self.hist_bins)
+        # The tensor just measured again (issue 40): unchanged (Identity, Dropout in eval
+        # mode), its measurement again; after a ReLU in place, the few-pass measurement that
+        # starts from it (fused.py). The same object and its version counter tell.
+        last, self._last = self._last, None
+        version = _version(t)
+        after_relu = None
+        if last is not None and last[0]() is t and version is not None and self._batch_size == last[3]:
+            if version == last[1]:
+                m = last[2]
+                self._last = last
+                if not isinstance(m, Measurement):
+                    return m  # deferred: resolved once, its channels copied there
+                return replace(m, channels={k: c.copy() for k, c in m.channels.items()})
+            module = self._engine.current_module if self._engine is not None else None
+            if version == last[1] + 1 and last[2].bounds is not None and not self.hist_bins and relu_after(module):
+                after_relu = last[2].bounds
+        defer = self._defer and defer_on(t.device)
+        m = measure(t, self._batch_size, hist_bins=self.hist_bins, after_relu=after_relu, defer=defer)
+        if version is not None:
+            self._last = (weakref.ref(t), version, m, self._batch_size)
+        return m
 
     def run(self, inputs: Any, names: Sequence[str] | None = None, *, mask: torch.Tensor | None = None
             ) -> BatchActivations:
@@ -190,8 +216,6 @@ class ActivationCapture:
         (B, L), a text batch's attention mask: outputs over its tokens are measured at the
         real tokens only, padding left out (tokens.py)."""
         import torch
-
-        from inspect_model.engine.hooks import run_forward
 
         if self._engine is None:
             raise RuntimeError("ActivationCapture.run() outside its `with` block")
@@ -203,11 +227,8 @@ class ActivationCapture:
         names = list(names) if names is not None else [f"input-{self._images + i}" for i in range(n)]
         engine = self._engine
         engine.reset()
-        # Copies: a model may change its input in place (x /= 255); the caller's tensor stays
-        # as it was, as in every other command (issue 28). One copy of the input per batch.
-        fed = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
-        with torch.no_grad():
-            run_forward(engine, lambda: self.model(*fed))
+        self._last = None
+        self._forward(args)
         records = engine.finalize()
         start = self._images
         images = [ImageActivations(start + i, names[i] if i < len(names) else f"input-{start + i}", [])
@@ -251,9 +272,33 @@ class ActivationCapture:
                     kept.append(KeptTensor(key, rec.name, rec.module_type, cap.tensor, row.channel_dim,
                                            m.per_sample))
         engine.reset()  # drop records (and their kept tensors) before the next batch
+        self._last = None
         self._images += n
         self._batches += 1
         return BatchActivations(images, kept, hists, start)
+
+    def _forward(self, args: tuple[Any, ...]) -> None:
+        """One forward pass under the hooks; a batch whose deferred numbers cannot be finished
+        (NaN/Inf, an overflow, a cancelling variance) runs again with numbers read in the
+        hook (deferred.py)."""
+        import torch
+
+        from inspect_model.engine.hooks import run_forward
+
+        engine = self._engine
+        for attempt in (0, 1):
+            # Copies: a model may change its input in place (x /= 255); the caller's tensor stays
+            # as it was, as in every other command (issue 28). One copy of the input per batch.
+            fed = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+            self._defer = attempt == 0
+            try:
+                with torch.no_grad():
+                    run_forward(engine, lambda: self.model(*fed))
+            finally:
+                self._defer, self._last = True, None
+            if _resolve_pending(engine.records):
+                return
+            engine.reset()
 
     # ------------------------------------------------------------------ resumable, mergeable
     def start(self, index: int) -> None:
@@ -307,6 +352,35 @@ class ActivationCapture:
                 channel_means=tuple(means), dead_channels=dead, channels=nch, kept=r.kept))
         return ActivationReport(self.model_name, rows, self._images, self._batches, list(self.layers),
                                 [n for n in self.layers if n in self.keep])
+
+
+def _resolve_pending(records: list[Any]) -> bool:
+    """Replace the deferred measurements of ``records`` by their numbers, read back in one
+    copy; False when a batch must be measured again (deferred.py). An output measured once
+    and recorded twice (Identity) gets its own channel accumulators."""
+    from inspect_model.methods.activations.deferred import Pending, resolve
+
+    caps = [c for r in records for c in r.outputs if isinstance(c.stats, Pending)]
+    unique = list({id(c.stats): c.stats for c in caps}.values())
+    done = resolve(unique)
+    if done is None:
+        return False
+    by_id = {id(p): m for p, m in zip(unique, done)}
+    seen: set[int] = set()
+    for c in caps:
+        m = by_id[id(c.stats)]
+        c.stats = m if id(m) not in seen else replace(m, channels={k: ch.copy() for k, ch in m.channels.items()})
+        seen.add(id(m))
+    return True
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter (bumped by every in-place op); None where it has none
+    (inference-mode tensors)."""
+    try:
+        return int(t._version)
+    except RuntimeError:
+        return None
 
 
 # --------------------------------------------------------------------------- API

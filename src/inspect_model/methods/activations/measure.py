@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from inspect_model.methods.activations.moments import ActivationStats, Channels, Measurement, Moments
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
+
+__all__ = ["ActivationStats", "Channels", "Measurement", "Moments", "choose_channel_dim", "measure"]
 
 # Elements per chunk when measuring: bounds the temporaries of the hook (a sign() copy, or
 # on the NaN/Inf path a float64 copy and masks) to about 4-8 MiB whatever the layer size.
@@ -36,111 +39,6 @@ _TOKEN_TYPES = ("Linear", "LayerNorm", "Embedding", "MultiheadAttention", "RMSNo
 _ELEMENTWISE = ("ReLU", "ReLU6", "GELU", "SiLU", "Sigmoid", "Tanh", "LeakyReLU", "ELU", "Hardswish",
                 "Hardsigmoid", "Mish", "Dropout", "Identity", "PReLU", "Softplus", "SELU", "CELU",
                 "Softmax", "StochasticDepth", "AlphaDropout", "Hardtanh", "LogSoftmax")
-
-
-@dataclass
-class Moments:
-    """Mergeable statistics of a set of values; moments over the finite ones."""
-
-    numel: int = 0
-    count: int = 0  # finite values
-    mean: float = 0.0
-    m2: float = 0.0  # sum of squared deviations from the mean (finite values)
-    min: float = math.inf
-    max: float = -math.inf
-    zeros: int = 0
-    negatives: int = 0
-    nan: int = 0
-    inf: int = 0
-
-    def merge(self, o: Moments) -> None:
-        """Add the values of ``o`` (Chan, Golub & LeVeque's parallel update)."""
-        if o.count:
-            n = self.count + o.count
-            delta = o.mean - self.mean
-            self.mean += delta * o.count / n
-            self.m2 += o.m2 + delta * delta * self.count * o.count / n
-            self.count = n
-        self.numel += o.numel
-        self.min = min(self.min, o.min)
-        self.max = max(self.max, o.max)
-        self.zeros += o.zeros
-        self.negatives += o.negatives
-        self.nan += o.nan
-        self.inf += o.inf
-
-    def stats(self) -> ActivationStats:
-        nan = float("nan")
-        has = self.count > 0
-        return ActivationStats(
-            numel=self.numel,
-            mean=self.mean if has else nan,
-            # Unbiased, as torch.std computes it.
-            std=math.sqrt(max(self.m2, 0.0) / (self.count - 1)) if self.count > 1 else (0.0 if has else nan),
-            min=self.min if has else nan,
-            max=self.max if has else nan,
-            zero_fraction=self.zeros / self.numel if self.numel else 0.0,
-            negative_fraction=self.negatives / self.numel if self.numel else 0.0,
-            nan_count=self.nan,
-            inf_count=self.inf,
-        )
-
-
-@dataclass(frozen=True)
-class ActivationStats:
-    """Statistics of a layer's output: moments over finite values, fractions over all."""
-
-    numel: int
-    mean: float
-    std: float
-    min: float
-    max: float
-    zero_fraction: float  # exact zeros (dead ReLU units)
-    negative_fraction: float
-    nan_count: int
-    inf_count: int
-
-
-@dataclass
-class Channels:
-    """Per-channel sums over the images measured so far (tensors of shape (C,))."""
-
-    dim: int  # channel dimension in the full output (with batch)
-    sums: torch.Tensor  # float64 sum of finite values
-    counts: torch.Tensor | float  # number of finite values: one number while all are finite
-    dead: torch.Tensor  # bool: every value exactly zero, for every image so far
-
-    def merge(self, o: Channels) -> None:
-        if o.sums.shape != self.sums.shape:
-            return  # a shape change between batches: keep the first
-        self.sums += o.sums
-        self.counts = self.counts + o.counts
-        self.dead &= o.dead
-
-    def means(self) -> list[float]:
-        import torch
-
-        counts = self.counts if isinstance(self.counts, torch.Tensor) else \
-            torch.full_like(self.sums, float(self.counts))
-        means = (self.sums / counts.clamp(min=1.0)).tolist()
-        return [m if n > 0 else float("nan") for m, n in zip(means, counts.tolist())]
-
-
-@dataclass
-class Measurement:
-    """What the hook keeps of one output tensor (the tensor itself is dropped)."""
-
-    per_sample: bool  # False when dim 0 is not the batch: ``samples`` has one entry
-    samples: list[Moments]
-    channels: dict[int, Channels]  # by candidate channel dim
-    sample_dead: dict[int, list[float]]  # dead-channel fraction of each sample, by dim
-    histogram: tuple[float, float, list[float]] | None = None  # (lo, hi, counts)
-
-    def total(self) -> Moments:
-        m = Moments()
-        for s in self.samples:
-            m.merge(s)
-        return m
 
 
 def _reduce_nc(x: torch.Tensor, cdim: int, *, deferred: bool | None = None) -> tuple[torch.Tensor, ...]:
@@ -318,14 +216,22 @@ def _channels(r: tuple[torch.Tensor, ...], dim: int) -> tuple[Channels, list[flo
     return ch, dead_nc.mean(1).tolist()
 
 
-def measure(t: torch.Tensor, batch_size: int | None = None, *, hist_bins: int = 0) -> Measurement:
+def measure(t: torch.Tensor, batch_size: int | None = None, *, hist_bins: int = 0,
+            after_relu: Any = None, defer: bool = False) -> Measurement:
     """Measure one output tensor: per-sample moments and per-channel sums (see the docstring of
     :mod:`inspect_model.methods.activations.capture`).
 
     ``batch_size`` tells which leading dimension is the batch; when dim 0 differs, the whole
-    tensor counts as one unit (``per_sample=False``).
+    tensor counts as one unit (``per_sample=False``). Floating tensors take the few-pass path
+    of :mod:`~inspect_model.methods.activations.fused` (``after_relu``: the bounds of the
+    tensor that ``t`` is the in-place ReLU of), others and non-finite ones the chunked one.
+    ``defer`` (an accelerator, no histogram): where it applies, a
+    :class:`~inspect_model.methods.activations.deferred.Pending` whose numbers come back with
+    the batch's (deferred.py).
     """
     import torch
+
+    from inspect_model.methods.activations.fused import measure_fused
 
     x = t.detach()
     if x.is_quantized:
@@ -346,7 +252,18 @@ def measure(t: torch.Tensor, batch_size: int | None = None, *, hist_bins: int = 
     channels: dict[int, Channels] = {}
     sample_dead: dict[int, list[float]] = {}
     samples: list[Moments] | None = None
-    for cdim in cands or [None]:
+    bounds = None
+    if defer and not hist_bins:
+        from inspect_model.methods.activations.deferred import measure_deferred
+
+        pending = measure_deferred(x, [(c, c + shift) for c in cands], per_sample)
+        if pending is not None:
+            return pending  # type: ignore[return-value]
+    fused = measure_fused(x, [(c, c + shift) for c in cands], after_relu=after_relu)
+    if fused is not None:
+        samples, channels, sample_dead, bounds = fused
+        cands = []
+    for cdim in cands or ([None] if samples is None else []):
         r = _reduce_nc(x.reshape(x.shape[0], 1, -1), 1) if cdim is None else _reduce_nc(x, cdim + shift)
         if samples is None:
             samples = _sample_moments(r)
@@ -367,7 +284,7 @@ def measure(t: torch.Tensor, batch_size: int | None = None, *, hist_bins: int = 
                 hi = lo + 1e-6 if lo == 0 else lo + abs(lo) * 1e-6
             counts = torch.histc(flat.float(), bins=hist_bins, min=lo, max=hi)
             hist = (lo, hi, counts.cpu().tolist())
-    return Measurement(per_sample, samples, channels, sample_dead, hist)
+    return Measurement(per_sample, samples, channels, sample_dead, hist, bounds)
 
 
 def choose_channel_dim(type_name: str, shape: Sequence[int], per_sample: bool,
