@@ -170,7 +170,7 @@ def depth_figure(rec: Any) -> Any:
         ax.axhline(rec.tolerance, color="0.3", linestyle="--", linewidth=1, label=f"tolerance {rec.tolerance:g}")
     if first in names:
         i = names.index(first)
-        ax.axvline(i, color="red", linewidth=1.5, label=f"first divergent: {first}")
+        ax.axvline(i, color="black", linestyle="-.", linewidth=1.5, label=f"first divergent: {first}")
     ax.set_xlim(-0.5, max(len(names) - 0.5, 0.5))
     step = max(1, math.ceil(len(names) / 60))
     ax.set_xticks(x[::step])
