@@ -31,7 +31,8 @@ def _json(r) -> dict:
     return doc
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama", "t5"])
+@pytest.mark.parametrize("kind", ["gpt2", pytest.param("llama", marks=pytest.mark.slow),
+                                  pytest.param("t5", marks=pytest.mark.slow)])
 def test_report_json_files_and_schema(folders, tmp_path, kind) -> None:
     out = tmp_path / "o"
     r = run_cli(["patch", str(folders[kind]), "--clean", CLEAN, "--corrupt", CORRUPT, "--metric", "logit-diff: mat,cat",
@@ -73,6 +74,7 @@ def test_causal_tracing_cli(folders) -> None:
     assert all(abs(row[0]) < 1e-6 for row in pair["sites"][0]["normalised"])
 
 
+@pytest.mark.slow  # five runs of three pairs: over 3 s
 def test_pairs_file_and_resume_and_api_equality(folders, tmp_path, monkeypatch) -> None:
     import inspect_model as im
     import importlib
