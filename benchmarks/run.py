@@ -46,6 +46,7 @@ BENCHES = [
     "bench_evaluate",
     "bench_attention",
     "bench_attributions",
+    "bench_patch",
     "bench_video",
     "bench_dataset",
     "bench_pictures",

@@ -172,4 +172,5 @@ def test_module_given_back_also_on_failure(folders) -> None:
     with pytest.raises(Exception):
         im.patch(model, clean=CLEAN, corrupt=CORRUPT, tokenizer=str(folders["llama"]), metric="prob: horse cat")
     assert model.training and all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert torch.is_grad_enabled()  # the caller's grad mode is given back too
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
