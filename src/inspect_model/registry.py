@@ -61,6 +61,7 @@ class CommandSpec:
     images: bool = True
     labels: bool = True
     text: bool = False  # takes --text/--text-file/--tokenizer (Hugging Face text models; loading/text.py)
+    two_models: bool = False  # a second positional that is no image names model B (compare A B IMAGE...)
     run: tuple[str, ...] | None = None
     streams: bool = True
     usage: str = ""  # README table: the command's arguments as typed (``cam MODEL IMAGE...``)

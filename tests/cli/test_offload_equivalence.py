@@ -174,13 +174,18 @@ def test_our_hooks_leave_and_accelerates_stay(vit):
 
 
 @pytest.mark.parametrize("command", ["activations", "guided-backprop"])
-def test_torchvision_model_equal_with_disk_offload(command):
-    """A model of another source (torchvision, random weights, seeded): built, then dispatched
-    (accelerate writes its weights to the offload folder and frees them)."""
+def test_torchvision_model_equal_with_disk_offload(command, tmp_path):
+    """A model of another source (torchvision, seeded weights in a checkpoint): built empty,
+    its blocks read from the checkpoint one at a time and written to the offload folder."""
+    import torchvision
+
+    torch.manual_seed(0)
+    ckpt = tmp_path / "resnet18.pt"
+    torch.save(torchvision.models.resnet18().state_dict(), ckpt)
     run = {"activations": lambda mo: im.activations(None, model_options=mo, inputs=InputOptions([CAT])),
            "guided-backprop": lambda mo: im.guided_backprop(None, model_options=mo, inputs=InputOptions([CAT]))}[command]
-    resident = run(ModelOptions("resnet18", weights="none")).to_dict()
-    offloaded = run(ModelOptions("resnet18", weights="none", offload=True)).to_dict()
+    resident = run(ModelOptions("resnet18", weights="none", checkpoint=str(ckpt))).to_dict()
+    offloaded = run(ModelOptions("resnet18", weights="none", checkpoint=str(ckpt), offload=True)).to_dict()
     assert set(offloaded["options"]["placement"].values()) == {"disk"}
     diff, count = max_diff(resident, offloaded)
     assert count > 5 and diff <= 1e-6

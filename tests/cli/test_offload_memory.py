@@ -58,6 +58,7 @@ def test_offloaded_run_holds_about_one_block(tmp_path):
     print(f"offloaded 208 MB model: peak RSS grew {grown / 1e6:.0f} MB; largest block {block / 1e6:.0f} MB; "
           f"ratio {grown / block:.2f}")
     assert grown < 3 * block, f"peak RSS grew {grown / 1e6:.0f} MB, the largest block is {block / 1e6:.0f} MB"
+    assert grown < 1.5 * block  # the issue asks for 3x; measured 45-49 MB (0.9 of a block)
 
     # The same config without weights: initialised one block at a time, each written to the
     # offload folder before the next is made.
@@ -70,7 +71,6 @@ def test_offloaded_run_holds_about_one_block(tmp_path):
     assert set(json.loads(run["stdout"])["options"]["placement"].values()) == {"disk"}
     grown = run["peak"] - base["peak"]
     print(f"random 208 MB model, --weights none --offload: peak RSS grew {grown / 1e6:.0f} MB")
-    # Measured 154-184 MB on main (about three blocks; the offload files' mapped pages count in RSS):
-    # not yet the one block the loaded case reaches. The bound catches a build of the whole model
-    # beside its copy (a float32-first or all-at-once build).
-    assert grown < total + block, f"peak RSS grew {grown / 1e6:.0f} MB, the model is {total / 1e6:.0f} MB"
+    # Measured 154-184 MB before glibc was told to give freed blocks back (loading/blockwise.py:
+    # return_freed_memory); 45 MB (0.88 of a block) since.
+    assert grown < 1.5 * block, f"peak RSS grew {grown / 1e6:.0f} MB, the largest block is {block / 1e6:.0f} MB"

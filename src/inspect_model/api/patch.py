@@ -122,6 +122,10 @@ class PatchSession(Session):
         items = []
         for name, pair in zip(batch.names, batch.pairs):
             rec = patch_one(self, int(name.rsplit("-", 1)[1]), name, pair)
+            gap, scale = abs(rec.clean_value - rec.corrupt_value), max(abs(rec.clean_value), abs(rec.corrupt_value))
+            if gap <= 0.01 * scale or gap == 0.0:
+                self.warnings.add(f"{name}: the clean and corrupted runs differ by {gap:.3g} in {rec.metric.text} "
+                                  "(under 1%): the normalised values divide by that difference")
             entry = rec.to_dict()
             self.records.append(rec)
             self.entries.append(entry)

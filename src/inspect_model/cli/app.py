@@ -19,6 +19,7 @@ from inspect_model import registry
 from inspect_model.cli import models as _models, summary as _summary  # noqa: F401 - their @command_cli
 from inspect_model.cli.console import routed_warnings
 from inspect_model.cli.generate import build, command_help
+from inspect_model.cli.optional_values import OptionalValueCommand
 from inspect_model.render.table import clean
 from inspect_model.settings import check_environment
 
@@ -68,7 +69,7 @@ def sync_commands(*, rebuild: bool = False) -> None:
         if spec.name not in COMMANDS:
             fn = build(spec)
             COMMANDS[spec.name] = fn
-            app.command(spec.name, help=command_help(spec), short_help=spec.summary)(fn)
+            app.command(spec.name, help=command_help(spec), short_help=spec.summary, cls=OptionalValueCommand)(fn)
     stale = [c for c in app.registered_commands if c.name not in registry.COMMANDS]
     for c in stale:  # unregistered since
         app.registered_commands.remove(c)

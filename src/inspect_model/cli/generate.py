@@ -73,7 +73,8 @@ def build(spec: CommandSpec) -> Callable[..., Any]:
     body.__doc__ = command_help(spec)
     body.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     body.__annotations__ = {p.name: p.annotation for p in params}
-    return shared_options(labels=spec.labels, images=spec.images, text=spec.text, run=spec.run)(body)
+    return shared_options(labels=spec.labels, images=spec.images, text=spec.text, run=spec.run,
+                          two_models=spec.two_models)(body)
 
 
 def stuck_exit(message: str) -> None:

@@ -51,7 +51,7 @@ MODEL_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
     ("dtype", c.DtypeOpt, "float32"),
     ("device_map", c.DeviceMapOpt, None),
     ("max_memory_map", c.MaxMemoryOpt, None),  # `check` keeps its own --max-memory (a budget)
-    ("offload", c.OffloadOpt, False),
+    ("offload", c.OffloadOpt, None),
     ("offload_dir", c.OffloadDirOpt, None),
 )
 INPUT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
@@ -131,10 +131,12 @@ class RunOptions:
 
 
 def shared_options(*, labels: bool = True, images: bool = True, text: bool = False,
-                   run: tuple[str, ...] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+                   run: tuple[str, ...] | None = None, two_models: bool = False
+                   ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a command taking ``model``, ``images``, its own options and the injected
     ``opts``/``inputs``/``run_opts``. ``labels=False`` leaves ``--labels`` out (for commands
-    that name no classes), ``text`` adds ``--text``/``--text-file``/``--tokenizer``; ``run`` names the run options the command has (default: all)."""
+    that name no classes), ``text`` adds ``--text``/``--text-file``/``--tokenizer``; ``run`` names the run options the command has (default: all).
+    ``two_models``: a first IMAGE argument that names no image is model B (``--against-model``)."""
     input_options = tuple(o for o in INPUT_OPTIONS if (labels or o[0] != "labels")
                           and (images or o[0] not in ("preset", "resize", "crop", "mean", "std", "skip_bad_inputs"))
                           and (text or o[0] not in TEXT_OPTIONS))
@@ -161,9 +163,11 @@ def shared_options(*, labels: bool = True, images: bool = True, text: bool = Fal
                                 model_args=mo["model_arg"], non_strict=mo["non_strict"],
                                 trust_checkpoint=mo["trust_checkpoint"], device=mo["device"], dtype=mo["dtype"],
                                 trust_remote_code=mo["trust_remote_code"], device_map=mo["device_map"],
-                                max_memory=mo.get("max_memory_map"), offload=mo["offload"], offload_dir=mo["offload_dir"])
+                                max_memory=mo.get("max_memory_map"), **offload_fields(mo["offload"], mo["offload_dir"]))
             check_dtype(opts.dtype)
             opts.placement().check()
+            if two_models:
+                _second_model(kw)
             given = {n: kw.pop(n) for n, _, _ in input_options}
             given["skip_bad"] = given.pop("skip_bad_inputs", False)
             inputs = InputOptions(kw.get("images"), **given)
@@ -182,3 +186,22 @@ def shared_options(*, labels: bool = True, images: bool = True, text: bool = Fal
         return command
 
     return decorate
+
+
+def offload_fields(offload: str | None, offload_dir: str | None) -> dict[str, Any]:
+    """``--offload [DIR]`` (and the older ``--offload-dir DIR``) as ModelOptions' fields:
+    ``--offload`` alone ("") is a temporary folder, ``--offload DIR`` that folder."""
+    if offload and offload_dir and offload != offload_dir:
+        raise UsageError(f"--offload {offload} and --offload-dir {offload_dir}: give one folder")
+    folder = offload or offload_dir or None
+    return {"offload": offload is not None or folder is not None, "offload_dir": folder}
+
+
+def _second_model(kw: dict[str, Any]) -> None:
+    """``compare A B IMAGE...``: the first positional after A is B when it names no image."""
+    from inspect_model.config import is_image_argument
+
+    images = kw.get("images") or []
+    if images and kw.get("against_model") is None and not is_image_argument(str(images[0])):
+        kw["against_model"] = images[0]
+        kw["images"] = list(images[1:]) or None

@@ -64,11 +64,15 @@ DeviceMapOpt = Annotated[str | None, typer.Option(
     "or a JSON file {module: device}.")]
 MaxMemoryOpt = Annotated[str | None, typer.Option(
     "--max-memory", help="Memory per device for --device-map, e.g. 0=20GiB,1=20GiB,cpu=30GiB.")]
-OffloadOpt = Annotated[bool, typer.Option(
-    "--offload", help="Stream the weights the GPUs do not hold from disk, one block at a time (with "
-    "--max-memory cpu=N: keep N of them in RAM).")]
+OffloadOpt = Annotated[str | None, typer.Option(
+    "--offload", metavar="[DIR]", help="Stream the weights the GPUs do not hold from disk, one block at a time "
+    "(with --max-memory cpu=N: keep N of them in RAM), written to a fresh folder removed afterwards: in the "
+    "system's temporary folder, or in DIR (`--offload DIR` or --offload=DIR, after MODEL and the images).")]
 OffloadDirOpt = Annotated[str | None, typer.Option(
-    "--offload-dir", help="Folder for --offload (implies it; default: a temporary folder).")]
+    "--offload-dir", hidden=True, help="Same as --offload DIR (the older spelling).")]
+# Options whose value may be left out (Click's optional values, which the Click Typer vendors
+# lacks): the value they get then. `--offload` alone gets "" (a temporary folder).
+OPTIONAL_VALUES = {"--offload": ""}
 InputSizeOpt = Annotated[
     list[str] | None,
     typer.Option("--input-size", help="Per-sample input shape such as 3x224x224 (repeat for several inputs); "

@@ -294,7 +294,18 @@ def load_checkpoint(
     path = str(path)
     obj = read_checkpoint(path, device=device, trust=trust, budget=SizeBudget.for_model(model))
     sd, key = extract_state_dict(obj, path)
-    own = model.state_dict()
+    sd, report = match_state_dict(model.state_dict(), sd, path, key=key, strict=strict, trust=trust)
+    try:
+        model.load_state_dict(sd, strict=False)
+    except Exception as exc:  # dtype that cannot be copied, a TorchScript quirk...
+        raise ModelLoadError(f"checkpoint '{path}' could not be loaded into the model: {_first_line(exc)}") from exc
+    return report
+
+
+def match_state_dict(own: Mapping[str, Any], sd: dict[str, Any], path: str, *, key: str | None, strict: bool,
+                     trust: bool) -> tuple[dict[str, Any], CheckpointReport]:
+    """``sd`` with wrapper prefixes stripped, checked against the model's ``own`` state dict
+    (its tensors may be on the meta device: only names, shapes and dtypes are read)."""
     model_keys = set(own)
     sd, stripped = strip_prefixes(sd, model_keys)
     missing = [k for k in own if k not in sd]
@@ -329,17 +340,6 @@ def load_checkpoint(
         for k in own
         if k in sd and sd[k].dtype != own[k].dtype and (sd[k].dtype.is_floating_point != own[k].dtype.is_floating_point)
     ]
-    try:
-        model.load_state_dict(sd, strict=False)
-    except Exception as exc:  # dtype that cannot be copied, a TorchScript quirk...
-        raise ModelLoadError(f"checkpoint '{path}' could not be loaded into the model: {_first_line(exc)}") from exc
-    return CheckpointReport(
-        path=path,
-        key=key,
-        stripped=stripped,
-        loaded=len([k for k in sd if k in model_keys]),
-        missing=missing,
-        unexpected=unexpected,
-        trusted=trust,
-        cast=cast,
-    )
+    report = CheckpointReport(path=path, key=key, stripped=stripped, loaded=len([k for k in sd if k in model_keys]),
+                              missing=missing, unexpected=unexpected, trusted=trust, cast=cast)
+    return sd, report

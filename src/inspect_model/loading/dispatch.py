@@ -6,23 +6,27 @@
 planned on it (:mod:`inspect_model.loading.placement`), and only then are weights allocated,
 each block on its device:
 
-- a Hugging Face model with weights: transformers' ``from_pretrained`` with that table and
-  the dtype asked for; the safetensors shards are memory-mapped, and what goes to the disk is
-  read in place from the shards when a block runs (nothing is copied);
-- a Hugging Face config with ``--weights none``: each block initialised in turn (the model's
-  own ``_init_weights``), written to the offload folder when it belongs on the disk, so a
-  random model larger than the memory is built in one block of memory;
-- any other source (torchvision, timm, user files, checkpoints: models that fit the RAM):
-  built in the dtype asked for, then dispatched (accelerate writes the disk part to the
-  offload folder and frees it).
+- a Hugging Face model with weights: its safetensors shards read straight into the blocks
+  (memory-mapped; what goes to the disk is read in place from the shards when a block runs),
+  or transformers' ``from_pretrained`` with that table when the shards' names differ;
+- any source with ``--checkpoint`` (torchvision, timm, user files, Hugging Face), or with
+  ``--weights none``: :func:`~inspect_model.loading.blockwise.materialise` makes one block at
+  a time from the checkpoint (read block by block,
+  :mod:`inspect_model.loading.checkpoint_blocks`) or at random, writing it to the offload
+  folder and freeing it when it belongs on the disk;
+- what an empty build would lose (pretrained torchvision/timm weights, a user's code that
+  makes its own weights): built whole in the dtype asked for, after a preflight, then
+  dispatched.
 
 Every path ends in accelerate's ``dispatch_model``; the model keeps ``hf_device_map``, which
 :func:`inspect_model.devices.model_device` reads for the device inputs go to.
+:func:`preflight` is the check before a resident build, for every source.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -40,10 +44,10 @@ from inspect_model.loading.placement import (
 )
 
 
-def load_placed(spec: str, request: LoadRequest, placement: Placement) -> LoadedModel:
+def load_placed(spec: str, request: LoadRequest, placement: Placement, *, checkpoint: str | None = None,
+                strict: bool = True) -> LoadedModel:
     """Build ``spec`` empty, plan its placement, give each block its weights, dispatch."""
-    import dataclasses
-
+    from inspect_model.loading.blockwise import materialise
     from inspect_model.loading.shapes import parse_dtype
     from inspect_model.loading.sources import find_source
 
@@ -53,32 +57,69 @@ def load_placed(spec: str, request: LoadRequest, placement: Placement) -> Loaded
     if source.name in ("torchscript", "export", "pickled"):
         raise ModelLoadError(f"{spec} is a saved {source.name} file; --device-map/--offload need a model that can "
                              "be built empty: a Hugging Face folder, timm:NAME, a torchvision name or FILE.py:NAME")
-    if source.name == "hf":
-        loaded = source.load(spec, dataclasses.replace(request, empty=True, device="cpu"))
-        if callable(getattr(loaded.model, "tie_weights", None)):
-            loaded.model.tie_weights()  # GPT-2's head is its embedding: the plan keeps them together
-        dmap = plan_device_map(loaded.model, placement, dtype, free=available_memory())
+    loaded, empty = _build(source, spec, request, checkpoint=checkpoint, strict=strict)
+    dmap = plan_device_map(loaded.model, placement, dtype, free=available_memory())
+    if empty:
         check_placed(estimate(loaded.model, dtype, tokens=128 if loaded.token_vocab else 0), dmap, loaded.model,
                      name=loaded.name)
-        folder = offload_folder(placement, loaded.model) if "disk" in dmap.values() else None
-        if loaded.weights is not None:
-            if not _hf_in_place(loaded, dmap, dtype):
-                loaded.model = _hf_pretrained(loaded, dmap, folder, dtype)
-            if not isinstance(getattr(loaded.model, "hf_device_map", None), dict):
-                loaded.model.hf_device_map = dict(dmap)  # one device: transformers attaches no hooks, none needed
-        else:
-            _init_blocks(loaded.model, dmap, folder, dtype)
-            _dispatch(loaded.model, dmap, folder)
-    else:
-        loaded = source.load(spec, dataclasses.replace(request, device="cpu"))
-        dmap = plan_device_map(loaded.model, placement, dtype, free=available_memory())
-        folder = offload_folder(placement, loaded.model) if "disk" in dmap.values() else None
+    folder = offload_folder(placement, loaded.model) if "disk" in dmap.values() else None
+    if empty and source.name == "hf" and loaded.weights is not None and not checkpoint:
+        if not _hf_in_place(loaded, dmap, dtype):
+            loaded.model = _hf_pretrained(loaded, dmap, folder, dtype)
+        if not isinstance(getattr(loaded.model, "hf_device_map", None), dict):
+            loaded.model.hf_device_map = dict(dmap)  # one device: transformers attaches no hooks, none needed
+    elif empty:
+        reader = None
+        if checkpoint:
+            from inspect_model.loading.checkpoint_blocks import open_checkpoint
+
+            reader, report = open_checkpoint(loaded.model, checkpoint, strict=strict, trust=request.trust_checkpoint)
+            loaded.checkpoint = report
+            loaded.notes.append(report.note() + " (read block by block)")
+        random = materialise(loaded.model, dmap, folder, dtype, values=reader)
+        if random and source.name != "hf" and not checkpoint:
+            loaded.notes.append("random weights made block by block, each layer by its own reset_parameters "
+                                "(a builder's own initialisation needs the whole model)")
         _dispatch(loaded.model, dmap, folder)
+    else:
+        _dispatch(loaded.model, dmap, folder)
+    from inspect_model.loading.blockwise import trim_after_offloaded
+
+    trim_after_offloaded(loaded.model)
     loaded.model.eval()
     loaded.device = main_device(dmap)
     loaded.notes.append(f"placement (accelerate): {describe(dmap)}"
                         + (f"; offloaded weights in {folder}" if folder else ""))
     return loaded
+
+
+def _build(source: Any, spec: str, request: LoadRequest, *, checkpoint: str | None,
+           strict: bool) -> tuple[LoadedModel, bool]:
+    """The model with its parameters on the meta device (True), or, where an empty build
+    would lose its weights (:func:`~inspect_model.loading.blockwise.empty_build`), built in the
+    dtype with them, the checkpoint loaded into it (False)."""
+    from inspect_model.loading.blockwise import empty_build
+    from inspect_model.loading.sources import building_in, load_checkpoint_into
+
+    if source.name == "hf":
+        loaded = source.load(spec, dataclasses.replace(request, empty=True, device="cpu"))
+        if callable(getattr(loaded.model, "tie_weights", None)):
+            loaded.model.tie_weights()  # GPT-2's head is its embedding: the plan keeps them together
+        return loaded, True
+    empty = empty_build(source, spec, request, checkpoint=checkpoint)
+    if empty is not None:
+        return empty, True
+    request = dataclasses.replace(request, device="cpu")
+    hint = ("its weights come from its own code, so it is built whole before it is placed; give --checkpoint FILE "
+            "(then it is built empty and read block by block) or use a smaller --dtype" if source.name in
+            ("file", "module") else "pretrained weights are read whole before placing; use --weights none with "
+            "--checkpoint FILE (read block by block) or a smaller --dtype")
+    preflight(spec, request, hint=hint)
+    with building_in(request.dtype):
+        loaded = source.load(spec, dataclasses.replace(request, check=fits_check(request, hint=hint)))
+    if checkpoint:
+        load_checkpoint_into(loaded, spec, checkpoint, device="cpu", strict=strict, trust=request.trust_checkpoint)
+    return loaded, False
 
 
 def _shard_keys(folder: str) -> dict[str, str]:
@@ -161,50 +202,6 @@ def _hf_pretrained(loaded: LoadedModel, dmap: dict[str, Any], folder: str | None
                              f"{short_reason(exc)}") from exc
 
 
-def _init_blocks(model: Any, dmap: dict[str, Any], folder: str | None, dtype: Any) -> None:
-    """Random weights, one block of the table at a time: allocated on its device (the CPU
-    for the disk), initialised, and written to ``folder`` and freed when it goes to the disk."""
-    import torch
-    from accelerate.utils import offload_weight, save_offload_index, set_module_tensor_to_device
-
-    index: dict[str, Any] = {}
-    init = getattr(model, "_init_weights", None)
-    for name, dev in dmap.items():
-        block = model.get_submodule(name) if name else model
-        where = "cpu" if dev in ("disk", "cpu") else (f"cuda:{dev}" if isinstance(dev, int) else dev)
-        params = [(n, p) for n, p in block.named_parameters() if p.device.type == "meta"]
-        for n, p in params:
-            set_module_tensor_to_device(block, n, where, value=torch.empty(p.shape, dtype=dtype))
-        with torch.no_grad():
-            _initialise(block, init)
-        if dev == "disk":
-            assert folder is not None  # internal: the table holds the disk, so a folder was made
-            for n, p in block.named_parameters():
-                full = f"{name}.{n}" if name else n
-                index = offload_weight(p.detach(), full, folder, index=index)
-                set_module_tensor_to_device(block, n, "meta")
-    if folder is not None:
-        save_offload_index(index, folder)
-
-
-def _initialise(block: Any, init: Any) -> None:
-    """Hugging Face's ``_init_weights`` on every submodule (else ``reset_parameters``), and a
-    small normal draw for parameters neither touches."""
-    import torch
-
-    done: set[int] = set()
-    for sub in block.modules():
-        if init is not None:
-            init(sub)
-            done.update(id(p) for p in sub.parameters(recurse=False))
-        elif hasattr(sub, "reset_parameters") and callable(sub.reset_parameters):
-            sub.reset_parameters()
-            done.update(id(p) for p in sub.parameters(recurse=False))
-    for p in block.parameters():
-        if id(p) not in done:
-            torch.nn.init.normal_(p, std=0.02)
-
-
 def _dispatch(model: Any, dmap: dict[str, Any], folder: str | None) -> None:
     from accelerate import dispatch_model
 
@@ -233,31 +230,66 @@ def _quiet_accelerate() -> Iterator[None]:
             lg.setLevel(lv)
 
 
-def preflight(spec: str, request: LoadRequest, *, tokens: int = 0) -> None:
-    """Before a resident build of a Hugging Face model: build it empty, and refuse in one
-    line when its weights in the dtype asked for (and the activations) cannot fit
-    (:mod:`inspect_model.loading.preflight`). Other sources build models that fit any
-    machine this tool runs on (torchvision's and timm's largest are a few GB)."""
-    import dataclasses
-
-    from inspect_model.loading.preflight import check_fits, estimate
+def preflight(spec: str, request: LoadRequest, *, tokens: int = 0, hint: str | None = None) -> None:
+    """Before a resident build of any source: build it on the meta device (nothing allocated),
+    and refuse in one line when its weights in the dtype asked for and the activations it
+    keeps cannot fit (:mod:`inspect_model.loading.preflight`). A saved file (TorchScript,
+    exported, pickled) is measured by its size. A build that fails on the meta device is
+    left to the real build, which reports it."""
+    from inspect_model.loading.preflight import check_fits, estimate, image_activations
     from inspect_model.loading.shapes import parse_dtype
     from inspect_model.loading.sources import find_source
 
     if request.device == "meta":
         return
     source = find_source(spec)
-    if source.name != "hf":
-        return
-    try:
-        import accelerate  # noqa: F401  (init_empty_weights)
-    except ImportError:
-        return  # without accelerate no empty build: the build itself is the check
-    # On the meta device (not init_empty_weights, which allocates each tensor before moving it).
-    empty = source.load(spec, dataclasses.replace(request, device="meta", weights="none"))
+    if source.name in ("file", "module"):
+        return  # a user's class is checked in its load (fits_check): its code is not run twice
     dtype = parse_dtype(request.dtype or "float32")
+    if source.name in ("torchscript", "export", "pickled"):
+        from inspect_model.loading.preflight import Estimate
+
+        size = os.path.getsize(spec)
+        check_fits(Estimate(weights=size, largest_block=size, dtype="as saved"), request.device, name=spec, hint=hint)
+        return
+    if source.name == "hf":
+        try:
+            import accelerate  # noqa: F401  (transformers' meta build)
+        except ImportError:
+            return  # without accelerate no empty build: the build itself is the check
+    if (request.model_args or {}).get("quantize"):
+        return  # quantizing calibrates on real numbers: no meta build
+    from inspect_model.loading.sources import building_in
+
+    try:
+        with building_in(None if source.name == "hf" else request.dtype):
+            empty = source.load(spec, dataclasses.replace(request, device="meta", weights="none"))
+    except ModelLoadError:
+        if source.name == "hf":
+            raise
+        return
+    except Exception:  # noqa: BLE001 - a user's code that cannot run on meta: the real build says why
+        if source.name == "hf":
+            raise
+        return
     est = estimate(empty.model, dtype, tokens=tokens if empty.token_vocab else 0)
-    check_fits(est, request.device, name=empty.name)
+    if not empty.token_vocab:
+        est = dataclasses.replace(est, activations=image_activations(empty))
+    check_fits(est, request.device, name=empty.name, hint=hint)
+
+
+def fits_check(request: LoadRequest, *, hint: str | None = None) -> Any:
+    """The preflight of a user's class, for ``LoadRequest.check``: its meta build's weights in
+    the dtype asked for against the free memory."""
+    def check(model: Any, name: str) -> None:
+        from inspect_model.loading.preflight import check_fits, estimate
+        from inspect_model.loading.shapes import parse_dtype
+
+        if request.device != "meta":
+            check_fits(estimate(model, parse_dtype(request.dtype or "float32")), request.device, name=name,
+                       hint=hint)
+
+    return check
 
 
 # Commands that read each parameter's own gradient (not only gradients of layer outputs and inputs).

@@ -44,6 +44,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "--max-memory": (0.0, 1e15),
     "--alpha": (0.0, 1.0),
     "--noise": (0.0, 1e6),
+    "--tolerance": (0.0, 1e6),  # compare: relative errors (1e6: a typo, not a tolerance)
+    "--fail-above": (0.0, 1e6),
 }
 
 

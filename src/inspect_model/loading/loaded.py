@@ -62,6 +62,10 @@ class LoadRequest:
     trust_remote_code: bool = False  # Hugging Face repos may run their modeling_*.py (command line only)
     dtype: str | None = None  # build in this dtype directly (--dtype), not float32 first (issue 37)
     empty: bool = False  # parameters on the meta device, buffers real (accelerate's init_empty_weights)
+    # The preflight of a user's class (issue 37): called with the class built on the meta device and
+    # its name before the real build. Factories and instances are not built twice (they may cache,
+    # train or load).
+    check: Any = None
 
 
 @runtime_checkable

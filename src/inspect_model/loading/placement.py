@@ -1,7 +1,7 @@
 """Where a model's layers live when it does not fit one device: accelerate's placement.
 
 ``--device-map auto|balanced|sequential|FILE``, ``--max-memory 0=20GiB,cpu=30GiB`` and
-``--offload`` (``--offload-dir DIR``) say it; :class:`Placement` holds them, parsed without
+``--offload [DIR]`` say it; :class:`Placement` holds them, parsed without
 torch. :func:`plan_device_map` asks accelerate's ``infer_auto_device_map`` (or reads FILE)
 for the module -> device table: GPUs first in index order (pipeline placement: a run moves
 through the blocks, each on its device), then the CPU, then the disk. Whatever goes to the
@@ -55,7 +55,8 @@ class Placement:
                                  "JSON file mapping module names to devices")
         if self.offload_dir is not None and os.path.exists(self.offload_dir) \
                 and not os.path.isdir(self.offload_dir):
-            raise UsageError(f"--offload-dir '{self.offload_dir}' is a file; give a folder")
+            raise UsageError(f"--offload '{self.offload_dir}' is a file; give a folder (--offload takes the next "
+                             "word as its folder: put MODEL and images before it, or write --offload=DIR)")
 
 
 def parse_size(text: str, *, option: str = "--max-memory") -> int:
@@ -215,15 +216,20 @@ def main_device(dmap: dict[str, int | str]) -> str:
 
 
 def offload_folder(placement: Placement, model: Any) -> str:
-    """``--offload-dir``, or a temporary folder removed with the model (and at exit)."""
+    """A fresh folder for the offloaded weights, removed with the model (and at exit): in
+    ``--offload DIR`` (a disk with room), else in the system's temporary folder. Never DIR
+    itself: weights a run left there must not pass for this model's."""
     import shutil
     import tempfile
     import weakref
 
-    if placement.offload_dir:
-        os.makedirs(placement.offload_dir, exist_ok=True)
-        return placement.offload_dir
-    folder = tempfile.mkdtemp(prefix="inspect-model-offload-")
+    parent = placement.offload_dir or None
+    if parent:
+        try:
+            os.makedirs(parent, exist_ok=True)
+        except OSError as exc:
+            raise ModelLoadError(f"--offload {parent}: cannot make the folder ({exc.strerror or exc})") from exc
+    folder = tempfile.mkdtemp(prefix="inspect-model-offload-", dir=parent)
     weakref.finalize(model, shutil.rmtree, folder, True)
     return folder
 

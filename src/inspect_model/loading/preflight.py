@@ -114,7 +114,8 @@ def available_memory() -> dict[int | str, int]:
     return out
 
 
-def check_fits(est: Estimate, device: str, *, name: str, free: dict[int | str, int] | None = None) -> None:
+def check_fits(est: Estimate, device: str, *, name: str, free: dict[int | str, int] | None = None,
+               hint: str | None = None) -> None:
     """Refuse (one line, exit 3) when ``est`` cannot fit on ``device`` (cpu or cuda:N)."""
     free = available_memory() if free is None else free
     key: int | str = "cpu"
@@ -127,7 +128,36 @@ def check_fits(est: Estimate, device: str, *, name: str, free: dict[int | str, i
     acts = f" + activations {gb(est.activations)}" if est.activations else ""
     raise ModelLoadError(
         f"{name} needs {gb(est.total)} in {est.dtype} (weights {gb(est.weights)}{acts}); {gb(have)} free {where}; "
-        "use --offload, --max-memory, or a smaller --dtype (bfloat16 halves float32)")
+        + (hint or "use --offload, --max-memory, or a smaller --dtype (bfloat16 halves float32)"))
+
+
+def image_activations(loaded: Any) -> int:
+    """Bytes of every layer's output for one input of the model's default size, float32,
+    from a pass on the meta device (nothing allocated): what a forward keeps at most, and what
+    autograd keeps for a gradient command. 0 when the model takes no plain image tensor."""
+    import torch
+
+    sizes = loaded.input_sizes or []
+    if len(sizes) != 1 or len(sizes[0]) < 2:
+        return 0
+    total = 0
+
+    def count(_m: Any, _i: Any, out: Any) -> None:
+        nonlocal total
+        if isinstance(out, torch.Tensor):
+            total += out.numel() * 4
+
+    leaves = [m for m in loaded.model.modules() if not list(m.children())]
+    handles = [m.register_forward_hook(count) for m in leaves]
+    try:
+        with torch.no_grad():
+            loaded.model(torch.empty((1, *sizes[0]), device="meta"))
+    except Exception:  # noqa: BLE001 - a model that cannot run on meta: weights only
+        return 0
+    finally:
+        for h in handles:
+            h.remove()
+    return total
 
 
 def check_placed(est: Estimate, dmap: dict[str, Any], model: Any, *, name: str,

@@ -51,8 +51,11 @@ def parse_spec(spec: str) -> tuple[str, str, str | None]:
     return kind, left, right
 
 
-def load_user_model(spec: str, *, device: str = "cpu", model_args: dict[str, Any] | None = None) -> LoadedModel:
-    """Run the user's file or module and build the model ``spec`` names (see module docstring)."""
+def load_user_model(spec: str, *, device: str = "cpu", model_args: dict[str, Any] | None = None,
+                    empty: bool = False, check: Any = None) -> LoadedModel:
+    """Run the user's file or module and build the model ``spec`` names (see module docstring).
+    ``empty``: built within accelerate's ``init_empty_weights`` (parameters on the meta
+    device, issue 37), so left where it is."""
     kind, where, attr = parse_spec(spec)
     model_args = dict(model_args or {})
     module = import_file(where) if kind == "file" else import_module(where)
@@ -64,19 +67,31 @@ def load_user_model(spec: str, *, device: str = "cpu", model_args: dict[str, Any
             + (f"; models in it: {', '.join(names[:8])}" if names else "")
         )
     obj = resolve_attr(module, attr, where)
+    if check is not None and not empty and inspect.isclass(obj) and _is_module_class(obj):
+        _preflight_class(obj, attr, where, model_args, origin, check)
     model = build(obj, attr, where, model_args, device)
     from inspect_model.loading.limits import check_module_depth
 
     check_module_depth(model, f"{where}:{attr}")  # before torch's recursive walks (issue 41)
     borrowed = model is obj  # the user's own instance, used as it is
-    if borrowed and device != "meta" and model_device(model) not in (None, device):
+    if borrowed and not empty and device != "meta" and model_device(model) not in (None, device):
         # Never move the user's object to another device (issue 9): run on a copy.
         model = private_copy(model, f"{where}:{attr}")
         borrowed = False
     # Titled by file (or module) and attribute, as the user named it: "my_net.py:build" (issue 29).
-    loaded = from_module(model, name=f"{origin}:{attr}", source="python", device=device)
+    loaded = from_module(model, name=f"{origin}:{attr}", source="python", device="meta" if empty else device)
     loaded.borrowed = borrowed
     return loaded
+
+
+def _preflight_class(obj: Any, attr: str, where: str, model_args: dict[str, Any], origin: str, check: Any) -> None:
+    """``check`` the class built on the meta device (nothing allocated): a model too large is
+    refused before its real build. A class that cannot be built on meta is left to that build."""
+    try:
+        meta = build(obj, attr, where, model_args, "meta")
+    except Exception:  # noqa: BLE001 - its real build reports what is wrong
+        return
+    check(meta, f"{origin}:{attr}")
 
 
 def private_copy(model: nn.Module, label: str) -> nn.Module:

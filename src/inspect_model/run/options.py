@@ -270,10 +270,12 @@ def load(opts: ModelOptions, *, device: str | None = None) -> Any:
             # torchvision builders warn about init defaults the user did not ask about.
             warnings.simplefilter("ignore", FutureWarning)
             warnings.simplefilter("ignore", UserWarning)
+            check = None
             if not placement.active:
-                from inspect_model.loading.dispatch import preflight
+                from inspect_model.loading.dispatch import fits_check, preflight
 
                 preflight(opts.model.strip(), _request(opts, dev), tokens=128)
+                check = fits_check(_request(opts, dev))
             loaded = load_model(
                 opts.model,
                 weights=opts.weights,
@@ -285,6 +287,7 @@ def load(opts: ModelOptions, *, device: str | None = None) -> Any:
                 trust_remote_code=opts.trust_remote_code,
                 dtype=opts.dtype,
                 placement=placement,
+                check=check,
             )
     else:
         raise InputError(f"expected an nn.Module or a model name, got {type(opts.model).__name__}")
@@ -313,7 +316,7 @@ def _request(opts: ModelOptions, device: str) -> Any:
     from inspect_model.loading.loaded import LoadRequest
 
     return LoadRequest(weights=opts.weights, device=device, trust_remote_code=opts.trust_remote_code,
-                       dtype=opts.dtype)
+                       dtype=opts.dtype, model_args=parse_model_args(opts.model_args))
 
 
 def _other_float_dtypes(model: Any, want: Any) -> list[str]:

@@ -106,6 +106,7 @@ def load_model(
     trust_remote_code: bool = False,
     dtype: str | None = None,
     placement: Any = None,
+    check: Any = None,
 ) -> LoadedModel:
     """Load a model spec with the source that claims it, built in ``dtype`` directly, then
     ``checkpoint`` into it. A ``placement`` (loading.placement.Placement) spreads it over
@@ -114,16 +115,14 @@ def load_model(
         raise UsageError("empty model name; e.g. `inspect-model summary resnet34`")
     spec = spec.strip()
     request = LoadRequest(weights=weights, device=device, model_args=dict(model_args or {}),
-                          trust_checkpoint=trust_checkpoint, trust_remote_code=trust_remote_code, dtype=dtype)
+                          trust_checkpoint=trust_checkpoint, trust_remote_code=trust_remote_code, dtype=dtype,
+                          check=check)
     from inspect_model.loading.sources.torchvision import WeightsNotCached
 
     if placement is not None and placement.active:
-        if checkpoint:
-            raise UsageError("--checkpoint cannot be combined with --device-map/--max-memory/--offload yet; "
-                             "save the model with save_pretrained (safetensors) and load that folder")
         from inspect_model.loading.dispatch import load_placed
 
-        return load_placed(spec, request, placement)
+        return load_placed(spec, request, placement, checkpoint=checkpoint, strict=strict)
     try:
         source = find_source(spec)
         with building_in(None if source.name in ("hf", "torchscript", "export", "pickled") else dtype):

@@ -24,7 +24,8 @@ class UserCodeSource:
         return spec_kind(spec) == self.name
 
     def load(self, spec: str, request: LoadRequest) -> LoadedModel:
-        loaded = load_user_model(spec, device=request.device, model_args=request.model_args)
+        loaded = load_user_model(spec, device=request.device, model_args=request.model_args, empty=request.empty,
+                                 check=request.check)
         return note_ignored_weights(loaded, spec, request.weights)
 
 

@@ -162,18 +162,34 @@ class Decoded:
     top_probs: torch.Tensor
 
 
+CHUNK_BYTES = 1 << 21  # rows decoded together: their (rows, V) logits stay in cache for the passes over them
+
+
 def decode(model: nn.Module, anatomy: Anatomy, states: dict[Site, torch.Tensor], logits: torch.Tensor, *,
            top_k: int, tuned: TunedLens | None = None) -> tuple[list[Decoded], torch.Tensor, float]:
     """Each site decoded against the model's own logits (B, T, V): (per site, the model's
-    prediction (B, T), the largest |readout - model logits| at the last block)."""
+    prediction (B, T), the largest |readout - model logits| at the last block).
+
+    The rows (positions) are decoded in chunks small enough that each chunk's logits stay in
+    the cache while they are reduced, and nothing of size V is kept but the model's own
+    distribution: with ``lse`` the log-partition of a row's logits ``z``, ``p = exp(z - lse)``,
+    the entropy is ``lse - sum(p z)`` and ``KL(q || p) = sum(q log q) - sum(q z) + lse``."""
     import torch
 
     from inspect_model.methods.lm.anatomy import readout
 
-    final = logits.float()
-    final_logp = final.log_softmax(dim=-1)
-    final_p = final_logp.exp()
-    predicted = final.argmax(dim=-1)  # (B, T)
+    b, t, v = logits.shape
+    n_rows = b * t
+    rows = max(1, CHUNK_BYTES // (4 * v))
+    final = logits.float().reshape(n_rows, v)
+    dev = final.device  # everything is computed where the logits are; the results come to the CPU per site
+    q = torch.empty(n_rows, v, device=dev)  # the model's distribution
+    q_neg_h = torch.empty(n_rows, device=dev)
+    predicted = final.argmax(dim=-1)  # (N,)
+    for lo in range(0, n_rows, rows):  # chunked like the sites below: each chunk's passes in cache
+        f = final[lo:lo + rows]
+        q[lo:lo + rows] = f.softmax(dim=-1)
+        q_neg_h[lo:lo + rows] = torch.linalg.vecdot(q[lo:lo + rows], f) - _lse(f, q[lo:lo + rows])  # -H(q)
     last = len(anatomy.blocks)
     out: list[Decoded] = []
     check = float("nan")
@@ -181,16 +197,70 @@ def decode(model: nn.Module, anatomy: Anatomy, states: dict[Site, torch.Tensor],
         for site, h in states.items():
             if tuned is not None and site.site == "resid":
                 h = tuned.translate(h, site.depth)
-            lg = readout(model, anatomy, h).float()  # (B, T, V)
-            if site.site == "resid" and site.depth == last:
-                check = float((lg - final).abs().max()) if lg.shape == final.shape else float("inf")
-            logp = lg.log_softmax(dim=-1)
-            p = logp.exp()
-            y = predicted[..., None]
-            prob = p.gather(-1, y)[..., 0]
-            rank = (lg > lg.gather(-1, y)).sum(dim=-1) + 1
-            entropy = -(p * logp).nan_to_num(0.0).sum(dim=-1)
-            kl = (final_p * (final_logp - logp)).nan_to_num(0.0).sum(dim=-1).clamp(min=0.0)
-            tp, ti = p.topk(min(top_k, p.shape[-1]), dim=-1)
-            out.append(Decoded(site, prob, rank, entropy, kl, ti, tp))
-    return out, predicted, check
+            flat = h.reshape(n_rows, -1)
+            k = min(top_k, v)
+            prob, rank, ent, kl = (torch.empty(n_rows, device=dev), torch.empty(n_rows, dtype=torch.long, device=dev),
+                                   torch.empty(n_rows, device=dev), torch.empty(n_rows, device=dev))
+            top_ids = torch.empty(n_rows, k, dtype=torch.long, device=dev)
+            top_p = torch.empty(n_rows, k, device=dev)
+            zall = readout(model, anatomy, flat).float().to(dev)  # (N, V): one matmul (the weight read once)
+            own = site.site == "resid" and site.depth == last  # the model's own readout: checked
+            if own and zall.shape != final.shape:
+                check = float("inf")
+            buf = torch.empty(min(rows, n_rows), v, device=dev)
+            for lo in range(0, n_rows, rows):
+                hi = min(lo + rows, n_rows)
+                z, y = zall[lo:hi], predicted[lo:hi, None]
+                if own and zall.shape == final.shape:
+                    d = torch.sub(z, final[lo:hi], out=buf[: hi - lo]).masked_fill_(z == final[lo:hi], 0.0)
+                    err = float(d.abs_().amax())  # equal infinities (a masked token) differ by 0
+                    check = err if check != check else max(check, err)
+                p = z.softmax(dim=-1)
+                lse = _lse(z, p)
+                prob[lo:hi] = p.gather(-1, y)[:, 0]
+                ent[lo:hi] = lse - torch.linalg.vecdot(p, z)
+                kl[lo:hi] = q_neg_h[lo:hi] - torch.linalg.vecdot(q[lo:hi], z) + lse
+                ti = z.topk(k, dim=-1).indices
+                top_ids[lo:hi], top_p[lo:hi] = ti, p.gather(-1, ti)
+                rank[lo:hi] = _rank(z, z.gather(-1, y), ti, y, buf)
+            if not (torch.isfinite(ent).all() and torch.isfinite(kl).all()):  # -inf logits: 0 * -inf terms
+                ent, kl = _exact(model, anatomy, flat, final, predicted, ent, kl)
+            out.append(Decoded(site, *(x.view(b, t, *x.shape[1:]).cpu() for x in (
+                prob, rank, ent, kl.clamp(min=0.0), top_ids, top_p))))
+    return out, predicted.view(b, t).cpu(), check
+
+
+def _lse(z: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """log sum exp z per row, from its softmax ``p``: ``max z - log max p`` (max p >= 1/V: no
+    underflow), so that one fused softmax pass serves both."""
+    return z.amax(dim=-1) - p.amax(dim=-1).log()
+
+
+def _rank(z: torch.Tensor, zy: torch.Tensor, top: torch.Tensor, y: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+    """1 + how many logits exceed the prediction's (``zy`` (n, 1)): read from the top-k where
+    it is among them, counted over the row elsewhere (a float compare: the fastest count)."""
+    import torch
+
+    hit = top == y  # (n, k)
+    rank = hit.to(torch.long).argmax(dim=-1) + 1
+    miss = (~hit.any(dim=-1)).nonzero()[:, 0]
+    if miss.numel() == z.shape[0]:
+        rank = torch.gt(z, zy, out=buf[: z.shape[0]]).sum(dim=-1).long() + 1
+    elif miss.numel():
+        rank[miss] = torch.gt(z[miss], zy[miss], out=buf[: miss.numel()]).sum(dim=-1).long() + 1
+    return rank
+
+
+def _exact(model: nn.Module, anatomy: Anatomy, flat: torch.Tensor, final: torch.Tensor, predicted: torch.Tensor,
+           ent: torch.Tensor, kl: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Entropy and KL of the rows where a logit is -inf (a masked vocabulary), with 0 log 0 = 0."""
+    from inspect_model.methods.lm.anatomy import readout
+
+    bad = ~(ent.isfinite() & kl.isfinite())
+    idx = bad.nonzero()[:, 0]
+    logp = readout(model, anatomy, flat[idx]).float().log_softmax(dim=-1)
+    fl = final[idx].log_softmax(dim=-1)
+    ent, kl = ent.clone(), kl.clone()
+    ent[idx] = -(logp.exp() * logp).nan_to_num(0.0).sum(dim=-1).to(ent.device)
+    kl[idx] = (fl.exp() * (fl - logp)).nan_to_num(0.0).sum(dim=-1).to(kl.device)
+    return ent, kl

@@ -1,0 +1,237 @@
+"""Side B of a comparison: how it is called and how its layer outputs come out.
+
+Each side has ``run(args, kwargs, emit) -> output`` (one forward; ``emit((A's layer, call),
+tensor)`` for each matched layer call), ``produces(key)`` (whether A should wait for that
+key), ``lockstep`` (True: its outputs meet A's one pair at a time; False: *cached*, see
+:mod:`.lockstep`) and ``close()``.
+
+- :class:`EagerSide`: an ``nn.Module`` (another model, a cast or moved copy, dynamic
+  quantization, train mode), hooked like A; lockstep.
+- :class:`ExportSide`: a ``torch.export`` program made in memory, run node by node by a
+  ``torch.fx.Interpreter``; a module call's output is the last node whose ``nn_module_stack``
+  holds that call (``layer1.0.relu@1`` is the second call of ``layer1.0.relu``); lockstep.
+- :class:`CompiledSide`: ``torch.compile`` of a copy, with hooks that only append to a list
+  (Dynamo traces them, so the outputs are those of the compiled graphs); cached.
+- :class:`TracedSide`: ``torch.jit.trace`` of a wrapper that returns every matched layer's
+  output beside the model's (a traced graph's submodules cannot be hooked or called); cached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from inspect_model.methods.compare.lockstep import CallCounter, Key, first_tensor
+
+Emit = Callable[[Key, Any], None]
+
+
+def moved(tree: Any, device: Any, dtype: Any) -> Any:
+    """``tree``'s tensors on ``device``, floating ones in ``dtype`` (None: as they are)."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    def one(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor):
+            return t
+        if dtype is not None and t.is_floating_point():
+            return t.to(device=device or t.device, dtype=dtype)
+        return t.to(device) if device is not None else t
+
+    return pytree.tree_map(one, tree)
+
+
+class EagerSide:
+    lockstep = True
+
+    def __init__(self, model: Any, names: dict[str, str], *, device: Any = None, dtype: Any = None) -> None:
+        self.model, self.names, self.device, self.dtype = model, names, device, dtype  # names: B's -> A's
+
+    def produces(self, key: Key) -> bool:
+        return True
+
+    def prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Made for these inputs' shapes (an export, a trace), before the threads start."""
+
+    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any], emit: Emit) -> Any:
+        modules = dict(self.model.named_modules())
+        counter = CallCounter()
+        handles = []
+        try:
+            for b_name, a_name in self.names.items():
+                def hook(_m: Any, _a: Any, out: Any, a_name: str = a_name) -> None:
+                    emit((a_name, counter.next(a_name)), first_tensor(out))
+
+                handles.append(modules[b_name].register_forward_hook(hook))
+            args, kwargs = moved((args, kwargs), self.device, self.dtype)
+            return self.model(*args, **kwargs)
+        finally:
+            for h in handles:
+                h.remove()
+
+    def close(self) -> None:
+        """Nothing stays registered between runs."""
+
+
+class CompiledSide(EagerSide):
+    lockstep = False
+
+    def __init__(self, model: Any, names: dict[str, str]) -> None:
+        import torch
+
+        super().__init__(model, names)
+        self.store: list[tuple[str, Any]] = []
+        modules = dict(model.named_modules())
+        store = self.store
+        self.handles = []
+        for b_name, a_name in names.items():
+            def hook(_m: Any, _a: Any, out: Any, a_name: str = a_name) -> None:
+                t = first_tensor(out)
+                if t is not None:
+                    store.append((a_name, t.detach().clone()))  # a copy: later in-place ops leave it
+
+            self.handles.append(modules[b_name].register_forward_hook(hook))
+        self.compiled = torch.compile(model)
+
+    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any], emit: Emit) -> Any:
+        self.store.clear()
+        out = self.compiled(*args, **kwargs)
+        counter = CallCounter()
+        for a_name, t in self.store:
+            emit((a_name, counter.next(a_name)), t)
+        self.store.clear()
+        return out
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles.clear()
+
+
+class ExportSide:
+    lockstep = True
+
+    def __init__(self, model: Any, names: dict[str, str]) -> None:
+        self.model, self.names = model, names
+        self.shapes: Any = None
+        self.gm: Any = None
+        self.watch: dict[Any, list[Key]] = {}
+        self.keys: set[Key] = set()
+
+    def prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        import torch
+        import torch.utils._pytree as pytree
+
+        shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else t for t in pytree.tree_leaves((args, kwargs))]
+        if shapes == self.shapes:
+            return
+        ep = torch.export.export(self.model, args, kwargs)  # in memory: no archive is ever loaded
+        self.gm, self.shapes = ep.module(), shapes
+        last: dict[str, Any] = {}
+        for node in self.gm.graph.nodes:
+            for key in (node.meta.get("nn_module_stack") or {}):
+                last[key] = node
+        self.watch, self.keys = {}, set()
+        for key, node in last.items():
+            path = str(node.meta["nn_module_stack"][key][0])
+            call = key.rpartition("@")[2] if "@" in key else "0"
+            if path in self.names and call.isdigit():
+                k = (self.names[path], int(call))
+                self.watch.setdefault(node, []).append(k)
+                self.keys.add(k)
+
+    def produces(self, key: Key) -> bool:
+        return key in self.keys
+
+    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any], emit: Emit) -> Any:
+        import torch
+        import torch.utils._pytree as pytree
+
+        watch = self.watch
+
+        class Tap(torch.fx.Interpreter):
+            def run_node(self, n: Any) -> Any:
+                out = super().run_node(n)
+                for k in watch.get(n, ()):
+                    emit(k, first_tensor(out))
+                return out
+
+        flat = pytree.tree_leaves((args, kwargs))
+        out = Tap(self.gm).run(*flat)
+        spec = getattr(self.gm, "_out_spec", None)
+        return pytree.tree_unflatten(list(out), spec) if spec is not None and isinstance(out, (list, tuple)) else out
+
+    def close(self) -> None:
+        self.gm = None
+
+
+class _Tapped:
+    """A wrapper module whose forward returns (the model's output, [each matched layer output])."""
+
+    @staticmethod
+    def make(model: Any, names: dict[str, str]) -> Any:
+        import torch
+
+        class Tapped(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.inner = model
+                self.order: list[str] = []
+
+            def forward(self, *args: Any, **kwargs: Any) -> Any:
+                taps: list[Any] = []
+                self.order.clear()
+                modules = dict(self.inner.named_modules())
+                handles = []
+                for b_name, a_name in names.items():
+                    def hook(_m: Any, _a: Any, out: Any, a_name: str = a_name) -> None:
+                        t = first_tensor(out)
+                        if t is not None:
+                            taps.append(t.clone())
+                            self.order.append(a_name)
+
+                    handles.append(modules[b_name].register_forward_hook(hook))
+                try:
+                    return self.inner(*args, **kwargs), taps
+                finally:
+                    for h in handles:
+                        h.remove()
+
+        return Tapped()
+
+
+class TracedSide:
+    lockstep = False
+
+    def __init__(self, model: Any, names: dict[str, str]) -> None:
+        self.wrapper = _Tapped.make(model, names)
+        self.traced: Any = None
+        self.shapes: Any = None
+        self.order: list[str] = []
+
+    def produces(self, key: Key) -> bool:
+        return True
+
+    def prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        import warnings
+
+        import torch
+        import torch.utils._pytree as pytree
+
+        shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else t for t in pytree.tree_leaves((args, kwargs))]
+        if shapes != self.shapes:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch.jit.trace is deprecated; its tracer warnings are ours to say
+                self.traced = torch.jit.trace(self.wrapper, args, example_kwarg_inputs=kwargs or None, strict=False,
+                                              check_trace=False)
+            self.shapes, self.order = shapes, list(self.wrapper.order)
+
+    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any], emit: Emit) -> Any:
+        out, taps = self.traced(*args, **kwargs)
+        counter = CallCounter()
+        for a_name, t in zip(self.order, taps):
+            emit((a_name, counter.next(a_name)), t)
+        return out
+
+    def close(self) -> None:
+        self.traced = None
