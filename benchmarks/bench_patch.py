@@ -42,7 +42,8 @@ def contestants(model: Any, tokens: int, batch: int) -> dict[str, Any]:
     from inspect_model.methods.lm.patching import modules_of
 
     g = torch.Generator().manual_seed(0)
-    clean = torch.randint(5, 1000, (tokens,), generator=g)
+    device = next(model.parameters()).device
+    clean = torch.randint(5, 1000, (tokens,), generator=g).to(device)
     corrupt = clean.clone()
     corrupt[tokens // 3] = (corrupt[tokens // 3] + 1) % 1000
     mods = modules_of(model, find_anatomy(model))

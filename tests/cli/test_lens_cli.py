@@ -24,7 +24,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     from fixtures.task_models import save_task_model
 
     root = tmp_path_factory.mktemp("lens")
-    out = {k: save_lm(k, root / k) for k in ("gpt2", "t5")}
+    out = {k: save_lm(k, root / k) for k in ("gpt2", "t5", "llama", "qwen2")}
     out["bertmodel"] = save_task_model("bertmodel", root / "bertmodel")
     return out
 
@@ -93,6 +93,14 @@ def test_tuned_lens_files(cli, folders, tmp_path):
                                                                                    "--lens", str(st)])
     assert _numbers(a) == _numbers(b) and _numbers(a) != _numbers(plain)
     assert _numbers(a)[0][-1] == _numbers(plain)[0][-1]  # the last block: no translator
+
+
+@pytest.mark.parametrize("kind,norm", [("llama", "model.norm"), ("qwen2", "model.norm")])
+def test_llama_and_qwen_read_out_their_own_logits(cli, folders, kind, norm):
+    doc = _json(cli, [str(folders[kind]), "--text", TEXTS[0], "--text", TEXTS[1], "--sites", "resid,attn,mlp"])
+    assert doc["readout_error"] <= 1e-5 and doc["anatomy"]["final_norm"] == norm
+    assert [len(t["rows"]) for t in doc["images"]] == [10, 10] and not doc["warnings"]
+    assert all(max(r["kl"]) <= 1e-6 for t in doc["images"] for r in t["rows"] if r["depth"] == 3 and r["site"] == "resid")
 
 
 def test_encoder_decoder_decodes_the_decoder(cli, folders):

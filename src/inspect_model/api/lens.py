@@ -120,7 +120,7 @@ class LensSession(Session):
         for i, s in zip(known, self.tokenizer.batch_decode([[i] for i in known]) if known else []):
             self.names[i] = s if s else str(self.tokenizer.convert_ids_to_tokens(i))  # a special token decodes to ''
         for i in new:
-            self.names.setdefault(i, f"<id {i}>")  # beyond the tokenizer's vocabulary
+            self.names.setdefault(i, f"<id={i}>")  # beyond the tokenizer's vocabulary
         return [self.names[i] for i in ids]
 
     def feed(self, batch: Any) -> list[ImageItem]:
