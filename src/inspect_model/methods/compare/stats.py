@@ -82,7 +82,7 @@ class PairSums:
         self.sq_b += sq_b
         self.max_abs = max(self.max_abs, mx)
         if mx > tolerance:  # else no element is beyond tol + tol·|a| (>= tol); d is |a−b| here
-            self.beyond += int(torch.count_nonzero(d > x.abs().mul_(tolerance).add_(tolerance)))
+            self.beyond += int(torch.count_nonzero(d.sub_(x.abs(), alpha=tolerance) > tolerance))  # |a−b| − tol·|a| > tol
 
     def _range(self, x: Any, low: Any) -> None:
         import torch
