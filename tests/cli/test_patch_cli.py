@@ -205,3 +205,18 @@ def test_torchrun_shards_the_pairs(folders, tmp_path) -> None:
             assert all(abs(x - y) < 1e-5 for ra, rb in zip(ga, gb) for x, y in zip(ra, rb))
     assert sorted(one["files"]) == sorted(doc["files"])
     assert all((tmp_path / "two" / f).is_file() for p in doc["pairs"] for f in p["files"].values())
+
+
+@pytest.mark.slow  # builds and saves a model: over 3 s
+def test_qwen2_folder(tmp_path) -> None:
+    """A Qwen2 folder; its word-level test tokenizer lies in a folder of its own (--tokenizer): in the
+    model's folder transformers would read it as a Qwen2Tokenizer (from config.json's model_type)."""
+    from fixtures.lm_models import build_lm, lm_tokenizer
+
+    build_lm("qwen2").save_pretrained(tmp_path / "q")
+    lm_tokenizer().save_pretrained(tmp_path / "tok")
+    doc = _json(run_cli(["patch", str(tmp_path / "q"), "--tokenizer", str(tmp_path / "tok"), "--clean", CLEAN,
+                         "--corrupt", CORRUPT, "--metric", "logit-diff: mat,cat", "--json", "-q"]))
+    pair = doc["pairs"][0]
+    assert pair["clean_tokens"] == CLEAN.split() and len(pair["sites"]) == 4
+    assert abs(pair["sites"][0]["normalised"][-1][-1] - 1.0) < 1e-5 and len(pair["sites"][3]["raw"]) == 3
