@@ -134,7 +134,11 @@ def in_worker(job: Callable[[], None]) -> threading.Event:
 
 def _serve(jobs: queue.SimpleQueue) -> None:
     while True:
-        jobs.get()()  # a job never raises: run_b hands its error to the calling thread
+        job = jobs.get()
+        try:
+            job()
+        except BaseException:  # noqa: BLE001  run_b hands its errors to the calling thread; no job ends this thread
+            pass
 
 
 class CallCounter:
