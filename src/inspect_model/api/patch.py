@@ -95,6 +95,7 @@ class PatchRequest(Request):
 class PatchSession(Session):
     command = "patch"
     streams_files = True
+    report_from_records = True  # the records name each item's files: built again by save()
 
     def __init__(self, prep: Any, mopts: ModelOptions, request: PatchRequest, *, tokenizer: Any, per_forward: int,
                  notes: Any = None) -> None:
