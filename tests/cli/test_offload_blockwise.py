@@ -214,3 +214,14 @@ def test_help_shows_the_optional_folder_without_torch():
                        env={**os.environ, "COLUMNS": "200", "PYTHONPATH": os.pathsep.join(sys.path)})
     assert "--offload [DIR]" in r.stdout and "--offload-dir" not in r.stdout
     assert r.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_a_gpu_the_machine_lacks_is_one_line(cli):
+    if torch.cuda.device_count() > 7:
+        pytest.skip("a machine with eight GPUs has GPU 7")
+    r = cli(["activations", "resnet18", CAT, "--weights", "none", "--max-memory", "7=1GB,cpu=1GB"])
+    assert r.exit_code == 2
+    have = torch.cuda.device_count()
+    assert r.stderr.strip() == ("error: --max-memory names GPU 7, and this machine has "
+                                + ("no GPU" if not have else f"{have} (0-{have - 1})")
+                                + "; give cpu=SIZE only, or the GPUs it has")

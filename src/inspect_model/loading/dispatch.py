@@ -36,6 +36,7 @@ from inspect_model.loading.loaded import LoadedModel, LoadRequest
 from inspect_model.loading.preflight import available_memory, check_placed, estimate
 from inspect_model.loading.placement import (
     Placement,
+    check_gpus,
     describe,
     main_device,
     offload_folder,
@@ -52,6 +53,7 @@ def load_placed(spec: str, request: LoadRequest, placement: Placement, *, checkp
     from inspect_model.loading.sources import find_source
 
     require_accelerate()
+    check_gpus(placement)
     dtype = parse_dtype(request.dtype or "float32")
     source = find_source(spec)
     if source.name in ("torchscript", "export", "pickled"):
