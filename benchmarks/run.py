@@ -46,12 +46,14 @@ BENCHES = [
     "bench_evaluate",
     "bench_attention",
     "bench_attributions",
+    "bench_patch",
     "bench_video",
     "bench_dataset",
     "bench_pictures",
     "bench_leaks",
     "bench_offload",
     "bench_lens",
+    "bench_compare",
 ]
 
 

@@ -67,14 +67,15 @@ def check_no_code(path: str, defaults: dict[str, Any], model: str | None) -> Non
     values for a model other than timm's (``model``: the model the run loads)."""
     from inspect_model.loading.sources import code_running
 
-    named = defaults.get("model")
-    if isinstance(named, str) and named.strip():
-        source = code_running(named)
-        if source is not None:
-            raise UsageError(
-                f"config file '{path}' names the model '{named}', whose loading runs code ({source} source); "
-                "a config may name torchvision, timm:NAME and hf:ORG/NAME models: give code-running models "
-                "(FILE.py:NAME, package.module:NAME, TorchScript and pickled files) on the command line")
+    for key in ("model", "against_model"):  # compare's side B is a model too (issue 38)
+        named = defaults.get(key)
+        if isinstance(named, str) and named.strip():
+            source = code_running(named)
+            if source is not None:
+                raise UsageError(
+                    f"config file '{path}' names the model '{named}', whose loading runs code ({source} source); "
+                    "a config may name torchvision, timm:NAME and hf:ORG/NAME models: give code-running models "
+                    "(FILE.py:NAME, package.module:NAME, TorchScript and pickled files) on the command line")
     if defaults.get("model_arg") and not str(model or "").strip().startswith("timm:"):
         raise UsageError(
             f"config file '{path}' sets 'model-arg', which is passed to the model's own code; it is honoured "

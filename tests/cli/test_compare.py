@@ -275,3 +275,10 @@ def test_help_does_not_import_torch() -> None:
             "except SystemExit:\n    pass\nprint('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "False" and "--against-dtype" in out
+
+
+def test_a_config_file_cannot_name_a_code_running_side_b(cli, models_py, tmp_path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[compare]\nagainst-model = "{models_py}:TinyCNN"\n')
+    r = cli(["compare", "resnet18", "--weights", "none", "--config", str(cfg)])
+    assert r.exit_code == 2 and "whose loading runs code" in r.stderr and "Traceback" not in r.stderr

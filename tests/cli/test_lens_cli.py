@@ -24,7 +24,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
     from fixtures.task_models import save_task_model
 
     root = tmp_path_factory.mktemp("lens")
-    out = {k: save_lm(k, root / k) for k in ("gpt2", "t5")}
+    out = {k: save_lm(k, root / k) for k in ("gpt2", "t5", "llama", "qwen2")}
     out["bertmodel"] = save_task_model("bertmodel", root / "bertmodel")
     return out
 
@@ -93,6 +93,14 @@ def test_tuned_lens_files(cli, folders, tmp_path):
                                                                                    "--lens", str(st)])
     assert _numbers(a) == _numbers(b) and _numbers(a) != _numbers(plain)
     assert _numbers(a)[0][-1] == _numbers(plain)[0][-1]  # the last block: no translator
+
+
+@pytest.mark.parametrize("kind,norm", [("llama", "model.norm"), ("qwen2", "model.norm")])
+def test_llama_and_qwen_read_out_their_own_logits(cli, folders, kind, norm):
+    doc = _json(cli, [str(folders[kind]), "--text", TEXTS[0], "--text", TEXTS[1], "--sites", "resid,attn,mlp"])
+    assert doc["readout_error"] <= 1e-5 and doc["anatomy"]["final_norm"] == norm
+    assert [len(t["rows"]) for t in doc["images"]] == [10, 10] and not doc["warnings"]
+    assert all(max(r["kl"]) <= 1e-6 for t in doc["images"] for r in t["rows"] if r["depth"] == 3 and r["site"] == "resid")
 
 
 def test_encoder_decoder_decodes_the_decoder(cli, folders):
@@ -165,3 +173,32 @@ def test_errors_are_one_line(cli, folders, tmp_path, args, code, message):
     lines = r.stderr.strip().splitlines()
     assert lines[-1].startswith("error: ") and message.format(**subs) in lines[-1], r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_text_file_resume_after_an_interruption(cli, folders, tmp_path, monkeypatch):
+    import importlib
+
+    api_lens = importlib.import_module("inspect_model.api.lens")
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat sat on the mat\na dog ran to the park\nthe movie was very good\n")
+    common = ["lens", str(folders["gpt2"]), "--text-file", str(texts), "--batch-size", "1", "--top-k", "2", "-q"]
+    whole = _json(cli, [*common[1:], "-o", str(tmp_path / "one")])
+    real = api_lens.LensSession.feed
+    calls = {"n": 0}
+
+    def failing(self, batch):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(self, batch)
+
+    monkeypatch.setattr(api_lens.LensSession, "feed", failing)
+    assert cli([*common, "-o", str(tmp_path / "res"), "--resume"]).exit_code != 0
+    seen: list = []
+    monkeypatch.setattr(api_lens.LensSession, "feed", lambda self, b: seen.append(b.names) or real(self, b))
+    resumed = _json(cli, [*common[1:], "-o", str(tmp_path / "res"), "--resume"])
+    assert seen == [["text-1"], ["text-2"]]  # text-0 was done before the interruption
+    assert _numbers(resumed) == _numbers(whole) and resumed["layers"] == whole["layers"]
+    assert [t["index"] for t in resumed["images"]] == [0, 1, 2]
+    assert sorted(p.name for p in (tmp_path / "res" / "images").iterdir()) == ["0000-text-0", "0001-text-1",
+                                                                              "0002-text-2"]

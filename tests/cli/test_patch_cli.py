@@ -31,7 +31,8 @@ def _json(r) -> dict:
     return doc
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama", "t5"])
+@pytest.mark.parametrize("kind", ["gpt2", pytest.param("llama", marks=pytest.mark.slow),
+                                  pytest.param("t5", marks=pytest.mark.slow)])
 def test_report_json_files_and_schema(folders, tmp_path, kind) -> None:
     out = tmp_path / "o"
     r = run_cli(["patch", str(folders[kind]), "--clean", CLEAN, "--corrupt", CORRUPT, "--metric", "logit-diff: mat,cat",
@@ -73,6 +74,7 @@ def test_causal_tracing_cli(folders) -> None:
     assert all(abs(row[0]) < 1e-6 for row in pair["sites"][0]["normalised"])
 
 
+@pytest.mark.slow  # five runs of three pairs: over 3 s
 def test_pairs_file_and_resume_and_api_equality(folders, tmp_path, monkeypatch) -> None:
     import inspect_model as im
     import importlib
@@ -172,4 +174,49 @@ def test_module_given_back_also_on_failure(folders) -> None:
     with pytest.raises(Exception):
         im.patch(model, clean=CLEAN, corrupt=CORRUPT, tokenizer=str(folders["llama"]), metric="prob: horse cat")
     assert model.training and all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert torch.is_grad_enabled()  # the caller's grad mode is given back too
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+@pytest.mark.slow  # two torchrun processes: over 3 s
+def test_torchrun_shards_the_pairs(folders, tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"clean": c, "corrupt": k}) + "\n" for c, k in [
+        (CLEAN, CORRUPT), ("a dog ran to the park", "a cat ran to the park"),
+        ("the movie was very good", "the film was very good")]))
+    common = ["patch", str(folders["gpt2"]), "--pairs", str(pairs), "--sites", "resid,head", "--json", "-q"]
+    one = _json(run_cli([*common, "-o", str(tmp_path / "one")]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", MPLBACKEND="Agg")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+                          "-m", "inspect_model", *common, "-o", str(tmp_path / "two")],
+                         capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert two.returncode == 0, two.stderr[-2000:]
+    doc = json.loads(two.stdout)
+    assert [p["name"] for p in doc["pairs"]] == ["pair-0", "pair-1", "pair-2"]
+    for a, b in zip(_grids(one), _grids(doc)):
+        for ga, gb in zip(a, b):
+            assert all(abs(x - y) < 1e-5 for ra, rb in zip(ga, gb) for x, y in zip(ra, rb))
+    assert sorted(one["files"]) == sorted(doc["files"])
+    assert all((tmp_path / "two" / f).is_file() for p in doc["pairs"] for f in p["files"].values())
+
+
+@pytest.mark.slow  # builds and saves a model: over 3 s
+def test_qwen2_folder(tmp_path) -> None:
+    """A Qwen2 folder; its word-level test tokenizer lies in a folder of its own (--tokenizer): in the
+    model's folder transformers would read it as a Qwen2Tokenizer (from config.json's model_type)."""
+    from fixtures.lm_models import build_lm, lm_tokenizer
+
+    build_lm("qwen2").save_pretrained(tmp_path / "q")
+    lm_tokenizer().save_pretrained(tmp_path / "tok")
+    doc = _json(run_cli(["patch", str(tmp_path / "q"), "--tokenizer", str(tmp_path / "tok"), "--clean", CLEAN,
+                         "--corrupt", CORRUPT, "--metric", "logit-diff: mat,cat", "--json", "-q"]))
+    pair = doc["pairs"][0]
+    assert pair["clean_tokens"] == CLEAN.split() and len(pair["sites"]) == 4
+    assert abs(pair["sites"][0]["normalised"][-1][-1] - 1.0) < 1e-5 and len(pair["sites"][3]["raw"]) == 3

@@ -12,17 +12,9 @@ from typing import Any, ClassVar
 
 from inspect_model.run.options import InputOptions, ModelOptions
 from inspect_model.run.pipeline import run_images
-from inspect_model.run.request import (
-    COLORMAP_HELP,
-    DEPTH_HELP,
-    LAYERS_HELP,
-    SAVE_RAW_HELP,
-    Request,
-    api_command,
-    one_of,
-    option,
-    positive,
-)
+from inspect_model.run import option_groups as og
+from inspect_model.run.option_groups import Layers, Picture
+from inspect_model.run.request import DEPTH_HELP, Request, api_command, one_of, option, positive
 from inspect_model.run.resume import count
 from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import UsageError
@@ -36,30 +28,28 @@ class ActivationsRequest(Request):
     """The options of ``activations``; validated once, here."""
 
     command: ClassVar[str] = "activations"
+    groups: ClassVar[tuple[Any, ...]] = (Picture, Layers)
 
-    layers: tuple[str, ...] = option((), "--layer", "--layers", "-l", help=LAYERS_HELP, multiple=True,
-                                     complete="layer")
+    layers: tuple[str, ...] = og.layers()
     depth: int | None = option(None, "--depth", type=int, help=DEPTH_HELP)
     scale: str = option("layer", "--scale", help="Feature-map colours: each (every tile its own min..max) or layer "
                         "(one scale).")
     max_channels: int = option(64, "--max-channels", help="Draw at most this many channels per layer (0: all).")
     channels: str | None = option(None, "--channels", type=str, help="Channels to draw: top:N (most active first) "
                                   "or a list like 0,5,8-11.")
-    colormap: str = option("viridis", "--colormap", "--cmap", help=COLORMAP_HELP, complete="colormap")
-    save_raw: bool = option(False, "--save-raw", help=SAVE_RAW_HELP)
+    colormap: str = og.colormap("viridis")
+    save_raw: bool = og.save_raw()
     raw_format: str = option("npy", "--raw-format", help="With --save-raw: npy (one file per layer and image) or "
                              "npz (one per image).")
 
     def validate(self) -> None:
         from inspect_model.render.grids import SCALES, parse_channels
-        from inspect_model.render.overlay import check_colormap
 
         one_of(self.scale, SCALES, "--scale")
         if self.raw_format not in ("npy", "npz"):
             raise UsageError(f"--raw-format '{self.raw_format}' is not npy or npz")
         positive(self.max_channels, "--max-channels", zero=True)
         positive(self.depth, "--depth", zero=True)
-        check_colormap(self.colormap)
         self._set("channel_spec", parse_channels(self.channels, self.max_channels))
 
 
@@ -181,6 +171,7 @@ class ActivationsSession(Session):
         return out
 
     def finish(self) -> Result:
+        from inspect_model.methods.activations.entries import activations_payload
         from inspect_model.render import activations as render
 
         report = self.capture.report()
@@ -194,11 +185,8 @@ class ActivationsSession(Session):
                               + ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else ""))
         # The layers named with --layer: drawn into the output directory when there is one.
         drawn = list(self.selected) if self.layer_specs else []
-        payload = {**render.to_payload(report, images=self.entries, grids=self.drawer.grids, drawn=drawn),
-                   "skipped": skipped}
-        for row in payload["layers"]:
-            if row["key"] in self.layouts:
-                row["layout"] = self.layouts[row["key"]]
+        payload = {**activations_payload(report, images=self.entries, grids=self.drawer.grids, drawn=drawn,
+                                         layouts=self.layouts), "skipped": skipped}
         if self.positions is not None:
             payload["positions"] = self.positions.report()
         quantized = [r.key for r in report.layers if r.dtype in render.QUANTIZED_DTYPES]
@@ -214,11 +202,11 @@ class ActivationsSession(Session):
 
     def line(self, item: ImageItem) -> dict[str, Any]:
         """``--jsonl``: the image's statistics per layer (richer than its report entry)."""
-        from inspect_model.render.activations import image_line
+        from inspect_model.methods.activations.entries import image_line
 
         if item.data is None:
             return item.entry
-        return {**image_line(item.data["image"]), "files": item.entry.get("files", {})}
+        return image_line(item.data["image"], item.entry.get("files", {})).to_dict()
 
     # ------------------------------------------------------------------ resumable, mergeable
     def start(self, index: int, batch: int, rank: int) -> None:

@@ -11,7 +11,8 @@ from typing import Any, ClassVar
 
 from inspect_model.run.options import InputOptions, ModelOptions
 from inspect_model.run.pipeline import prepare
-from inspect_model.run.request import OUTPUT_KEY_HELP, Request, api_command, option
+from inspect_model.run import option_groups as og
+from inspect_model.run.request import Request, api_command, option
 from inspect_model.run.session import Result
 from inspect_model.errors import UsageError
 from inspect_model.registry import command
@@ -39,7 +40,7 @@ class CheckRequest(Request):
                                        "seconds: a timeout (a model that hangs fails the check when it is spent).")
     max_memory: float | None = option(None, "--max-memory", type=float, help="Budget for peak memory growth, in "
                                       "MB.")
-    output_key: str | None = option(None, "--output-key", type=str, help=OUTPUT_KEY_HELP)
+    output_key: str | None = og.output_key()
 
     def validate(self) -> None:
         from inspect_model.methods.checks import smoke as checks

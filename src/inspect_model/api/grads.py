@@ -12,17 +12,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from inspect_model.run.options import InputOptions, ModelOptions, check_target_syntax
+from inspect_model.run import option_groups as og
+from inspect_model.run.option_groups import Layers
+from inspect_model.run.options import InputOptions, ModelOptions
 from inspect_model.run.pipeline import run_images
 from inspect_model.run.request import (
     DEPTH_HELP,
-    LAYERS_HELP,
     MAX_DETECTIONS_HELP,
-    OUTPUT_KEY_HELP,
     SCORE_THRESHOLD_HELP,
     Request,
     api_command,
-    check_target_value,
     option,
     positive,
 )
@@ -40,10 +39,11 @@ class GradsRequest(Request):
     """The options of ``grads``; validated once, here."""
 
     command: ClassVar[str] = "grads"
+    groups: ClassVar[tuple[Any, ...]] = (Layers,)
 
-    target: str | tuple[str, ...] | None = option(None, "--target", "-t", type=str, complete="target",
-                         help="Differentiate a class score: predicted (default), a class index or name, or top:K "
-                         "(the sum of the K best scores), as output.backward(one_hot).")
+    target: str | tuple[str, ...] | None = og.target(None, help="Differentiate a class score: predicted "
+                                                         "(default), a class index or name, or top:K (the sum of "
+                                                         "the K best scores), as output.backward(one_hot).")
     loss: str | None = option(None, "--loss", type=str, help="Differentiate a loss instead, summed over inputs: "
                               "cross-entropy (needs --true-label/--true-labels), mse (against the label's one-hot, "
                               "or zeros without a label), or sum (of every output element).")
@@ -51,9 +51,8 @@ class GradsRequest(Request):
                                "every input, for --loss.")
     labels_file: Any = option(None, "--true-labels", "--labels-file", type=Path, help="File with one true class "
                               "per image (index or name per line), for --loss.")
-    output_key: str | None = option(None, "--output-key", type=str, help=OUTPUT_KEY_HELP)
-    layers: tuple[str, ...] = option((), "--layer", "--layers", "-l", help=LAYERS_HELP, multiple=True,
-                                     complete="layer")
+    output_key: str | None = og.output_key()
+    layers: tuple[str, ...] = og.layers()
     depth: int | None = option(None, "--depth", type=int, help=DEPTH_HELP)
     clip_norm: float | None = option(None, "--clip-norm", type=float, help="Report what "
                                      "clip_grad_norm_(max_norm=X) would do.")
@@ -76,8 +75,6 @@ class GradsRequest(Request):
     def validate(self) -> None:
         from inspect_model.methods.objectives.scores import check_dense_options
 
-        self._set("target", check_target_value(self.target))
-        check_target_syntax(self.target)
         check_dense_options(self.score_threshold, self.max_detections)
         if isinstance(self.label, int) and not isinstance(self.label, bool):
             self._set("label", str(self.label))
@@ -163,7 +160,7 @@ class GradsSession(Session):
     def _grad_run(self, handle: Callable[[ImageItem], None] | None = None) -> Any:
         from inspect_model.methods.gradients.objective import read_labels_file
         from inspect_model.methods.gradients.flow import GradRun
-        from inspect_model.render.gradients import sample_payload
+        from inspect_model.methods.gradients.entries import sample_entry
 
         cats = self.prep.categories
         lab: Any = self.label
@@ -172,7 +169,7 @@ class GradsSession(Session):
 
         def on_batch(samples: list[Any]) -> None:
             for s in samples:
-                item = ImageItem(sample_payload(s, self.count))
+                item = ImageItem(sample_entry(s, self.count).to_dict())
                 if handle is not None:
                     handle(item)  # a clip's or pair's record joins the entry there (run/media.py)
                 self._keep_media(item.entry)
@@ -203,7 +200,7 @@ class GradsSession(Session):
         return self.partial if self.partial is not None else GradPartial()
 
     def finish(self) -> Result:
-        from inspect_model.render import gradients as render
+        from inspect_model.methods.gradients.entries import grads_payload
 
         self.grad_run = self.grad_run or self._grad_run()
         if self.partial is not None:  # resumed, or every shard's merged on rank 0 (run/runner.py)
@@ -221,7 +218,7 @@ class GradsSession(Session):
         if failed:
             more = f" (also failed: {', '.join(f.name for f in failed[1:])})" if len(failed) > 1 else ""
             failures = [f"gradient check '{failed[0].name}' failed: {failed[0].detail}{more}"]
-        payload = {**render.to_payload(rep), "skipped": skipped}
+        payload = {**grads_payload(rep), "skipped": skipped}
         for e in payload.get("images", []):
             e.update(self.media.get(str(e["image"]), {}))
         if self.positions is not None:
@@ -355,11 +352,11 @@ class JacobianSession(Session):
         return item.entry
 
     def finish(self) -> Result:
-        from inspect_model.render import gradients as render
+        from inspect_model.methods.gradients.entries import jacobian_payload
 
         for r in self.results:
             r.grad_map = None  # drawn; not kept
-        payload = render.jacobian_payload(self.results)
+        payload = jacobian_payload(self.results)
         payload["images"] = []
         payload["image_count"] = self.count
         return Result("grads", self.resolved_options(), payload, self.warnings.to_list(),

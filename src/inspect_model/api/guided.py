@@ -11,19 +11,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from inspect_model.run.options import InputOptions, ModelOptions, check_target_syntax
+from inspect_model.run import option_groups as og
+from inspect_model.run.options import InputOptions, ModelOptions
 from inspect_model.run.pipeline import run_images
-from inspect_model.run.request import (
-    MAX_DETECTIONS_HELP,
-    OUTPUT_KEY_HELP,
-    SAVE_RAW_HELP,
-    SCORE_THRESHOLD_HELP,
-    TARGET_HELP,
-    Request,
-    api_command,
-    check_target_value,
-    option,
-)
+from inspect_model.run.request import MAX_DETECTIONS_HELP, SCORE_THRESHOLD_HELP, Request, api_command, option
 from inspect_model.run.objective_options import one_target
 from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
@@ -38,8 +29,7 @@ class GuidedRequest(Request):
 
     command: ClassVar[str] = "guided-backprop"
 
-    target: str | tuple[str, ...] | None = option("predicted", "--target", "-t", type=str, help=TARGET_HELP,
-                                                  complete="target")
+    target: str | tuple[str, ...] | None = og.target()
     activations: bool = option(False, "--activations", help="Also guide relu6, leaky_relu, silu, gelu and prelu "
                                "(clamp the negative gradient at their outputs).")
     guided_gradcam: bool = option(False, "--guided-gradcam", help="Also write guided backprop times the Grad-CAM "
@@ -48,8 +38,8 @@ class GuidedRequest(Request):
                         "layer spec.", complete="layer")
     sanity: bool = option(False, "--sanity", help="Cascading weight-randomisation check (Adebayo et al. 2018) on "
                           "a copy of the model; reports Spearman rank correlation with the original maps.")
-    output_key: str | None = option(None, "--output-key", type=str, help=OUTPUT_KEY_HELP)
-    save_raw: bool = option(False, "--save-raw", help=SAVE_RAW_HELP)
+    output_key: str | None = og.output_key()
+    save_raw: bool = og.save_raw()
     overview: bool = option(True, "--overview/--no-overview", help="With --output-dir: one titled overview PNG "
                             "per image.")
     score_threshold: float | None = option(None, "--score-threshold", type=float, help=SCORE_THRESHOLD_HELP)
@@ -58,8 +48,6 @@ class GuidedRequest(Request):
     def validate(self) -> None:
         from inspect_model.methods.objectives.scores import check_dense_options
 
-        self._set("target", check_target_value(self.target))
-        check_target_syntax(self.target)
         check_dense_options(self.score_threshold, self.max_detections)
         if self.layer != "auto" and not self.guided_gradcam:
             raise UsageError("--layer applies to --guided-gradcam; add --guided-gradcam or drop --layer")
@@ -171,7 +159,7 @@ class GuidedSession(Session):
         return picture_frame(self.prep.plan.preprocess, img, (int(batch.tensor.shape[-2]), int(batch.tensor.shape[-1])))
 
     def _entry(self, index: int, name: str, res: Any, i: int, frame: Any = None) -> dict[str, Any]:
-        from inspect_model.render.cam_report import class_name
+        from inspect_model.methods.objectives.rows import class_name
 
         maps = []
         for k, cls in enumerate(res.targets[i]):

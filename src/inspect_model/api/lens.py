@@ -65,6 +65,13 @@ def _width(model: Any, anatomy: Any) -> int:
     return int(w.shape[-1]) if w is not None else 0
 
 
+def _index(name: str, fallback: int) -> int:
+    """A text's run index: its name's (``text-12``: the plan names texts by their place in the
+    run, whichever rank or resumed run feeds it)."""
+    tail = name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else fallback
+
+
 class LensSession(Session):
     command = "lens"
     streams_files = True
@@ -113,7 +120,7 @@ class LensSession(Session):
         for i, s in zip(known, self.tokenizer.batch_decode([[i] for i in known]) if known else []):
             self.names[i] = s if s else str(self.tokenizer.convert_ids_to_tokens(i))  # a special token decodes to ''
         for i in new:
-            self.names.setdefault(i, f"<id {i}>")  # beyond the tokenizer's vocabulary
+            self.names.setdefault(i, f"<id={i}>")  # beyond the tokenizer's vocabulary
         return [self.names[i] for i in ids]
 
     def feed(self, batch: Any) -> list[ImageItem]:
@@ -133,7 +140,7 @@ class LensSession(Session):
             else:
                 n = batch.text.lengths[i]
                 ids = [int(v) for v in batch.tensor[i, :n].tolist()]
-            entry = self._entry(self.index_base + len(self.entries), name, batch.text.texts[i], ids,
+            entry = self._entry(_index(name, self.index_base + len(self.entries)), name, batch.text.texts[i], ids,
                                 predicted[i, :n].tolist(), decoded, i, n)
             self.entries.append(entry)
             items.append(ImageItem(entry, entry))

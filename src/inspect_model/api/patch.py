@@ -17,7 +17,8 @@ from typing import Any, ClassVar
 from inspect_model.errors import UsageError
 from inspect_model.registry import command
 from inspect_model.run.options import InputOptions, ModelOptions
-from inspect_model.run.request import COLORMAP_HELP, Request, api_command, option
+from inspect_model.run import option_groups as og
+from inspect_model.run.request import Request, api_command, option
 from inspect_model.run.session import ImageItem, Result, Session, Warnings
 from inspect_model.reports.patch import PatchReport
 from inspect_model.render import patch as render
@@ -59,14 +60,12 @@ class PatchRequest(Request):
                                    "model's own).")
     encoder_text: str = option("", "--encoder-text", help="An encoder-decoder's encoder input (the prompts feed its "
                                "decoder, whose blocks are patched).")
-    colormap: str = option("RdBu_r", "--colormap", "--cmap", help=COLORMAP_HELP, complete="colormap")
+    colormap: str = og.colormap("RdBu_r")
 
     def validate(self) -> None:
         from inspect_model.methods.lm.metrics import parse_metric
-        from inspect_model.render.overlay import check_colormap
 
         parse_metric(self.metric)
-        check_colormap(self.colormap)
         tracing = self.noise_subject is not None
         names = [s.strip() for s in (self.sites or "").split(",") if s.strip()]
         for s in names:
@@ -122,6 +121,10 @@ class PatchSession(Session):
         items = []
         for name, pair in zip(batch.names, batch.pairs):
             rec = patch_one(self, int(name.rsplit("-", 1)[1]), name, pair)
+            gap, scale = abs(rec.clean_value - rec.corrupt_value), max(abs(rec.clean_value), abs(rec.corrupt_value))
+            if gap <= 0.01 * scale or gap == 0.0:
+                self.warnings.add(f"{name}: the clean and corrupted runs differ by {gap:.3g} in {rec.metric.text} "
+                                  "(under 1%): the normalised values divide by that difference")
             entry = rec.to_dict()
             self.records.append(rec)
             self.entries.append(entry)

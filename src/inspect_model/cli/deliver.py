@@ -48,6 +48,8 @@ def run_api(command: str, api_fn: Callable[..., Any], opts: ModelOptions, inputs
 
         entries = result.payload.get("images") or []
         unit = "clip" if any(isinstance(e, dict) and "clip" in e for e in entries) else "image"  # issue 39
+        if not entries and isinstance(result.payload.get("pairs"), list):  # patch: prompt pairs (issue 36)
+            unit = "pair"
         if entries and all(isinstance(e, dict) and "text" in e for e in entries):
             unit = "text"  # --text runs count texts
         # From the first batch on, as the progress lines count (tracked() starts them there).

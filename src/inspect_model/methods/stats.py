@@ -67,6 +67,11 @@ class TensorStats:
         """The reported statistics (:meth:`reported`); JSON writes NaN and Inf as null."""
         return asdict(self.reported())
 
+    @property
+    def reported_abs_max(self) -> float | None:
+        """max |x| as reported: NaN for a tensor holding NaN, Inf for one holding Inf."""
+        return float("nan") if self.nan_count else self.reported().abs_max
+
 
 # Large float32 tensors (issue 40): float32 row reductions added in float64 (methods/row_stats.py
 # says why). Below this many values the exact float64 path costs little and is kept

@@ -107,56 +107,6 @@ def render_rich(rep: ActivationReport, files: list[str] | None = None,
     return [t, "\n".join(footer_lines(rep, files, drawn)), *warning_text({"warnings": warnings or []})]
 
 
-def stats_dict(s: ActivationStats) -> dict[str, Any]:
-    return {
-        "numel": s.numel, "mean": s.mean, "std": s.std, "min": s.min, "max": s.max,
-        "zero_fraction": s.zero_fraction, "negative_fraction": s.negative_fraction,
-        "nan_count": s.nan_count, "inf_count": s.inf_count,
-    }
-
-
-def layer_dict(r: LayerActivation, drawn: list[str] | None = None) -> dict[str, Any]:
-    return {
-        "key": r.key, "name": r.name, "type": r.type, "call_index": r.call_index, "calls": r.calls,
-        "depth": r.depth, "order": r.order, "output_key": r.output_key, "shape": list(r.shape),
-        "dtype": r.dtype, "per_image": r.per_sample, "stats": stats_dict(r.stats),
-        "channel_dim": r.channel_dim, "channels": r.channels, "dead_channels": r.dead_channels,
-        "dead_channel_fraction": r.dead_channel_fraction, "channel_means": list(r.channel_means),
-        "drawn": r.kept if drawn is None else r.name in drawn,
-    }
-
-
-def to_payload(rep: ActivationReport, *, images: list[dict[str, Any]] | None = None,
-               grids: list[dict[str, Any]] | None = None, drawn: list[str] | None = None) -> dict[str, Any]:
-    """The report's body. ``drawn``: the layers named for drawing (default: those kept)."""
-    drawn = list(rep.kept_layers) if drawn is None else drawn
-    return {
-        "model": rep.model,
-        "image_count": rep.images,
-        "images": list(images or []),
-        "batches": rep.batches,
-        "aggregation": "merged over the real tokens of every text, padding left out (exact: per-text moments "
-                       "combined)" if rep.real_tokens else "merged over all images (exact: per-image moments combined)",
-        "selected_layers": list(rep.selected),
-        "drawn_layers": drawn,
-        "layers": [layer_dict(r, drawn) for r in rep.layers],
-        "grids": list(grids or []),
-    }
-
-
-def image_line(img: ImageActivations, files: list[str] | None = None) -> dict[str, Any]:
-    """One ``--jsonl`` object: one image's statistics per row."""
-    return {
-        "image": img.name,
-        "index": img.index,
-        "layers": [
-            {"key": s.key, "dead_channel_fraction": s.dead_channel_fraction, **stats_dict(s.stats)}
-            for s in img.layers
-        ],
-        "files": list(files or []),
-    }
-
-
 def render_overview(rep: ActivationReport) -> Figure:
     """Mean +- std, and the zero / dead-channel fractions, of every row in forward order."""
     import numpy as np

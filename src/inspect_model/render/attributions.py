@@ -187,25 +187,6 @@ def _num(v: Any) -> str:
     return "0" if a == 0 else (f"{v:.4g}" if 1e-3 <= a < 1e5 else f"{v:.2e}")
 
 
-def map_record(method: str, stats: dict[str, float], *, signed: bool, smoothed: bool, target: int,
-               label: str | None, score: float, baseline_score: float | None = None,
-               delta: float | None = None) -> dict[str, Any]:
-    """One map's entry in the report: what it is, its statistics, and for integrated
-    gradients f(x), f(baseline) and the completeness gap sum(map) - (f(x) - f(baseline))."""
-    rec: dict[str, Any] = {
-        "method": method, "smoothed": smoothed, "signed": signed,
-        "target": {"class": target, "label": label, "score": score},
-        "positive_mass": stats["positive"], "negative_mass": stats["negative"], "sum": stats["sum"],
-        "abs_mass": stats["abs"], "max_abs": stats["max_abs"], "files": {},
-    }
-    if delta is not None:
-        rec["baseline_score"] = baseline_score
-        rec["completeness_gap"] = delta
-        rec["relative_gap"] = (abs(delta) / abs(score - baseline_score)
-                               if baseline_score is not None and score != baseline_score else None)
-    return rec
-
-
 MAP_COLUMNS = (Column("Image"), Column("Target"), Column("Method"), Column("Positive", "right"),
                Column("Negative", "right"), Column("Sum", "right"), Column("Gap", "right"))
 

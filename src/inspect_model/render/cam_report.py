@@ -1,63 +1,19 @@
-"""The ``cam`` report: per-image records (JSON-ready dicts) and their text / rich rendering.
-
-``image_record`` turns one sample of a :class:`~inspect_model.methods.cam.maps.CamResult` into
-the dict that ``--json`` lists and ``--jsonl`` streams; ``render_text``/``render_rich``
-format a whole payload. Pure functions: nothing is printed here.
+"""The ``cam`` report's text and rich rendering: ``render_text``/``render_rich`` format a
+whole payload (the per-image entries are built by methods/cam/entries.py). Pure functions:
+nothing is printed here.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from inspect_model.render import faithfulness as rf
 from inspect_model.render.table import Column, one_line, plain_table, rich_table, warning_text
-
-if TYPE_CHECKING:
-    from inspect_model.methods.cam.maps import CamResult
 
 MAP_COLUMNS = (
     Column("Method"), Column("Layer"), Column("Target"), Column("Prob", "right"),
     Column("Raw min", "right"), Column("Raw max", "right"), Column("Note"),
 )
-
-
-def class_name(index: int, categories: list[str] | None) -> str | None:
-    if categories and 0 <= index < len(categories) and categories[index]:
-        return categories[index]
-    return None
-
-
-def image_record(res: CamResult, i: int, *, index: int, name: str, size: list[int] | None,
-                 categories: list[str] | None, top: int = 5) -> dict[str, Any]:
-    """The report entry of sample ``i`` of ``res`` (global position ``index``)."""
-    scores = res.scores[i]
-    probs = res.probabilities[i]
-    import torch
-
-    k = min(top, scores.shape[0])
-    # Ranked by the scores, equal ones lowest class first: the ranking of the targets
-    # (methods.targets.top_classes), so the list's first class is the one 'predicted' draws.
-    best = torch.sort(scores.detach().float(), descending=True, stable=True).indices[:k].tolist()
-    predictions = [
-        {"class": int(c), "label": class_name(int(c), categories), "score": float(scores[int(c)]),
-         "probability": float(probs[int(c)])}
-        for c in best
-    ]
-    maps = []
-    for m in res.maps:
-        if m.sample != i:
-            continue
-        maps.append({
-            "method": m.method, "layer": m.layer, "rank": m.rank,
-            "target": {"class": m.target, "label": class_name(m.target, categories),
-                       "score": float(scores[m.target]), "probability": float(probs[m.target])},
-            "class_independent": m.class_independent,
-            "raw_min": m.raw_min, "raw_max": m.raw_max,
-            "warnings": list(m.warnings),
-            "files": {},
-        })
-    return {"index": index, "image": name, "size": size, "predictions": predictions,
-            "targets": [int(t) for t in res.targets[i]], "maps": maps, "files": {}}
 
 
 def _num(v: Any) -> str:

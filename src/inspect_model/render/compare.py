@@ -109,8 +109,8 @@ def compare_tables(doc: dict[str, Any]) -> list[Any]:
     from inspect_model.render.html_columns import at
 
     layers = [("#", at("order")), ("layer", at("name")), ("B's layer", at("other")), ("type", at("type")),
-              ("relative error", at("relative_error")), ("max |a-b|", at("max_abs_error")), ("cosine", at("cosine")),
-              ("share > tol", at("beyond_tolerance")), ("growth", at("growth")), ("overflow", at("overflow")),
+              ("relative error", at("relative_error")), ("max |a-b|", at("max_abs_error")),
+              ("1 - cosine", _one_minus(at("cosine"))), ("share > tol", at("beyond_tolerance")), ("growth", at("growth")), ("overflow", at("overflow")),
               ("underflow", at("underflow")), ("NaN/Inf A", at("nonfinite_a")), ("NaN/Inf B", at("nonfinite_b")),
               ("status", at("status"))]
     weights = [("layer", at("name")), ("B's layer", at("other")), ("type", at("type")), ("values", at("values")),
@@ -122,6 +122,14 @@ def compare_tables(doc: dict[str, Any]) -> list[Any]:
     return [("Layers (A's forward order): first divergent " + str(doc.get("first_divergent")), doc.get("layers") or [],
              layers), ("Weights (per layer)", doc.get("weights") or [], weights),
             ("Outputs", doc.get("outputs") or [], outputs)]
+
+
+def _one_minus(get: Any) -> Any:
+    """1 − cosine: near 1 a cosine's digits say nothing in a table; its distance from 1 does."""
+    def one_minus(rec: dict[str, Any]) -> Any:
+        v = get(rec)
+        return None if v is None else max(0.0, 1.0 - v)
+    return one_minus
 
 
 class CompareDrawer(Drawer):
@@ -170,7 +178,7 @@ def depth_figure(rec: Any) -> Any:
         ax.axhline(rec.tolerance, color="0.3", linestyle="--", linewidth=1, label=f"tolerance {rec.tolerance:g}")
     if first in names:
         i = names.index(first)
-        ax.axvline(i, color="red", linewidth=1.5, label=f"first divergent: {first}")
+        ax.axvline(i, color="black", linestyle="-.", linewidth=1.5, label=f"first divergent: {first}")
     ax.set_xlim(-0.5, max(len(names) - 0.5, 0.5))
     step = max(1, math.ceil(len(names) / 60))
     ax.set_xticks(x[::step])

@@ -45,7 +45,8 @@ def lens_map(text: dict[str, Any], site: str, show: str = "prob", lens: str = "l
     key = "prob" if show == "prob" else "rank"
     values = np.array([[r[key][c] for c in cols] for r in rows], dtype=float)
     # margins in inches: left (layer names), right (colour bar), bottom (input tokens), top (title, predictions)
-    left, right, bottom, top_m = 1.9, 1.3, 0.9, 1.25
+    labels = [f"{r['depth']} {_short(r['layer'])}" for r in rows]
+    left, right, bottom, top_m = 0.55 + 0.06 * max(map(len, labels), default=10), 1.3, 0.9, 1.25
     w, h = max(6.0, left + right + 0.75 * len(cols)), bottom + top_m + 0.4 * len(rows)
     w, h = min(w, 40.0), min(h, 30.0)
     fig = _figure(w, h)
@@ -63,7 +64,7 @@ def lens_map(text: dict[str, Any], site: str, show: str = "prob", lens: str = "l
             dark = shade > 0.55 if show == "prob" else shade < 0.45
             ax.text(x, y, show_token(top, 9), ha="center", va="center", fontsize=7,
                     color="white" if dark else "black")
-    ax.set_yticks(range(len(rows)), [f"{r['depth']} {_short(r['layer'])}" for r in rows], fontsize=7)
+    ax.set_yticks(range(len(rows)), labels, fontsize=7)
     ax.set_xticks(range(len(cols)), [show_token(text["tokens"][c], 9) for c in cols], fontsize=7, rotation=45,
                   ha="right")
     ax.set_xlabel("input token (position)")
@@ -77,12 +78,22 @@ def lens_map(text: dict[str, Any], site: str, show: str = "prob", lens: str = "l
                  y=1 - 0.08 / h)
     cax = fig.add_axes((1 - (right - 0.15) / w, bottom / h, 0.15 / w, 1 - (bottom + top_m) / h))
     bar = fig.colorbar(im, cax=cax)
+    if show != "prob":  # plain rank numbers, not 6 x 10^0
+        ticks = [r for r in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10**4, 2 * 10**4, 5 * 10**4, 10**5,
+                             2 * 10**5) if r <= norm.vmax] or [1]
+        bar.ax.minorticks_off()
+        bar.set_ticks(ticks, labels=[str(r) for r in ticks])
     bar.set_label(label, fontsize=7)
     bar.ax.tick_params(labelsize=7)
     return fig
 
 
-def _short(name: str, width: int = 22) -> str:
+def _short(name: str, width: int = 32) -> str:
+    """A module name that keeps its block: ``decoder.block.0.….DenseReluDense``."""
+    parts = name.split(".")
+    num = next((i for i, p in enumerate(parts) if p.isdigit()), None)
+    if num is not None and num < len(parts) - 2:
+        name = ".".join([*parts[: num + 1], "…", parts[-1]])
     return name if len(name) <= width else "…" + name[-(width - 1):]
 
 

@@ -1,5 +1,6 @@
-"""Rendering ``grads`` results: text/rich tables, the JSON payload, gradient-flow and
-histogram figures, and the Jacobian map. Pure functions: records in, str/dict/figure out.
+"""Rendering ``grads`` results: text/rich tables, gradient-flow and histogram figures, and the
+Jacobian map (the JSON entries are methods/gradients/entries.py's records). Pure functions:
+records in, str/figure out.
 
 Figures are built on ``matplotlib.figure.Figure`` (Agg, no pyplot state) with a fixed size
 and DPI; the caller saves them with ``Sink.figure`` (no timestamp metadata).
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from inspect_model.render.table import Column, one_line, plain_table, rich_table
 
 if TYPE_CHECKING:
-    from inspect_model.methods.gradients.flow import GradReport, LayerGrad, SampleGrad
+    from inspect_model.methods.gradients.flow import GradReport, LayerGrad
     from inspect_model.methods.gradients.jacobian import JacobianResult
 
 FIG_DPI = 100
@@ -36,9 +37,7 @@ def pct(v: float | None) -> str:
 
 def _max_abs(s: Any) -> float | None:
     """max |g| as reported: NaN for a tensor holding NaN, Inf for one holding Inf."""
-    if s is None:
-        return None
-    return float("nan") if s.nan_count else s.reported().abs_max
+    return None if s is None else s.reported_abs_max
 
 
 def _rep(s: Any) -> Any:
@@ -132,52 +131,6 @@ def render_rich(rep: GradReport) -> list[Any]:
             rich_table(LAYER_COLUMNS, layer_rows(rep), title="Layers (gradient wrt output / wrt input)"),
             rich_table(PARAM_COLUMNS, param_rows(rep), title="Parameters"),
             rich_table(CHECK_COLUMNS, check_rows(rep), title="Checks")]
-
-
-# ----------------------------------------------------------------- JSON
-def _stats(s: Any) -> dict[str, Any] | None:
-    if s is None:
-        return None
-    d = s.to_dict()
-    d["max_abs"] = _max_abs(s)
-    return d
-
-
-def sample_payload(s: SampleGrad, index: int = 0) -> dict[str, Any]:
-    return {"index": index, "image": s.name, "targets": s.targets, "objective": s.objective,
-            "input_grad_norm": s.input_grad_norm, "layer_grad_norms": s.layer_grad_norms}
-
-
-def to_payload(rep: GradReport) -> dict[str, Any]:
-    layers = [{
-        "key": r.key, "name": r.name, "type": r.module_type, "call_index": r.call_index,
-        "output_shape": r.output_shape, "grad_wrt_output": _stats(r.grad_output),
-        "grad_wrt_input": _stats(r.grad_input), "relative_norm": r.relative_norm, "gain": r.gain,
-        "reached": r.grad_output is not None,
-    } for r in rep.layers]
-    params = [{
-        "name": p.name, "shape": p.shape, "has_grad": p.has_grad, "norm": p.norm, "mean": p.mean,
-        "std": p.std, "max_abs": p.max_abs, "zero_fraction": p.zero_fraction,
-        "negative_fraction": p.negative_fraction, "weight_norm": p.weight_norm,
-        "grad_to_weight_ratio": p.ratio, "nan_count": p.nan_count, "inf_count": p.inf_count,
-    } for p in rep.params]
-    checks = [{"name": c.name, "status": c.status, "passed": c.status != "fail", "value": c.value,
-               "threshold": c.threshold, "fail_on": c.fail_on, "detail": c.detail, "layers": c.layers}
-              for c in rep.checks]
-    clip = None
-    if rep.clip is not None:
-        c = rep.clip
-        clip = {"max_norm": c.max_norm, "total_norm": c.total_norm, "clip_coef": c.clip_coef,
-                "scale": c.scale, "clipped": c.clipped,
-                "dominant": [{"parameter": n, "share": s} for n, s in c.dominant]}
-    return {
-        "mode": "grads", "objective": rep.objective, "image_count": rep.images, "global_grad_norm": rep.global_norm,
-        "output_grad_norm": rep.output_grad_norm, "input_grad": _stats(rep.input_grad), "layers": layers,
-        "params": params, "frozen_params": rep.frozen_params, "clip": clip, "checks": checks,
-        "first_nonfinite": rep.first_nonfinite,
-        "images": [sample_payload(s, i) for i, s in enumerate(rep.samples)],
-        "notes": rep.notes,
-    }
 
 
 # ----------------------------------------------------------------- figures
@@ -356,15 +309,6 @@ def render_jacobian_text(results: Sequence[JacobianResult]) -> str:
 
 def render_jacobian_rich(results: Sequence[JacobianResult]) -> list[Any]:
     return [rich_table(JAC_COLUMNS, jacobian_rows(results), title=f"d({results[0].of})/d({results[0].wrt})")]
-
-
-def jacobian_payload(results: Sequence[JacobianResult]) -> dict[str, Any]:
-    return {"mode": "jacobian", "jacobians": [{
-        "of": r.of, "wrt": r.wrt, "images": r.names, "of_shape": r.of_shape, "wrt_shape": r.wrt_shape,
-        "vjp": _stats(r.vjp), "sample_norms": r.sample_norms, "targets": r.targets, "probes": r.probes,
-        "frobenius_sq": r.norm_sq, "frobenius_sq_se": r.norm_sq_se, "frobenius": r.norm,
-        "frobenius_se": r.norm_se, "sample_frobenius_sq": r.sample_norm_sq,
-    } for r in results]}
 
 
 def jacobian_figure(r: JacobianResult, max_images: int = 8) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from inspect_model.reports.base import Record, Skipped, Warning_, fact, record
-from inspect_model.reports.common import Clip, NumberOrNull, Pair
+from inspect_model.reports.common import POSITIONS_DOC, Clip, NumberOrNull, Pair, Positions
 
 
 @record
@@ -101,20 +101,22 @@ class ActivationsQuantizedLayers(Record):
 
 
 @record
-class ActivationsPositionsLayer(Record):
-    name: str
-    kind: Literal["output", "gradient"]
-    tokens: list[Annotated[int, {"minimum": 0}]] = fact(doc="real tokens at each position")
-    mean: list[float | None]
-    std: list[float | None]
-    norm: list[float | None] = fact(doc="mean L2 norm of a token's vector at each position")
-    width: int
+class LineLayer(Stats):
+    """A row's statistics over one image (``--jsonl``)."""
+
+    DEF = None
+    key: str
+    dead_channel_fraction: float = fact(minimum=0, maximum=1)
 
 
 @record
-class ActivationsPositions(Record):
-    over: str
-    layers: list[ActivationsPositionsLayer]
+class ImageLine(Record):
+    """One ``--jsonl`` line of ``activations``: an image's statistics per row (not in the report)."""
+
+    image: str
+    index: int = fact(minimum=0)
+    layers: list[LineLayer]
+    files: Any
 
 
 @record
@@ -136,4 +138,4 @@ class ActivationsReport(Record):
     image_count: int = fact(minimum=0)
     skipped: list[Skipped]
     quantized_layers: ActivationsQuantizedLayers = fact(doc="rows whose output is a quantized tensor: their statistics are of the dequantized values", optional=True)
-    positions: ActivationsPositions = fact(doc="--text: statistics per token position of the chosen layers' (B, L, D) outputs (grads: and of their gradients), over the real (unpadded) tokens of every text", optional=True)
+    positions: Positions = fact(doc=POSITIONS_DOC, optional=True)

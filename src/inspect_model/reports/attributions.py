@@ -9,7 +9,7 @@ from inspect_model.reports.common import Clip, Method, Pair
 
 
 @record
-class AttributionsImageMapTarget(Record):
+class AttributionTarget(Record):
     class_: int = fact(minimum=0, key="class")
     label: str | None
     score: float | None
@@ -17,7 +17,7 @@ class AttributionsImageMapTarget(Record):
 
 
 @record
-class AttributionsImageMapEvaluation(Record):
+class AttributionEvaluation(Record):
     scores: dict[str, float | None]
     curves: dict[str, list[float | None]]
     confidence: dict[str, Any]
@@ -26,11 +26,11 @@ class AttributionsImageMapEvaluation(Record):
 
 
 @record
-class AttributionsImageMap(Record):
+class AttributionMap(Record):
     method: Method
     smoothed: bool
     signed: bool
-    target: AttributionsImageMapTarget
+    target: AttributionTarget
     positive_mass: float | None
     negative_mass: float | None
     sum: float | None
@@ -44,7 +44,7 @@ class AttributionsImageMap(Record):
     steps: int = fact(optional=True, minimum=1)
     gap_tolerance: float = fact(optional=True)
     files: dict[str, str]
-    evaluation: AttributionsImageMapEvaluation = fact(optional=True)
+    evaluation: AttributionEvaluation = fact(optional=True)
     tokens: list[float | None] = fact(optional=True)
     clip: int = fact(doc="the clip's number within its video", optional=True, minimum=0)
     frames: list[Annotated[int, {"minimum": 0}]] = fact(doc="the video frames the (T, H, W) map covers", optional=True)
@@ -52,7 +52,7 @@ class AttributionsImageMap(Record):
 
 
 @record
-class AttributionsImageText(Record):
+class TextTokens(Record):
     text: str
     tokens: list[str]
 
@@ -107,18 +107,18 @@ class AttributionsImage(Record):
     image: str
     size: list[int] | None
     targets: list[int]
-    maps: list[AttributionsImageMap]
+    maps: list[AttributionMap]
     files: dict[str, str]
     token_ids: list[int] = fact(optional=True)
     clip: Clip = fact(optional=True)
     pair: Pair = fact(optional=True)
-    text: AttributionsImageText = fact(doc="a text input (--text): the text and its real tokens, in order", optional=True)
+    text: TextTokens = fact(doc="a text input (--text): the text and its real tokens, in order", optional=True)
     generation: Generation = fact(doc="--generate/--continuation: the continuation and its matrices (issue 36)",
                                   optional=True)
 
 
 @record
-class AttributionsSanityStepMethodsValue(Record):
+class SanityRho(Record):
     spearman: list[float | None]
     spearman_abs: list[float | None]
     spearman_mean: float | None
@@ -126,18 +126,18 @@ class AttributionsSanityStepMethodsValue(Record):
 
 
 @record
-class AttributionsSanityStep(Record):
+class SanityStep(Record):
     randomized: int
     down_to: str
-    methods: dict[str, AttributionsSanityStepMethodsValue]
+    methods: dict[str, SanityRho]
 
 
 @record
-class AttributionsSanity(Record):
+class Sanity(Record):
     layers: list[str]
     seed: int
     method: str
-    steps: list[AttributionsSanityStep]
+    steps: list[SanityStep]
 
 
 @record
@@ -155,7 +155,7 @@ class AttributionsReport(Record):
     image_count: int = fact(minimum=1)
     contact_sheets: list[str] = fact(optional=True)
     evaluation: Any = fact(optional=True, schema={"type": "object", "required": ["metrics", "average"]})
-    sanity: AttributionsSanity | None
+    sanity: Sanity | None
     warnings: list[Warning_]
     skipped: list[Skipped]
     throughput: dict[str, Any] = fact(optional=True)

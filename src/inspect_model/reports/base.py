@@ -99,6 +99,10 @@ class Record:
             out[f.metadata.get("key") or f.name] = plain(value)
         return out
 
+    def fields(self) -> dict[str, Any]:
+        """The field values by Python name, unconverted (to build a wider record from this one)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
     @classmethod
     def keys(cls) -> tuple[str, ...]:
         """The JSON keys, in order."""

@@ -9,7 +9,7 @@ from inspect_model.reports.common import Clip, Detection, ImageBox, InputBox, Me
 
 
 @record
-class Class(Record):
+class ClassScore(Record):
     DEF = "class"
     SCHEMA = {"dependentRequired": {"box": ["image_box"]}}
 
@@ -22,7 +22,7 @@ class Class(Record):
 
 
 @record
-class ImageMapFiles(Record):
+class CamMapFiles(Record):
     CLOSED = True
 
     overlay: str = fact(optional=True)
@@ -34,22 +34,22 @@ class ImageMapFiles(Record):
 
 
 @record
-class ImageMapEvaluationConfidence(Record):
+class MapConfidence(Record):
     original: NumberOrNull = fact(optional=True)
     masked: NumberOrNull = fact(optional=True)
 
 
 @record
-class ImageMapEvaluation(Record):
+class MapEvaluation(Record):
     scores: FaithfulnessScores
     curves: FaithfulnessCurves
-    confidence: ImageMapEvaluationConfidence = fact(doc="Target probability on the input (original) and on the input times the map (masked); empty without the confidence metric.")
+    confidence: MapConfidence = fact(doc="Target probability on the input (original) and on the input times the map (masked); empty without the confidence metric.")
     rank: float | None = fact(doc="Mean rank (1 = best) among the maps of the same image and target rank, over deletion, insertion, road, drop, increase, pointing, energy; ties share the mean place.")
     steps: dict[str, Annotated[int, {"minimum": 2}]] = fact(doc="--eval-steps auto: the steps each curve took.", optional=True)
 
 
 @record
-class ImageMapStats(Record):
+class DenseMapStats(Record):
     peak: list[int] = fact(optional=True)
     mean: float = fact(optional=True)
     energy_in_box: float | None = fact(optional=True)
@@ -57,32 +57,32 @@ class ImageMapStats(Record):
 
 
 @record
-class ImageMap(Record):
+class CamMap(Record):
     method: Method
     layer: str
     rank: int = fact(minimum=0)
-    target: Class
+    target: ClassScore
     class_independent: bool
     raw_min: NumberOrNull
     raw_max: NumberOrNull
     warnings: list[str]
-    files: ImageMapFiles
-    evaluation: ImageMapEvaluation = fact(doc="cam --evaluate only: this map's faithfulness.", optional=True)
+    files: CamMapFiles
+    evaluation: MapEvaluation = fact(doc="cam --evaluate only: this map's faithfulness.", optional=True)
     clip: int = fact(doc="the clip's number within its video", optional=True, minimum=0)
     frames: list[Annotated[int, {"minimum": 0}]] = fact(doc="the video frames the (T, H, W) map covers", optional=True)
     detection: Detection = fact(optional=True)
     segmentation: Segment = fact(optional=True)
-    stats: ImageMapStats = fact(doc="Detection/segmentation maps: the map's peak (x, y in input pixels), mean, and for a detection the share of the map inside its box and whether the peak lies in it.", optional=True)
+    stats: DenseMapStats = fact(doc="Detection/segmentation maps: the map's peak (x, y in input pixels), mean, and for a detection the share of the map inside its box and whether the peak lies in it.", optional=True)
     times: list[float | None] = fact(doc="the decoder's times of those frames (seconds; null for a folder of frames)", optional=True)
 
 
 @record
-class ImageFiles(Record):
+class CamImageFiles(Record):
     evaluation_curves: str = fact(doc="cam --evaluate with --output-dir: this image's deletion/insertion curves plot.", optional=True)
 
 
 @record
-class ImageLegendEntry(Record):
+class LegendEntry(Record):
     class_: int = fact(key="class")
     label: str | None
     area: int
@@ -90,23 +90,23 @@ class ImageLegendEntry(Record):
 
 
 @record
-class Image(Record):
+class CamImage(Record):
     DEF = "image"
 
     command: Any = fact(optional=True, const="cam")
     index: int = fact(minimum=0)
     image: str
     size: list[int] | None
-    predictions: list[Class]
+    predictions: list[ClassScore]
     targets: list[int]
-    maps: list[ImageMap]
-    files: ImageFiles
+    maps: list[CamMap]
+    files: CamImageFiles
     clip: Clip = fact(optional=True)
     pair: Pair = fact(optional=True)
     task: Literal["detection", "segmentation"] = fact(doc="Present for detectors and segmenters (issue 24).", optional=True)
     detections: list[Detection] = fact(optional=True)
     segments: list[Segment] = fact(optional=True)
-    legend: list[ImageLegendEntry] = fact(doc="Segmenters: the predicted classes, largest area first.", optional=True)
+    legend: list[LegendEntry] = fact(doc="Segmenters: the predicted classes, largest area first.", optional=True)
 
 
 @record
@@ -204,7 +204,7 @@ class CamReport(Record):
     contact_sheets: list[str]
     warnings: list[Warning_]
     skipped: list[Skipped]
-    images: list[Image]
+    images: list[CamImage]
     evaluation: CamEvaluation = fact(doc="cam --evaluate only: settings, cost and the methods ranked on average.", optional=True)
     task: Literal["detection", "segmentation"] = fact(doc="Present for detectors and segmenters (issue 24).", optional=True)
     score_threshold: float | None = fact(doc="Detectors: the threshold in force.", optional=True)

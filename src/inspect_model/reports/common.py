@@ -71,3 +71,26 @@ InputBox = Annotated[list[float] | None, Named("input_box"), {"minItems": 4, "ma
 
 
 ImageBox = Annotated[list[float] | None, Named("image_box"), {"minItems": 4, "maxItems": 4, "description": "x0, y0, x1, y1 in the original picture's pixels, as --boxes takes them and the pictures draw them (the input box mapped back through the resize and crop); null when no picture is known (a tensor input)"}]
+
+
+@record
+class PositionsLayer(Record):
+    """One layer's statistics per token position (``--text``)."""
+
+    name: str
+    kind: Literal["output", "gradient"]
+    tokens: list[Annotated[int, {"minimum": 0}]] = fact(doc="real tokens at each position")
+    mean: list[float | None]
+    std: list[float | None]
+    norm: list[float | None] = fact(doc="mean L2 norm of a token's vector at each position")
+    width: int
+
+
+@record
+class Positions(Record):
+    over: str
+    layers: list[PositionsLayer]
+
+
+POSITIONS_DOC = ("--text: statistics per token position of the chosen layers' (B, L, D) outputs (grads: and of "
+                 "their gradients), over the real (unpadded) tokens of every text")

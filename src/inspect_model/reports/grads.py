@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from inspect_model.reports.base import Named, Record, Skipped, Warning_, fact, record
-from inspect_model.reports.common import Clip, Pair
+from inspect_model.reports.common import POSITIONS_DOC, Clip, Pair, Positions
 
 
 @record
@@ -62,19 +62,19 @@ class GradsParam(Record):
 
 
 @record
-class GradsClipDominantEntry(Record):
+class GradsClipShare(Record):
     parameter: str
     share: float | None
 
 
 @record
-class GradsClip(Record):
+class GradClipping(Record):
     max_norm: float
     total_norm: float | None
     clip_coef: float | None
     scale: float | None
     clipped: bool
-    dominant: list[GradsClipDominantEntry]
+    dominant: list[GradsClipShare]
 
 
 @record
@@ -90,7 +90,7 @@ class GradsCheck(Record):
 
 
 @record
-class GradsImageText(Record):
+class TextTokens(Record):
     text: str
     tokens: list[str]
 
@@ -105,7 +105,7 @@ class GradsImage(Record):
     index: int = fact(minimum=0)
     clip: Clip = fact(optional=True)
     pair: Pair = fact(optional=True)
-    text: GradsImageText = fact(doc="--text: the text and its tokens as the tokenizer names them", optional=True)
+    text: TextTokens = fact(doc="--text: the text and its tokens as the tokenizer names them", optional=True)
 
 
 @record
@@ -119,7 +119,7 @@ class Grads(Record):
     layers: list[GradsLayer]
     params: list[GradsParam]
     frozen_params: int = fact(minimum=0)
-    clip: GradsClip | None
+    clip: GradClipping | None
     checks: list[GradsCheck]
     first_nonfinite: str | None
     notes: list[str]
@@ -128,7 +128,7 @@ class Grads(Record):
 
 
 @record
-class JacobianJacobian(Record):
+class JacobianPair(Record):
     of: str
     wrt: str
     images: list[str]
@@ -149,24 +149,7 @@ class JacobianJacobian(Record):
 class Jacobian(Record):
     DEF = "jacobian"
 
-    jacobians: list[JacobianJacobian] = fact(minItems=1)
-
-
-@record
-class GradsPositionsLayer(Record):
-    name: str
-    kind: Literal["output", "gradient"]
-    tokens: list[Annotated[int, {"minimum": 0}]] = fact(doc="real tokens at each position")
-    mean: list[float | None]
-    std: list[float | None]
-    norm: list[float | None] = fact(doc="mean L2 norm of a token's vector at each position")
-    width: int
-
-
-@record
-class GradsPositions(Record):
-    over: str
-    layers: list[GradsPositionsLayer]
+    jacobians: list[JacobianPair] = fact(minItems=1)
 
 
 @record
@@ -181,4 +164,4 @@ class GradsReport(Record):
     mode: Literal["grads", "jacobian"]
     warnings: list[Warning_]
     skipped: list[Skipped] = fact(optional=True)
-    positions: GradsPositions = fact(doc="--text: statistics per token position of the chosen layers' (B, L, D) outputs (grads: and of their gradients), over the real (unpadded) tokens of every text", optional=True)
+    positions: Positions = fact(doc=POSITIONS_DOC, optional=True)

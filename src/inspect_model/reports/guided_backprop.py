@@ -18,7 +18,7 @@ SiteCounts = Annotated[Any, Named("site_counts"), {"type": "object", "propertyNa
 
 
 @record
-class MapTarget(Record):
+class GuidedTarget(Record):
     class_: int = fact(minimum=0, key="class")
     label: str | None
     score: NumberOrNull
@@ -26,7 +26,7 @@ class MapTarget(Record):
 
 
 @record
-class Map(Record):
+class GuidedMap(Record):
     DEF = "map"
 
     rank: int = fact(minimum=0)
@@ -34,7 +34,7 @@ class Map(Record):
     mean_abs: NumberOrNull
     nonzero_fraction: float = fact(minimum=0, maximum=1)
     files: Any = fact(doc="A clip's map: guided_strip (the gradient frames), magnitude_strip and magnitude_animation (|gradient| over the frames, PNG strip and GIF).", schema={"type": "object", "propertyNames": {"enum": ["guided", "magnitude", "raw", "guided_gradcam", "guided_gradcam_raw", "tokens", "guided_strip", "magnitude_strip", "magnitude_animation"]}, "additionalProperties": {"type": "string"}})
-    target: MapTarget
+    target: GuidedTarget
     detection: Detection = fact(optional=True)
     segmentation: Segment = fact(optional=True)
     clip: int = fact(doc="the clip's number within its video", optional=True, minimum=0)
@@ -43,11 +43,11 @@ class Map(Record):
 
 
 @record
-class Image(Record):
+class GuidedImage(Record):
     DEF = "image"
 
     index: int = fact(minimum=0)
-    maps: list[Map] = fact(doc="One per target; empty for a detector image with no detection at or above the threshold.")
+    maps: list[GuidedMap] = fact(doc="One per target; empty for a detector image with no detection at or above the threshold.")
     files: Any = fact(doc="flow: a flow model's prediction for the pair (torchvision's flow_to_image).", schema={"type": "object", "propertyNames": {"enum": ["overview", "flow"]}, "additionalProperties": {"type": "string"}})
     image: str
     targets: list[int]
@@ -96,7 +96,7 @@ class GuidedBackpropReport(Record):
     activations: Kinds
     sites: SiteCounts
     unguided_sites: SiteCounts
-    images: list[Image] = fact(minItems=1)
+    images: list[GuidedImage] = fact(minItems=1)
     guided_gradcam: GuidedGradcam | None
     sanity: Sanity | None
     notes: list[str] = fact(minItems=1)

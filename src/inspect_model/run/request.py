@@ -29,12 +29,15 @@ class Flag:
     multiple: bool = False  # a repeatable option (the field is a tuple)
     hidden: bool = False
     param: str | None = None  # the Click parameter (and config-file key) when not the field's name
+    check: Callable[[Any], Any] | None = None  # value -> normalised value, or UsageError (run once)
 
 
 def option(default: Any, *flags: str, help: str | Callable[[], str], type: Any = None, complete: str | None = None,
-           multiple: bool = False, hidden: bool = False, param: str | None = None) -> Any:
-    """A request field with its command-line spelling (``--alpha``, ``-a``) and help."""
-    meta = {"cli": Flag(tuple(flags), help, type, complete, multiple, hidden, param)}
+           multiple: bool = False, hidden: bool = False, param: str | None = None,
+           check: Callable[[Any], Any] | None = None) -> Any:
+    """A request field with its command-line spelling (``--alpha``, ``-a``), help and, for
+    the options several commands share (run/option_groups.py), its ``check``."""
+    meta = {"cli": Flag(tuple(flags), help, type, complete, multiple, hidden, param, check)}
     if isinstance(default, (list, dict, set)):
         raise TypeError("request defaults must be immutable (use a tuple)")
     return field(default=default, metadata=meta)
@@ -53,6 +56,9 @@ class Request:
     names things differently, :meth:`resolved`."""
 
     command: ClassVar[str] = ""
+    #: The option groups it takes (run/option_groups.py: Evaluate, Picture, Layers), each
+    #: parsed once into ``self.<group.attr>`` before :meth:`validate`.
+    groups: ClassVar[tuple[Any, ...]] = ()
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):  # lists from the CLI or the caller become tuples
@@ -61,6 +67,12 @@ class Request:
                 self._set(f.name, tuple(value))
             elif value is None and isinstance(f.default, tuple):  # None for a repeatable option: none given
                 self._set(f.name, ())
+        for f in dataclasses.fields(self):  # the shared options' checks, each declared with its option
+            flag = f.metadata.get("cli")
+            if flag is not None and flag.check is not None:
+                self._set(f.name, flag.check(getattr(self, f.name)))
+        for group in self.groups:
+            self._set(group.attr, group.parse(self))
         self.validate()
         from inspect_model.loading.limits import check_option
 
@@ -74,6 +86,10 @@ class Request:
 
     def validate(self) -> None:
         """Check and normalise the fields; raise UsageError naming the option."""
+
+    def evaluation_boxes(self) -> Any:
+        """The ``--boxes`` file the ``Evaluate`` group checks with ``--evaluate`` (None: none)."""
+        return None
 
     def resolved(self) -> dict[str, Any]:
         """The request as the report's ``options`` record it (tuples as lists)."""

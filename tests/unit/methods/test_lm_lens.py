@@ -117,3 +117,60 @@ def test_other_families_read_out_the_model(kind):
     hs = hs.decoder_hidden_states if a.encoder_decoder else hs.hidden_states
     mid = next(h for s, h in states.items() if s.site == "resid" and s.depth == 1)
     assert torch.allclose(mid, hs[1], atol=1e-6)
+
+
+class _MaskedHead(torch.nn.Linear):
+    """An unembedding that forbids its last 3 tokens (-inf logits): 0 log 0 terms must count 0."""
+
+    def forward(self, x):
+        out = super().forward(x)
+        out[..., -3:] = float("-inf")
+        return out
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, h):
+        return h + torch.tanh(self.fc(h))  # a residual block: its output is the stream
+
+
+class _Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(16, 8)
+        self.blocks = torch.nn.ModuleList(_Block() for _ in range(2))
+        self.norm = torch.nn.LayerNorm(8)
+        self.head = _MaskedHead(8, 16)
+
+    def get_output_embeddings(self):
+        return self.head
+
+    def forward(self, ids):
+        h = self.emb(ids)
+        for b in self.blocks:
+            h = b(h)
+        return self.head(self.norm(h))
+
+
+def test_masked_vocabulary_gives_finite_entropy_and_kl():
+    torch.manual_seed(0)
+    model = _Tiny().eval()
+    a = find_anatomy(model)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with LensCapture(model, a, sites_of(a, ("resid",))) as cap:
+        states, logits, _ = cap.run(ids)
+    decoded, _, check = decode(model, a, states, logits, top_k=3)
+    assert check == 0.0
+    final = logits.log_softmax(-1)
+    for row in decoded:
+        h = next(v for s, v in states.items() if s == row.site)
+        with torch.no_grad():
+            logp = readout(model, a, h).log_softmax(-1)
+        p = logp.exp()
+        want_h = -(p[..., :-3] * logp[..., :-3]).sum(-1)
+        want_kl = (final.exp()[..., :-3] * (final[..., :-3] - logp[..., :-3])).sum(-1)
+        assert torch.isfinite(row.entropy).all() and torch.allclose(row.entropy, want_h, atol=1e-5)
+        assert torch.allclose(row.kl, want_kl.clamp(min=0), atol=1e-5)

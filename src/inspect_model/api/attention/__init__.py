@@ -12,17 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from inspect_model.run.options import InputOptions, ModelOptions, check_target_syntax
+from inspect_model.run import option_groups as og
+from inspect_model.run.option_groups import Evaluate, Picture
+from inspect_model.run.options import InputOptions, ModelOptions
 from inspect_model.run.pipeline import run_images
-from inspect_model.run.request import (
-    COLORMAP_HELP,
-    SAVE_RAW_HELP,
-    TARGET_HELP,
-    Request,
-    api_command,
-    check_target_value,
-    option,
-)
+from inspect_model.run.request import Request, api_command, option
 from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
 from inspect_model.methods.attention.base import method_help as attention_help
@@ -39,6 +33,7 @@ class AttentionRequest(Request):
     """The options of ``attention``; validated once, here."""
 
     command: ClassVar[str] = "attention"
+    groups: ClassVar[tuple[Any, ...]] = (Evaluate, Picture)
 
     methods: tuple[str, ...] = option(("rollout",), "--method", "-m", help=attention_help, complete="method",
                                    multiple=True, param="method")
@@ -54,39 +49,24 @@ class AttentionRequest(Request):
     mosaic: bool = option(False, "--mosaic", help="Also draw every layer by every head (mosaic.png).")
     cam_layer: str = option("auto", "--cam-layer", help="The layer of the CAM methods in --method (auto: the one "
                             "cam picks; for a ViT the last block's first norm on the patch grid).", complete="layer")
-    target: str | tuple[str, ...] | None = option("predicted", "--target", "-t", type=str, help=TARGET_HELP,
-                                               complete="target")
-    colormap: str = option("jet", "--colormap", "--cmap", help=COLORMAP_HELP, complete="colormap")
-    save_raw: bool = option(False, "--save-raw", help=SAVE_RAW_HELP)
-    evaluate: bool = option(False, "--evaluate", help="Score the rollout, grad-rollout and LeGrad maps for "
-                         "faithfulness as cam --evaluate does, and rank them.")
-    metrics: tuple[str, ...] = option((), "--metric", help="With --evaluate: deletion, insertion, road, confidence, "
-                                   "pointing, energy or all; repeatable.", multiple=True, param="metric")
+    target: str | tuple[str, ...] | None = og.target()
+    colormap: str = og.colormap("jet")
+    save_raw: bool = og.save_raw()
+    evaluate: bool = og.evaluate()
+    metrics: tuple[str, ...] = og.metrics()
     boxes: Any = option(None, "--boxes", type=Path, help="With --evaluate: JSON or CSV of boxes image,x0,y0,x1,y1 "
                      "in original-image pixels, for the pointing and energy games.")
-    eval_steps: int | str = option(32, "--eval-steps", type=str, help="Steps of the deletion and insertion curves, "
-                                   "or auto: each curve refined (8, 16, ... 128) until its AUC moves by at most "
-                                   "--eval-tolerance.")
-    eval_tolerance: float = option(0.005, "--eval-tolerance", help="With --eval-steps auto: the AUC change between "
-                                   "two levels at which a curve stops.")
-    eval_batch: int | None = option(None, "--eval-batch", type=int, help="Perturbed inputs per forward pass (--evaluate); "
-                                    "default 64, on a CPU at most 4 MiB of input (6 at 224 px).")
+    eval_steps: int | str = og.eval_steps()
+    eval_tolerance: float = og.eval_tolerance()
+    eval_batch: int | None = og.eval_batch()
 
-    def validate(self) -> None:
-        from inspect_model.run.evaluate import check_evaluate_request
-        from inspect_model.render.overlay import check_colormap
+    def evaluation_boxes(self) -> Any:
+        return self.boxes
 
-        self._set("target", check_target_value(self.target))
-        check_target_syntax(self.target)
+    def validate(self) -> None:  # target, colormap and --evaluate are checked by their groups
         o = self.options()
         self._set("methods", o.methods)
         self._set("layers", o.layers)
-        check_colormap(self.colormap)
-        check_evaluate_request(evaluate=self.evaluate, metrics=list(self.metrics) or None, boxes=self.boxes,
-                               steps=self.eval_steps, batch=self.eval_batch, tolerance=self.eval_tolerance)
-        from inspect_model.run.evaluate import parse_eval_steps
-
-        self._set("eval_steps", parse_eval_steps(self.eval_steps))
 
     def options(self) -> Any:
         from inspect_model.methods.attention.maps import AttentionOptions
@@ -189,7 +169,7 @@ class AttentionSession(Session):
         return items
 
     def _entry(self, index: int, name: str, res: Any, i: int) -> dict[str, Any]:
-        from inspect_model.render.cam_report import class_name
+        from inspect_model.methods.objectives.rows import class_name
 
         target = None
         if res.targets is not None and res.scores is not None:

@@ -68,7 +68,7 @@ def token_batch(batch: Any, model: Any) -> Any:
 
 def _target(res: Any, i: int, categories: Any) -> dict[str, Any] | None:
     from inspect_model.methods.objectives.targets import class_probabilities
-    from inspect_model.render.cam_report import class_name
+    from inspect_model.methods.objectives.rows import class_name
 
     if res.targets is None or res.scores is None:
         return None

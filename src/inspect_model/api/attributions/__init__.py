@@ -14,17 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from inspect_model.run.options import InputOptions, ModelOptions, check_target_syntax
+from inspect_model.run import option_groups as og
+from inspect_model.run.option_groups import Evaluate
+from inspect_model.run.options import InputOptions, ModelOptions
 from inspect_model.run.pipeline import run_images
-from inspect_model.run.request import (
-    OUTPUT_KEY_HELP,
-    SAVE_RAW_HELP,
-    TARGET_HELP,
-    Request,
-    api_command,
-    check_target_value,
-    option,
-)
+from inspect_model.run.request import Request, api_command, option
 from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
 from inspect_model.methods.attributions.base import method_help as attribution_help
@@ -41,11 +35,11 @@ class AttributionsRequest(Request):
     """The options of ``attributions`` (README "attributions"); validated once, here, without torch."""
 
     command: ClassVar[str] = "attributions"
+    groups: ClassVar[tuple[Any, ...]] = (Evaluate,)
 
     methods: tuple[str, ...] = option(("saliency",), "--method", "-m", help=attribution_help, complete="method", multiple=True,
                                       param="method")
-    target: str | tuple[str, ...] | None = option("predicted", "--target", "-t", type=str, help=TARGET_HELP,
-                                                  complete="target")
+    target: str | tuple[str, ...] | None = og.target()
     steps: int | str = option(32, "--steps", type=str, help="integrated-gradients: points on the path from the "
                               "baseline, or auto: per map the fewest (4, 8, 16, ... 256) whose completeness gap "
                               "is within --max-gap.")
@@ -68,21 +62,15 @@ class AttributionsRequest(Request):
                           "(SmoothGrad around it, as captum's NoiseTunnel).")
     activations: bool = option(False, "--activations", help="guided: also guide relu6, leaky_relu, silu, gelu and "
                                "prelu.")
-    output_key: str | None = option(None, "--output-key", type=str, help=OUTPUT_KEY_HELP)
-    evaluate: bool = option(False, "--evaluate", help="Score every map's faithfulness (deletion/insertion AUC, "
-                            "ROAD, confidence) and rank the methods, as cam --evaluate.")
-    metrics: tuple[str, ...] = option((), "--metric", help="With --evaluate: deletion, insertion, road, confidence "
-                                      "or all (default); repeatable.", multiple=True, param="metric")
-    eval_steps: int | str = option(32, "--eval-steps", type=str, help="Steps of the deletion and insertion curves, "
-                                   "or auto: each curve refined (8, 16, ... 128) until its AUC moves by at most "
-                                   "--eval-tolerance.")
-    eval_tolerance: float = option(0.005, "--eval-tolerance", help="With --eval-steps auto: the AUC change between "
-                                   "two levels at which a curve stops.")
-    eval_batch: int | None = option(None, "--eval-batch", type=int, help="Perturbed inputs per forward pass (--evaluate); "
-                                    "default 64, on a CPU at most 4 MiB of input (6 at 224 px).")
+    output_key: str | None = og.output_key()
+    evaluate: bool = og.evaluate()
+    metrics: tuple[str, ...] = og.metrics()
+    eval_steps: int | str = og.eval_steps()
+    eval_tolerance: float = og.eval_tolerance()
+    eval_batch: int | None = og.eval_batch()
     sanity: bool = option(False, "--sanity", help="Cascading weight randomisation (Adebayo et al. 2018) on a copy "
                           "of the model, for every method: Spearman rank correlation with the original maps.")
-    save_raw: bool = option(False, "--save-raw", help=SAVE_RAW_HELP)
+    save_raw: bool = og.save_raw()
     overlays: bool = option(True, "--overlays/--no-overlays", help="With --output-dir: maps blended over the "
                             "original image.")
     generate: int | None = option(None, "--generate", type=int, help="With --text on a language model: generate N "
@@ -91,18 +79,10 @@ class AttributionsRequest(Request):
     continuation: str | None = option(None, "--continuation", type=str, help="Like --generate, on this "
                                       "continuation instead of the model's own (teacher-forced).")
 
-    def validate(self) -> None:  # no torch here: a bad option fails at once
-        from inspect_model.run.evaluate import check_evaluate_request
+    def validate(self) -> None:  # no torch here: a bad option fails at once (target, --evaluate: their groups)
         from inspect_model.methods.attributions import options as ao
 
-        self._set("target", check_target_value(self.target))
-        check_target_syntax(self.target)
         self._set("methods", ao.parse_methods(self.methods or ("saliency",)))
-        check_evaluate_request(evaluate=self.evaluate, metrics=list(self.metrics) or None, boxes=None,
-                               steps=self.eval_steps, batch=self.eval_batch, tolerance=self.eval_tolerance)
-        from inspect_model.run.evaluate import parse_eval_steps
-
-        self._set("eval_steps", parse_eval_steps(self.eval_steps))
         self._set("steps", ao.parse_steps(self.steps))
         ao.check_settings(steps=self.steps, rule=self.rule, samples=self.samples, noise=self.noise,
                           noise_mode=self.noise_mode, batch_size=1, smooth=self.smooth, methods=self.methods,
@@ -233,37 +213,35 @@ class AttributionsSession(Session):
     def _entry(self, index: int, name: str, res: Any, i: int, img: Any, ids: Any, batch: Any = None
                ) -> dict[str, Any]:
         from inspect_model.methods.attributions import base as ab
+        from inspect_model.methods.attributions.entries import image_entry, map_entry
         from inspect_model.methods.attributions.maps import map_statistics
-        from inspect_model.render.attributions import map_record
-        from inspect_model.render.cam_report import class_name
+        from inspect_model.methods.objectives.rows import class_name
+        from inspect_model.reports.attributions import AttributionTarget, TextTokens
 
         records = []
         for k, cls in enumerate(res.targets[i]):
+            target = AttributionTarget(class_=int(cls), label=class_name(int(cls), self.prep.categories),
+                                       score=res.scores[i][k], probability=res.probabilities[i][k])
             for method, maps in res.maps.items():
                 ig = method == "integrated-gradients" and res.deltas is not None
-                rec = map_record(method, map_statistics(maps[i, k]), signed=ab.get(method).signed,
-                                 smoothed=method in res.smoothed, target=int(cls),
-                                 label=class_name(int(cls), self.prep.categories), score=res.scores[i][k],
-                                 baseline_score=res.baseline_scores[i][k] if ig else None,
-                                 delta=res.deltas[i][k] if ig else None)
-                if ig and res.ig_steps is not None:  # the steps this map took (--steps auto: its own)
-                    rec["steps"] = res.ig_steps[i][k]
-                    if self.settings.steps == "auto":
-                        rec["gap_tolerance"] = self.settings.max_gap
-                rec["target"]["probability"] = res.probabilities[i][k]
-                rec["rank"], rec["layer"] = k, res.embedding_layer or "input"
-                if res.space == "embedding":  # (L, D): one number per token, the sum over D
-                    rec["tokens"] = maps[i, k].double().sum(-1).tolist()
-                records.append(rec)
+                steps = res.ig_steps[i][k] if ig and res.ig_steps is not None else None  # --steps auto: its own
+                records.append(map_entry(
+                    method, map_statistics(maps[i, k]), signed=ab.get(method).signed,
+                    smoothed=method in res.smoothed, target=target, rank=k, layer=res.embedding_layer or "input",
+                    baseline_score=res.baseline_scores[i][k] if ig else None, delta=res.deltas[i][k] if ig else None,
+                    steps=steps, gap_tolerance=self.settings.max_gap
+                    if steps is not None and self.settings.steps == "auto" else None,
+                    # (L, D): one number per token, the sum over D
+                    tokens=maps[i, k].double().sum(-1).tolist() if res.space == "embedding" else None))
         size = list(img.image.size) if img is not None else None
-        entry = {"index": index, "image": name, "size": size, "targets": [int(t) for t in res.targets[i]],
-                 "maps": records, "files": {}}
+        token_ids = text = None
         if res.space == "embedding":
-            entry["token_ids"] = [int(t) for t in ids[i].reshape(-1).tolist()]
-            text = getattr(batch, "text", None) if batch is not None else None
-            if text is not None:  # the text and its real tokens (issue 42: pictures name them)
-                entry["text"] = {"text": text.texts[i], "tokens": text.tokens[i]}
-        return entry
+            token_ids = [int(t) for t in ids[i].reshape(-1).tolist()]
+            batch_text = getattr(batch, "text", None) if batch is not None else None
+            if batch_text is not None:  # the text and its real tokens (issue 42: pictures name them)
+                text = TextTokens(text=batch_text.texts[i], tokens=batch_text.tokens[i])
+        return image_entry(index=index, name=name, size=size, targets=[int(t) for t in res.targets[i]],
+                           maps=records, token_ids=token_ids, text=text).to_dict()
 
     def _evaluate(self, res: Any, batch: Any, entries: list[dict[str, Any]]) -> None:
         """Deletion/insertion/ROAD of every map (cam's Evaluator), on the relevance each map

@@ -148,8 +148,9 @@ class GenerationSession(Session):
 
     def _entry(self, index: int, name: str, text: str, res: Any) -> dict[str, Any]:
         from inspect_model.methods.attributions import base as ab
+        from inspect_model.methods.attributions.entries import map_entry
         from inspect_model.methods.attributions.maps import map_statistics
-        from inspect_model.render.attributions import map_record
+        from inspect_model.reports.attributions import AttributionTarget
 
         labels = self._names(res.generated)
         layer = ", ".join(res.layers)
@@ -158,15 +159,13 @@ class GenerationSession(Session):
             for method, mat in res.matrices.items():
                 row = mat[t, :res.first + t]
                 ig = ab.get(method).generation == "integrated"
-                rec = map_record(method, map_statistics(row), signed=ab.get(method).signed, smoothed=False,
-                                 target=int(tid), label=labels[t], score=res.scores[t],
-                                 baseline_score=res.baseline_scores[t] if ig else None,
-                                 delta=res.gaps[t] if ig else None)
-                if ig:
-                    rec["steps"] = self.settings.steps
-                rec["target"]["probability"] = math.exp(res.log_probs[t])
-                rec["rank"], rec["layer"], rec["tokens"] = t, layer, row.tolist()
-                records.append(rec)
+                target = AttributionTarget(class_=int(tid), label=labels[t], score=res.scores[t],
+                                           probability=math.exp(res.log_probs[t]))
+                records.append(map_entry(
+                    method, map_statistics(row), signed=ab.get(method).signed, smoothed=False, target=target,
+                    rank=t, layer=layer, baseline_score=res.baseline_scores[t] if ig else None,
+                    delta=res.gaps[t] if ig else None, steps=self.settings.steps if ig else None,
+                    tokens=row.tolist()).to_dict())
         gen: dict[str, Any] = {
             "mode": res.mode, "stopped": res.stopped, "first_columns": res.first,
             "text": self.tok.decode(res.generated),

@@ -10,18 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from inspect_model.run.options import InputOptions, ModelOptions, check_target_syntax
+from inspect_model.run.options import InputOptions, ModelOptions
 from inspect_model.run.pipeline import run_images
+from inspect_model.run import option_groups as og
+from inspect_model.run.option_groups import Evaluate, Layers, Picture
 from inspect_model.run.request import (
-    COLORMAP_HELP,
     MAX_DETECTIONS_HELP,
-    OUTPUT_KEY_HELP,
-    SAVE_RAW_HELP,
     SCORE_THRESHOLD_HELP,
-    TARGET_HELP,
     Request,
     api_command,
-    check_target_value,
     option,
     positive,
 )
@@ -40,54 +37,44 @@ class CamRequest(Request):
     """The options of ``cam`` (see README "cam"); validated once, here."""
 
     command: ClassVar[str] = "cam"
+    groups: ClassVar[tuple[Any, ...]] = (Evaluate, Picture, Layers)
 
     methods: tuple[str, ...] = option(("gradcam",), "--method", "-m", help=method_help, multiple=True,
                                       param="method", complete="method")
-    layers: tuple[str, ...] = option((), "--layer", "--layers", "-l", help="auto (last spatial layer; ViT/Swin: "
-                                     "last block as a patch grid) or a layer spec; repeat for one map per layer.",
-                                     multiple=True, param="layer", complete="layer")
+    layers: tuple[str, ...] = og.layers(help="auto (last spatial layer; ViT/Swin: last block as a patch grid) "
+                                            "or a layer spec; repeat for one map per layer.", param="layer")
     reshape: str | None = option(None, "--reshape", type=str, help="Patch grid HxW for a token layer (N, tokens, "
                                  "D); leading class/register tokens are dropped.")
     fuse: bool = option(False, "--fuse", help="With several --layer: also a fused map (element-wise max of the "
                         "normalised maps).")
-    target: str | tuple[str, ...] | None = option("predicted", "--target", "-t", type=str, help=TARGET_HELP,
-                                                  complete="target")
-    output_key: str | None = option(None, "--output-key", type=str, help=OUTPUT_KEY_HELP)
+    target: str | tuple[str, ...] | None = og.target()
+    output_key: str | None = og.output_key()
     scorecam_batch: int | None = option(None, "--scorecam-batch", type=int, help="Masked inputs per forward pass "
                                         "for scorecam (across images and channels). Default: the largest that fits "
                                         "the memory budget (half the free GPU memory, 1 GiB on a CPU).")
-    colormap: str = option("jet", "--colormap", "--cmap", help=COLORMAP_HELP, complete="colormap")
+    colormap: str = og.colormap("jet")
     alpha: float = option(0.5, "--alpha", help="Heat-map opacity in overlays, 0..1.")
     top: int = option(5, "--top", help="Predicted classes listed per image.")
-    save_raw: bool = option(False, "--save-raw", help=SAVE_RAW_HELP)
-    evaluate: bool = option(False, "--evaluate", help="Score every map's faithfulness: deletion/insertion AUC, "
-                            "ROAD, average drop/increase in confidence, and with --boxes the pointing and energy "
-                            "games; methods ranked per image and on average.")
-    metrics: tuple[str, ...] = option((), "--metric", help="With --evaluate: deletion, insertion, road, confidence, "
-                                      "pointing, energy or all (default: all; pointing and energy only with "
-                                      "--boxes); repeatable.", multiple=True, param="metric")
+    save_raw: bool = og.save_raw()
+    evaluate: bool = og.evaluate()
+    metrics: tuple[str, ...] = og.metrics()
     boxes: Any = option(None, "--boxes", type=Path, help="JSON or CSV of boxes image,x0,y0,x1,y1[,label] in "
                         "original-image pixels: with --evaluate for the pointing and energy games; for a detector "
                         "the boxes to explain, for a segmenter the region of the mask; for a flow model the region "
                         "whose mean flow magnitude is explained.")
-    eval_steps: int | str = option(32, "--eval-steps", type=str, help="Steps of the deletion and insertion curves, "
-                                   "or auto: each curve refined (8, 16, ... 128) until its AUC moves by at most "
-                                   "--eval-tolerance.")
-    eval_tolerance: float = option(0.005, "--eval-tolerance", help="With --eval-steps auto: the AUC change between "
-                                   "two levels at which a curve stops.")
-    eval_batch: int | None = option(None, "--eval-batch", type=int, help="Perturbed inputs per forward pass (--evaluate); "
-                                    "default 64, on a CPU at most 4 MiB of input (6 at 224 px).")
+    eval_steps: int | str = og.eval_steps()
+    eval_tolerance: float = og.eval_tolerance()
+    eval_batch: int | None = og.eval_batch()
     score_threshold: float | None = option(None, "--score-threshold", type=float, help=SCORE_THRESHOLD_HELP)
     max_detections: int = option(10, "--max-detections", help=MAX_DETECTIONS_HELP)
 
-    def validate(self) -> None:
-        from inspect_model.run.evaluate import check_evaluate_request
+    def evaluation_boxes(self) -> Any:
+        return self.boxes
+
+    def validate(self) -> None:  # target, colormap, layer specs and --evaluate are checked by their groups
         from inspect_model.methods.cam.maps import parse_methods, parse_reshape
         from inspect_model.methods.objectives.scores import check_dense_options
-        from inspect_model.render.overlay import check_colormap
 
-        self._set("target", check_target_value(self.target))
-        check_target_syntax(self.target)
         if not 0.0 <= self.alpha <= 1.0:
             raise UsageError(f"--alpha must be between 0 and 1, got {self.alpha}")
         positive(self.scorecam_batch, "--scorecam-batch")
@@ -96,16 +83,8 @@ class CamRequest(Request):
         self._set("grid", parse_reshape(self.reshape))
         if self.fuse and len(self.layers) < 2:
             raise UsageError("--fuse combines several layers; give --layer at least twice")
-        if any(not str(spec).strip() for spec in self.layers):
-            raise UsageError("empty layer spec; give a name, a glob, type:CLASS or auto")
-        check_colormap(self.colormap)
         check_dense_options(self.score_threshold, self.max_detections)
-        from inspect_model.run.evaluate import parse_eval_steps
-
-        self._set("eval_steps", parse_eval_steps(self.eval_steps))
-        self._set("parsed_metrics", tuple(check_evaluate_request(
-            evaluate=self.evaluate, metrics=list(self.metrics) or None, boxes=self.boxes, steps=self.eval_steps,
-            batch=self.eval_batch, tolerance=self.eval_tolerance)))
+        self._set("parsed_metrics", self.evaluation.metrics)
 
 
 def check_cam_request(**options: Any) -> CamRequest:
@@ -235,15 +214,15 @@ class CamSession(Session):
         return items
 
     def _entry(self, res: Any, i: int, index: int, name: str, img: Any) -> dict[str, Any]:
-        from inspect_model.render.cam_report import image_record
+        from inspect_model.methods.cam.entries import image_entry
 
         for m in res.maps:
             if m.sample == i:
                 for w in m.warnings:
                     self.warnings.add(f"{name}: {m.method} at {m.layer} for class {m.target}: {w}")
         size = list(img.image.size) if img is not None else None
-        return image_record(res, i, index=index, name=name, size=size, categories=self.prep.categories,
-                            top=self.top)
+        return image_entry(res, i, index=index, name=name, size=size, categories=self.prep.categories,
+                           top=self.top).to_dict()
 
     def finish(self) -> Result:
         plan = self.prep.plan

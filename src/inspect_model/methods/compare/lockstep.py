@@ -62,7 +62,8 @@ class Exchange:
                 return
             self.pending[key] = tensor  # a cached side hands copies of its own, made in its forward
             self._held()
-            self.cond.notify_all()
+            if self.wanted is not None:  # A waits: wake it (a notify per switch, no more: each costs a GIL hand-over)
+                self.cond.notify_all()
             if not self.lockstep:
                 return
             self.cond.wait_for(lambda: (key not in self.pending and key not in self.busy) or self.a_done
@@ -74,13 +75,13 @@ class Exchange:
         """A's thread: B's output for ``key``, or None when B gave none."""
         with self.cond:
             self.wanted = key
-            self.cond.notify_all()
+            if key not in self.pending:  # B may hold on to another key: let it run ahead to this one
+                self.cond.notify_all()
             self.cond.wait_for(lambda: key in self.pending or self.b_done)
             self.wanted = None
             out = self.pending.pop(key, None)
             if out is not None:
-                self.busy.add(key)
-            self.cond.notify_all()
+                self.busy.add(key)  # B waits until release(): no wake-up now
             return out
 
     def release(self, key: Key) -> None:

@@ -15,8 +15,9 @@ V-cycle of geometric multigrid:
 - smoothing: one damped Jacobi step before and after the coarse correction (the symmetric
   V(1,1) cycle, so PCG's theory holds); coarsest level (<= 100 points): dense Cholesky.
 
-All masks and channels are solved as one batch (B, C, H, W); the work is a few dozen
-stencil applications of the whole batch, on any device. Converges in 6-8 iterations to a
+All masks and channels are solved as one batch (B, C, H, W) on an accelerator, and on a CPU
+in groups of masks whose vectors stay in cache (2^19 values: 3 masks of 3 x 224 x 224); the
+work is a few dozen stencil applications of the batch. Converges in 6-8 iterations to a
 relative residual of 1e-5 for ROAD's masks at 64-224 px (checked against scipy's exact solve in
 benchmarks/bench_evaluate.py and against a dense solve in tests/cli/test_faithfulness.py).
 """
@@ -34,6 +35,7 @@ EDGE, CORNER = 1 / 6, 1 / 12
 OFFSETS = tuple((a, b) for a in (-1, 0, 1) for b in (-1, 0, 1))  # stencil order, (0, 0) = 4
 COARSEST = 100  # points at which the hierarchy stops and a dense factorisation takes over
 SMOOTH_FINE, SMOOTH_COARSE = 1.0, 0.7  # Jacobi damping (the fine 9-point operator: smoothing factor 1/3)
+CPU_GROUP_ELEMENTS = 1 << 19  # values of one vector of a CPU solve (masks x channels x pixels): 2 MiB
 
 
 def impute(x: torch.Tensor, remove: torch.Tensor, *, noise: float = 0.0, generator: torch.Generator | None = None,
@@ -63,8 +65,15 @@ def impute(x: torch.Tensor, remove: torch.Tensor, *, noise: float = 0.0, generat
     single = xs.device.type == "cpu" and threads > 1
     if single:
         torch.set_num_threads(1)
+    # On a CPU, masks in groups whose vectors stay in cache (issue 40): PCG's two dozen
+    # passes per iteration over 18 masks x 3 channels at 224 px (11 MB a vector) ran from
+    # memory; in groups of 3 masks the same solve took 25% less CPU time. Each group stops
+    # when its own systems reach ``tol`` (one batch stops when all 18 do; both within tol).
+    group = b_ if xs.device.type != "cpu" else max(1, CPU_GROUP_ELEMENTS // max(1, c * h * w))
     try:
-        out = known + pcg(known, m, tol=tol, max_iter=max_iter or 100)[0]
+        u = torch.cat([pcg(known[i:i + group], m[i:i + group], tol=tol, max_iter=max_iter or 100)[0]
+                       for i in range(0, b_, group)])
+        out = known + u
     finally:
         if single:
             torch.set_num_threads(threads)

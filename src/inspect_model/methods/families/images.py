@@ -28,41 +28,39 @@ class ImageClassification(Task):
     target_help = "--target predicted, a class index or name, or top:K"
 
 
+class _Inferred(Task):
+    """An image task found from the model itself (objectives/tasks.infer_task, or the loader's
+    word for video and flow models): it claims a model whose inferred task is its name."""
+
+    priority = 50
+
+    def claims(self, model: Any, loaded: Any) -> bool:
+        return _known(model, loaded) == self.name
+
+
 @register_task
-class Detection(Task):
-    name, family, priority = "detection", "detection", 50
+class Detection(_Inferred):
+    name, family = "detection", "detection"
     target_help = "--target predicted, top:K or a class: its detections"
 
-    def claims(self, model: Any, loaded: Any) -> bool:
-        return _known(model, loaded) == "detection"
-
 
 @register_task
-class Segmentation(Task):
-    name, family, priority = "segmentation", "segmentation", 50
+class Segmentation(_Inferred):
+    name, family = "segmentation", "segmentation"
     target_help = "--target predicted, top:K, a class or CLASS@all: its mask score"
 
-    def claims(self, model: Any, loaded: Any) -> bool:
-        return _known(model, loaded) == "segmentation"
-
 
 @register_task
-class Video(Task):
-    name, family, priority = "video", "video", 50
+class Video(_Inferred):
+    name, family = "video", "video"
     takes = "clips"
 
-    def claims(self, model: Any, loaded: Any) -> bool:
-        return _known(model, loaded) == "video"
-
 
 @register_task
-class OpticalFlow(Task):
-    name, family, priority = "optical_flow", "optical flow", 50
+class OpticalFlow(_Inferred):
+    name, family = "optical_flow", "optical flow"
     takes = "image pairs"
     target_help = "the mean flow magnitude (the one target)"
-
-    def claims(self, model: Any, loaded: Any) -> bool:
-        return _known(model, loaded) == "optical_flow"
 
 
 @register_task

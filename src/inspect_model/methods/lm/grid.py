@@ -80,23 +80,29 @@ class PairRun:
     def __enter__(self) -> PairRun:
         import torch
 
-        torch.set_grad_enabled(False)  # PatchHooks puts the grad mode back on exit
+        self._grad = torch.is_grad_enabled()
         noise = None
         if self.noise is not None:
             dim = int(self.mods.embed.weight.shape[1])
             noise = (self.noise.first, self.noise.end, self.noise.draws(dim, self.clean_ids.device))
         self.hooks = PatchHooks(self.model, self.mods, self.sites, noise=noise).__enter__()
         try:
+            torch.set_grad_enabled(False)  # no graph: the caller's grad mode is put back on exit
             self._references()
         except BaseException:
-            self.hooks.__exit__(None, None, None)
+            self.__exit__(None, None, None)
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.hooks is not None:
-            self.hooks.__exit__(*exc)
-            self.hooks = None
+        import torch
+
+        try:
+            if self.hooks is not None:
+                self.hooks.__exit__(*exc)
+                self.hooks = None
+        finally:
+            torch.set_grad_enabled(self._grad)
 
     def _logits(self, ids: torch.Tensor) -> torch.Tensor:
         return self.call(ids)[:, self.position, :]

@@ -182,8 +182,9 @@ def decode(model: nn.Module, anatomy: Anatomy, states: dict[Site, torch.Tensor],
     n_rows = b * t
     rows = max(1, CHUNK_BYTES // (4 * v))
     final = logits.float().reshape(n_rows, v)
-    q = torch.empty(n_rows, v)  # the model's distribution
-    q_neg_h = torch.empty(n_rows)
+    dev = final.device  # everything is computed where the logits are; the results come to the CPU per site
+    q = torch.empty(n_rows, v, device=dev)  # the model's distribution
+    q_neg_h = torch.empty(n_rows, device=dev)
     predicted = final.argmax(dim=-1)  # (N,)
     for lo in range(0, n_rows, rows):  # chunked like the sites below: each chunk's passes in cache
         f = final[lo:lo + rows]
@@ -198,19 +199,21 @@ def decode(model: nn.Module, anatomy: Anatomy, states: dict[Site, torch.Tensor],
                 h = tuned.translate(h, site.depth)
             flat = h.reshape(n_rows, -1)
             k = min(top_k, v)
-            prob, rank, ent, kl = (torch.empty(n_rows), torch.empty(n_rows, dtype=torch.long), torch.empty(n_rows),
-                                   torch.empty(n_rows))
-            top_ids, top_p = torch.empty(n_rows, k, dtype=torch.long), torch.empty(n_rows, k)
-            zall = readout(model, anatomy, flat).float()  # (N, V): one matmul (the weight read once)
+            prob, rank, ent, kl = (torch.empty(n_rows, device=dev), torch.empty(n_rows, dtype=torch.long, device=dev),
+                                   torch.empty(n_rows, device=dev), torch.empty(n_rows, device=dev))
+            top_ids = torch.empty(n_rows, k, dtype=torch.long, device=dev)
+            top_p = torch.empty(n_rows, k, device=dev)
+            zall = readout(model, anatomy, flat).float().to(dev)  # (N, V): one matmul (the weight read once)
             own = site.site == "resid" and site.depth == last  # the model's own readout: checked
             if own and zall.shape != final.shape:
                 check = float("inf")
-            buf = torch.empty(min(rows, n_rows), v)
+            buf = torch.empty(min(rows, n_rows), v, device=dev)
             for lo in range(0, n_rows, rows):
                 hi = min(lo + rows, n_rows)
                 z, y = zall[lo:hi], predicted[lo:hi, None]
                 if own and zall.shape == final.shape:
-                    err = float(torch.sub(z, final[lo:hi], out=buf[: hi - lo]).abs_().amax())
+                    d = torch.sub(z, final[lo:hi], out=buf[: hi - lo]).masked_fill_(z == final[lo:hi], 0.0)
+                    err = float(d.abs_().amax())  # equal infinities (a masked token) differ by 0
                     check = err if check != check else max(check, err)
                 p = z.softmax(dim=-1)
                 lse = _lse(z, p)
@@ -222,14 +225,9 @@ def decode(model: nn.Module, anatomy: Anatomy, states: dict[Site, torch.Tensor],
                 rank[lo:hi] = _rank(z, z.gather(-1, y), ti, y, buf)
             if not (torch.isfinite(ent).all() and torch.isfinite(kl).all()):  # -inf logits: 0 * -inf terms
                 ent, kl = _exact(model, anatomy, flat, final, predicted, ent, kl)
-            out.append(Decoded(site, prob.view(b, t), rank.view(b, t), ent.view(b, t),
-                               kl.clamp(min=0.0).view(b, t), top_ids.view(b, t, k), top_p.view(b, t, k)))
-    return out, predicted.view(b, t), check
-
-
-def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Row-wise dot products (n, V) x (n, V) -> (n,) as one batched matmul (no (n, V) temporary)."""
-    return (a[:, None, :] @ b[:, :, None])[:, 0, 0]
+            out.append(Decoded(site, *(x.view(b, t, *x.shape[1:]).cpu() for x in (
+                prob, rank, ent, kl.clamp(min=0.0), top_ids, top_p))))
+    return out, predicted.view(b, t).cpu(), check
 
 
 def _lse(z: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
@@ -263,6 +261,6 @@ def _exact(model: nn.Module, anatomy: Anatomy, flat: torch.Tensor, final: torch.
     logp = readout(model, anatomy, flat[idx]).float().log_softmax(dim=-1)
     fl = final[idx].log_softmax(dim=-1)
     ent, kl = ent.clone(), kl.clone()
-    ent[idx] = -(logp.exp() * logp).nan_to_num(0.0).sum(dim=-1).cpu()
-    kl[idx] = (fl.exp() * (fl - logp)).nan_to_num(0.0).sum(dim=-1).cpu()
+    ent[idx] = -(logp.exp() * logp).nan_to_num(0.0).sum(dim=-1).to(ent.device)
+    kl[idx] = (fl.exp() * (fl - logp)).nan_to_num(0.0).sum(dim=-1).to(kl.device)
     return ent, kl

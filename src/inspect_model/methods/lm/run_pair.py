@@ -46,13 +46,15 @@ def patch_one(session: Any, index: int, name: str, pair: Any) -> PatchPair:
                    corrupt=torch.tensor(corrupt, device=dev) if corrupt is not None else None, position=pos,
                    denoise=r.denoise, noise=noise, window=r.window if noise is not None else 1, tokenizer=tok)
     names = token_names(tok, clean)
-    sites = tuple(_site(session, g, names, lowest=r.mode == "noise", window=r.window if noise else 1)
+    other = token_names(tok, corrupt) if corrupt is not None else names
+    shown = [repr(a) if a == b else f"{a!r}/{b!r}" for a, b in zip(names, other)]  # changed: clean/corrupt
+    sites = tuple(_site(session, g, shown, lowest=r.mode == "noise", window=r.window if noise else 1)
                   for g in out.grids)
     m = out.metric
     mrec = PatchMetric(kind=m.kind, text=m.words(), tokens=list(m.spec.tokens), token_ids=list(m.ids),
                        token_names=list(m.names), position=pos)
     return PatchPair(index=index, name=name, clean=pair.clean, corrupt=pair.corrupt, clean_tokens=names,
-                     corrupt_tokens=token_names(tok, corrupt) if corrupt is not None else None, metric=mrec,
+                     corrupt_tokens=other if corrupt is not None else None, metric=mrec,
                      clean_value=out.clean, corrupt_value=out.corrupt, subject=subject, sites=list(sites),
                      forwards=out.forwards, cells=out.cells)
 
@@ -63,7 +65,7 @@ def _site(session: Any, grid: Any, tokens: list[str], *, lowest: bool, window: i
         labels = [f"H{h}" for h in range(len(grid.raw[0]))]
         modules = [f"{b.out_proj} (input)" for b in anat.blocks]
     else:
-        labels = [f"{i} {t!r}" for i, t in enumerate(tokens)]
+        labels = [f"{i} {t}" for i, t in enumerate(tokens)]
         attr = {"resid": "name", "attn": "attention", "mlp": "mlp"}[grid.site]
         modules = [str(getattr(b, attr)) for b in anat.blocks]
     raw = [[float(v) for v in row] for row in grid.raw]
