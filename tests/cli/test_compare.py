@@ -282,3 +282,21 @@ def test_a_config_file_cannot_name_a_code_running_side_b(cli, models_py, tmp_pat
     cfg.write_text(f'[compare]\nagainst-model = "{models_py}:TinyCNN"\n')
     r = cli(["compare", "resnet18", "--weights", "none", "--config", str(cfg)])
     assert r.exit_code == 2 and "whose loading runs code" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_train_mode_parts_company_at_the_first_batch_norm() -> None:
+    torch.manual_seed(0)
+    model = TinyCNN().eval()
+    before = model_state(model)
+    res = im.compare(model, torch.randn(4, 3, 8, 8), against_train=True)
+    assert_unchanged(model, before)  # A's running statistics untouched: the copy absorbed the update
+    rows = {r.name: r for r in res.layers}
+    assert rows["features.0"].status == "equal" and res.first_divergent == "features.1"
+    assert res.against == "train"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_against_device_cuda() -> None:
+    torch.manual_seed(0)
+    res = im.compare(TinyCNN().eval(), torch.randn(2, 3, 8, 8), against_device="cuda")
+    assert res.against == "device:cuda" and max(r.relative_error for r in res.layers) < 1e-2

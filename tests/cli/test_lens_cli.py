@@ -202,3 +202,11 @@ def test_text_file_resume_after_an_interruption(cli, folders, tmp_path, monkeypa
     assert [t["index"] for t in resumed["images"]] == [0, 1, 2]
     assert sorted(p.name for p in (tmp_path / "res" / "images").iterdir()) == ["0000-text-0", "0001-text-1",
                                                                               "0002-text-2"]
+
+
+def test_a_wrong_readout_is_said(cli, folders):
+    """--final-norm '' skips GPT-2's ln_f: the last block no longer reads out the model's logits, and the
+    report says so (the self-check), while the numbers are still those of the readout asked for."""
+    doc = _json(cli, [str(folders["gpt2"]), "--text", TEXTS[1], "--final-norm", ""])
+    assert doc["anatomy"]["final_norm"] is None and doc["readout_error"] > 1e-3
+    assert "differs from the model's logits" in doc["warnings"][0]["message"]

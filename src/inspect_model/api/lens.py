@@ -54,9 +54,9 @@ class LensRequest(Request):
 
 
 def _width(model: Any, anatomy: Any) -> int:
-    from inspect_model.methods.lm.anatomy import _text_config
+    from inspect_model.methods.lm.anatomy import text_config
 
-    cfg = _text_config(model)
+    cfg = text_config(model)
     for attr in ("hidden_size", "d_model", "n_embd"):
         v = getattr(cfg, attr, None)
         if isinstance(v, int) and v > 0:

@@ -263,8 +263,8 @@ def execute(
     scale = current_scale()
     prep = session.prep
     plan = getattr(prep, "plan", None)
-    if hasattr(plan, "workers"):
-        plan.workers = scale.workers
+    if plan is not None:
+        plan.use_workers(scale.workers)
     binding = getattr(prep, "binding", None)
     # A model of several inputs gets its other inputs for the whole run (issue 14).
     with binding.bound(prep.loaded.model) if binding is not None else contextlib.nullcontext():

@@ -52,8 +52,9 @@ class Pending:
 
 
 def defer_on(device: torch.device) -> bool:
-    """Whether outputs on ``device`` are measured deferred (accelerators; tests force it)."""
-    return device.type != "cpu"
+    """Whether outputs on ``device`` are measured deferred: CUDA devices (float64 reductions
+    of the small results; MPS has no float64); tests force it on the CPU."""
+    return device.type == "cuda"
 
 
 def measure_deferred(x: torch.Tensor, cands: list[tuple[int, int]], per_sample: bool) -> Pending | None:
@@ -106,8 +107,11 @@ def resolve(pending: list[Pending]) -> list[Measurement] | None:
 
     if not pending:
         return []
-    tensors = [t for p in pending for t in p.parts]
-    values = torch.cat([t.reshape(-1) for t in tensors]).cpu().numpy()
+    flat = [t.reshape(-1) for p in pending for t in p.parts]
+    if len({t.device for t in flat}) == 1:
+        values = torch.cat(flat).cpu().numpy()
+    else:  # a model spread over devices: one copy per tensor
+        values = torch.cat([t.cpu() for t in flat]).numpy()
     if not np.isfinite(values).all():
         return None
     out, at = [], 0

@@ -98,7 +98,8 @@ class Anatomy:
         return "; ".join(p for p in parts if p)
 
 
-def _text_config(model: Any) -> Any:
+def text_config(model: Any) -> Any:
+    """The config of the (decoder) text model: a multimodal config's text part, else the config."""
     cfg = getattr(model, "config", None)
     get = getattr(cfg, "get_text_config", None)
     if callable(get):
@@ -180,7 +181,7 @@ def block_parts(model: nn.Module, block: str) -> BlockParts:
 def _heads(model: nn.Module, parts: BlockParts) -> tuple[int | None, int | None]:
     """(num_heads, head_dim): the attention's own attributes, else the config; checked
     against the output projection's input width (heads side by side)."""
-    cfg = _text_config(model)
+    cfg = text_config(model)
     amod = model.get_submodule(parts.attention) if parts.attention else None
     heads = None
     for src in (amod, getattr(amod, "config", None), cfg):
@@ -266,7 +267,7 @@ def _find_norm(model: nn.Module, blocks: tuple[str, ...]) -> tuple[str | None, s
 
 
 def _scalings(model: nn.Module, unembed: str) -> dict[str, Any]:
-    cfg = _text_config(model)
+    cfg = text_config(model)
     out: dict[str, Any] = {}
     scale_out = getattr(cfg, "scale_decoder_outputs", None)
     if scale_out is None and type(model).__name__.lower().startswith(("t5", "mt5", "umt5")):
