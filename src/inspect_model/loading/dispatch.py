@@ -59,7 +59,7 @@ def load_placed(spec: str, request: LoadRequest, placement: Placement, *, checkp
     if source.name in ("torchscript", "export", "pickled"):
         raise ModelLoadError(f"{spec} is a saved {source.name} file; --device-map/--offload need a model that can "
                              "be built empty: a Hugging Face folder, timm:NAME, a torchvision name or FILE.py:NAME")
-    loaded, empty = _build(source, spec, request, checkpoint=checkpoint, strict=strict)
+    loaded, empty, pretrained = _build(source, spec, request, checkpoint=checkpoint, strict=strict)
     dmap = plan_device_map(loaded.model, placement, dtype, free=available_memory())
     if empty:
         check_placed(estimate(loaded.model, dtype, tokens=128 if loaded.token_vocab else 0), dmap, loaded.model,
@@ -71,8 +71,10 @@ def load_placed(spec: str, request: LoadRequest, placement: Placement, *, checkp
         if not isinstance(getattr(loaded.model, "hf_device_map", None), dict):
             loaded.model.hf_device_map = dict(dmap)  # one device: transformers attaches no hooks, none needed
     elif empty:
-        reader = None
-        if checkpoint:
+        reader = pretrained
+        if pretrained is not None:
+            loaded.notes.append(f"pretrained weights {pretrained.path} read block by block")
+        elif checkpoint:
             from inspect_model.loading.checkpoint_blocks import open_checkpoint
 
             reader, report = open_checkpoint(loaded.model, checkpoint, strict=strict, trust=request.trust_checkpoint)
@@ -96,21 +98,34 @@ def load_placed(spec: str, request: LoadRequest, placement: Placement, *, checkp
 
 
 def _build(source: Any, spec: str, request: LoadRequest, *, checkpoint: str | None,
-           strict: bool) -> tuple[LoadedModel, bool]:
+           strict: bool) -> tuple[LoadedModel, bool, Any]:
     """The model with its parameters on the meta device (True), or, where an empty build
     would lose its weights (:func:`~inspect_model.loading.blockwise.empty_build`), built in the
-    dtype with them, the checkpoint loaded into it (False)."""
-    from inspect_model.loading.blockwise import empty_build
+    dtype with them, the checkpoint loaded into it (False); and, for pretrained torchvision/timm
+    weights read block by block, their reader (:mod:`inspect_model.loading.pretrained_blocks`)."""
+    from inspect_model.loading.blockwise import empty_build, random_weights
     from inspect_model.loading.sources import building_in, load_checkpoint_into
 
     if source.name == "hf":
         loaded = source.load(spec, dataclasses.replace(request, empty=True, device="cpu"))
         if callable(getattr(loaded.model, "tie_weights", None)):
             loaded.model.tie_weights()  # GPT-2's head is its embedding: the plan keeps them together
-        return loaded, True
-    empty = empty_build(source, spec, request, checkpoint=checkpoint)
-    if empty is not None:
-        return empty, True
+        return loaded, True, None
+    pretrained = None
+    if source.name in ("torchvision", "timm") and not random_weights(request) and not checkpoint:
+        from inspect_model.loading.pretrained_blocks import weights_file
+
+        pretrained = weights_file(source, spec, request)
+    empty = empty_build(source, spec, request, checkpoint=checkpoint, pretrained=pretrained)
+    if empty is not None and pretrained is not None:
+        from inspect_model.loading.pretrained_blocks import open_pretrained
+
+        reader = open_pretrained(empty.model, pretrained)
+        if reader is not None:
+            return empty, True, reader
+        del empty  # the file's names are not the model's: built whole below
+    elif empty is not None:
+        return empty, True, None
     request = dataclasses.replace(request, device="cpu")
     hint = ("its weights come from its own code, so it is built whole before it is placed; give --checkpoint FILE "
             "(then it is built empty and read block by block) or use a smaller --dtype" if source.name in
@@ -121,7 +136,7 @@ def _build(source: Any, spec: str, request: LoadRequest, *, checkpoint: str | No
         loaded = source.load(spec, dataclasses.replace(request, check=fits_check(request, hint=hint)))
     if checkpoint:
         load_checkpoint_into(loaded, spec, checkpoint, device="cpu", strict=strict, trust=request.trust_checkpoint)
-    return loaded, False
+    return loaded, False, None
 
 
 def _shard_keys(folder: str) -> dict[str, str]:
