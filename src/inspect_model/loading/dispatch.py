@@ -36,6 +36,7 @@ from inspect_model.loading.loaded import LoadedModel, LoadRequest
 from inspect_model.loading.preflight import available_memory, check_placed, estimate
 from inspect_model.loading.placement import (
     Placement,
+    check_gpus,
     describe,
     main_device,
     offload_folder,
@@ -52,6 +53,7 @@ def load_placed(spec: str, request: LoadRequest, placement: Placement, *, checkp
     from inspect_model.loading.sources import find_source
 
     require_accelerate()
+    check_gpus(placement)
     dtype = parse_dtype(request.dtype or "float32")
     source = find_source(spec)
     if source.name in ("torchscript", "export", "pickled"):
@@ -282,12 +284,18 @@ def fits_check(request: LoadRequest, *, hint: str | None = None) -> Any:
     """The preflight of a user's class, for ``LoadRequest.check``: its meta build's weights in
     the dtype asked for against the free memory."""
     def check(model: Any, name: str) -> None:
-        from inspect_model.loading.preflight import check_fits, estimate
+        from types import SimpleNamespace
+
+        from inspect_model.loading.loaded import declared_input_sizes, guess_input_sizes
+        from inspect_model.loading.preflight import check_fits, estimate, image_activations
         from inspect_model.loading.shapes import parse_dtype
 
-        if request.device != "meta":
-            check_fits(estimate(model, parse_dtype(request.dtype or "float32")), request.device, name=name,
-                       hint=hint)
+        if request.device == "meta":
+            return
+        est = estimate(model, parse_dtype(request.dtype or "float32"))
+        sizes = declared_input_sizes(model) or guess_input_sizes(model)
+        est = dataclasses.replace(est, activations=image_activations(SimpleNamespace(model=model, input_sizes=sizes)))
+        check_fits(est, request.device, name=name, hint=hint)
 
     return check
 

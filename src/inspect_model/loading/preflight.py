@@ -132,13 +132,13 @@ def check_fits(est: Estimate, device: str, *, name: str, free: dict[int | str, i
 
 
 def image_activations(loaded: Any) -> int:
-    """Bytes of every layer's output for one input of the model's default size, float32,
+    """Bytes of every layer's output for one input of the model's default size (one tensor), float32,
     from a pass on the meta device (nothing allocated): what a forward keeps at most, and what
     autograd keeps for a gradient command. 0 when the model takes no plain image tensor."""
     import torch
 
     sizes = loaded.input_sizes or []
-    if len(sizes) != 1 or len(sizes[0]) < 2:
+    if len(sizes) != 1 or not sizes[0]:
         return 0
     total = 0
 
