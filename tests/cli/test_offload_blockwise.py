@@ -51,6 +51,7 @@ def layers(**kw) -> dict:
     return doc
 
 
+@pytest.mark.slow  # over 3 s (issue 35: the quick tier under 2 minutes); full run only
 @pytest.mark.parametrize("kind", ["torch", "safetensors"])
 @pytest.mark.parametrize("where", ["offload", "device_map"])
 def test_a_checkpoint_gives_the_resident_numbers_placed(resnet_checkpoints, kind, where):
@@ -159,6 +160,7 @@ def test_tied_weights_stay_tied_under_weights_none(tmp_path, placement):
         assert model.lm_head.weight is model.transformer.wte.weight
 
 
+@pytest.mark.slow  # over 3 s (issue 35: the quick tier under 2 minutes); full run only
 def test_offload_takes_an_optional_folder(tmp_path, cli):
     """`--offload` alone: a temporary folder, gone afterwards; `--offload DIR` and
     `--offload=DIR`: a fresh folder in DIR; `--offload-dir DIR`: the older spelling."""

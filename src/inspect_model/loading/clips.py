@@ -113,6 +113,7 @@ def video_preprocess(loaded: Any, *, resize: int | None = None, crop: int | None
 
 @dataclass
 class ClipPlan(Plan):
+    unit = "clip"
     """Clips of the given videos (or folders of frames), streamed in batches (see the module
     docstring); the same fields as ``InputPlan`` that the pipeline reads."""
 

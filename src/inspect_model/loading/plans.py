@@ -16,6 +16,8 @@ class Plan:
     """The base of every input plan (a mixin of the plans' dataclasses: methods only, no
     fields, so the dataclasses' own fields and defaults stay as they are)."""
 
+    unit = "image"  # what one unit is called in progress lines ("3/10 texts")
+
     def units(self) -> list[Any]:
         """What a run shards, counts and resumes by: the image files by default."""
         return list(getattr(self, "paths", None) or [])

@@ -112,6 +112,7 @@ class PairBatch:
 
 @dataclass
 class PairPlan(Plan):
+    unit = "pair"
     """The pairs as the runner reads them (the fields of ``InputPlan`` the pipeline reads)."""
 
     pairs: list[PromptPair]

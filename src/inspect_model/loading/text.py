@@ -221,6 +221,7 @@ def binding_for(model: nn.Module) -> TextBinding:
 
 @dataclass
 class TextPlan(Plan):
+    unit = "text"
     """Texts tokenised in batches (same fields as ``InputPlan`` where the pipeline reads them)."""
 
     texts: list[str]

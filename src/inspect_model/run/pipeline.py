@@ -291,16 +291,20 @@ def run_images(command: str, model: Any, images: Any, make_session: Callable[[Pr
         from inspect_model.run.runner import units
 
         total = len(units(prep.plan))  # images, or the clips or frame pairs of a video or flow model
-        return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
+        return execute(session, tracked(prep.plan.batches(), total, progress, unit=prep.plan.unit), output_dir=output_dir, force=force,
                        keep=keep, tensorboard=tensorboard, on_item=on_item)
 
 
-def tracked(batches: Iterator[InputBatch], total: int, progress: Callable[[int, int], None] | None
-            ) -> Iterator[InputBatch]:
+def tracked(batches: Iterator[InputBatch], total: int, progress: Callable[[int, int], None] | None,
+            unit: str = "image") -> Iterator[InputBatch]:
     """``batches``, calling ``progress(0, total)`` when the first is asked for (the rate's
     clock starts there, after loading, as the report's throughput does) and
-    ``progress(done, total)`` after each."""
+    ``progress(done, total)`` after each. ``unit``: what is counted (the plan's), told to a
+    progress display that names it (``set_unit``)."""
     done = 0
+    set_unit = getattr(progress, "set_unit", None)
+    if set_unit is not None:
+        set_unit(unit)
     if progress is not None:
         progress(0, total)
     for b in batches:
