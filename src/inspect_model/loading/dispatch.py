@@ -247,13 +247,16 @@ def _quiet_accelerate() -> Iterator[None]:
             lg.setLevel(lv)
 
 
-def preflight(spec: str, request: LoadRequest, *, tokens: int = 0, hint: str | None = None) -> None:
+def preflight(spec: str, request: LoadRequest, *, tokens: int = 0, hint: str | None = None,
+              shape: Any = None) -> None:
     """Before a resident build of any source: build it on the meta device (nothing allocated),
     and refuse in one line when its weights in the dtype asked for and the activations it
     keeps cannot fit (:mod:`inspect_model.loading.preflight`). A saved file (TorchScript,
     exported, pickled) is measured by its size. A build that fails on the meta device is
-    left to the real build, which reports it."""
-    from inspect_model.loading.preflight import check_fits, estimate, image_activations
+    left to the real build, which reports it. ``shape``: the batch and input size the run
+    feeds an image model (:class:`~inspect_model.loading.preflight.InputShape`; default one
+    input of the model's size)."""
+    from inspect_model.loading.preflight import check_fits, estimate, with_activations
     from inspect_model.loading.shapes import parse_dtype
     from inspect_model.loading.sources import find_source
 
@@ -291,25 +294,25 @@ def preflight(spec: str, request: LoadRequest, *, tokens: int = 0, hint: str | N
         return
     est = estimate(empty.model, dtype, tokens=tokens if empty.token_vocab else 0)
     if not empty.token_vocab:
-        est = dataclasses.replace(est, activations=image_activations(empty))
+        est = with_activations(est, empty, shape)
     check_fits(est, request.device, name=empty.name, hint=hint)
 
 
-def fits_check(request: LoadRequest, *, hint: str | None = None) -> Any:
+def fits_check(request: LoadRequest, *, hint: str | None = None, shape: Any = None) -> Any:
     """The preflight of a user's class, for ``LoadRequest.check``: its meta build's weights in
     the dtype asked for against the free memory."""
     def check(model: Any, name: str) -> None:
         from types import SimpleNamespace
 
         from inspect_model.loading.loaded import declared_input_sizes, guess_input_sizes
-        from inspect_model.loading.preflight import check_fits, estimate, image_activations
+        from inspect_model.loading.preflight import check_fits, estimate, with_activations
         from inspect_model.loading.shapes import parse_dtype
 
         if request.device == "meta":
             return
         est = estimate(model, parse_dtype(request.dtype or "float32"))
         sizes = declared_input_sizes(model) or guess_input_sizes(model)
-        est = dataclasses.replace(est, activations=image_activations(SimpleNamespace(model=model, input_sizes=sizes)))
+        est = with_activations(est, SimpleNamespace(model=model, input_sizes=sizes), shape)
         check_fits(est, request.device, name=name, hint=hint)
 
     return check

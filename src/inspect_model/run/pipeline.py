@@ -25,6 +25,7 @@ from inspect_model.run.options import (
     InputOptions,
     ModelOptions,
     check_request,
+    input_shape,
     load,
     resolve_device,
 )
@@ -110,7 +111,7 @@ def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: 
     _precheck(mopts, inputs)
     torch_dtype = parse_dtype(mopts.dtype)
     torch.manual_seed(inputs.seed)
-    loaded = load(mopts)
+    loaded = load(mopts, shape=input_shape(inputs, default_batch))
     _refuse(command, loaded, hooks)
     from inspect_model.run.world import rank_device
     from inspect_model.devices import model_device
