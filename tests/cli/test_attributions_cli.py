@@ -47,6 +47,7 @@ def _doc(r) -> dict:
     return doc
 
 
+@pytest.mark.slow  # over 3 s (issue 35: the quick tier under 2 minutes); full run only
 def test_json_equals_the_api_and_files_are_written(cli, models_py: Path, tmp_path: Path) -> None:
     import torch
 

@@ -49,6 +49,7 @@ def _dead(model: nn.Module, x: torch.Tensor) -> object:
     return next(r for r in res if r.name == "dead layers")
 
 
+@pytest.mark.slow  # over 3 s (issue 35: the quick tier under 2 minutes); full run only
 def test_timm_resnet50_untrained_passes() -> None:
     timm = pytest.importorskip("timm")
     model = timm.create_model("resnet50", pretrained=False).eval()

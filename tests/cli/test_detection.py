@@ -116,6 +116,7 @@ def test_segmentation_map_equals_pytorch_grad_cam():
     assert checked >= 4
 
 
+@pytest.mark.slow  # over 3 s (issue 35: the quick tier under 2 minutes); full run only
 def test_segmentation_targets_and_absent_class(dense_py, scenes):
     path = scenes[0][0]
     doc = _json(run_cli(["cam", f"{dense_py}:segmenter", str(path), *FLAGS, "--json"]))
@@ -153,6 +154,7 @@ def test_detector_maps_fall_on_the_detection():
     assert m.roi_heads.score_thresh == 0.05  # the model's own threshold, given back
 
 
+@pytest.mark.slow  # over 3 s (issue 35: the quick tier under 2 minutes); full run only
 def test_cam_on_detector_cli_records_and_pictures(dense_py, scenes, tmp_path):
     out = tmp_path / "o"
     paths = [str(p) for p, _ in scenes]

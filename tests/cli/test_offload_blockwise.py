@@ -51,6 +51,7 @@ def layers(**kw) -> dict:
     return doc
 
 
+@pytest.mark.slow  # over 3 s (issue 35: the quick tier under 2 minutes); full run only
 @pytest.mark.parametrize("kind", ["torch", "safetensors"])
 @pytest.mark.parametrize("where", ["offload", "device_map"])
 def test_a_checkpoint_gives_the_resident_numbers_placed(resnet_checkpoints, kind, where):
@@ -72,6 +73,31 @@ def test_the_checkpoint_note_says_it_was_read_block_by_block(resnet_checkpoints)
     assert loaded.checkpoint.loaded == len(torch.load(resnet_checkpoints["torch"], weights_only=True)["model"])
     assert any(n.endswith(" tensors (read block by block)") for n in loaded.notes)
     assert all(p.device.type == "meta" for p in loaded.model.parameters())  # all on the disk
+
+
+def test_a_hugging_face_model_takes_a_checkpoint_placed(tmp_path):
+    """A fine-tuned state dict of a Hugging Face model: its blocks read from the file (not from
+    the folder's shards), the numbers those of the resident run with the same checkpoint."""
+    pytest.importorskip("transformers")
+    from fixtures.text_models import save_text_model
+    from inspect_model.loading.sources import load_model
+
+    folder = str(save_text_model("llama", tmp_path / "llama"))
+    model = load_model(folder, weights="DEFAULT").model
+    torch.manual_seed(3)
+    tuned = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    torch.save(tuned, tmp_path / "tuned.pt")
+
+    def run(**kw):
+        return im.activations(None, model_options=ModelOptions(folder, checkpoint=str(tmp_path / "tuned.pt"), **kw),
+                              inputs=InputOptions(text=["the cat sat on the mat"])).to_dict()
+
+    resident, placed, plain = run(), run(offload=True), im.activations(
+        None, model_options=ModelOptions(folder, offload=True), inputs=InputOptions(text=["the cat sat on the mat"])
+    ).to_dict()
+    assert set(placed["options"]["placement"].values()) == {"disk"}
+    assert json.dumps(placed["layers"], sort_keys=True) == json.dumps(resident["layers"], sort_keys=True)
+    assert json.dumps(plain["layers"], sort_keys=True) != json.dumps(resident["layers"], sort_keys=True)
 
 
 def test_checkpoint_errors_under_placement_are_the_resident_ones(resnet_checkpoints, tmp_path):
@@ -134,6 +160,7 @@ def test_tied_weights_stay_tied_under_weights_none(tmp_path, placement):
         assert model.lm_head.weight is model.transformer.wte.weight
 
 
+@pytest.mark.slow  # over 3 s (issue 35: the quick tier under 2 minutes); full run only
 def test_offload_takes_an_optional_folder(tmp_path, cli):
     """`--offload` alone: a temporary folder, gone afterwards; `--offload DIR` and
     `--offload=DIR`: a fresh folder in DIR; `--offload-dir DIR`: the older spelling."""
@@ -189,3 +216,14 @@ def test_help_shows_the_optional_folder_without_torch():
                        env={**os.environ, "COLUMNS": "200", "PYTHONPATH": os.pathsep.join(sys.path)})
     assert "--offload [DIR]" in r.stdout and "--offload-dir" not in r.stdout
     assert r.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_a_gpu_the_machine_lacks_is_one_line(cli):
+    if torch.cuda.device_count() > 7:
+        pytest.skip("a machine with eight GPUs has GPU 7")
+    r = cli(["activations", "resnet18", CAT, "--weights", "none", "--max-memory", "7=1GB,cpu=1GB"])
+    assert r.exit_code == 2
+    have = torch.cuda.device_count()
+    assert r.stderr.strip() == ("error: --max-memory names GPU 7, and this machine has "
+                                + ("no GPU" if not have else f"{have} (0-{have - 1})")
+                                + "; give cpu=SIZE only, or the GPUs it has")

@@ -141,3 +141,26 @@ def test_rates_read_well_when_slow() -> None:
     assert format_rate(50, 2.0) == "25.0 images/s"
     assert format_rate(7, 140.0, "step") == "20.0 s/step"
     assert format_duration(2760) == "46m00s" and format_duration(42) == "42s" and format_duration(7322) == "2h02m"
+
+
+def test_progress_lines_count_what_the_plan_counts(cli, tmp_path, monkeypatch):
+    """A --text run counts texts and patch counts prompt pairs, in the progress lines as in the
+    final line (not "images")."""
+    from fixtures.task_models import save_task_model
+
+    folder = save_task_model("gpt2", tmp_path / "gpt2")
+    monkeypatch.setenv("INSPECT_MODEL_PROGRESS_SECONDS", "1e-6")
+    texts = ["the cat sat", "a dog ran", "the movie was"]
+    res = cli(["activations", str(folder), *[a for t in texts for a in ("--text", t)], "--batch-size", "1"])
+    assert res.exit_code == 0, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("progress: ")]
+    assert lines and all("texts" in ln and "images" not in ln for ln in lines), lines
+    assert any(ln.startswith("3 text(s) in") for ln in res.stderr.splitlines()), res.stderr
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(f'{{"clean": "the cat sat on the", "corrupt": "{c}"}}\n'
+                             for c in ("the dog ran to the", "a cat sat on a")))
+    res = cli(["patch", str(folder), "--pairs", str(pairs), "--metric", "prob: mat", "--sites", "resid",
+               "--batch-size", "1"])
+    assert res.exit_code == 0, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("progress: ")]
+    assert lines and all("pairs" in ln and "images" not in ln for ln in lines), lines

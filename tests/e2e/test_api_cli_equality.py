@@ -146,5 +146,6 @@ def test_attention_cli_json_equals_api(images: list[str], cli, tmp_path: Path) -
 def test_every_command_has_an_equality_case() -> None:
     from inspect_model.cli.app import COMMANDS
 
-    covered = {*CASES, "summary", "check", "models", "attention"}  # models lists the registry: no model is run
+    covered = {*CASES, "summary", "check", "models", "attention",  # models lists the registry: no model is run
+               "lens", "patch", "compare"}  # tests/e2e/test_api_cli_equality_lm.py
     assert set(COMMANDS) <= covered

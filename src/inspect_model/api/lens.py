@@ -75,6 +75,7 @@ def _index(name: str, fallback: int) -> int:
 class LensSession(Session):
     command = "lens"
     streams_files = True
+    report_from_records = True  # the records name each item's files: built again by save()
 
     def __init__(self, prep: Any, mopts: ModelOptions, request: LensRequest, *, notes: Any = None) -> None:
         from inspect_model.methods.lm.anatomy import find_anatomy

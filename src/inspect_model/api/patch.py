@@ -95,6 +95,7 @@ class PatchRequest(Request):
 class PatchSession(Session):
     command = "patch"
     streams_files = True
+    report_from_records = True  # the records name each item's files: built again by save()
 
     def __init__(self, prep: Any, mopts: ModelOptions, request: PatchRequest, *, tokenizer: Any, per_forward: int,
                  notes: Any = None) -> None:
@@ -227,5 +228,5 @@ def patch(model: Any, request: PatchRequest, *, model_options: ModelOptions | No
     session = PatchSession(prep, mopts, request, tokenizer=tok, per_forward=per_forward, notes=notes)
     keep = output_dir is None if keep is None else keep
     total = len(prep.plan.pairs)
-    return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
+    return execute(session, tracked(prep.plan.batches(), total, progress, unit=prep.plan.unit), output_dir=output_dir, force=force,
                    keep=keep, tensorboard=None, on_item=on_item)

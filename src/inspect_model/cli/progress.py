@@ -62,6 +62,10 @@ class Progress:
         self._start = time.monotonic()
         self._last_line = self._start
         self._state: dict[str, tuple[int, int, float]] = {}  # label -> (done, total, started)
+        self.unit = "image"  # what the outer count counts (the input plan's: image, text, clip, pair)
+
+    def set_unit(self, unit: str) -> None:
+        self.unit = unit
 
     def __enter__(self) -> Progress:
         return self
@@ -103,7 +107,7 @@ class Progress:
         if now - self._last_line < self.interval:
             return
         self._last_line = now
-        parts = [self._describe(self.label, "image", now)] if self.label in self._state else []
+        parts = [self._describe(self.label, self.unit, now)] if self.label in self._state else []
         if key != self.label:
             parts.append(self._describe(key, "step", now))
         if parts:
@@ -112,7 +116,7 @@ class Progress:
 
     def _describe(self, key: str, unit: str, now: float) -> str:
         done, total, started = self._state[key]
-        text = f"{key}: {done}/{total}" + (" images" if unit == "image" else "")
+        text = f"{key}: {done}/{total}" + (f" {unit}s" if unit != "step" else "")
         seconds = now - started
         text += f", {format_rate(done, seconds, unit)}"
         if 0 < done < total and seconds > 0:

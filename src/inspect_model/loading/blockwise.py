@@ -33,16 +33,18 @@ def random_weights(request: LoadRequest) -> bool:
     return str(request.weights or "none").lower() in ("none", "random", "")
 
 
-def empty_build(source: Any, spec: str, request: LoadRequest, *, checkpoint: str | None) -> LoadedModel | None:
+def empty_build(source: Any, spec: str, request: LoadRequest, *, checkpoint: str | None,
+                pretrained: str | None = None) -> LoadedModel | None:
     """``spec`` built with its parameters on the meta device, or None when its weights come
-    from somewhere the empty build would lose: pretrained torchvision/timm weights (their
-    builders read the file whole), a user's file without ``--checkpoint`` (its code makes or
-    loads the weights), a user's ready-made instance."""
+    from somewhere the empty build would lose: pretrained torchvision/timm weights whose file
+    cannot be read block by block (``pretrained``: the file that can,
+    :mod:`inspect_model.loading.pretrained_blocks`), a user's file without ``--checkpoint``
+    (its code makes or loads the weights), a user's ready-made instance."""
     from accelerate import init_empty_weights
 
     from inspect_model.loading.sources import building_in
 
-    if source.name in ("torchvision", "timm") and not random_weights(request):
+    if source.name in ("torchvision", "timm") and not random_weights(request) and not pretrained:
         return None
     if source.name in ("file", "module") and not checkpoint:
         return None

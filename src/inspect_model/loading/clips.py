@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from inspect_model.loading.plans import Plan
 from inspect_model.errors import InputError
 from inspect_model.loading.samples import Sample, Samples, probed
 from inspect_model.loading.video import ClipOptions, LoadedClip, clip_indices, display_copy, read_frames
@@ -111,7 +112,8 @@ def video_preprocess(loaded: Any, *, resize: int | None = None, crop: int | None
 
 
 @dataclass
-class ClipPlan:
+class ClipPlan(Plan):
+    unit = "clip"
     """Clips of the given videos (or folders of frames), streamed in batches (see the module
     docstring); the same fields as ``InputPlan`` that the pipeline reads."""
 

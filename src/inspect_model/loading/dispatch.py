@@ -36,6 +36,7 @@ from inspect_model.loading.loaded import LoadedModel, LoadRequest
 from inspect_model.loading.preflight import available_memory, check_placed, estimate
 from inspect_model.loading.placement import (
     Placement,
+    check_gpus,
     describe,
     main_device,
     offload_folder,
@@ -52,12 +53,13 @@ def load_placed(spec: str, request: LoadRequest, placement: Placement, *, checkp
     from inspect_model.loading.sources import find_source
 
     require_accelerate()
+    check_gpus(placement)
     dtype = parse_dtype(request.dtype or "float32")
     source = find_source(spec)
     if source.name in ("torchscript", "export", "pickled"):
         raise ModelLoadError(f"{spec} is a saved {source.name} file; --device-map/--offload need a model that can "
                              "be built empty: a Hugging Face folder, timm:NAME, a torchvision name or FILE.py:NAME")
-    loaded, empty = _build(source, spec, request, checkpoint=checkpoint, strict=strict)
+    loaded, empty, pretrained = _build(source, spec, request, checkpoint=checkpoint, strict=strict)
     dmap = plan_device_map(loaded.model, placement, dtype, free=available_memory())
     if empty:
         check_placed(estimate(loaded.model, dtype, tokens=128 if loaded.token_vocab else 0), dmap, loaded.model,
@@ -69,8 +71,10 @@ def load_placed(spec: str, request: LoadRequest, placement: Placement, *, checkp
         if not isinstance(getattr(loaded.model, "hf_device_map", None), dict):
             loaded.model.hf_device_map = dict(dmap)  # one device: transformers attaches no hooks, none needed
     elif empty:
-        reader = None
-        if checkpoint:
+        reader = pretrained
+        if pretrained is not None:
+            loaded.notes.append(f"pretrained weights {pretrained.path} read block by block")
+        elif checkpoint:
             from inspect_model.loading.checkpoint_blocks import open_checkpoint
 
             reader, report = open_checkpoint(loaded.model, checkpoint, strict=strict, trust=request.trust_checkpoint)
@@ -94,21 +98,34 @@ def load_placed(spec: str, request: LoadRequest, placement: Placement, *, checkp
 
 
 def _build(source: Any, spec: str, request: LoadRequest, *, checkpoint: str | None,
-           strict: bool) -> tuple[LoadedModel, bool]:
+           strict: bool) -> tuple[LoadedModel, bool, Any]:
     """The model with its parameters on the meta device (True), or, where an empty build
     would lose its weights (:func:`~inspect_model.loading.blockwise.empty_build`), built in the
-    dtype with them, the checkpoint loaded into it (False)."""
-    from inspect_model.loading.blockwise import empty_build
+    dtype with them, the checkpoint loaded into it (False); and, for pretrained torchvision/timm
+    weights read block by block, their reader (:mod:`inspect_model.loading.pretrained_blocks`)."""
+    from inspect_model.loading.blockwise import empty_build, random_weights
     from inspect_model.loading.sources import building_in, load_checkpoint_into
 
     if source.name == "hf":
         loaded = source.load(spec, dataclasses.replace(request, empty=True, device="cpu"))
         if callable(getattr(loaded.model, "tie_weights", None)):
             loaded.model.tie_weights()  # GPT-2's head is its embedding: the plan keeps them together
-        return loaded, True
-    empty = empty_build(source, spec, request, checkpoint=checkpoint)
-    if empty is not None:
-        return empty, True
+        return loaded, True, None
+    pretrained = None
+    if source.name in ("torchvision", "timm") and not random_weights(request) and not checkpoint:
+        from inspect_model.loading.pretrained_blocks import weights_file
+
+        pretrained = weights_file(source, spec, request)
+    empty = empty_build(source, spec, request, checkpoint=checkpoint, pretrained=pretrained)
+    if empty is not None and pretrained is not None:
+        from inspect_model.loading.pretrained_blocks import open_pretrained
+
+        reader = open_pretrained(empty.model, pretrained)
+        if reader is not None:
+            return empty, True, reader
+        del empty  # the file's names are not the model's: built whole below
+    elif empty is not None:
+        return empty, True, None
     request = dataclasses.replace(request, device="cpu")
     hint = ("its weights come from its own code, so it is built whole before it is placed; give --checkpoint FILE "
             "(then it is built empty and read block by block) or use a smaller --dtype" if source.name in
@@ -119,7 +136,7 @@ def _build(source: Any, spec: str, request: LoadRequest, *, checkpoint: str | No
         loaded = source.load(spec, dataclasses.replace(request, check=fits_check(request, hint=hint)))
     if checkpoint:
         load_checkpoint_into(loaded, spec, checkpoint, device="cpu", strict=strict, trust=request.trust_checkpoint)
-    return loaded, False
+    return loaded, False, None
 
 
 def _shard_keys(folder: str) -> dict[str, str]:
@@ -230,13 +247,16 @@ def _quiet_accelerate() -> Iterator[None]:
             lg.setLevel(lv)
 
 
-def preflight(spec: str, request: LoadRequest, *, tokens: int = 0, hint: str | None = None) -> None:
+def preflight(spec: str, request: LoadRequest, *, tokens: int = 0, hint: str | None = None,
+              shape: Any = None) -> None:
     """Before a resident build of any source: build it on the meta device (nothing allocated),
     and refuse in one line when its weights in the dtype asked for and the activations it
     keeps cannot fit (:mod:`inspect_model.loading.preflight`). A saved file (TorchScript,
     exported, pickled) is measured by its size. A build that fails on the meta device is
-    left to the real build, which reports it."""
-    from inspect_model.loading.preflight import check_fits, estimate, image_activations
+    left to the real build, which reports it. ``shape``: the batch and input size the run
+    feeds an image model (:class:`~inspect_model.loading.preflight.InputShape`; default one
+    input of the model's size)."""
+    from inspect_model.loading.preflight import check_fits, estimate, with_activations
     from inspect_model.loading.shapes import parse_dtype
     from inspect_model.loading.sources import find_source
 
@@ -274,20 +294,26 @@ def preflight(spec: str, request: LoadRequest, *, tokens: int = 0, hint: str | N
         return
     est = estimate(empty.model, dtype, tokens=tokens if empty.token_vocab else 0)
     if not empty.token_vocab:
-        est = dataclasses.replace(est, activations=image_activations(empty))
+        est = with_activations(est, empty, shape)
     check_fits(est, request.device, name=empty.name, hint=hint)
 
 
-def fits_check(request: LoadRequest, *, hint: str | None = None) -> Any:
+def fits_check(request: LoadRequest, *, hint: str | None = None, shape: Any = None) -> Any:
     """The preflight of a user's class, for ``LoadRequest.check``: its meta build's weights in
     the dtype asked for against the free memory."""
     def check(model: Any, name: str) -> None:
-        from inspect_model.loading.preflight import check_fits, estimate
+        from types import SimpleNamespace
+
+        from inspect_model.loading.loaded import declared_input_sizes, guess_input_sizes
+        from inspect_model.loading.preflight import check_fits, estimate, with_activations
         from inspect_model.loading.shapes import parse_dtype
 
-        if request.device != "meta":
-            check_fits(estimate(model, parse_dtype(request.dtype or "float32")), request.device, name=name,
-                       hint=hint)
+        if request.device == "meta":
+            return
+        est = estimate(model, parse_dtype(request.dtype or "float32"))
+        sizes = declared_input_sizes(model) or guess_input_sizes(model)
+        est = with_activations(est, SimpleNamespace(model=model, input_sizes=sizes), shape)
+        check_fits(est, request.device, name=name, hint=hint)
 
     return check
 

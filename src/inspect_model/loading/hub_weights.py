@@ -35,11 +35,11 @@ def sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def read_weights_file(path: str) -> dict[str, Any]:
-    """The state_dict in cached weights file ``path``, after checking its hash; never unpickles."""
+def read_weights_file(path: str, *, mmap: bool = False) -> dict[str, Any]:
+    """The state_dict in cached weights file ``path``, after checking its hash; never unpickles.
+    ``mmap``: a torch.save archive is memory-mapped (its tensors read only where touched: an
+    empty build, whose parameters are on the meta device, reads only the buffers)."""
     import pickle
-
-    import torch
 
     prefix = expected_prefix(path)
     if prefix is None:
@@ -59,7 +59,9 @@ def read_weights_file(path: str) -> dict[str, Any]:
     from inspect_model.loading.torch_files import load_torch
 
     try:
-        return load_torch(path, "weights file")  # type: ignore[no-any-return]
+        with open(path, "rb") as fh:
+            zipped = fh.read(2) == b"PK"  # torch maps only zip archives, not legacy pickles
+        return load_torch(path, "weights file", mmap=mmap and zipped)  # type: ignore[no-any-return]
     except pickle.UnpicklingError as exc:
         raise ModelLoadError(
             f"weights file {path} holds Python objects, not just tensors, and is refused; "
@@ -70,7 +72,7 @@ def read_weights_file(path: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def verified_weights(path: str) -> Iterator[None]:
+def verified_weights(path: str, *, mmap: bool = False) -> Iterator[None]:
     """Within this context torchvision's ``WeightsEnum.get_state_dict`` reads ``path``
     with :func:`read_weights_file` instead of torch.hub's unpickling loader."""
     from torchvision.models._api import WeightsEnum
@@ -78,7 +80,7 @@ def verified_weights(path: str) -> Iterator[None]:
     real = WeightsEnum.get_state_dict
 
     def get_state_dict(self: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        return read_weights_file(path)
+        return read_weights_file(path, mmap=mmap)
 
     WeightsEnum.get_state_dict = get_state_dict  # type: ignore[method-assign]
     try:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from inspect_model.loading.plans import Plan
 from inspect_model.errors import InputError
 from inspect_model.loading.batch import InputBatch
 from inspect_model.loading.images import LoadedImage, collect_paths, load_image
@@ -135,7 +136,7 @@ def _decoded(paths: Sequence[Path], preprocess: Preprocess, channels: int, batch
 
 
 @dataclass
-class InputPlan:
+class InputPlan(Plan):
     """The resolved input options of one run; ``batches()`` streams :class:`InputBatch`.
 
     While streaming, ``skipped`` collects ``(path, reason)`` for each bad file passed over
@@ -160,6 +161,9 @@ class InputPlan:
     workers: int = 0  # DataLoader worker processes for decoding (0: in this process)
     vocab: int | None = None  # text models: synthetic inputs are token ids below this
 
+
+    def use_workers(self, workers: int) -> None:
+        self.workers = workers
     def describe(self) -> dict[str, Any]:
         return {
             "images": [str(p) for p in self.paths],
@@ -321,7 +325,7 @@ def _media_plan(loaded: Any, paths: list[Path], input_size: str | None, clip_opt
 
 
 @dataclass
-class TensorPlan:
+class TensorPlan(Plan):
     """Inputs given as a tensor (N, C, H, W) by the Python API, streamed in batches."""
 
     tensor: torch.Tensor

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from inspect_model.loading.plans import Plan
 from inspect_model.errors import InputError, ModelRuntimeError
 
 if TYPE_CHECKING:
@@ -235,7 +236,7 @@ def pair_images(paths: list[Path]) -> list[Path]:
 
 
 @dataclass
-class PairPlan:
+class PairPlan(Plan):
     """Pairs of the given images or video frames, streamed in batches of first images, the
     second ones handed to :class:`PairBinding` (same fields as ``InputPlan``)."""
 

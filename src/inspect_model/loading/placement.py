@@ -163,6 +163,20 @@ def plan_device_map(model: Any, placement: Placement, dtype: Any, *,
     return split_offloaded(model, dmap, no_split)
 
 
+def check_gpus(placement: Placement) -> None:
+    """A GPU index in --max-memory that this machine does not have: one line, not CUDA's error.
+    (Called before a real load; planning itself takes any budget: tests plan for GPUs absent.)"""
+    gpus = sorted(k for k in parse_max_memory(placement.max_memory) or {} if isinstance(k, int))
+    if not gpus:
+        return
+    import torch
+
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus[-1] >= have:
+        raise UsageError(f"--max-memory names GPU {gpus[-1]}, and this machine has "
+                         f"{'no GPU' if not have else f'{have} (0-{have - 1})'}; give cpu=SIZE only, or the GPUs it has")
+
+
 def split_offloaded(model: Any, dmap: dict[str, int | str], no_split: list[str]) -> dict[str, int | str]:
     """Entries on ``disk`` split into their children down to the no-split blocks (and
     modules holding weights of their own), so that accelerate loads one block per call

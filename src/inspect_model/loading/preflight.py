@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import resource
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from inspect_model.errors import ModelLoadError
@@ -31,10 +31,25 @@ class Estimate:
     largest_block: int
     activations: int = 0
     dtype: str = "float32"
+    activations_for: str = ""  # the input they were counted for ("batch 64 of 3x224x224")
 
     @property
     def total(self) -> int:
         return self.weights + self.activations
+
+
+@dataclass(frozen=True)
+class InputShape:
+    """The input a run will feed, for the activation estimate: ``batch`` inputs of ``size``
+    (None: the model's default size)."""
+
+    batch: int = 1
+    size: tuple[int, ...] | None = None
+
+    def describe(self, default: list[tuple[int, ...]] | None) -> str:
+        size = self.size or (default[0] if default and len(default) == 1 else None)
+        shape = "x".join(str(d) for d in size) if size else "the default size"
+        return f"batch {self.batch} of {shape}"
 
 
 def gb(n: float) -> str:
@@ -126,19 +141,30 @@ def check_fits(est: Estimate, device: str, *, name: str, free: dict[int | str, i
         return
     where = "in RAM" if key == "cpu" else f"on GPU {key}"
     acts = f" + activations {gb(est.activations)}" if est.activations else ""
+    acts += f" for {est.activations_for}" if acts and est.activations_for else ""
     raise ModelLoadError(
         f"{name} needs {gb(est.total)} in {est.dtype} (weights {gb(est.weights)}{acts}); {gb(have)} free {where}; "
-        + (hint or "use --offload, --max-memory, or a smaller --dtype (bfloat16 halves float32)"))
+        + (hint or ("use a smaller --batch-size or --input-size (the activations are most of it), or --offload"
+                    if est.activations_for and est.activations > est.weights
+                    else "use --offload, --max-memory, or a smaller --dtype (bfloat16 halves float32)")))
 
 
-def image_activations(loaded: Any) -> int:
-    """Bytes of every layer's output for one input of the model's default size, float32,
-    from a pass on the meta device (nothing allocated): what a forward keeps at most, and what
-    autograd keeps for a gradient command. 0 when the model takes no plain image tensor."""
+def with_activations(est: Estimate, loaded: Any, shape: InputShape | None) -> Estimate:
+    """``est`` with the activations of an image model for ``shape`` (:func:`image_activations`)."""
+    shape = shape or InputShape()
+    acts = image_activations(loaded, batch=shape.batch, size=shape.size)
+    return replace(est, activations=acts, activations_for=shape.describe(loaded.input_sizes) if acts else "")
+
+
+def image_activations(loaded: Any, *, batch: int = 1, size: tuple[int, ...] | None = None) -> int:
+    """Bytes of every layer's output for a batch of ``batch`` inputs of ``size`` (default: the
+    model's own input size; one tensor), float32, from a pass on the meta device (nothing
+    allocated): what a forward keeps at most, and what autograd keeps for a gradient command.
+    0 when the model takes no plain image tensor."""
     import torch
 
-    sizes = loaded.input_sizes or []
-    if len(sizes) != 1 or len(sizes[0]) < 2:
+    sizes = [size] if size else (loaded.input_sizes or [])
+    if len(sizes) != 1 or not sizes[0]:
         return 0
     total = 0
 
@@ -151,7 +177,7 @@ def image_activations(loaded: Any) -> int:
     handles = [m.register_forward_hook(count) for m in leaves]
     try:
         with torch.no_grad():
-            loaded.model(torch.empty((1, *sizes[0]), device="meta"))
+            loaded.model(torch.empty((batch, *sizes[0]), device="meta"))
     except Exception:  # noqa: BLE001 - a model that cannot run on meta: weights only
         return 0
     finally:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inspect_model.loading.plans import Plan
 from inspect_model.errors import InputError, UsageError
 
 MAX_BYTES = 64 * 1024 * 1024  # a pairs file larger than this is no list of prompts
@@ -110,7 +111,8 @@ class PairBatch:
 
 
 @dataclass
-class PairPlan:
+class PairPlan(Plan):
+    unit = "pair"
     """The pairs as the runner reads them (the fields of ``InputPlan`` the pipeline reads)."""
 
     pairs: list[PromptPair]

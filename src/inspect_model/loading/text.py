@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from inspect_model.loading.plans import Plan
 from inspect_model.errors import InputError, UsageError
 from inspect_model.loading.parsing import read_bounded
 
@@ -219,7 +220,8 @@ def binding_for(model: nn.Module) -> TextBinding:
 
 
 @dataclass
-class TextPlan:
+class TextPlan(Plan):
+    unit = "text"
     """Texts tokenised in batches (same fields as ``InputPlan`` where the pipeline reads them)."""
 
     texts: list[str]

@@ -58,7 +58,12 @@ class Layer(Record):
     dead_channel_fraction: float = fact(minimum=0, maximum=1)
     channel_means: list[NumberOrNull]
     drawn: bool
-    layout: LayerLayout = fact(doc="A drawn clip layer's output laid out on its (frames, h, w) grid (video models): ncthw (3-D convolutions), nthwc (Swin3D stages, channels last) or tokens (MViT: prefix_tokens class token(s) dropped, the rest row-major over grid); its grids are drawn one column per frame.", optional=True)
+    layout: LayerLayout = fact(
+        doc="A drawn clip layer's output laid out on its (frames, h, w) grid (video models): ncthw "
+            "(3-D convolutions), nthwc (Swin3D stages, channels last) or tokens (MViT: prefix_tokens "
+            "class token(s) dropped, the rest row-major over grid); its grids are drawn one column "
+            "per frame.",
+        optional=True)
 
 
 @record
@@ -91,7 +96,9 @@ class ActivationsImage(Record):
     files: dict[str, str]
     clip: Clip = fact(optional=True)
     pair: Pair = fact(optional=True)
-    text: ActivationsImageText = fact(doc="--text: the text and its tokens as the tokenizer names them", optional=True)
+    text: ActivationsImageText = fact(
+        doc="--text: the text and its tokens as the tokenizer names them",
+        optional=True)
 
 
 @record
@@ -137,5 +144,7 @@ class ActivationsReport(Record):
     warnings: list[Warning_]
     image_count: int = fact(minimum=0)
     skipped: list[Skipped]
-    quantized_layers: ActivationsQuantizedLayers = fact(doc="rows whose output is a quantized tensor: their statistics are of the dequantized values", optional=True)
+    quantized_layers: ActivationsQuantizedLayers = fact(
+        doc="rows whose output is a quantized tensor: their statistics are of the dequantized values",
+        optional=True)
     positions: Positions = fact(doc=POSITIONS_DOC, optional=True)

@@ -36,8 +36,13 @@ class AttentionImageMap(Record):
     grid: list[int] = fact(optional=True, minItems=2, maxItems=2)
     rank: int = fact(optional=True)
     evaluation: dict[str, Any] = fact(optional=True)
-    values: list[Annotated[Any, {"anyOf": [{"type": "number"}, {"type": "array", "items": {"type": "number"}}]}]] = fact(doc="--text: per-token values (rollout, grad-rollout: the query token's row; legrad: relevance); raw: one row per head shown, the query token's attention", optional=True)
-    peak_token: int = fact(doc="--text: the token with the largest value, the query token aside", optional=True)
+    values: list[Annotated[Any, {"anyOf": [{"type": "number"}, {"type": "array", "items": {"type": "number"}}]}]] = fact(
+        doc="--text: per-token values (rollout, grad-rollout: the query token's row; legrad: "
+            "relevance); raw: one row per head shown, the query token's attention",
+        optional=True)
+    peak_token: int = fact(
+        doc="--text: the token with the largest value, the query token aside",
+        optional=True)
 
 
 @record
@@ -55,7 +60,9 @@ class AttentionImage(Record):
     target: AttentionImageTarget | None
     maps: list[AttentionImageMap]
     files: dict[str, str | None]
-    text: AttentionImageText = fact(doc="--text: the text and its tokens as the tokenizer names them", optional=True)
+    text: AttentionImageText = fact(
+        doc="--text: the text and its tokens as the tokenizer names them",
+        optional=True)
 
 
 @record
@@ -69,7 +76,9 @@ class AttentionReport(Record):
     heads: int
     tokens: int
     prefix_tokens: int
-    grid: Any = fact(doc="the patch grid (rows, cols); empty for text", schema={"anyOf": [{"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2}, {"type": "array", "maxItems": 0}]})
+    grid: Any = fact(
+        doc="the patch grid (rows, cols); empty for text",
+        schema={"anyOf": [{"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 2}, {"type": "array", "maxItems": 0}]})
     passes_per_batch: dict[str, int] = fact(optional=True)
     images: list[AttentionImage]
     image_count: int
@@ -79,5 +88,10 @@ class AttentionReport(Record):
     evaluation: dict[str, Any] = fact(optional=True)
     text: bool = fact(doc="--text: token maps of texts", optional=True)
     causal: bool = fact(doc="--text: the model's attention is causal (a decoder)", optional=True)
-    cam_layer: str | None = fact(doc="the layer of the CAM-family maps (--cam-layer), null without them", optional=True)
-    skipped_methods: dict[str, str] = fact(doc="Methods asked for and not run, with why: on a head-less model the methods that explain a score, unless an objective is named (issue 42).", optional=True)
+    cam_layer: str | None = fact(
+        doc="the layer of the CAM-family maps (--cam-layer), null without them",
+        optional=True)
+    skipped_methods: dict[str, str] = fact(
+        doc="Methods asked for and not run, with why: on a head-less model the methods that explain a"
+            " score, unless an objective is named (issue 42).",
+        optional=True)

@@ -22,7 +22,9 @@ class AttributionEvaluation(Record):
     curves: dict[str, list[float | None]]
     confidence: dict[str, Any]
     rank: float | None
-    steps: dict[str, Annotated[int, {"minimum": 2}]] = fact(doc="--eval-steps auto: the steps each curve took.", optional=True)
+    steps: dict[str, Annotated[int, {"minimum": 2}]] = fact(
+        doc="--eval-steps auto: the steps each curve took.",
+        optional=True)
 
 
 @record
@@ -47,8 +49,12 @@ class AttributionMap(Record):
     evaluation: AttributionEvaluation = fact(optional=True)
     tokens: list[float | None] = fact(optional=True)
     clip: int = fact(doc="the clip's number within its video", optional=True, minimum=0)
-    frames: list[Annotated[int, {"minimum": 0}]] = fact(doc="the video frames the (T, H, W) map covers", optional=True)
-    times: list[float | None] = fact(doc="the decoder's times of those frames (seconds; null for a folder of frames)", optional=True)
+    frames: list[Annotated[int, {"minimum": 0}]] = fact(
+        doc="the video frames the (T, H, W) map covers",
+        optional=True)
+    times: list[float | None] = fact(
+        doc="the decoder's times of those frames (seconds; null for a folder of frames)",
+        optional=True)
 
 
 @record
@@ -112,7 +118,9 @@ class AttributionsImage(Record):
     token_ids: list[int] = fact(optional=True)
     clip: Clip = fact(optional=True)
     pair: Pair = fact(optional=True)
-    text: TextTokens = fact(doc="a text input (--text): the text and its real tokens, in order", optional=True)
+    text: TextTokens = fact(
+        doc="a text input (--text): the text and its real tokens, in order",
+        optional=True)
     generation: Generation = fact(doc="--generate/--continuation: the continuation and its matrices (issue 36)",
                                   optional=True)
 

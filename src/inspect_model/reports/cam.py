@@ -43,9 +43,15 @@ class MapConfidence(Record):
 class MapEvaluation(Record):
     scores: FaithfulnessScores
     curves: FaithfulnessCurves
-    confidence: MapConfidence = fact(doc="Target probability on the input (original) and on the input times the map (masked); empty without the confidence metric.")
-    rank: float | None = fact(doc="Mean rank (1 = best) among the maps of the same image and target rank, over deletion, insertion, road, drop, increase, pointing, energy; ties share the mean place.")
-    steps: dict[str, Annotated[int, {"minimum": 2}]] = fact(doc="--eval-steps auto: the steps each curve took.", optional=True)
+    confidence: MapConfidence = fact(
+        doc="Target probability on the input (original) and on the input times the map (masked); "
+            "empty without the confidence metric.")
+    rank: float | None = fact(
+        doc="Mean rank (1 = best) among the maps of the same image and target rank, over deletion, "
+            "insertion, road, drop, increase, pointing, energy; ties share the mean place.")
+    steps: dict[str, Annotated[int, {"minimum": 2}]] = fact(
+        doc="--eval-steps auto: the steps each curve took.",
+        optional=True)
 
 
 @record
@@ -69,16 +75,25 @@ class CamMap(Record):
     files: CamMapFiles
     evaluation: MapEvaluation = fact(doc="cam --evaluate only: this map's faithfulness.", optional=True)
     clip: int = fact(doc="the clip's number within its video", optional=True, minimum=0)
-    frames: list[Annotated[int, {"minimum": 0}]] = fact(doc="the video frames the (T, H, W) map covers", optional=True)
+    frames: list[Annotated[int, {"minimum": 0}]] = fact(
+        doc="the video frames the (T, H, W) map covers",
+        optional=True)
     detection: Detection = fact(optional=True)
     segmentation: Segment = fact(optional=True)
-    stats: DenseMapStats = fact(doc="Detection/segmentation maps: the map's peak (x, y in input pixels), mean, and for a detection the share of the map inside its box and whether the peak lies in it.", optional=True)
-    times: list[float | None] = fact(doc="the decoder's times of those frames (seconds; null for a folder of frames)", optional=True)
+    stats: DenseMapStats = fact(
+        doc="Detection/segmentation maps: the map's peak (x, y in input pixels), mean, and for a "
+            "detection the share of the map inside its box and whether the peak lies in it.",
+        optional=True)
+    times: list[float | None] = fact(
+        doc="the decoder's times of those frames (seconds; null for a folder of frames)",
+        optional=True)
 
 
 @record
 class CamImageFiles(Record):
-    evaluation_curves: str = fact(doc="cam --evaluate with --output-dir: this image's deletion/insertion curves plot.", optional=True)
+    evaluation_curves: str = fact(
+        doc="cam --evaluate with --output-dir: this image's deletion/insertion curves plot.",
+        optional=True)
 
 
 @record
@@ -103,10 +118,14 @@ class CamImage(Record):
     files: CamImageFiles
     clip: Clip = fact(optional=True)
     pair: Pair = fact(optional=True)
-    task: Literal["detection", "segmentation"] = fact(doc="Present for detectors and segmenters (issue 24).", optional=True)
+    task: Literal["detection", "segmentation"] = fact(
+        doc="Present for detectors and segmenters (issue 24).",
+        optional=True)
     detections: list[Detection] = fact(optional=True)
     segments: list[Segment] = fact(optional=True)
-    legend: list[LegendEntry] = fact(doc="Segmenters: the predicted classes, largest area first.", optional=True)
+    legend: list[LegendEntry] = fact(
+        doc="Segmenters: the predicted classes, largest area first.",
+        optional=True)
 
 
 @record
@@ -143,10 +162,15 @@ class CamLayer(Record):
     name: str
     output_shape: list[int]
     kind: Literal["nchw", "nhwc", "tokens", "ncthw", "nthwc", "pyramid"]
-    grid: list[Annotated[int, {"minimum": 1}]] = fact(doc="(h, w), or (t, h, w) for a video model's layer", minItems=2, maxItems=3)
+    grid: list[Annotated[int, {"minimum": 1}]] = fact(
+        doc="(h, w), or (t, h, w) for a video model's layer",
+        minItems=2, maxItems=3)
     prefix_tokens: int = fact(minimum=0)
     channels: int = fact(minimum=1)
-    levels: dict[str, list[int]] = fact(doc="A feature pyramid's levels (name -> per-sample shape), combined on one grid (kind pyramid).", optional=True)
+    levels: dict[str, list[int]] = fact(
+        doc="A feature pyramid's levels (name -> per-sample shape), combined on one grid (kind "
+            "pyramid).",
+        optional=True)
 
 
 @record
@@ -176,7 +200,10 @@ class CamEvaluationAverageEntry(Record):
 @record
 class CamEvaluation(Record):
     metrics: list[Literal["deletion", "insertion", "road", "confidence", "pointing", "energy"]]
-    steps: Any = fact(doc="--eval-steps: steps of the deletion/insertion curves, or auto (each curve's own, in its map's evaluation.steps).", schema={"anyOf": [{"type": "integer", "minimum": 2}, {"const": "auto"}]})
+    steps: Any = fact(
+        doc="--eval-steps: steps of the deletion/insertion curves, or auto (each curve's own, in its "
+            "map's evaluation.steps).",
+        schema={"anyOf": [{"type": "integer", "minimum": 2}, {"const": "auto"}]})
     batch: int = fact(doc="--eval-batch: perturbed inputs per forward pass.", minimum=1)
     road_fractions: list[float] = fact(doc="Fractions of pixels removed by ROAD.")
     road_noise: float = fact(doc="Std of the noise added to imputed pixels.")
@@ -186,7 +213,9 @@ class CamEvaluation(Record):
     inputs: int = fact(doc="Perturbed inputs scored.", minimum=0)
     average: list[CamEvaluationAverageEntry] = fact(doc="One row per method and layer, best rank first.")
     plots: list[str] = fact(doc="evaluation_curves.png: the mean curves (with --output-dir).")
-    tolerance: float = fact(doc="--eval-steps auto: the AUC change at which a curve stops refining.", optional=True)
+    tolerance: float = fact(
+        doc="--eval-steps auto: the AUC change at which a curve stops refining.",
+        optional=True)
 
 
 @record
@@ -205,6 +234,10 @@ class CamReport(Record):
     warnings: list[Warning_]
     skipped: list[Skipped]
     images: list[CamImage]
-    evaluation: CamEvaluation = fact(doc="cam --evaluate only: settings, cost and the methods ranked on average.", optional=True)
-    task: Literal["detection", "segmentation"] = fact(doc="Present for detectors and segmenters (issue 24).", optional=True)
+    evaluation: CamEvaluation = fact(
+        doc="cam --evaluate only: settings, cost and the methods ranked on average.",
+        optional=True)
+    task: Literal["detection", "segmentation"] = fact(
+        doc="Present for detectors and segmenters (issue 24).",
+        optional=True)
     score_threshold: float | None = fact(doc="Detectors: the threshold in force.", optional=True)

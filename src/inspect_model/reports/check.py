@@ -13,8 +13,12 @@ class CheckCheck(Record):
     status: Literal["pass", "fail"]
     passed: bool
     value: Any = fact(doc="what was measured: a number, an output shape as a list of ints, or a boolean")
-    threshold: float | None = fact(doc="the one numeric bound the value must not exceed (as grads reports it), else null")
-    expected: Any = fact(doc="what passes: {min, max} bounds (null: open) for numeric checks, or the exact value (a shape as a list of ints, true)", schema={"oneOf": [{"type": "object", "required": ["min", "max"], "properties": {"min": {"type": ["number", "null"]}, "max": {"type": ["number", "null"]}}, "additionalProperties": False}, {"type": "array", "items": {"type": "integer"}}, {"type": "boolean"}]})
+    threshold: float | None = fact(
+        doc="the one numeric bound the value must not exceed (as grads reports it), else null")
+    expected: Any = fact(
+        doc="what passes: {min, max} bounds (null: open) for numeric checks, or the exact value (a "
+            "shape as a list of ints, true)",
+        schema={"oneOf": [{"type": "object", "required": ["min", "max"], "properties": {"min": {"type": ["number", "null"]}, "max": {"type": ["number", "null"]}}, "additionalProperties": False}, {"type": "array", "items": {"type": "integer"}}, {"type": "boolean"}]})
     expected_text: str = fact(doc="the expectation as report.txt prints it, e.g. '<= 0.5' or '10..20'")
     detail: str = fact(optional=True)
 

@@ -48,7 +48,8 @@ class Detection(Record):
     image_box: ImageBox
     confidence: float | None
     matched_box: InputBox = fact(doc="the --boxes box the detection was matched to, in model-input pixels")
-    matched_image_box: ImageBox = fact(doc="matched_box in the original picture's pixels: the --boxes box as given")
+    matched_image_box: ImageBox = fact(
+        doc="matched_box in the original picture's pixels: the --boxes box as given")
     iou: float | None
 
 
@@ -63,7 +64,9 @@ class Segment(Record):
     area: int | None = fact(minimum=0)
     area_fraction: float | None
     mask_source: Literal["predicted", "predicted in box", "box", "all", "all (class absent)"]
-    region: InputBox = fact(doc="the --boxes box the mask is limited to (one box), in model-input pixels", optional=True)
+    region: InputBox = fact(
+        doc="the --boxes box the mask is limited to (one box), in model-input pixels",
+        optional=True)
     image_region: ImageBox = fact(doc="region in the original picture's pixels", optional=True)
 
 

@@ -24,7 +24,10 @@ class GradStats(Record):
     numel: int
     nan_count: int = fact(minimum=0)
     inf_count: int = fact(minimum=0)
-    neg_inf_count: int = fact(doc="of inf_count, the -Inf values; the statistics of a tensor holding NaN or Inf are what torch computes on it (NaN, +-Inf: null here), never its finite part's", optional=True, minimum=0)
+    neg_inf_count: int = fact(
+        doc="of inf_count, the -Inf values; the statistics of a tensor holding NaN or Inf are what "
+            "torch computes on it (NaN, +-Inf: null here), never its finite part's",
+        optional=True, minimum=0)
 
 
 Stats = Annotated[GradStats | None, Named("stats")]  # null: no gradient reached it

@@ -33,13 +33,20 @@ class GuidedMap(Record):
     max_abs: NumberOrNull
     mean_abs: NumberOrNull
     nonzero_fraction: float = fact(minimum=0, maximum=1)
-    files: Any = fact(doc="A clip's map: guided_strip (the gradient frames), magnitude_strip and magnitude_animation (|gradient| over the frames, PNG strip and GIF).", schema={"type": "object", "propertyNames": {"enum": ["guided", "magnitude", "raw", "guided_gradcam", "guided_gradcam_raw", "tokens", "guided_strip", "magnitude_strip", "magnitude_animation"]}, "additionalProperties": {"type": "string"}})
+    files: Any = fact(
+        doc="A clip's map: guided_strip (the gradient frames), magnitude_strip and "
+            "magnitude_animation (|gradient| over the frames, PNG strip and GIF).",
+        schema={"type": "object", "propertyNames": {"enum": ["guided", "magnitude", "raw", "guided_gradcam", "guided_gradcam_raw", "tokens", "guided_strip", "magnitude_strip", "magnitude_animation"]}, "additionalProperties": {"type": "string"}})
     target: GuidedTarget
     detection: Detection = fact(optional=True)
     segmentation: Segment = fact(optional=True)
     clip: int = fact(doc="the clip's number within its video", optional=True, minimum=0)
-    frames: list[Annotated[int, {"minimum": 0}]] = fact(doc="the video frames the (T, H, W) map covers", optional=True)
-    times: list[float | None] = fact(doc="the decoder's times of those frames (seconds; null for a folder of frames)", optional=True)
+    frames: list[Annotated[int, {"minimum": 0}]] = fact(
+        doc="the video frames the (T, H, W) map covers",
+        optional=True)
+    times: list[float | None] = fact(
+        doc="the decoder's times of those frames (seconds; null for a folder of frames)",
+        optional=True)
 
 
 @record
@@ -47,8 +54,11 @@ class GuidedImage(Record):
     DEF = "image"
 
     index: int = fact(minimum=0)
-    maps: list[GuidedMap] = fact(doc="One per target; empty for a detector image with no detection at or above the threshold.")
-    files: Any = fact(doc="flow: a flow model's prediction for the pair (torchvision's flow_to_image).", schema={"type": "object", "propertyNames": {"enum": ["overview", "flow"]}, "additionalProperties": {"type": "string"}})
+    maps: list[GuidedMap] = fact(
+        doc="One per target; empty for a detector image with no detection at or above the threshold.")
+    files: Any = fact(
+        doc="flow: a flow model's prediction for the pair (torchvision's flow_to_image).",
+        schema={"type": "object", "propertyNames": {"enum": ["overview", "flow"]}, "additionalProperties": {"type": "string"}})
     image: str
     targets: list[int]
     clip: Clip = fact(optional=True)

@@ -31,7 +31,7 @@ def media_records(session: Any, item: Any) -> None:
     """A clip's video, clip and frame indices and times (``clip``), or a flow sample's two
     images (``pair``), in its report entry and in each of its maps (loading/clips.py, pairs.py)."""
     plan = getattr(getattr(session, "prep", None), "plan", None)
-    extra = plan.extra_record(str(item.entry.get("image"))) if hasattr(plan, "extra_record") else {}
+    extra = plan.extra_record(str(item.entry.get("image"))) if plan is not None else {}
     if not extra:
         return
     item.entry.update(extra)

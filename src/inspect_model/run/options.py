@@ -238,9 +238,32 @@ def resolve_device(name: str) -> str:
     raise UsageError(f"--device '{name}' is not one of cpu, cuda, cuda:N, mps, auto")
 
 
-def load(opts: ModelOptions, *, device: str | None = None) -> Any:
+def input_shape(inputs: InputOptions, default_batch: int | None = None) -> Any:
+    """The batch and input size a run will feed (:class:`~inspect_model.loading.preflight.InputShape`),
+    for the preflight's activation estimate: ``--batch-size`` (or the command's default; at most
+    the number of image files named), one ``--input-size`` (else the model's default size)."""
+    from inspect_model.loading.preflight import InputShape
+    from inspect_model.loading.shapes import parse_size
+
+    sizes = [parse_size(s) for s in inputs.input_size or []]
+    size = sizes[0] if len(sizes) == 1 and "=" not in inputs.input_size[0] else None  # type: ignore[index]
+    images = inputs.images
+    if images is None or (isinstance(images, (list, tuple)) and not images):
+        return InputShape(batch=inputs.batch_size or default_batch or 1, size=size)
+    if hasattr(images, "shape"):  # a tensor (the API): its own batch and size
+        return InputShape(batch=min(inputs.batch_size or int(images.shape[0]) or 1, int(images.shape[0]) or 1),
+                          size=tuple(int(d) for d in images.shape[1:]))
+    items = [images] if isinstance(images, (str, Path)) else list(images)
+    batch = inputs.batch_size or default_batch or 8
+    if all(isinstance(i, (str, Path)) and Path(i).is_file() for i in items):
+        batch = min(batch, len(items))  # folders and globs may hold more: the batch asked for
+    return InputShape(batch=batch, size=size)
+
+
+def load(opts: ModelOptions, *, device: str | None = None, shape: Any = None) -> Any:
     """The :class:`~inspect_model.loading.loaded.LoadedModel` that ``opts`` names. A user's
-    own module instance is wrapped as is (commands that change it get a private copy)."""
+    own module instance is wrapped as is (commands that change it get a private copy).
+    ``shape``: the input the run will feed (:func:`input_shape`), for the preflight."""
     import warnings
 
     from torch import nn
@@ -274,8 +297,8 @@ def load(opts: ModelOptions, *, device: str | None = None) -> Any:
             if not placement.active:
                 from inspect_model.loading.dispatch import fits_check, preflight
 
-                preflight(opts.model.strip(), _request(opts, dev), tokens=128)
-                check = fits_check(_request(opts, dev))
+                preflight(opts.model.strip(), _request(opts, dev), tokens=128, shape=shape)
+                check = fits_check(_request(opts, dev), shape=shape)
             loaded = load_model(
                 opts.model,
                 weights=opts.weights,

@@ -25,6 +25,7 @@ from inspect_model.run.options import (
     InputOptions,
     ModelOptions,
     check_request,
+    input_shape,
     load,
     resolve_device,
 )
@@ -110,7 +111,7 @@ def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: 
     _precheck(mopts, inputs)
     torch_dtype = parse_dtype(mopts.dtype)
     torch.manual_seed(inputs.seed)
-    loaded = load(mopts)
+    loaded = load(mopts, shape=input_shape(inputs, default_batch))
     _refuse(command, loaded, hooks)
     from inspect_model.run.world import rank_device
     from inspect_model.devices import model_device
@@ -263,8 +264,8 @@ def execute(
     scale = current_scale()
     prep = session.prep
     plan = getattr(prep, "plan", None)
-    if hasattr(plan, "workers"):
-        plan.workers = scale.workers
+    if plan is not None:
+        plan.use_workers(scale.workers)
     binding = getattr(prep, "binding", None)
     # A model of several inputs gets its other inputs for the whole run (issue 14).
     with binding.bound(prep.loaded.model) if binding is not None else contextlib.nullcontext():
@@ -291,16 +292,20 @@ def run_images(command: str, model: Any, images: Any, make_session: Callable[[Pr
         from inspect_model.run.runner import units
 
         total = len(units(prep.plan))  # images, or the clips or frame pairs of a video or flow model
-        return execute(session, tracked(prep.plan.batches(), total, progress), output_dir=output_dir, force=force,
+        return execute(session, tracked(prep.plan.batches(), total, progress, unit=prep.plan.unit), output_dir=output_dir, force=force,
                        keep=keep, tensorboard=tensorboard, on_item=on_item)
 
 
-def tracked(batches: Iterator[InputBatch], total: int, progress: Callable[[int, int], None] | None
-            ) -> Iterator[InputBatch]:
+def tracked(batches: Iterator[InputBatch], total: int, progress: Callable[[int, int], None] | None,
+            unit: str = "image") -> Iterator[InputBatch]:
     """``batches``, calling ``progress(0, total)`` when the first is asked for (the rate's
     clock starts there, after loading, as the report's throughput does) and
-    ``progress(done, total)`` after each."""
+    ``progress(done, total)`` after each. ``unit``: what is counted (the plan's), told to a
+    progress display that names it (``set_unit``)."""
     done = 0
+    set_unit = getattr(progress, "set_unit", None)
+    if set_unit is not None:
+        set_unit(unit)
     if progress is not None:
         progress(0, total)
     for b in batches:

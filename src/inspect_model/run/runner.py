@@ -40,6 +40,7 @@ from inspect_model.output.sink import Drawer, Sink
 from inspect_model.run.reports import write_reports
 
 if TYPE_CHECKING:
+    from inspect_model.loading.plans import Plan
     from inspect_model.loading.inputs import InputBatch
     from inspect_model.output.files import OutputDir
 
@@ -257,7 +258,7 @@ class _Run:
                           [w for st in states for w in st["written"]])
                 _rename(out, self.drawer.renames())
         if paths:
-            take(plan, None if hasattr(plan, "units") else paths)
+            take(plan, None)
         result = session.finish()
         result.session = session
         result.items = self.items if self.keep else None
@@ -274,20 +275,16 @@ class _Run:
         return result
 
 
-def units(plan: Any) -> list[Any]:
+def units(plan: Plan | None) -> list[Any]:
     """What a run shards and counts: the plan's image files, or the clips or frame pairs of a
-    video or flow model's plan, by name (:mod:`inspect_model.loading.samples`)."""
-    if hasattr(plan, "units"):
-        return plan.units()
-    return list(getattr(plan, "paths", None) or [])
+    video or flow model's plan, by name (:mod:`inspect_model.loading.samples`); none without a plan."""
+    return [] if plan is None else plan.units()
 
 
-def take(plan: Any, chosen: list[Any] | None) -> None:
+def take(plan: Plan | None, chosen: list[Any] | None) -> None:
     """The plan reads only ``chosen`` of its units (None: all of them again)."""
-    if hasattr(plan, "units"):
+    if plan is not None:
         plan.select(chosen)
-    else:
-        plan.paths = chosen
 
 
 def _close(sink: Sink | None, *, cancel: bool) -> None:

@@ -152,11 +152,19 @@ class Result:
                     for item in self.items or []:
                         item.entry["files"] = drawer.draw(item, sink)
                     drawer.draw_summary(sink, self)
+                if getattr(self.session, "report_from_records", False):
+                    self._rebuild()  # the report's records name the files just drawn
                 sink.drain()
                 write_reports(self, sink)
             finally:
                 sink.close(cancel=True)
         return list(self.files)
+
+    def _rebuild(self) -> None:
+        """The payload and record again from the session, whose entries now name their files
+        (a session whose report is typed records built in ``finish``; warnings kept as they are)."""
+        fresh = self.session.finish()  # what the run added after finish() (its throughput) stays
+        self.payload, self.record = {**self.payload, **fresh.payload}, fresh.record
 
 
 class Session:
@@ -165,6 +173,7 @@ class Session:
 
     command = ""
     streams_files = False  # per-image files, drawn from data that is dropped once drawn
+    report_from_records = False  # finish() builds the report's records from the entries: save() builds it again
     index_base = 0  # run index of the first image fed (a shard or a resumed run starts later)
     drawer: Drawer | None = None
     prep: Any = None  # api.pipeline.Prepared: the model, the input plan

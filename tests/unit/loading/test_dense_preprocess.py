@@ -125,6 +125,7 @@ def test_detector_boxes_and_pictures_are_in_the_original_image(tmp_path):
         assert Image.open(tmp_path / "o" / mp["files"]["overlay"]).size == (384, 192)
 
 
+@pytest.mark.slow  # a detector run with pictures; the cam test above covers the same preprocessing quickly
 def test_guided_backprop_pictures_cover_the_whole_image(tmp_path):
     import inspect_model as im
 

@@ -71,6 +71,7 @@ def test_too_large_torchvision_and_timm_models_are_refused(spec):
     name = spec if spec.startswith("timm:") else "resnet18"
     assert line.startswith(f"error: {name} needs 10") and " GB in float32 (weights 102.6 GB + activations " in line
     assert " free in RAM; use --offload, --max-memory, or a smaller --dtype" in line
+    print(f"{spec}: refused in {cpu:.1f} s of CPU: {line}")
     assert cpu < 15, f"the refusal took {cpu:.1f} s of CPU"
 
 
@@ -80,11 +81,12 @@ def test_a_user_model_too_large_for_the_free_memory_is_refused(tmp_path):
     start = time.monotonic()
     r, cpu = run_cli("activations", f"{tmp_path / 'big.py'}:Big", "--input-size", "10000", cap=2 * 10**9)
     line = one_line(r)
-    # No input size it declares: weights only (an image model adds its activations: above)
-    assert line.startswith("error: big.py:Big needs 3.2 GB in float32 (weights 3.2 GB); ")
+    # activations: each layer's output for one input of the size guessed from its first layer (10,000)
+    assert line.startswith("error: big.py:Big needs 3.2 GB in float32 (weights 3.2 GB + activations 0.3 MB for batch 1 of 10000); ")
     assert " free in RAM; use --offload" in line
     free = float(line.split("; ")[1].split(" GB free")[0])
     assert 0 < free < 2.0  # under the cap
+    print(f"big.py:Big: refused in {cpu:.1f} s of CPU: {line}")
     assert cpu < 15, f"the refusal took {cpu:.1f} s of CPU ({time.monotonic() - start:.1f} s wall)"
     # in the dtype asked for: float64 doubles it
     line = one_line(run_cli("activations", f"{tmp_path / 'big.py'}:Big", "--input-size", "10000", "--dtype",

@@ -79,6 +79,7 @@ def test_page_shows_warnings_and_sortable_layers() -> None:
 
 
 @pytest.mark.skipif(_chromium() is None, reason="no chromium executable (apt-get install -y chromium)")
+@pytest.mark.slow  # launches chromium (several seconds): full run only
 def test_page_in_a_real_browser(cam_run: Path, tmp_path: Path) -> None:
     sync_api = pytest.importorskip("playwright.sync_api")
     errors: list[str] = []
@@ -168,6 +169,7 @@ def test_each_command_table_leads_with_its_report_txt_columns(every_command: dic
 
 
 @pytest.mark.skipif(_chromium() is None, reason="no chromium executable (apt-get install -y chromium)")
+@pytest.mark.slow  # launches chromium (several seconds): full run only
 def test_every_command_page_in_a_real_browser(every_command: dict[str, Path], tmp_path: Path) -> None:
     """Each page: the visible columns of its first table are report.txt's, the toggle shows
     the rest; a screenshot of each (INSPECT_MODEL_SCREENSHOT_DIR keeps them)."""

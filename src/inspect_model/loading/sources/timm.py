@@ -47,7 +47,7 @@ class TimmSource:
         return spec.startswith("timm:")
 
     def load(self, spec: str, request: LoadRequest) -> LoadedModel:
-        return load_timm(spec.split(":", 1)[1], weights=request.weights, device=request.device,
+        return load_timm(spec.split(":", 1)[1], weights=request.weights, device=request.device, empty=request.empty,
                          model_args=request.model_args)
 
 
@@ -91,7 +91,7 @@ def list_timm(pattern: str | None = None) -> list[tuple[str, str]]:
     return [(n, "timm") for n in names]
 
 
-def _resolve_name(timm: Any, name: str, weights: str | None) -> tuple[str, str | None]:
+def resolve_name(timm: Any, name: str, weights: str | None) -> tuple[str, str | None]:
     """``(architecture, tag or None)`` for ``name`` and ``--weights`` (None: random)."""
     arch, _, tag = name.partition(".")
     archs = timm.list_models()
@@ -202,23 +202,24 @@ def class_names(model: Any) -> list[str] | None:
 
 
 def load_timm(name: str, *, weights: str | None = None, device: str = "cpu",
-              model_args: dict[str, Any] | None = None) -> LoadedModel:
+              model_args: dict[str, Any] | None = None, empty: bool = False) -> LoadedModel:
     """Build ``timm:NAME`` on ``device`` (``meta`` builds without memory); ``model_args``
-    go to ``timm.create_model`` (``--model-arg num_classes=10``)."""
+    go to ``timm.create_model`` (``--model-arg num_classes=10``). ``empty`` (inside
+    accelerate's ``init_empty_weights``): the weights file is found, not read."""
     bad = [k for k in (model_args or {}) if k in _FILE_ARGS]
     if bad:
         raise UsageError(f"--model-arg {bad[0]} is not passed to timm (it makes timm read weights with its "
                          "own unpickling loader); use --weights TAG or --checkpoint FILE")
     timm = require("timm")
     with quiet_hub_logs():
-        return _load_timm(timm, name, weights=weights, device=device, model_args=model_args)
+        return _load_timm(timm, name, weights=weights, device=device, model_args=model_args, read=not empty)
 
 
 def _load_timm(timm: Any, name: str, *, weights: str | None, device: str,
-               model_args: dict[str, Any] | None) -> LoadedModel:
+               model_args: dict[str, Any] | None, read: bool = True) -> LoadedModel:
     import torch
 
-    arch, tag = _resolve_name(timm, name, weights)
+    arch, tag = resolve_name(timm, name, weights)
     # Without weights, a tagged name still chooses that tag's head (fb_in22k: 21841 classes).
     full = f"{arch}.{tag}" if tag else name
     notes: list[str] = []
@@ -226,7 +227,7 @@ def _load_timm(timm: Any, name: str, *, weights: str | None, device: str,
     if tag:
         cfg = timm.models.get_pretrained_cfg(full)
         path = weights_file(cfg, full)
-        if device != "meta":  # on meta no value is read: the file only has to be there
+        if device != "meta" and read:  # on meta (or empty) no value is read: the file only has to be there
             kwargs = {"pretrained": True, "pretrained_cfg_overlay": {"state_dict": read_state_dict(path)}}
     kwargs.update(model_args or {})
     try:

@@ -8,7 +8,9 @@ unpickling (:mod:`inspect_model.loading.hub_weights`).
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from inspect_model.errors import ModelLoadError, UsageError, suggest
@@ -38,7 +40,7 @@ class TorchvisionSource:
             raise UsageError(f"--model-arg quantize=True|False to torchvision's quantized_* models only; '{name}' "
                              "is not one (see `inspect-model models quantized_*`)")
         return load_torchvision(name, weights=request.weights, device=request.device,
-                                build_args=request.model_args or None)
+                                build_args=request.model_args or None, empty=request.empty)
 
 
 SOURCE = TorchvisionSource()
@@ -243,8 +245,11 @@ def load_torchvision(
     device: str = "cpu",
     categories_from: Any = None,
     build_args: dict[str, Any] | None = None,
+    empty: bool = False,
 ) -> LoadedModel:
-    """Build torchvision model ``name`` on ``device`` (``meta`` builds without memory)."""
+    """Build torchvision model ``name`` on ``device`` (``meta`` builds without memory).
+    ``empty``: inside accelerate's ``init_empty_weights`` (parameters on meta), the weights
+    file is memory-mapped and only its buffers are read (:mod:`inspect_model.loading.blockwise`)."""
     import torch
 
     _, models = _tv()
@@ -269,7 +274,7 @@ def load_torchvision(
             from inspect_model.loading.hub_weights import verified_weights
 
             try:
-                with torch.device(device), verified_weights(path):
+                with torch.device(device), verified_weights(path, mmap=empty), _meta_copies_quiet():
                     model = models.get_model(name, weights=w, **kwargs)
             except ModelLoadError:
                 raise
@@ -310,6 +315,17 @@ def load_torchvision(
         device=device,
     )
 
+
+
+@contextlib.contextmanager
+def _meta_copies_quiet() -> Iterator[None]:
+    """An empty build's ``load_state_dict`` into meta parameters is a no-op, as meant: torch
+    warns about each one."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter.*")
+        yield
 
 
 def _weights_meta(models: Any, name: str, w: Any, build_args: dict[str, Any] | None) -> tuple[Any, Any]:

@@ -13,9 +13,9 @@ completion and the schema's enum read the registry. Nothing here imports torch.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from inspect_model.methods.family import Family
 
 if TYPE_CHECKING:
     import torch
@@ -46,44 +46,13 @@ class AttributionMethod:
         raise NotImplementedError
 
 
-REGISTRY: dict[str, AttributionMethod] = {}
-_loaded = False
+FAMILY: Family[AttributionMethod] = Family("attribution method", "inspect_model.methods.attributions.variants")
+REGISTRY = FAMILY.registry
+register, unregister, get, names = FAMILY.register, FAMILY.unregister, FAMILY.get, FAMILY.names
+methods = FAMILY.methods
 
 
-def register(cls: type[AttributionMethod]) -> type[AttributionMethod]:
-    """Class decorator: add an attribution method to the family."""
-    if cls.name in REGISTRY and type(REGISTRY[cls.name]) is not cls:
-        raise ValueError(f"attribution method '{cls.name}' is already registered")
-    REGISTRY[cls.name] = cls()
-    return cls
-
-
-def unregister(name: str) -> None:
-    REGISTRY.pop(name, None)
-
-
-def methods() -> dict[str, AttributionMethod]:
-    """Every registered method, in their ``order`` (the built-ins are imported once)."""
-    global _loaded
-    if not _loaded:
-        from inspect_model.methods.attributions import variants
-
-        for info in pkgutil.iter_modules(variants.__path__):
-            importlib.import_module(f"{variants.__name__}.{info.name}")
-        _loaded = True
-    return dict(sorted(REGISTRY.items(), key=lambda kv: (kv[1].order, kv[0])))
-
-
-def get(name: str) -> AttributionMethod:
-    return methods()[name]
-
-
-def names() -> tuple[str, ...]:
-    return tuple(methods())
-
-
-def aliases() -> dict[str, str]:
-    return {a: n for n, m in methods().items() for a in m.aliases}
+aliases = FAMILY.aliases
 
 
 def method_help() -> str:

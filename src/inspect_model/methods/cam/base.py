@@ -12,11 +12,11 @@ new method is one file and its test. Nothing here imports torch.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
+
+from inspect_model.methods.family import Family
 
 if TYPE_CHECKING:
     import torch
@@ -93,45 +93,14 @@ class GradientCam(CamMethod):
         return self.weigh(A, G.to(A.dtype))
 
 
-REGISTRY: dict[str, CamMethod] = {}
-_loaded = False
-
-
-def register(cls: type[CamMethod]) -> type[CamMethod]:
-    """Class decorator: add a CAM method to the family (its module, wherever it is, must be
-    imported; the built-in ones under :mod:`.variants` are)."""
-    if cls.name in REGISTRY and type(REGISTRY[cls.name]) is not cls:
-        raise ValueError(f"CAM method '{cls.name}' is already registered")
-    REGISTRY[cls.name] = cls()
-    return cls
-
-
-def unregister(name: str) -> None:
-    REGISTRY.pop(name, None)
-
-
-def methods() -> dict[str, CamMethod]:
-    """Every registered method, in their ``order`` (the built-ins are imported once)."""
-    global _loaded
-    if not _loaded:
-        from inspect_model.methods.cam import variants
-
-        for info in pkgutil.iter_modules(variants.__path__):
-            importlib.import_module(f"{variants.__name__}.{info.name}")
-        _loaded = True
-    return dict(sorted(REGISTRY.items(), key=lambda kv: (kv[1].order, kv[0])))
-
-
-def get(name: str) -> CamMethod:
-    return methods()[name]
-
-
-def names() -> tuple[str, ...]:
-    return tuple(methods())
+FAMILY: Family[CamMethod] = Family("CAM method", "inspect_model.methods.cam.variants")
+REGISTRY = FAMILY.registry
+register, unregister, get, names = FAMILY.register, FAMILY.unregister, FAMILY.get, FAMILY.names
+methods = FAMILY.methods
 
 
 def gradient_names() -> tuple[str, ...]:
-    return tuple(n for n, m in methods().items() if m.needs_gradients)
+    return FAMILY.having("needs_gradients")
 
 
 def groups() -> dict[str, tuple[str, ...]]:
