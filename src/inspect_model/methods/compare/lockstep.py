@@ -106,7 +106,8 @@ def _detached_copy(t: Any) -> Any:
     return None if t is None else t.detach().clone()
 
 
-_jobs: queue.SimpleQueue | None = None
+_jobs: queue.SimpleQueue = queue.SimpleQueue()
+_worker: threading.Thread | None = None
 _start = threading.Lock()
 
 
@@ -115,11 +116,12 @@ def in_worker(job: Callable[[], None]) -> threading.Event:
     as long as the process (a daemon, idle between runs): a fresh thread's first forward costs
     about as much CPU again as a warm one's (measured with resnet18: 3.0x instead of 2.0x one
     forward for A then B), and the cost target counts both threads."""
-    global _jobs
+    global _jobs, _worker
     with _start:
-        if _jobs is None:
+        if _worker is None or not _worker.is_alive():  # the first run, or a child after fork (no thread there)
             _jobs = queue.SimpleQueue()
-            threading.Thread(target=_serve, args=(_jobs,), name="inspect-model-compare-B", daemon=True).start()
+            _worker = threading.Thread(target=_serve, args=(_jobs,), name="inspect-model-compare-B", daemon=True)
+            _worker.start()
     done = threading.Event()
 
     def run() -> None:
