@@ -97,3 +97,29 @@ def test_a_model_stuck_out_of_reach_ends_the_process_with_one_line(hangs: Path) 
     assert proc.stderr.strip().splitlines() == [
         "error: check failed: time > 1 s (--max-seconds): the model did not return, and could not be stopped "
         "for 3 s; exiting"]
+
+
+def test_the_preflight_never_runs_a_user_forward(tmp_path):
+    """The preflight of a user's class counts its weights on the meta device; it does not call
+    its forward (a model's code runs only under the command's own limits)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from inspect_model.loading.dispatch import fits_check
+
+    calls = []
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            calls.append(x.device)
+            return self.fc(x)
+
+    with torch.device("meta"):
+        meta = Net()
+    fits_check(SimpleNamespace(device="cpu", dtype=None))(meta, "net.py:Net")
+    assert calls == []

@@ -302,21 +302,18 @@ def preflight(spec: str, request: LoadRequest, *, tokens: int = 0, hint: str | N
     check_fits(est, request.device, name=empty.name, hint=hint)
 
 
-def fits_check(request: LoadRequest, *, hint: str | None = None, shape: Any = None) -> Any:
+def fits_check(request: LoadRequest, *, hint: str | None = None) -> Any:
     """The preflight of a user's class, for ``LoadRequest.check``: its meta build's weights in
-    the dtype asked for against the free memory."""
+    the dtype asked for against the free memory. The user's ``forward`` is not run for an
+    activation estimate: user code runs only where the command runs it, under its own limits
+    (``check --max-seconds`` stops a model whose forward hangs; a pass here would hang first)."""
     def check(model: Any, name: str) -> None:
-        from types import SimpleNamespace
-
-        from inspect_model.loading.loaded import declared_input_sizes, guess_input_sizes
-        from inspect_model.loading.preflight import check_fits, estimate, with_activations
+        from inspect_model.loading.preflight import check_fits, estimate
         from inspect_model.loading.shapes import parse_dtype
 
         if request.device == "meta":
             return
         est = estimate(model, parse_dtype(request.dtype or "float32"))
-        sizes = declared_input_sizes(model) or guess_input_sizes(model)
-        est = with_activations(est, SimpleNamespace(model=model, input_sizes=sizes), shape)
         check_fits(est, request.device, name=name, hint=hint)
 
     return check

@@ -298,7 +298,7 @@ def load(opts: ModelOptions, *, device: str | None = None, shape: Any = None) ->
                 from inspect_model.loading.dispatch import fits_check, preflight
 
                 preflight(opts.model.strip(), _request(opts, dev), tokens=128, shape=shape)
-                check = fits_check(_request(opts, dev), shape=shape)
+                check = fits_check(_request(opts, dev))
             loaded = load_model(
                 opts.model,
                 weights=opts.weights,
