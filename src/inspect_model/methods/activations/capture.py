@@ -200,7 +200,7 @@ class ActivationCapture:
                 self._last = last
                 if not isinstance(m, Measurement):
                     return m  # deferred: resolved once, its channels copied there
-                return replace(m, channels={k: c.copy() for k, c in m.channels.items()})
+                return replace(m, channels={k: c.copy() for k, c in m.channels.items()}, bounds=None)
             module = self._engine.current_module if self._engine is not None else None
             if version == last[1] + 1 and last[2].bounds is not None and not self.hist_bins and relu_after(module):
                 after_relu = last[2].bounds
@@ -208,6 +208,8 @@ class ActivationCapture:
         m = measure(t, self._batch_size, hist_bins=self.hist_bins, after_relu=after_relu, defer=defer)
         if version is not None:
             self._last = (weakref.ref(t), version, m, self._batch_size)
+        if last is not None and isinstance(last[2], Measurement):
+            last[2].bounds = None  # served its ReLU, if any (native.py's tables are not kept)
         return m
 
     def run(self, inputs: Any, names: Sequence[str] | None = None, *, mask: torch.Tensor | None = None
