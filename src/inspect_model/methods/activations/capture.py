@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+from inspect_model.engine.gc_pause import paused_collection
 from inspect_model.errors import InputError, ModelLoadError
 from inspect_model.loading.wrappers import unwrap_module
 from inspect_model.methods.activations.deferred import defer_on
@@ -230,8 +231,15 @@ class ActivationCapture:
         engine = self._engine
         engine.reset()
         self._last = None
-        self._forward(args)
-        records = engine.finalize()
+        with paused_collection():
+            self._forward(args)
+            records = engine.finalize()
+            return self._collect(records, names, n)
+
+    def _collect(self, records: list[Any], names: list[str], n: int) -> BatchActivations:
+        """The batch's rows and per-image statistics from the hook records."""
+        engine = self._engine
+        assert engine is not None
         start = self._images
         images = [ImageActivations(start + i, names[i] if i < len(names) else f"input-{start + i}", [])
                   for i in range(n)]
