@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 EDGE, CORNER = 1 / 6, 1 / 12
 OFFSETS = tuple((a, b) for a in (-1, 0, 1) for b in (-1, 0, 1))  # stencil order (row, column), (0, 0) = 4
 COARSEST = 200  # points (14 x 14) at which the hierarchy stops and a dense factorisation takes over
-SMOOTH_COARSE = 0.7  # Jacobi damping on the coarse levels
+SMOOTH_COARSE = 0.9  # Jacobi damping on the coarse levels (0.7: 16% more iterations on ROAD masks, 224 px)
 # The 1-D (coarse offset o, fine offset e) pairs whose hats overlap: |2 o - e| <= 2.
 PAIRS = tuple((o, e) for o in (-1, 0, 1) for e in (-1, 0, 1) if abs(2 * o - e) <= 2)
 
