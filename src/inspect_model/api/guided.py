@@ -159,7 +159,7 @@ class GuidedSession(Session):
         return picture_frame(self.prep.plan.preprocess, img, (int(batch.tensor.shape[-2]), int(batch.tensor.shape[-1])))
 
     def _entry(self, index: int, name: str, res: Any, i: int, frame: Any = None) -> dict[str, Any]:
-        from inspect_model.methods.objectives.rows import class_name
+        from inspect_model.methods.objectives.rows import target_fields
 
         maps = []
         for k, cls in enumerate(res.targets[i]):
@@ -167,7 +167,7 @@ class GuidedSession(Session):
             a = g.abs()
             maps.append({
                 "rank": k,
-                "target": {"class": cls, "label": class_name(cls, self.prep.categories), "score": res.scores[i][k],
+                "target": {**target_fields(cls, self.prep.categories), "score": res.scores[i][k],
                            "probability": res.probabilities[i][k] if res.probabilities else None},
                 "max_abs": float(a.max()), "mean_abs": float(a.mean()),
                 "nonzero_fraction": float((g != 0).float().mean()), "files": {},

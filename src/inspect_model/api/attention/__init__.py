@@ -169,7 +169,7 @@ class AttentionSession(Session):
         return items
 
     def _entry(self, index: int, name: str, res: Any, i: int) -> dict[str, Any]:
-        from inspect_model.methods.objectives.rows import class_name
+        from inspect_model.methods.objectives.rows import target_fields
 
         target = None
         if res.targets is not None and res.scores is not None:
@@ -177,7 +177,7 @@ class AttentionSession(Session):
             from inspect_model.methods.objectives.targets import class_probabilities
 
             prob = float(class_probabilities(res.scores[i:i + 1])[0, cls])
-            target = {"class": cls, "label": class_name(cls, self.prep.categories), "probability": prob}
+            target = {**target_fields(cls, self.prep.categories), "probability": prob}
         maps: list[dict[str, Any]] = []
         for method, m in res.maps.items():
             a = m[i]

@@ -68,13 +68,13 @@ def token_batch(batch: Any, model: Any) -> Any:
 
 def _target(res: Any, i: int, categories: Any) -> dict[str, Any] | None:
     from inspect_model.methods.objectives.targets import class_probabilities
-    from inspect_model.methods.objectives.rows import class_name
+    from inspect_model.methods.objectives.rows import target_fields
 
     if res.targets is None or res.scores is None:
         return None
     cls = int(res.targets[i])
     prob = float(class_probabilities(res.scores[i:i + 1])[0, cls])
-    return {"class": cls, "label": class_name(cls, categories), "probability": prob}
+    return {**target_fields(cls, categories), "probability": prob}
 
 
 def text_entry(session: Any, index: int, batch: Any, res: Any, i: int) -> dict[str, Any]:

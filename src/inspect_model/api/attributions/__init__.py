@@ -215,13 +215,14 @@ class AttributionsSession(Session):
         from inspect_model.methods.attributions import base as ab
         from inspect_model.methods.attributions.entries import image_entry, map_entry
         from inspect_model.methods.attributions.maps import map_statistics
-        from inspect_model.methods.objectives.rows import class_name
+        from inspect_model.methods.objectives.rows import class_name, objective_flag
         from inspect_model.reports.attributions import AttributionTarget, TextTokens
 
         records = []
         for k, cls in enumerate(res.targets[i]):
             target = AttributionTarget(class_=int(cls), label=class_name(int(cls), self.prep.categories),
-                                       score=res.scores[i][k], probability=res.probabilities[i][k])
+                                       score=res.scores[i][k], probability=res.probabilities[i][k],
+                                       **objective_flag(self.prep.categories))
             for method, maps in res.maps.items():
                 ig = method == "integrated-gradients" and res.deltas is not None
                 steps = res.ig_steps[i][k] if ig and res.ig_steps is not None else None  # --steps auto: its own
