@@ -20,7 +20,7 @@ from inspect_model.run.request import Request, api_command, option
 from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
 from inspect_model.methods.attention.base import method_help as attention_help
-from inspect_model.methods.attention import base as attention_base
+from inspect_model.methods.attention.base import map_layer
 from inspect_model.methods.attention.base import all_names as attention_names
 from inspect_model.registry import command
 from inspect_model.reports.attention import AttentionReport
@@ -186,8 +186,7 @@ class AttentionSession(Session):
                                   "show; a gradient map is flat when the class score does not depend on the input "
                                   "(torchvision starts ViT's head at zero, so with --weights none every score is 0)")
             r, c = divmod(int(a.argmax()), a.shape[1])
-            layer = "+".join(self.options.layers) if method == "legrad" and self.options.layers else "all"
-            layer = res.cam_layer if method not in attention_base.REGISTRY else layer  # a CAM method's layer
+            layer = map_layer(method, self.options.layers, res.cam_layer)
             maps.append({"method": method, "layer": layer, "target": target, "rank": 0, "peak_cell": [r, c],
                          "max": float(a.max()), "min": float(a.min()), "files": {}})
         for layer, v in res.raw.items():

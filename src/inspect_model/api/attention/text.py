@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspect_model.errors import UsageError
+from inspect_model.methods.attention.base import map_layer
 
 
 @dataclass
@@ -87,7 +88,7 @@ def text_entry(session: Any, index: int, batch: Any, res: Any, i: int) -> dict[s
         if float(row.max()) == float(row.min()):
             session.warnings.add(f"{method}: the values of {batch.names[i]} are constant ({float(row.max()):.3g}): "
                                  "nothing to show")
-        layer = "+".join(session.options.layers) if method == "legrad" and session.options.layers else "all"
+        layer = map_layer(method, session.options.layers, "all")
         rest = row.clone()
         if n > 1:
             rest[q] = float("-inf")  # the query's own share is the identity's in both rollouts
