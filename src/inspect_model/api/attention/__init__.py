@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from inspect_model.run import option_groups as og
+from inspect_model.methods.attention.maps import AttentionOptions
 from inspect_model.run.option_groups import Evaluate, Picture
 from inspect_model.run.options import InputOptions, ModelOptions
 from inspect_model.run.pipeline import run_images
@@ -33,7 +34,7 @@ class AttentionRequest(Request):
     """The options of ``attention``; validated once, here."""
 
     command: ClassVar[str] = "attention"
-    groups: ClassVar[tuple[Any, ...]] = (Evaluate, Picture)
+    groups: ClassVar[tuple[Any, ...]] = (Evaluate, Picture, AttentionOptions)  # request.attention: the maps' options
 
     methods: tuple[str, ...] = option(("rollout",), "--method", "-m", help=attention_help, complete="method",
                                    multiple=True, param="method")
@@ -63,17 +64,9 @@ class AttentionRequest(Request):
     def evaluation_boxes(self) -> Any:
         return self.boxes
 
-    def validate(self) -> None:  # target, colormap and --evaluate are checked by their groups
-        o = self.options()
-        self._set("methods", o.methods)
-        self._set("layers", o.layers)
-
-    def options(self) -> Any:
-        from inspect_model.methods.attention.maps import AttentionOptions
-
-        return AttentionOptions(methods=self.methods or ("rollout",), layers=self.layers, heads=self.heads,
-                                query=self.query, head_fusion=self.head_fusion, discard_ratio=self.discard_ratio,
-                                mosaic=self.mosaic, cam_layer=self.cam_layer)
+    def validate(self) -> None:  # target, colormap, --evaluate and the maps' options are checked by their groups
+        self._set("methods", self.attention.methods)
+        self._set("layers", self.attention.layers)
 
 
 class AttentionSession(Session):
@@ -86,7 +79,7 @@ class AttentionSession(Session):
         from inspect_model.render.attention import AttentionDrawer
 
         self.prep, self.mopts, self.request = prep, mopts, request
-        self.options = request.options()
+        self.options = request.attention
         self.skipped_methods = self._score_free(notes)
         self.spec = parse_target(request.target, prep.categories)
         self.keep_maps = keep_maps
@@ -95,17 +88,8 @@ class AttentionSession(Session):
         self.text_maps: list[Any] = []  # --text: methods.attention_text.TextAttention per batch
         self.info: dict[str, Any] | None = None
         self.warnings = Warnings()
-        self.evaluator = None
         self.cam_layer: Any = None
-        if request.evaluate:
-            from inspect_model.run.evaluate import Evaluator, check_evaluate_request
-
-            parsed = check_evaluate_request(evaluate=True, metrics=list(request.metrics) or None,
-                                            boxes=request.boxes, steps=request.eval_steps, batch=request.eval_batch)
-            self.metrics = parsed
-            self.evaluator = Evaluator(prep, parsed, steps=request.eval_steps, batch=request.eval_batch,
-                                       boxes=request.boxes, notes=notes, progress=progress,
-                                       tolerance=request.eval_tolerance)
+        self.evaluator = request.evaluation.evaluator(prep, boxes=request.boxes, notes=notes, progress=progress)
         self.drawer = AttentionDrawer(categories=prep.categories, preprocess=prep.plan.preprocess,
                                       colormap=request.colormap, save_raw=request.save_raw, query=request.query)
         # --text, or token ids of a token model: token maps (issue 26); images still drawn as images
@@ -221,7 +205,7 @@ class AttentionSession(Session):
             self.mopts, methods=list(o.methods), layers=list(o.layers), heads=o.heads, query=o.query,
             head_fusion=o.head_fusion, discard_ratio=o.discard_ratio, mosaic=o.mosaic, cam_layer=o.cam_layer,
             target=list(r.target) if isinstance(r.target, tuple) else r.target, colormap=r.colormap,
-            save_raw=r.save_raw, evaluate=r.evaluate, metrics=list(getattr(self, "metrics", r.metrics)),
+            save_raw=r.save_raw, evaluate=r.evaluate, metrics=list(r.evaluation.metrics),
             boxes=str(r.boxes) if r.boxes else None, eval_steps=r.eval_steps, eval_batch=r.eval_batch,
             eval_tolerance=r.eval_tolerance)
 

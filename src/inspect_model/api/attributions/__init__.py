@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from inspect_model.run import option_groups as og
+from inspect_model.methods.attributions.options import AttributionSettings
 from inspect_model.run.option_groups import Evaluate
 from inspect_model.run.options import InputOptions, ModelOptions
 from inspect_model.run.pipeline import run_images
@@ -35,7 +36,7 @@ class AttributionsRequest(Request):
     """The options of ``attributions`` (README "attributions"); validated once, here, without torch."""
 
     command: ClassVar[str] = "attributions"
-    groups: ClassVar[tuple[Any, ...]] = (Evaluate,)
+    groups: ClassVar[tuple[Any, ...]] = (Evaluate, AttributionSettings)  # request.attribution: how to attribute
 
     methods: tuple[str, ...] = option(("saliency",), "--method", "-m", help=attribution_help, complete="method", multiple=True,
                                       param="method")
@@ -79,18 +80,12 @@ class AttributionsRequest(Request):
     continuation: str | None = option(None, "--continuation", type=str, help="Like --generate, on this "
                                       "continuation instead of the model's own (teacher-forced).")
 
-    def validate(self) -> None:  # no torch here: a bad option fails at once (target, --evaluate: their groups)
-        from inspect_model.methods.attributions import options as ao
-
-        self._set("methods", ao.parse_methods(self.methods or ("saliency",)))
-        self._set("steps", ao.parse_steps(self.steps))
-        ao.check_settings(steps=self.steps, rule=self.rule, samples=self.samples, noise=self.noise,
-                          noise_mode=self.noise_mode, batch_size=1, smooth=self.smooth, methods=self.methods,
-                          max_gap=self.max_gap)
-        self._set("baseline", ao.parse_baseline(self.baseline))
+    def validate(self) -> None:  # no torch here: target, --evaluate and the settings are checked by their groups
+        s = self.attribution
+        self._set("methods", s.methods)
+        self._set("steps", s.steps)
+        self._set("baseline", s.baseline)
         self._set("window", str(self.window))
-        ao.parse_sizes(self.window, "--window")
-        ao.parse_sizes(self.stride, "--window-stride")
         if self.generates:
             from inspect_model.api.attributions.generation import check_generation_request
 
@@ -115,14 +110,6 @@ class AttributionsRequest(Request):
         from inspect_model.api.attributions.generation import objective_words
 
         return objective_words(self, adapter)
-
-    def settings(self, *, batch_size: int, seed: int = 0) -> Any:
-        from inspect_model.methods.attributions.maps import AttributionSettings
-
-        return AttributionSettings(
-            methods=self.methods, steps=self.steps, rule=self.rule, baseline=self.baseline, samples=self.samples,
-            noise=self.noise, noise_mode=self.noise_mode, window=self.window, stride=self.stride, smooth=self.smooth,
-            batch_size=batch_size, seed=seed, activations=self.activations, max_gap=self.max_gap)
 
     def resolved(self) -> dict[str, Any]:
         out = super().resolved()
@@ -151,7 +138,7 @@ class AttributionsSession(Session):
 
         self.prep, self.mopts, self.request = prep, mopts, request
         self.spec = parse_target(request.target, prep.categories)
-        self.settings = request.settings(batch_size=prep.plan.batch_size, seed=int(prep.plan.seed))
+        self.settings = request.attribution.for_run(batch_size=prep.plan.batch_size, seed=int(prep.plan.seed))
         from inspect_model.run.evaluate import _takes_label
 
         # Long work reports (done, total, label); a two-argument callback sees the images only.
@@ -162,15 +149,8 @@ class AttributionsSession(Session):
         self.found = Found()
         self.options_record = request.resolved()  # plain data: part of the --resume fingerprint
         self.sanity_acc: dict[str, Any] | None = None
-        self.evaluator = None
-        if request.evaluate:
-            from inspect_model.run.evaluate import Evaluator
-            from inspect_model.methods.faithfulness.metrics import parse_metrics
-
-            self.evaluator = Evaluator(prep, parse_metrics(list(request.metrics or []), boxes=False),
-                                       steps=request.eval_steps, batch=request.eval_batch,
-                                       output_key=request.output_key, notes=notes, progress=progress,
-                                       tolerance=request.eval_tolerance)
+        self.evaluator = request.evaluation.evaluator(prep, output_key=request.output_key, notes=notes,
+                                                      progress=progress)
         from inspect_model.render.draw_attributions import AttributionsDrawer
 
         self.drawer = AttributionsDrawer(categories=prep.categories, preprocess=prep.plan.preprocess,
@@ -291,7 +271,7 @@ class AttributionsSession(Session):
             ev.passes, ev.inputs = ev.passes + 1, ev.inputs + int(rows.shape[0])
             return class_probabilities(y.reshape(y.shape[0], -1).double()).cpu()
 
-        steps = 32 if self.request.eval_steps == "auto" else int(self.request.eval_steps)
+        steps = 32 if self.request.evaluation.steps == "auto" else int(self.request.evaluation.steps)
         for i, entry in enumerate(entries):
             for rec in entry["maps"]:
                 rel = res.maps[rec["method"]][i, rec["rank"]].sum(-1)  # (L,): one value per token

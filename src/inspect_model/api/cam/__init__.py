@@ -84,7 +84,6 @@ class CamRequest(Request):
         if self.fuse and len(self.layers) < 2:
             raise UsageError("--fuse combines several layers; give --layer at least twice")
         check_dense_options(self.score_threshold, self.max_detections)
-        self._set("parsed_metrics", self.evaluation.metrics)
 
 
 def check_cam_request(**options: Any) -> CamRequest:
@@ -119,7 +118,7 @@ class CamSession(Session):
         self.entries: list[dict[str, Any]] = []
         self.passes = {"forward": 0, "backward": 0, "scorecam_forward": 0}
         self.columns: list[tuple[str, str]] = []
-        self.eval_options = {"evaluate": r.evaluate, "metrics": list(r.parsed_metrics) or None,
+        self.eval_options = {"evaluate": r.evaluate, "metrics": list(r.evaluation.metrics) or None,
                              "boxes": str(r.boxes) if r.boxes else None, "eval_steps": r.eval_steps,
                              "eval_batch": r.eval_batch, "eval_tolerance": r.eval_tolerance}
         self.evaluator: Any = None
@@ -134,12 +133,8 @@ class CamSession(Session):
             from inspect_model.run.media import flow_boxes
 
             flow_boxes(prep, r.boxes, self.notes)  # a flow model: the region whose flow is explained
-        if r.evaluate:
-            from inspect_model.run.evaluate import Evaluator
-
-            self.evaluator = Evaluator(prep, list(r.parsed_metrics), steps=r.eval_steps, batch=r.eval_batch,
-                                       boxes=r.boxes, output_key=r.output_key, notes=self.notes, progress=progress,
-                                       tolerance=r.eval_tolerance)
+        self.evaluator = r.evaluation.evaluator(prep, boxes=r.boxes, output_key=r.output_key, notes=self.notes,
+                                                progress=progress)
         from inspect_model.render.draw_cam import CamDrawer
 
         self.drawer = CamDrawer(categories=prep.categories, preprocess=prep.plan.preprocess, alpha=r.alpha,

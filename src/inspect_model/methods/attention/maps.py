@@ -31,8 +31,9 @@ last stage; CAM-family methods asked for in the same run in :mod:`.cam`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from inspect_model.errors import LayerSelectionError, UsageError, suggest
 from inspect_model.methods.attention import base
@@ -113,7 +114,10 @@ def parse_query(text: str) -> str | int:
 
 @dataclass(frozen=True)
 class AttentionOptions:
-    """What to compute; validated once here."""
+    """What to compute; validated once here. The ``attention`` command's option group: its
+    request parses it once (:meth:`parse`, as ``request.attention``) and the session reads it."""
+
+    attr: ClassVar[str] = "attention"
 
     methods: tuple[str, ...] = ("rollout",)
     layers: tuple[str, ...] = ()  # raw/legrad: indices (-1 = last) or module names; () = raw last, legrad all
@@ -133,6 +137,12 @@ class AttentionOptions:
             raise UsageError(f"--head-fusion '{self.head_fusion}': choose from {', '.join(FUSIONS)}")
         if not 0.0 <= self.discard_ratio < 1.0:
             raise UsageError(f"--discard-ratio {self.discard_ratio} must be in [0, 1)")
+
+    @classmethod
+    def parse(cls, request: Any) -> AttentionOptions:
+        """The options of an ``attention`` request (fields of the same names)."""
+        given = {f.name: getattr(request, f.name) for f in dataclasses.fields(cls)}
+        return cls(**{**given, "methods": given["methods"] or ("rollout",)})
 
     @property
     def needs_grad(self) -> bool:
