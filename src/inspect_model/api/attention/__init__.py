@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 from inspect_model.run import option_groups as og
 from inspect_model.methods.attention.maps import AttentionOptions
 from inspect_model.run.option_groups import Evaluate, Picture
-from inspect_model.run.options import InputOptions, ModelOptions
-from inspect_model.run.pipeline import run_images
+from inspect_model.run.options import ModelOptions
+from inspect_model.run.call import Call
 from inspect_model.run.request import Request, api_command, option
 from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
@@ -289,17 +289,11 @@ class _AttentionRecord:
     text=True,
 )
 @api_command(AttentionRequest)
-def attention(model: Any, images: Any, request: AttentionRequest, *, model_options: ModelOptions | None = None,
-              inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,
-              tensorboard: Any = None, keep: bool | None = None, on_item: Any = None, notes: Any = None,
-              progress: Any = None) -> Result:
+def attention(model: Any, images: Any, request: AttentionRequest, call: Call) -> Result:
     """Attention maps of ``images`` (paths or a tensor (N, C, H, W)) for a vision transformer,
     with the options of :class:`AttentionRequest`: ``raw``, ``rollout``, ``grad-rollout``,
     ``legrad`` (see ``methods.attention``). The result has ``maps`` (method -> (N, rows,
     cols)) and ``raw`` (layer -> (N, heads, rows, cols)) when kept (the API default),
     ``to_dict()`` and ``save(dir)``."""
-    return run_images("attention", model, images, lambda prep, mopts, keep: AttentionSession(
-                      prep, mopts, request, keep_maps=keep, notes=notes, progress=progress),
-                      model_options=model_options, inputs=inputs,
-                      output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
-                      notes=notes, progress=progress, request=request)
+    return call.run_images("attention", model, images, request, lambda prep, mopts, keep: AttentionSession(
+        prep, mopts, request, keep_maps=keep, notes=call.notes, progress=call.progress))

@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 from inspect_model.run import option_groups as og
 from inspect_model.methods.attributions.options import AttributionSettings
 from inspect_model.run.option_groups import Evaluate
-from inspect_model.run.options import InputOptions, ModelOptions
-from inspect_model.run.pipeline import run_images
+from inspect_model.run.options import ModelOptions
+from inspect_model.run.call import Call
 from inspect_model.run.request import Request, api_command, option
 from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
@@ -380,10 +380,7 @@ class _MapsRecord:
     text=True,
 )
 @api_command(AttributionsRequest, positional=("target",))
-def attributions(model: Any, images: Any, request: AttributionsRequest, *, model_options: ModelOptions | None = None,
-                 inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,
-                 tensorboard: Any = None, keep: bool | None = None, on_item: Any = None, notes: Any = None,
-                 progress: Any = None) -> Result:
+def attributions(model: Any, images: Any, request: AttributionsRequest, call: Call) -> Result:
     """Attribution maps of ``images`` (paths, or a tensor (N, C, H, W), or token ids) under
     ``model``, with the options of :class:`AttributionsRequest` (``methods=["saliency",
     "integrated-gradients"]``, ``steps=64``, ...; ``target`` may come third). The result has
@@ -393,10 +390,7 @@ def attributions(model: Any, images: Any, request: AttributionsRequest, *, model
     if request.generates:  # attribution over a generation (issue 36): api/attributions/generation.py
         from inspect_model.api.attributions.generation import GenerationSession, check_generation_inputs
 
-        check_generation_inputs(images, inputs)
+        check_generation_inputs(images, call.inputs)
         session = GenerationSession
-    return run_images("attributions", model, images, lambda prep, mopts, keep: session(
-                      prep, mopts, request, keep_maps=keep, notes=notes, progress=progress),
-                      model_options=model_options, inputs=inputs,
-                      output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
-                      notes=notes, progress=progress, request=request)
+    return call.run_images("attributions", model, images, request, lambda prep, mopts, keep: session(
+        prep, mopts, request, keep_maps=keep, notes=call.notes, progress=call.progress))

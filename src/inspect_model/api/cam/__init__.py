@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from inspect_model.run.options import InputOptions, ModelOptions
-from inspect_model.run.pipeline import run_images
+from inspect_model.run.options import ModelOptions
+from inspect_model.run.call import Call
 from inspect_model.run import option_groups as og
 from inspect_model.run.option_groups import Evaluate, Layers, Picture
 from inspect_model.run.request import (
@@ -308,19 +308,14 @@ class CamSession(Session):
     text=True,
 )
 @api_command(CamRequest)
-def cam(model: Any, images: Any, request: CamRequest, *, model_options: ModelOptions | None = None,
-        inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False, tensorboard: Any = None,
-        keep: bool | None = None, on_item: Any = None, notes: Any = None, progress: Any = None) -> Result:
+def cam(model: Any, images: Any, request: CamRequest, call: Call) -> Result:
     """Class activation maps of ``images`` (paths, or a tensor (N, C, H, W)) under ``model``
     (a spec, an ``nn.Module`` or a ``LoadedModel``), with the options of :class:`CamRequest`
     as keywords (``methods=["gradcam"]``, ``target=3``...). The result's ``to_dict()`` is the
     CLI's ``--json``; ``save(dir)`` (or ``output_dir=``) writes the CLI's files.
     ``evaluate=True`` adds faithfulness scores (see :mod:`inspect_model.run.evaluate`)."""
-    return run_images("cam", model, images,
-                      lambda prep, mopts, keep: CamSession(prep, mopts, request, notes=notes, progress=progress),
-                      model_options=model_options, inputs=inputs,
-                      output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
-                      notes=notes, progress=progress, request=request)
+    return call.run_images("cam", model, images, request, lambda prep, mopts, keep: CamSession(
+        prep, mopts, request, notes=call.notes, progress=call.progress))
 
 
 
