@@ -329,7 +329,6 @@ def summary(model: Any, request: SummaryRequest, *, model_options: ModelOptions 
     r = request
     input_size, batch_size, depth, seed, train = r.input_size or None, r.batch_size, r.depth, r.seed, r.train
     mopts = model_options or ModelOptions(model, weights=None, device=r.device, dtype=r.dtype)
-    check_dtype(mopts.dtype)
     dev = mopts.device.strip().lower() if mopts.device else "meta"
     if dev != "meta":
         dev = resolve_device(dev)
@@ -366,7 +365,7 @@ def summary(model: Any, request: SummaryRequest, *, model_options: ModelOptions 
     options = {
         "model": mopts.spec(), "weights": resolved_weights(loaded, mopts),
         "checkpoint": str(mopts.checkpoint) if mopts.checkpoint else None, "input_size": res.input_shapes,
-        "batch_size": batch_size, "dtype": check_dtype(mopts.dtype), "depth": depth, "device": res.device,
+        "batch_size": batch_size, "dtype": mopts.dtype, "depth": depth, "device": res.device,
         "seed": seed, "mode": "train" if train else "eval",
     }
     if r.graph:

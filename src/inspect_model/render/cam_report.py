@@ -9,6 +9,7 @@ from typing import Any
 
 from inspect_model.render import faithfulness as rf
 from inspect_model.render.table import Column, one_line, plain_table, rich_table, warning_text
+from inspect_model.render.labels import target_label
 
 MAP_COLUMNS = (
     Column("Method"), Column("Layer"), Column("Target"), Column("Prob", "right"),
@@ -23,7 +24,7 @@ def _num(v: Any) -> str:
 
 
 def _target(t: dict[str, Any]) -> str:
-    return f"{t['class']} {t['label']}" if t.get("label") else str(t["class"])
+    return target_label(t)
 
 
 def _map_rows(rec: dict[str, Any]) -> list[list[str]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.render.table import Column, one_line, plain_table, rich_table, warning_text
+from inspect_model.render.labels import target_label
 
 if TYPE_CHECKING:
     import numpy as np
@@ -147,7 +148,7 @@ def map_rows(payload: dict[str, Any]) -> list[list[str]]:
     for img in payload["images"]:
         for m in img["maps"]:
             t = m["target"]
-            label = f"{t['class']} {t['label']}" if t.get("label") else str(t["class"])
+            label = target_label(t)
             prob = t.get("probability")
             rows.append([img["image"], label, "--" if prob is None else f"{prob:.3f}", _num(t["score"]),
                          _num(m["max_abs"]), _num(m["mean_abs"]),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from inspect_model.reports.base import Record, Skipped, Warning_, fact, record
-from inspect_model.reports.common import Method
+from inspect_model.reports.common import OBJECTIVE_DOC, Method
 
 
 @record
@@ -13,6 +13,7 @@ class AttentionImageTarget(Record):
     class_: int = fact(key="class")
     label: str | None
     probability: float | None
+    objective: bool = fact(optional=True, doc=OBJECTIVE_DOC)
 
 
 @record
@@ -20,6 +21,7 @@ class AttentionImageMapTarget(Record):
     class_: int = fact(key="class")
     label: str | None
     probability: float | None
+    objective: bool = fact(optional=True, doc=OBJECTIVE_DOC)
 
 
 @record

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from inspect_model.reports.base import Record, Skipped, Warning_, fact, record
-from inspect_model.reports.common import Clip, Method, Pair
+from inspect_model.reports.common import OBJECTIVE_DOC, Clip, Method, Pair
 
 
 @record
@@ -14,6 +14,7 @@ class AttributionTarget(Record):
     label: str | None
     score: float | None
     probability: float | None
+    objective: bool = fact(optional=True, doc=OBJECTIVE_DOC)
 
 
 @record

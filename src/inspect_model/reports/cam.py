@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from inspect_model.reports.base import Record, Skipped, Warning_, fact, record
-from inspect_model.reports.common import Clip, Detection, ImageBox, InputBox, Method, NumberOrNull, Pair, Segment
+from inspect_model.reports.common import OBJECTIVE_DOC, Clip, Detection, ImageBox, InputBox, Method, NumberOrNull, Pair, Segment
 
 
 @record
@@ -19,6 +19,7 @@ class ClassScore(Record):
     class_: int = fact(minimum=0, key="class")
     box: InputBox = fact(optional=True)
     image_box: ImageBox = fact(optional=True)
+    objective: bool = fact(optional=True, doc=OBJECTIVE_DOC)
 
 
 @record

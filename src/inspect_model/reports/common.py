@@ -13,6 +13,10 @@ Method = Annotated[str, Named("method")]  # the enum: the command's method regis
 NumberOrNull = Annotated[float | None, Named("number_or_null")]
 
 
+OBJECTIVE_DOC = ("true when the target is a named objective of a text or embedding model (its label, e.g. "
+                 "\"log p(' mat' | text) at position 5\", is the score; class is its index 0), absent for a class")
+
+
 @record
 class Clip(Record):
     DEF = "clip"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from inspect_model.reports.base import Named, Record, Skipped, Warning_, fact, record
-from inspect_model.reports.common import Clip, Detection, NumberOrNull, Pair, Segment
+from inspect_model.reports.common import OBJECTIVE_DOC, Clip, Detection, NumberOrNull, Pair, Segment
 
 
 Kind = Annotated[Literal["relu", "relu6", "leaky_relu", "silu", "gelu", "prelu"], Named("kind")]
@@ -23,6 +23,7 @@ class GuidedTarget(Record):
     label: str | None
     score: NumberOrNull
     probability: NumberOrNull = fact(optional=True)
+    objective: bool = fact(optional=True, doc=OBJECTIVE_DOC)
 
 
 @record

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from inspect_model.errors import UsageError
-from inspect_model.run.options import InputOptions, ModelOptions, check_request, load, resolve_device
+from inspect_model.run.options import InputOptions, ModelOptions, load, resolve_device
 from inspect_model.run.pipeline import Prepared
 
 DEFAULT_PER_FORWARD = 32  # patched runs per forward when --batch-size is not given
@@ -29,7 +29,6 @@ def prepare_patch(mopts: ModelOptions, inputs: InputOptions, request: Any, notes
                         ("--image-input", inputs.image_input), ("--clip", inputs.clip), ("--task", inputs.task)):
         if given:
             raise UsageError(f"patch reads its prompts from --clean/--corrupt or --pairs; drop {flag}")
-    check_request(inputs)
     pairs = given_pairs(request.clean, request.corrupt, request.pairs, tracing=request.noise_subject is not None)
     for i, p in enumerate(pairs):
         if p.metric is not None:

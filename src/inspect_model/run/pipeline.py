@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 from inspect_model.run.options import (
     InputOptions,
     ModelOptions,
-    check_request,
     input_shape,
     load,
     resolve_device,
@@ -107,8 +106,7 @@ def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: 
     from inspect_model.loading.shapes import parse_dtype
     from inspect_model.methods.objectives.targets import check_label_count, load_labels
 
-    check_request(inputs)
-    _precheck(mopts, inputs)
+    _precheck(mopts, inputs)  # (the options were checked once, as they were made: run/options.py)
     torch_dtype = parse_dtype(mopts.dtype)
     torch.manual_seed(inputs.seed)
     loaded = load(mopts, shape=input_shape(inputs, default_batch))

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import LayerSelectionError, ModelRuntimeError, UnsupportedModelError, UsageError
 from inspect_model.methods.attention import maps as am
+from inspect_model.methods.attention.variants.rollout import rollout_step
 
 if TYPE_CHECKING:
     import torch
@@ -156,7 +157,7 @@ def _on_forward(st: _State) -> Any:
         if st.opts.mosaic:
             st.mosaic.append(_rows(p, st.queries).float().cpu())
         if "rollout" in st.opts.methods:
-            st.rollout = am.rollout_step(st.rollout, p, st.opts.head_fusion, st.opts.discard_ratio)
+            st.rollout = rollout_step(st.rollout, p, st.opts.head_fusion, st.opts.discard_ratio)
     return fn
 
 
