@@ -7,7 +7,7 @@ Resumable and mergeable: one entry per image, the sanity check's per-image corre
 
 from __future__ import annotations
 
-import math
+from inspect_model.methods.guided import correlations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -234,8 +234,7 @@ class GuidedSession(Session):
             merged = accs[0]
             for acc in accs[1:]:
                 for dst, src in zip(merged["steps"], acc["steps"]):
-                    dst["spearman"].extend(src["spearman"])
-                    dst["spearman_abs"].extend(src["spearman_abs"])
+                    correlations.extend(dst, src)
             self.sanity_acc = merged
 
 class _GuidedRecord:
@@ -253,23 +252,16 @@ def _merge_sanity(acc: dict[str, Any] | None, san: Any) -> dict[str, Any]:
                "steps": [{"randomized": s.randomized, "down_to": s.down_to, "spearman": [], "spearman_abs": []}
                          for s in san.steps]}
     for dst, s in zip(acc["steps"], san.steps):
-        dst["spearman"].extend(s.spearman)
-        dst["spearman_abs"].extend(s.spearman_abs)
+        correlations.extend(dst, {"spearman": s.spearman, "spearman_abs": s.spearman_abs})
     return acc
 
 
 def _finish_sanity(acc: dict[str, Any] | None) -> dict[str, Any] | None:
     if acc is None:
         return None
-
-    def mean(v: list[float]) -> float | None:
-        ok = [x for x in v if not math.isnan(x)]
-        return sum(ok) / len(ok) if ok else None
-
     for s in acc["steps"]:
-        s["spearman_mean"] = mean(s["spearman"])
-        s["spearman_abs_mean"] = mean(s["spearman_abs"])
-    acc["method"] = "cascading randomisation from the top (Adebayo et al. 2018)"
+        correlations.add_means(s)
+    acc["method"] = correlations.METHOD
     return acc
 
 

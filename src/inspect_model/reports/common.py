@@ -31,6 +31,31 @@ class Clip(Record):
 
 
 @record
+class ImageText(Record):
+    """A text input's entry (``--text``): the text and its tokens as the tokenizer names them
+    (activations, attention)."""
+
+    text: str
+    tokens: list[str]
+    query: int = fact(doc="attention: the query token", optional=True)
+    causal: bool = fact(optional=True)
+
+
+@record
+class MapFrames(Record):
+    """A map entry's video frames (video models): the base of the cam, attributions and
+    guided-backprop map records, whose maps of a clip are (T, H, W)."""
+
+    clip: int = fact(doc="the clip's number within its video", optional=True, minimum=0)
+    frames: list[Annotated[int, {"minimum": 0}]] = fact(
+        doc="the video frames the (T, H, W) map covers",
+        optional=True)
+    times: list[float | None] = fact(
+        doc="the decoder's times of those frames (seconds; null for a folder of frames)",
+        optional=True)
+
+
+@record
 class Pair(Record):
     DEF = "pair"
     SCHEMA = {"description": "The two images of an optical-flow sample (first, second); frame indices and times when they come from a video."}

@@ -249,7 +249,8 @@ class AttributionsSession(Session):
 
     def _evaluate_tokens(self, res: Any, batch: Any, entries: list[dict[str, Any]]) -> None:
         """Deletion and insertion of tokens for every map (methods/faithfulness/tokens.py)."""
-        from inspect_model.methods.faithfulness.metrics import auc, mean_ranks
+        from inspect_model.methods.faithfulness.metrics import auc
+        from inspect_model.run.evaluate import rank_maps
         from inspect_model.methods.faithfulness.tokens import token_curves
         from inspect_model.methods.objectives.targets import class_probabilities, select_output
 
@@ -278,12 +279,7 @@ class AttributionsSession(Session):
                 curves = token_curves(probability, ids[i], lengths[i], rel, int(rec["target"]["class"]), fill, steps)
                 rec["evaluation"] = {"scores": {k: auc(v) for k, v in curves.items()}, "curves": curves,
                                      "confidence": {}, "rank": None, "replacement_token": fill}
-            by_rank: dict[int, list[dict[str, Any]]] = {}
-            for rec in entry["maps"]:
-                by_rank.setdefault(rec["rank"], []).append(rec)
-            for group in by_rank.values():
-                for rec, r in zip(group, mean_ranks([g["evaluation"]["scores"] for g in group])):
-                    rec["evaluation"]["rank"] = r
+        rank_maps(entries)
 
     def finish(self) -> Result:
         from inspect_model.methods.attributions import sanity as san

@@ -17,6 +17,25 @@ if TYPE_CHECKING:
     from torch import nn
 
 
+def head_backward(score: Any, tokens: list[torch.Tensor], idx: torch.Tensor, leaf: torch.Tensor) -> None:
+    """The one backward pass from ``tokens[-1]`` to ``leaf`` in which the gradient arriving at
+    each block's output ``tokens[l]`` is ∂s^l/∂x^l, ``s^l = score(x^l)`` (B, classes) at the
+    targets ``idx`` (B, 1): what reaches each attention layer is ∂s^l/∂A^l (vision and text)."""
+    import torch
+
+    grads = []
+    for t in tokens:
+        x = t.detach().requires_grad_(True)
+        s = score(x)
+        grads.append(torch.autograd.grad(s.gather(1, idx.to(s.device)).sum(), x)[0])
+    handles = [t.register_hook(lambda _g, gl=gl: gl) for t, gl in zip(tokens[:-1], grads[:-1], strict=True)]
+    try:
+        torch.autograd.grad(tokens[-1], leaf, grad_outputs=grads[-1])
+    finally:
+        for h in handles:
+            h.remove()
+
+
 @register
 class LeGrad(AttentionMethod):
     name, title, paper, order = "legrad", "LeGrad", "Bousselham et al. 2024", 40
@@ -40,8 +59,6 @@ class LeGrad(AttentionMethod):
                      tokens: list[torch.Tensor]) -> None:
         """One backward pass that brings ∂s^l/∂A^l to every chosen layer l (module docstring):
         the gradient at each block's output is replaced by ∂s^l/∂x^l."""
-        import torch
-
         from inspect_model.methods.attention.models import model_scores, score_projection
 
         project = score_projection(model)
@@ -50,17 +67,7 @@ class LeGrad(AttentionMethod):
                 f"legrad needs the model's head to score intermediate tokens, and {type(model).__name__} is not a "
                 "family it knows (torchvision ViT, timm ViT/DeiT/EVA, HF ViT/DeiT/CLIP classification); "
                 "-m rollout,grad-rollout work")
-        grads = []
-        for t in tokens:
-            leaf = t.detach().requires_grad_(True)
-            s = model_scores(project(leaf))
-            grads.append(torch.autograd.grad(s.gather(1, idx.to(s.device)).sum(), leaf)[0])
-        handles = [t.register_hook(lambda _g, gl=gl: gl) for t, gl in zip(tokens[:-1], grads[:-1], strict=True)]
-        try:
-            torch.autograd.grad(tokens[-1], xin, grad_outputs=grads[-1])
-        finally:
-            for h in handles:
-                h.remove()
+        head_backward(lambda t: model_scores(project(t)), tokens, idx, xin)
 
     def result(self, st: Any, to_grid: Any) -> torch.Tensor | None:
         if st.legrad is None:
