@@ -68,8 +68,15 @@ def fact(default: Any = dataclasses.MISSING, *, doc: str | None = None, optional
     return dataclasses.field(default=default, metadata=meta)
 
 
+_SCALARS = frozenset({float, int, str, bool, type(None)})
+
+
 def plain(value: Any) -> Any:
     """``value`` as JSON data: records by their ``to_dict``, tuples as lists."""
+    if type(value) in _SCALARS:  # most values (a layer's channel means): no isinstance walk
+        return value
+    if type(value) is list and all(type(v) in _SCALARS for v in value):
+        return list(value)
     if isinstance(value, Record):
         return value.to_dict()
     if isinstance(value, (list, tuple)):
