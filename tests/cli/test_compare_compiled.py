@@ -36,6 +36,6 @@ def test_resnet18_compiled_and_exported_within_float32_rounding(way: str) -> Non
     assert res.outputs[0].top1_agreement == 1.0
     if way == "export":
         assert all(r.status == "equal" for r in res.layers)  # the same aten kernels, node by node
-        assert res.memory.mode == "lockstep" and res.memory.peak_outputs == 1
+        assert res.memory.mode == "ahead" and res.memory.peak_outputs == 60  # all of B within the budget
     else:
         assert res.memory.mode == "cached"

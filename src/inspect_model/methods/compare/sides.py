@@ -2,14 +2,14 @@
 
 Each side has ``run(args, kwargs, emit) -> output`` (one forward; ``emit((A's layer, call),
 tensor)`` for each matched layer call), ``produces(key)`` (whether A should wait for that
-key), ``lockstep`` (True: its outputs meet A's one pair at a time; False: *cached*, see
-:mod:`.lockstep`) and ``close()``.
+key), ``streamed`` (True: its outputs come during its forward, which may wait for room in
+the budget; False: *cached*, all at once after it; see :mod:`.exchange`) and ``close()``.
 
 - :class:`EagerSide`: an ``nn.Module`` (another model, a cast or moved copy, dynamic
-  quantization, train mode), hooked like A; lockstep.
+  quantization, train mode), hooked like A; streamed.
 - :class:`ExportSide`: a ``torch.export`` program made in memory, run node by node by a
   ``torch.fx.Interpreter``; a module call's output is the last node whose ``nn_module_stack``
-  holds that call (``layer1.0.relu@1`` is the second call of ``layer1.0.relu``); lockstep.
+  holds that call (``layer1.0.relu@1`` is the second call of ``layer1.0.relu``); streamed.
 - :class:`CompiledSide`: ``torch.compile`` of a copy, with hooks that only append to a list
   (Dynamo traces them, so the outputs are those of the compiled graphs); cached.
 - :class:`TracedSide`: ``torch.jit.trace`` of a wrapper that returns every matched layer's
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from inspect_model.methods.compare.lockstep import CallCounter, Key, first_tensor
+from inspect_model.methods.compare.exchange import CallCounter, Key, first_tensor
 
 Emit = Callable[[Key, Any], None]
 
@@ -42,7 +42,7 @@ def moved(tree: Any, device: Any, dtype: Any) -> Any:
 
 
 class EagerSide:
-    lockstep = True
+    streamed = True
 
     def __init__(self, model: Any, names: dict[str, str], *, device: Any = None, dtype: Any = None) -> None:
         self.model, self.names, self.device, self.dtype = model, names, device, dtype  # names: B's -> A's
@@ -74,7 +74,7 @@ class EagerSide:
 
 
 class CompiledSide(EagerSide):
-    lockstep = False
+    streamed = False
 
     def __init__(self, model: Any, names: dict[str, str]) -> None:
         import torch
@@ -109,7 +109,7 @@ class CompiledSide(EagerSide):
 
 
 class ExportSide:
-    lockstep = True
+    streamed = True
 
     def __init__(self, model: Any, names: dict[str, str]) -> None:
         self.model, self.names = model, names
@@ -201,7 +201,7 @@ class _Tapped:
 
 
 class TracedSide:
-    lockstep = False
+    streamed = False
 
     def __init__(self, model: Any, names: dict[str, str]) -> None:
         self.wrapper = _Tapped.make(model, names)
