@@ -108,7 +108,7 @@ class CompareRequest(Request):
           "dtype, NaN/Inf origin; the first layer past --tolerance is named. B is a second model (compare A B), "
           "--against-checkpoint, --against-dtype, --against-device, --against or --against-train. "
           "--weights-only compares parameters and buffers. --fail-above exits 1 naming the first layer past it. "
-          "Memory: B runs ahead of A and holds copies of its layer outputs until A compares them, at most 256 MiB "
+          "Memory: B runs first and holds copies of its layer outputs until A compares them, at most 256 MiB "
           "(or a quarter of the available memory if less); a larger model's B waits for A at that budget."),
     example="inspect-model compare resnet18 --weights none --against-dtype bfloat16 --fail-above 1e-1",
     renderer=render.compare_report,

@@ -94,17 +94,19 @@ def test_map_file_size_is_bounded(tmp_path) -> None:
 
 def _exchange_run(b_order: list[str], a_order: list[str], budget: int = 2**20
                   ) -> tuple[list[tuple[str, float]], Exchange]:
-    ex = Exchange(budget=budget)
+    a_may_start = threading.Event()  # as in run_pair: A starts when B is done or at the budget
+    ex = Exchange(budget=budget, on_full=a_may_start.set)
     got: list[tuple[str, float]] = []
 
     def run_b() -> None:
         for i, name in enumerate(b_order):
             ex.put((name, 0), torch.tensor([float(i)]))
         ex.finish("b")
+        a_may_start.set()
 
     t = threading.Thread(target=run_b)
     t.start()
-    ex.wait_ahead()
+    assert a_may_start.wait(timeout=10)
     for name in a_order:
         v = ex.take((name, 0))
         got.append((name, float(v) if v is not None else math.nan))

@@ -1,30 +1,32 @@
 """Both forwards, each run once per batch, every matched pair compared as A produces it.
 
-Side B runs first, in a second thread, and keeps a copy of each matched layer output (a copy:
-its own later in-place ops, e.g. ``ReLU(inplace=True)`` after a batch norm or ``out += x``,
-would change the tensor itself) until A's hook on that layer takes and compares it. B runs
-ahead only within a byte budget (:func:`default_budget`: 256 MiB, or a quarter of the memory
-available if less): A starts its forward when B has finished or when B's next output would
-take the held copies over the budget; B then waits until A has taken enough of them (down to
-half the budget) and goes on. So a small model's B runs its whole forward alone and then A
-runs alone, with no thread hand-over per layer and no two forwards competing for the cores
-and caches (measured: the two threads at once cost A's convolutions ~1.7x their time alone);
-a large model holds at most the budget (one output more than the budget only when that one
-output alone is larger). When B's calls come in another order than A's (A waits for a layer B
-has not reached), B goes on past the budget; A never waits on B for a layer B will not
-produce. A side whose hooks must stay traceable (torch.compile) or that cannot be hooked at
-all (TorchScript, whose layers come back as extra outputs of one traced graph) is *cached*: it
-runs first and hands all its matched outputs at once (no budget), and A frees each as it
-compares it. ``Exchange.peak``/``peak_bytes`` say how much of B was held at once.
+Side B runs first and keeps a copy of each matched layer output (a copy: its own later
+in-place ops, e.g. ``ReLU(inplace=True)`` after a batch norm or ``out += x``, would change the
+tensor itself) until A's hook on that layer takes and compares it. B runs ahead only within a
+byte budget (:func:`default_budget`: 256 MiB, or a quarter of the memory available if less).
+A small model's B runs its whole forward in the calling thread, then A runs its forward there
+too: no second thread, no hand-over per layer, no two forwards competing for the cores and
+caches (measured: the two threads at once cost A's convolutions ~1.7x their time alone). When
+B's next output would take the held copies over the budget, A starts in a worker thread and
+takes them as its forward reaches each layer; B waits until A has taken enough (down to half
+the budget) and goes on, so a large model holds at most the budget (one output more only
+when that output alone is larger). When B's calls come in another order than A's (A waits
+for a layer B has not reached), B goes on past the budget; A never waits on B for a layer B
+will not produce; when A fails, B stops at its next layer. A side whose hooks must stay
+traceable (torch.compile) or that cannot be hooked at all (TorchScript, whose layers come back
+as extra outputs of one traced graph) is *cached*: it hands all its matched outputs at once
+after its forward (no budget). ``Exchange.peak``/``peak_bytes`` say how much of B was held.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from inspect_model.methods.compare.buffers import BUFFERS
 from inspect_model.methods.compare.stats import PairSums, Scratch
 
 Key = tuple[str, int]  # (A's layer, call index)
@@ -62,18 +64,26 @@ def _nbytes(t: Any) -> int:
     return 0 if t is None else t.numel() * t.element_size()
 
 
+class Stopped(Exception):
+    """Raised in B's forward when A has failed: B stops at its next layer (A's error is raised)."""
+
+
 class Exchange:
     """Where B's layer outputs meet A's (see the module docstring). ``budget``: bytes B may
-    hold ahead of A (None: no limit, for a cached side)."""
+    hold ahead of A (None: no limit, for a cached side); ``on_full``: called in B's thread when
+    the budget is reached, before B waits (starts A's forward in another thread)."""
 
-    def __init__(self, *, budget: int | None) -> None:
+    def __init__(self, *, budget: int | None, on_full: Callable[[], None] | None = None) -> None:
         self.cond = threading.Condition()
         self.budget = budget
+        self.pooled = budget is not None  # B's copies are made in BUFFERS (a cached side hands its own)
+        self.on_full = on_full
         self.pending: dict[Key, Any] = {}
         self.held = 0  # bytes in pending
         self.wanted: Key | None = None  # the key A waits for
         self.blocked = 0  # while B waits for room: the size of the output it holds (> 0)
         self.a_done = False
+        self.a_failed = False
         self.b_done = False
         self.peak = 0
         self.peak_bytes = 0
@@ -88,29 +98,32 @@ class Exchange:
         """B's thread: hand over ``tensor`` (``copy``: keep a copy of it, not the tensor B's
         forward goes on with); wait first while it would take the held outputs over the budget."""
         if self.a_done:
+            if self.a_failed:
+                raise Stopped
             return
         if copy and tensor is not None:
-            tensor = tensor.detach().clone()
+            tensor = BUFFERS.copy(tensor)
         size = _nbytes(tensor)
-        with self.cond:
-            if self.budget is not None and self.held and self.held + size > self.budget:
+        if self.budget is not None and self.held and self.held + size > self.budget:
+            if self.on_full is not None:
+                self.on_full()  # A starts (or goes on): B is as far ahead as the budget lets it be
+            with self.cond:
                 self.blocked = max(size, 1)
-                self.cond.notify_all()  # A starts (or goes on): B is as far ahead as the budget lets it be
                 self.cond.wait_for(self._room)
                 self.blocked = 0
+                if self.a_failed:
+                    raise Stopped
+        with self.cond:
             if self.a_done:
                 return
             self.pending[key] = tensor
             self.held += size
-            self.peak = max(self.peak, len(self.pending))
-            self.peak_bytes = max(self.peak_bytes, self.held)
+            if self.held > self.peak_bytes:
+                self.peak_bytes = self.held
+            if len(self.pending) > self.peak:
+                self.peak = len(self.pending)
             if self.wanted is not None:  # A waits: wake it (a notify per switch, no more: each costs a GIL hand-over)
                 self.cond.notify_all()
-
-    def wait_ahead(self) -> None:
-        """A's thread, before its forward: wait until B has finished or holds all the budget allows."""
-        with self.cond:
-            self.cond.wait_for(lambda: self.b_done or self.blocked)
 
     def take(self, key: Key) -> Any:
         """A's thread: B's output for ``key`` (A's to free), or None when B gave none."""
@@ -130,10 +143,11 @@ class Exchange:
                 self.cond.notify_all()
             return out
 
-    def finish(self, side: str) -> None:
+    def finish(self, side: str, *, failed: bool = False) -> None:
         with self.cond:
             if side == "a":
                 self.a_done = True
+                self.a_failed = failed
                 self.pending.clear()
                 self.held = 0
             else:
@@ -153,7 +167,7 @@ def in_worker(job: Callable[[], None]) -> threading.Event:
     forward for A then B), and the cost target counts both threads."""
     global _jobs, _worker
     with _start:
-        if _worker is None or not _worker.is_alive():  # the first run, or a child after fork (no thread there)
+        if _worker is None or not _worker.is_alive():  # the first run (or the worker ended)
             _jobs = queue.SimpleQueue()
             _worker = threading.Thread(target=_serve, args=(_jobs,), name="inspect-model-compare-B", daemon=True)
             _worker.start()
@@ -167,6 +181,18 @@ def in_worker(job: Callable[[], None]) -> threading.Event:
 
     _jobs.put(run)
     return done
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has no worker thread (only the forking thread survives a fork) and may
+    have copied ``_start`` or the queue's lock while another thread held it: start afresh, so
+    that a compare in the child makes its own worker (see README: fork after compare)."""
+    global _jobs, _worker, _start
+    _jobs, _worker, _start = queue.SimpleQueue(), None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _serve(jobs: queue.SimpleQueue) -> None:
@@ -191,17 +217,18 @@ class CallCounter:
 
 
 def hook_a(model: Any, pairs: dict[str, str], sums: dict[str, PairSums], exchange: Exchange, *,
-           tolerance: float, low: Any, order: dict[str, int], expected: Callable[[Key], bool]) -> list[Any]:
-    """Hooks on A's matched layers: take B's pair and add it to the layer's sums. Returns the
+           tolerance: float, low: Any, order: dict[str, int], expected: Callable[[Key], bool],
+           a_thread: list[int | None]) -> list[Any]:
+    """Hooks on A's matched layers: take B's pair and add it to the layer's sums; they count
+    only calls in A's thread (``a_thread[0]``, set when A's forward starts). Returns the
     handles (the caller removes them in ``finally``)."""
     modules = dict(model.named_modules())
     calls: dict[str, int] = {}  # call indices per layer, as CallCounter (inline: this runs once per pair)
     handles = []
-    mine = threading.get_ident()
     scratch = Scratch()  # one run's buffers, freed with its hooks
     for name in pairs:
         def hook(_mod: Any, _args: Any, out: Any, name: str = name) -> None:
-            if threading.get_ident() != mine:  # a module B shares with A, run by B's thread: not A's call
+            if threading.get_ident() != a_thread[0]:  # a module B shares with A, run by B's forward: not A's call
                 return
             i = calls.get(name, 0)
             calls[name] = i + 1
@@ -216,6 +243,8 @@ def hook_a(model: Any, pairs: dict[str, str], sums: dict[str, PairSums], exchang
             if s is None:
                 s = sums[name] = PairSums()
             s.add(a, b, tolerance, low, scratch)
+            if b is not None and exchange.pooled:
+                BUFFERS.give_back(b)  # compared: the next copy of its size goes there
 
         handles.append(modules[name].register_forward_hook(hook))
     return handles
@@ -228,42 +257,51 @@ def run_pair(a_model: Any, side: Any, args: tuple[Any, ...], kwargs: dict[str, A
     exchange). ``budget``: bytes B may hold ahead of A (None: :func:`default_budget`)."""
     import torch
 
-    exchange = Exchange(budget=(budget or default_budget()) if side.streamed else None)
     result: dict[str, Any] = {}
+    a_thread: list[int | None] = [None]
+    a_job: list[threading.Event] = []
+
+    def run_a() -> None:
+        a_thread[0] = threading.get_ident()
+        failed = True
+        try:
+            with torch.no_grad():
+                result["a"] = a_model(*args, **kwargs)
+            failed = False
+        except BaseException as exc:  # handed to the calling thread, raised there
+            result["a_error"] = exc
+        finally:
+            exchange.finish("a", failed=failed)
+
+    def start_a() -> None:  # B's (the calling) thread, at the budget: A's forward goes on in the worker
+        if not a_job:
+            a_job.append(in_worker(run_a))
+
+    exchange = Exchange(budget=(budget or default_budget()) if side.streamed else None, on_full=start_a)
 
     def emit(key: Key, tensor: Any) -> None:
         exchange.put(key, tensor, copy=side.streamed)  # a cached side hands copies of its own
 
-    def run_b() -> None:
-        try:
-            with torch.no_grad():
-                result["out"] = side.run(args, kwargs, emit)
-        except BaseException as exc:  # handed to the calling thread, raised there
-            result["error"] = exc
-        finally:
-            exchange.finish("b")
-
-    with torch.no_grad():
-        side.prepare(args, kwargs)  # an export or a trace for these shapes: which keys B gives is known now
     handles = hook_a(a_model, pairs, sums, exchange, tolerance=tolerance, low=low, order=order,
-                     expected=side.produces)
-    b_done = None
+                     expected=side.produces, a_thread=a_thread)
+    out_b = None
     try:
-        if side.streamed:
-            b_done = in_worker(run_b)
-            exchange.wait_ahead()
-        else:
-            run_b()
-        if "error" in result:  # B failed before A started: A's forward would be wasted
-            raise result["error"]
         with torch.no_grad():
-            out_a = a_model(*args, **kwargs)
+            side.prepare(args, kwargs)  # an export or a trace for these shapes: which keys B gives is known now
+            try:
+                out_b = side.run(args, kwargs, emit)
+            except Stopped:  # A failed: its error is raised below
+                pass
+            finally:
+                exchange.finish("b")
+        if not a_job:  # B fitted in the budget: A runs here, after it
+            run_a()
     finally:
-        exchange.finish("a")
-        if b_done is not None:
-            b_done.wait()
+        exchange.finish("b")
+        if a_job:
+            a_job[0].wait()
         for h in handles:
             h.remove()
-    if "error" in result:
-        raise result["error"]
-    return out_a, result.get("out"), exchange
+    if "a_error" in result:
+        raise result["a_error"]
+    return result["a"], out_b, exchange

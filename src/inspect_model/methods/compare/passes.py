@@ -34,10 +34,12 @@ def run_batches(a_model: Any, side: Any, batches: Iterable[Any], call: Callable[
                 pairs: dict[str, str], *, tolerance: float, low: Any, budget: int | None = None) -> Passes:
     """``call(batch) -> (args, kwargs)`` of A's forward; B gets the same (moved and cast by its side);
     ``budget``: bytes of B's outputs held ahead of A (None: ``exchange.default_budget()``)."""
+    from inspect_model.methods.compare.buffers import BUFFERS
     from inspect_model.methods.compare.exchange import default_budget, run_pair
 
     flags = [(m, m.training) for m in a_model.modules()]
     done = Passes(budget=(budget or default_budget()) if side.streamed else None)
+    BUFFERS.start(done.budget or 0)
     try:
         a_model.eval()
         for batch in batches:
@@ -51,4 +53,5 @@ def run_batches(a_model: Any, side: Any, batches: Iterable[Any], call: Callable[
         for m, flag in flags:
             m.training = flag
         side.close()
+        BUFFERS.idle()
     return done

@@ -18,7 +18,9 @@ the budget; False: *cached*, all at once after it; see :mod:`.exchange`) and ``c
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from inspect_model.methods.compare.exchange import CallCounter, Key, first_tensor
@@ -39,6 +41,30 @@ def moved(tree: Any, device: Any, dtype: Any) -> Any:
         return t.to(device) if device is not None else t
 
     return pytree.tree_map(one, tree)
+
+
+class _NotTorch(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name == "torch" or record.name.startswith("torch."))
+
+
+@contextlib.contextmanager
+def torch_logs_dropped() -> Iterator[None]:
+    """torch's log records kept off every handler (torch's, the root's, logging's last resort)
+    while this runs: the CLI prints its own output only. Other loggers' records pass."""
+    drop = _NotTorch()
+    loggers = [lg for name, lg in list(logging.Logger.manager.loggerDict.items())
+               if isinstance(lg, logging.Logger) and (name == "torch" or name.startswith("torch."))]
+    handlers = {h for lg in [*loggers, logging.getLogger()] for h in lg.handlers}
+    if logging.lastResort is not None:
+        handlers.add(logging.lastResort)
+    for h in handlers:
+        h.addFilter(drop)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(drop)
 
 
 class EagerSide:
@@ -94,8 +120,14 @@ class CompiledSide(EagerSide):
         self.compiled = torch.compile(model)
 
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any], emit: Emit) -> Any:
+        import torch._inductor.config as inductor
+
         self.store.clear()
-        out = self.compiled(*args, **kwargs)
+        # The compile happens in this first call. One compile thread: inductor's pool of compile
+        # threads would outlive the command (non-daemon, so the CLI warned that the model left
+        # threads running); torch's own log lines ("No CUDA runtime is found") are not ours to print.
+        with inductor.patch(compile_threads=1), torch_logs_dropped():
+            out = self.compiled(*args, **kwargs)
         counter = CallCounter()
         for a_name, t in self.store:
             emit((a_name, counter.next(a_name)), t)
