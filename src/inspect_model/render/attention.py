@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from inspect_model.output.files import class_tag, image_dir
 from inspect_model.output.sink import Drawer, Sink
+from inspect_model.render.labels import target_label
 
 if TYPE_CHECKING:
     import numpy as np
@@ -200,7 +201,7 @@ def report_text(doc: dict) -> str:  # type: ignore[type-arg]
                      f"{'x'.join(str(g) for g in doc.get('grid') or [])} patches")
     for img in doc.get("images", []):
         t = img.get("target")
-        what = f"  class {t['class']}{' ' + t['label'] if t['label'] else ''} p={t['probability']:.3f}" if t else ""
+        what = f"  {target_label(t, prefix='class ')} p={t['probability']:.3f}" if t else ""
         lines.append(f"[{img['index']}] {img['image']}{what}")
         for m in img.get("maps", []):
             if "values" in m:
@@ -274,7 +275,7 @@ class AttentionDrawer(Drawer):
             picture, box = ov.input_picture(x), None
         base = image_dir(entry["index"], entry["image"])
         t = entry["target"]
-        what = f"class {t['class']}{' ' + t['label'] if t['label'] else ''} (p={t['probability']:.3f})" if t else ""
+        what = f"{target_label(t, prefix='class ')} (p={t['probability']:.3f})" if t else ""
         tag = class_tag(t["class"], self.categories) if t else "all"
         for rec in entry["maps"]:
             method, layer = rec["method"], rec["layer"]

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.render.table import Column, plain_table, rich_table, warning_text
+from inspect_model.render.labels import target_label
 
 if TYPE_CHECKING:
     import numpy as np
@@ -204,7 +205,7 @@ def map_rows(payload: dict[str, Any]) -> list[list[str]]:
     for img in payload.get("images", []):
         for rec in img.get("maps", []):
             t = rec["target"]
-            tgt = f"{t['class']} {t['label']}" if t.get("label") else str(t["class"])
+            tgt = target_label(t)
             name = rec["method"] + (" (smoothed)" if rec.get("smoothed") else "")
             rows.append([img.get("image", str(img.get("index"))), tgt, name, _num(rec["positive_mass"]),
                          _num(rec["negative_mass"]), _num(rec["sum"]), _num(rec.get("completeness_gap"))])

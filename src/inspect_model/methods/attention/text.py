@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import LayerSelectionError, ModelRuntimeError, UnsupportedModelError, UsageError
 from inspect_model.methods.attention import maps as am
+from inspect_model.methods.attention.variants.legrad import head_backward
+from inspect_model.methods.attention.variants.rollout import rollout_step
 
 if TYPE_CHECKING:
     import torch
@@ -156,7 +158,7 @@ def _on_forward(st: _State) -> Any:
         if st.opts.mosaic:
             st.mosaic.append(_rows(p, st.queries).float().cpu())
         if "rollout" in st.opts.methods:
-            st.rollout = am.rollout_step(st.rollout, p, st.opts.head_fusion, st.opts.discard_ratio)
+            st.rollout = rollout_step(st.rollout, p, st.opts.head_fusion, st.opts.discard_ratio)
     return fn
 
 
@@ -276,17 +278,7 @@ def _backward(model: nn.Module, st: _State, scores: torch.Tensor, classes: list[
             raise UnsupportedModelError(f"legrad needs the model's head to score intermediate tokens, and "
                                         f"{type(model).__name__} is not a family it knows (BERT-style classifiers, "
                                         "causal language models); -m rollout,grad-rollout work")
-        grads = []
-        for t in tokens:
-            x = t.detach().requires_grad_(True)
-            s = project(x)
-            grads.append(torch.autograd.grad(s.gather(1, idx.to(s.device)).sum(), x)[0])
-        hooks = [t.register_hook(lambda _g, gl=gl: gl) for t, gl in zip(tokens[:-1], grads[:-1], strict=True)]
-        try:
-            torch.autograd.grad(tokens[-1], leaf, grad_outputs=grads[-1])
-        finally:
-            for h in hooks:
-                h.remove()
+        head_backward(project, tokens, idx, leaf)
         passes["backward"] += 1
 
 
