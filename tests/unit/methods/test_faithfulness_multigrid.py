@@ -47,3 +47,22 @@ def test_dense_matrix_is_the_stencil_on_unit_vectors() -> None:
     eye = torch.eye(n, dtype=torch.float64).reshape(1, n, 5, 4).expand(2, -1, -1, -1)
     columns = mg.apply_stencil(s[:, :, None], eye).reshape(2, n, n)  # [b, k, i] = (A e_k)_i
     torch.testing.assert_close(mg.dense(s), columns.transpose(1, 2))
+
+
+def test_groups_side_by_side_give_the_same_images(monkeypatch: pytest.MonkeyPatch) -> None:
+    from inspect_model.methods.faithfulness import impute as fi
+
+    torch.manual_seed(2)
+    x = torch.randn(3, 40, 40)
+    remove = torch.rand(7, 40, 40) < torch.linspace(0.1, 0.9, 7)[:, None, None]
+    monkeypatch.setattr(fi, "CPU_GROUP_ELEMENTS", 3 * 40 * 40 * 2)  # groups of 2 masks: 4 groups
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = fi.impute(x, remove)  # one group after another
+        torch.set_num_threads(2)
+        two = fi.impute(x, remove)  # groups on 2 Python threads
+        assert torch.get_num_threads() == 2  # restored after the solve
+    finally:
+        torch.set_num_threads(saved)
+    assert torch.equal(one, two)

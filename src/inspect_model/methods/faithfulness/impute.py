@@ -66,10 +66,10 @@ def impute(x: torch.Tensor, remove: torch.Tensor, *, noise: float = 0.0, generat
     c = xs.shape[1]
     m = remove[:, None].to(device=xs.device, dtype=work)  # (B, 1, H, W) 1 = unknown
     known = xs * (1 - m)
-    # On a CPU one thread: the solve is a few hundred small memory-bound ops, which threads
-    # barely speed up on an idle machine, and on a busy one each op's barrier waits for a
-    # descheduled thread (measured on 2 loaded cores: 224 px, 18 masks, 40 s with 2 threads,
-    # 5 s with one).
+    # On a CPU one torch thread per op: the solve is a few hundred small memory-bound ops,
+    # which threads barely speed up on an idle machine, and on a busy one each op's barrier
+    # waits for a descheduled thread (measured on 2 loaded cores: 224 px, 18 masks, 40 s with
+    # 2 threads, 5 s with one). The cores are used by solving groups side by side instead.
     threads = torch.get_num_threads()
     single = xs.device.type == "cpu" and threads > 1
     if single:
@@ -79,9 +79,22 @@ def impute(x: torch.Tensor, remove: torch.Tensor, *, noise: float = 0.0, generat
     # memory; in groups of 3 masks the same solve took 25% less CPU time. Each group stops
     # when its own systems reach ``tol`` (one batch stops when all 18 do; both within tol).
     group = b_ if xs.device.type != "cpu" else max(1, CPU_GROUP_ELEMENTS // max(1, c * h * w))
+    starts = range(0, b_, group)
+
+    def solve(i: int) -> torch.Tensor:
+        with torch.no_grad():
+            return pcg(known[i:i + group], m[i:i + group], tol=tol, max_iter=max_iter or 100)[0]
+
     try:
-        u = torch.cat([pcg(known[i:i + group], m[i:i + group], tol=tol, max_iter=max_iter or 100)[0]
-                       for i in range(0, b_, group)])
+        if single and len(starts) > 1:
+            # The other cores: groups on as many Python threads as torch had threads, each op
+            # on one thread (no barrier to wait on when the machine is busy), the same numbers.
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(min(threads, len(starts)), thread_name_prefix="inspect-model-impute") as pool:
+                u = torch.cat(list(pool.map(solve, starts)))
+        else:
+            u = torch.cat([solve(i) for i in starts])
         out = known + u
     finally:
         if single:
