@@ -93,8 +93,11 @@ def impute(x: torch.Tensor, remove: torch.Tensor, *, noise: float = 0.0, generat
             # on one thread (no barrier to wait on when the machine is busy), the same numbers.
             from concurrent.futures import ThreadPoolExecutor
 
-            with ThreadPoolExecutor(min(threads, len(starts)), thread_name_prefix="inspect-model-impute") as pool:
+            pool = ThreadPoolExecutor(min(threads, len(starts)), thread_name_prefix="inspect-model-impute")
+            try:
                 u = torch.cat(list(pool.map(solve, starts)))
+            finally:  # a signal or an error: the groups not started are dropped, not waited for
+                pool.shutdown(wait=True, cancel_futures=True)
         else:
             u = torch.cat([solve(i) for i in starts])
         out = known + u
