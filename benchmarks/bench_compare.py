@@ -40,11 +40,11 @@ def measure(ctx: Any) -> list[Any]:
 
     def ours() -> None:
         done = run_batches(a, EagerSide(b, pairs), [x], lambda t: ((t,), {}), pairs, tolerance=1e-3, low=None)
-        assert done.peak <= 1 and all(s.sq_d == 0.0 for s in done.sums.values())
+        assert all(s.sq_d == 0.0 for s in done.sums.values())
 
     def differing() -> None:
         done = run_batches(a, EagerSide(tuned, pairs), [x], lambda t: ((t,), {}), pairs, tolerance=1e-3, low=None)
-        assert done.peak <= 1 and all(s.sq_d > 0.0 for s in done.sums.values())
+        assert all(s.sq_d > 0.0 for s in done.sums.values())
 
     def api() -> None:
         im.compare(a, x, against_model=b)

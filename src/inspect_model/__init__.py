@@ -33,7 +33,7 @@ _LAZY = {
     "compute_cams": ("inspect_model.methods.cam.maps", "compute_cams"),
     "gradcam": ("inspect_model.methods.cam.maps", "gradcam"),
     "attribute": ("inspect_model.methods.attributions.maps", "attribute"),
-    "AttributionSettings": ("inspect_model.methods.attributions.maps", "AttributionSettings"),
+    "AttributionSettings": ("inspect_model.methods.attributions.options", "AttributionSettings"),
     "run_checks": ("inspect_model.methods.checks.smoke", "run_checks"),
 }
 

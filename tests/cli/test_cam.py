@@ -522,13 +522,19 @@ def test_predicted_line_uses_the_terminal_width() -> None:
     from rich.console import Console
 
     from inspect_model.render.cam_report import render_rich
+    from inspect_model.reports.cam import (
+        CamImage, CamImageFiles, CamLayer, CamMap, CamMapFiles, CamPasses, CamReport, ClassScore)
 
-    preds = [{"class": i, "label": f"class name number {i}", "probability": 0.1, "score": 1.0} for i in range(5)]
-    payload = {"model": "m", "layers": [{"name": "conv", "kind": "nchw", "grid": [8, 8], "channels": 4}],
-               "methods": ["gradcam"], "target": "predicted", "image_count": 1, "warnings": [],
-               "images": [{"index": 0, "image": "cat.jpg", "predictions": preds, "maps": [
-                   {"method": "gradcam", "layer": "conv", "warnings": [], "class_independent": False,
-                    "raw_min": 0.0, "raw_max": 1.0, "target": preds[0]}]}]}
+    preds = [ClassScore(class_=i, label=f"class name number {i}", probability=0.1, score=1.0) for i in range(5)]
+    cam_map = CamMap(method="gradcam", layer="conv", rank=0, target=preds[0], class_independent=False, raw_min=0.0,
+                     raw_max=1.0, warnings=[], files=CamMapFiles())
+    payload = CamReport(
+        model="m", methods=["gradcam"], target="predicted", fuse=False, image_count=1, contact_sheets=[],
+        passes=CamPasses(forward=1, backward=1, scorecam_forward=0), warnings=[], skipped=[],
+        layers=[CamLayer(name="conv", output_shape=[1, 4, 8, 8], kind="nchw", grid=[8, 8], prefix_tokens=0,
+                         channels=4)],
+        images=[CamImage(index=0, image="cat.jpg", size=None, predictions=preds, targets=[0], maps=[cam_map],
+                         files=CamImageFiles())])  # the renderer formats the report's typed records
     buf = io.StringIO()
     console = Console(file=buf, width=160, force_terminal=False, color_system=None)
     for part in render_rich(payload):  # as cli.common.emit prints them

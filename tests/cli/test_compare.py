@@ -39,7 +39,8 @@ def test_identical_models_give_exact_zeros_and_exit_0(cli, models_py: Path) -> N
         assert (row["relative_error"], row["max_abs_error"], row["cosine"], row["beyond_tolerance"]) == (0, 0, 1, 0)
         assert row["status"] == "equal"
     assert doc["outputs"][0]["top1_agreement"] == 1.0 and doc["outputs"][0]["max_abs_change"] == 0
-    assert doc["memory"] == {"mode": "lockstep", "peak_outputs": 1, "peak_bytes": doc["memory"]["peak_bytes"]}
+    mem = doc["memory"]  # a small model: B ran its whole forward ahead, all 7 outputs held within the budget
+    assert mem["mode"] == "ahead" and mem["peak_outputs"] == 7 and 0 < mem["peak_bytes"] <= mem["budget_bytes"]
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ allocator's failure are out of memory (exit 6, with the size)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -19,35 +18,18 @@ import pytest
 import torch
 from torch import nn
 
+from fixtures.processes import FAULTY, SMALL, image_folder, wait_for
+from fixtures.processes import env as _env
 from fixtures.invariants import register_model
 from inspect_model import errors
 
-ROOT = Path(__file__).resolve().parents[2]
-FAULTY = [sys.executable, str(ROOT / "tests" / "fixtures" / "faulty_run.py")]
-COMMON = ["--crop", "16", "--resize", "16", "--batch-size", "2", "--weights", "none", "-q"]
-
-
-def _env(**more: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    env.update(OMP_NUM_THREADS="1", MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1", **more)
-    return env
+COMMON = [*SMALL, "-q"]
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    import numpy as np
-    from PIL import Image
-
-    root = tmp_path_factory.mktemp("signals")
-    imgs = root / "imgs"
-    imgs.mkdir()
-    rng = np.random.default_rng(5)
-    for i in range(6):
-        Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(imgs / f"im{i}.png")
-    model = root / "models.py"
-    model.write_text((ROOT / "tests" / "fixtures" / "models.py").read_text())
-    return {"imgs": imgs, "spec": Path(f"{model}:TinyCNN")}
+    imgs, spec = image_folder(tmp_path_factory.mktemp("signals"), 6, seed=5)
+    return {"imgs": imgs, "spec": Path(spec)}
 
 
 def _stalled(data: dict[str, Path], tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], Path]:
@@ -55,11 +37,7 @@ def _stalled(data: dict[str, Path], tmp_path: Path, *extra: str) -> tuple[subpro
     args = ["cam", str(data["spec"]), str(data["imgs"]), *COMMON, "-o", str(out), *extra]
     proc = subprocess.Popen([*FAULTY, "stall:2", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_env(READY_DIR=str(tmp_path)))
-    deadline = time.monotonic() + 240
-    while not (tmp_path / "ready-0").exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for(proc, tmp_path / "ready-0", 240)
     return proc, out
 
 
@@ -95,11 +73,7 @@ def test_an_ignored_sighup_stays_ignored_under_nohup(data: dict[str, Path], tmp_
     args = ["cam", str(data["spec"]), str(data["imgs"]), *COMMON, "-o", str(out)]
     proc = subprocess.Popen([sys.executable, "-c", code, FAULTY[1], "stall:2", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=_env(READY_DIR=str(tmp_path)))
-    deadline = time.monotonic() + 240
-    while not (tmp_path / "ready-0").exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for(proc, tmp_path / "ready-0", 240)
     proc.send_signal(signal.SIGHUP)
     time.sleep(1.0)
     assert proc.poll() is None  # still running

@@ -7,7 +7,6 @@ import inspect
 import itertools
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +14,10 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-KILL_AFTER = [sys.executable, str(ROOT / "tests" / "fixtures" / "faulty_run.py")]  # test-only faults
+from fixtures.processes import FAULTY as KILL_AFTER  # test-only faults
+from fixtures.processes import close, image_folder, launch_torchrun
+from fixtures.processes import env as _env
+
 COMMON = ["--crop", "16", "--resize", "16", "--batch-size", "3", "--weights", "none"]
 
 DRIVER = '''
@@ -56,44 +57,19 @@ DRIVER = DRIVER.replace("def inputs():", f"GRADS = dict(labels_file=labels, **{G
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    import numpy as np
-    from PIL import Image
-
     root = tmp_path_factory.mktemp("dist")
-    imgs = root / "imgs"
-    imgs.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(10):  # 4 batches of 3: rank 0 gets 6 images, rank 1 gets 4
-        Image.fromarray(rng.integers(0, 255, (20 + i % 3, 24, 3), dtype=np.uint8)).save(imgs / f"im{i:02d}.png")
+    # 4 batches of 3: rank 0 gets 6 images, rank 1 gets 4
+    imgs, _spec = image_folder(root, 10, seed=0, size=lambda i: (20 + i % 3, 24), name="im{i:02d}.png")
     model = root / "models.py"
-    model.write_text((ROOT / "tests" / "fixtures" / "models.py").read_text())
     labels = root / "labels.txt"
     labels.write_text("".join(f"{(i * 3) % 5}\n" for i in range(10)))
     return {"root": root, "imgs": imgs, "model": model, "labels": labels}
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    env.update(OMP_NUM_THREADS="1", MPLBACKEND="Agg")
-    return env
-
-
-def _close(a: Any, b: Any, path: str = "$", rel: float = 1e-9) -> None:
+def _close(a: Any, b: Any, rel: float = 1e-9) -> None:
     """Equal, floats to ``rel`` relative (moments merged in another order; float32 gradients
     summed in another order for grads)."""
-    if isinstance(a, dict):
-        assert set(a) == set(b), path
-        for k in a:
-            _close(a[k], b[k], f"{path}.{k}", rel)
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _close(x, y, f"{path}[{i}]", rel)
-    elif isinstance(a, float) and isinstance(b, float):
-        assert math.isclose(a, b, rel_tol=rel, abs_tol=1e-12), (path, a, b)
-    else:
-        assert a == b, (path, a, b)
+    close(a, b, rel=rel, abs_tol=1e-12)
 
 
 def _grads_close(one: dict[str, Any], two: dict[str, Any]) -> None:
@@ -122,11 +98,7 @@ def torchrun_out(data: dict[str, Path]) -> Path:
     out.mkdir()
     driver = data["root"] / "driver.py"
     driver.write_text(DRIVER)
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                        "--standalone", str(driver), f"{data['model']}:TinyCNN", str(data["imgs"]), str(out),
-                        str(data["labels"])],
-                       capture_output=True, text=True, env=_env(), timeout=300, check=False)
-    assert r.returncode == 0, r.stderr[-3000:]
+    launch_torchrun(driver, f"{data['model']}:TinyCNN", str(data["imgs"]), str(out), str(data["labels"]))
     return out
 
 

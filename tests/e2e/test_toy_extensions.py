@@ -1,6 +1,6 @@
-"""Issue 35, "Done when": a toy CAM method, a toy attribution method and a toy command, each
-one module (tests/fixtures/toys/), are seen in --help, completion, --json, the schema and
-report.html, with nothing else edited."""
+"""Issue 35, "Done when": a toy CAM method, a toy attribution method, a toy attention method
+and a toy command, each one module (tests/fixtures/toys/), are seen in --help, completion,
+--json, the schema and report.html, with nothing else edited."""
 
 from __future__ import annotations
 
@@ -10,11 +10,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import shutil
+
 import jsonschema
 import pytest
 import torch
 
-TOYS = ("fixtures.toys.toy_cam", "fixtures.toys.toy_attribution", "fixtures.toys.toy_command")
+TOYS = ("fixtures.toys.toy_cam", "fixtures.toys.toy_attribution", "fixtures.toys.toy_attention",
+        "fixtures.toys.toy_command")
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = [str(ROOT / "sample_images" / "cat.jpg")]
 
 
 @pytest.fixture
@@ -22,6 +27,7 @@ def toys() -> Any:
     import inspect_model as im
     from inspect_model import registry
     from inspect_model.cli import app
+    from inspect_model.methods.attention import base as attention_base
     from inspect_model.methods.attributions import base as attribution_base
     from inspect_model.methods.cam import base as cam_base
 
@@ -32,6 +38,7 @@ def toys() -> Any:
     yield
     cam_base.unregister("toymeancam")
     attribution_base.unregister("toy-sign")
+    attention_base.unregister("toy-last")
     registry.unregister("toy-norms")
     app.sync_commands(rebuild=True)
     im.__dict__.pop("toy_norms", None)
@@ -54,6 +61,8 @@ def test_toys_appear_in_help_and_completion(toys: Any, cli: Any) -> None:
     assert completion.complete_method("toy", "cam") == ["toymeancam"]
     assert completion.complete_method("toy", "attributions") == ["toy-sign"]
     assert "toymeancam" in completion.complete_method("", "attention")  # one pass, no classifier: attention adds it
+    assert "toy-last" in _run(cli, ["attention", "--help"]).stdout
+    assert completion.complete_method("toy", "attention") == ["toy-last", "toymeancam"]
     assert "toy-norms" in completion.command_names()
 
 
@@ -108,3 +117,43 @@ def test_the_toy_attribution_is_the_sign_of_the_gradient(toys: Any) -> None:
     xr = x.clone().requires_grad_(True)
     net(xr)[torch.arange(2), torch.tensor([1, 3])].sum().backward()
     torch.testing.assert_close(res.maps["toy-sign"][:, 0], xr.grad.sign())
+
+
+@pytest.fixture
+def vit(tmp_path: Path) -> str:
+    p = tmp_path / "attn_models.py"
+    shutil.copy(ROOT / "tests" / "fixtures" / "attention_models.py", p)
+    return f"{p}:tiny_vit"
+
+
+def test_the_toy_attention_method_runs_and_is_reported(toys: Any, cli: Any, vit: str, tmp_path: Path) -> None:
+    from inspect_model.schemas import load_schema
+
+    base = ["attention", vit, *IMAGES, "--input-size", "3x32x32"]
+    out = tmp_path / "attn"
+    doc = json.loads(_run(cli, [*base, "-m", "toylast,rollout,raw", "-o", str(out), "--json", "-q"]).stdout)
+    assert doc["methods"] == ["raw", "rollout", "toy-last"]  # the family's order; the alias resolved
+    maps = {m["method"]: m for m in doc["images"][0]["maps"]}
+    assert maps["toy-last"]["layer"] == "all"
+    schema = load_schema("attention")
+    assert "toy-last" in schema["$defs"]["method"]["enum"]
+    jsonschema.Draft202012Validator(schema).validate(doc)
+    assert "toy-last @ all" in (out / "report.html").read_text(encoding="utf-8")
+    assert (out / "images" / "0000-cat" / f"toy-last.c{doc['images'][0]['target']['class']}.png").is_file()
+    # `all` takes it; its map is raw's of the last layer, heads averaged (checked by the API)
+    assert "toy-last" in json.loads(_run(cli, [*base, "-m", "all", "--json", "-q"]).stdout)["methods"]
+    import inspect_model as im
+
+    res = im.attention(vit, IMAGES, methods=["toy-last", "raw"], heads="mean",
+                       inputs=im.InputOptions(IMAGES, input_size=["3x32x32"]))
+    last = list(res.raw)[-1]
+    torch.testing.assert_close(res.maps["toy-last"], res.raw[last][:, 0])
+    # a token model: the toy has no text form (its ``text`` property), said in one line
+    from inspect_model.errors import UsageError
+    from inspect_model.methods.attention.maps import AttentionOptions
+    from inspect_model.methods.attention.text import compute_text_attention
+
+    with pytest.raises(UsageError, match="^--method toy-last has no form for token models; those with one: raw, "
+                                         "rollout, grad-rollout, legrad$"):
+        compute_text_attention(torch.nn.Identity(), torch.ones(1, 3, dtype=torch.long),
+                               options=AttentionOptions(methods=("toy-last",)))

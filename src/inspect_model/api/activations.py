@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from inspect_model.run.options import InputOptions, ModelOptions
-from inspect_model.run.pipeline import run_images
+from inspect_model.run.options import ModelOptions
+from inspect_model.run.call import Call
 from inspect_model.run import option_groups as og
 from inspect_model.run.option_groups import Layers, Picture
 from inspect_model.run.request import DEPTH_HELP, Request, api_command, one_of, option, positive
@@ -260,17 +260,11 @@ class ActivationsSession(Session):
     text=True,
 )
 @api_command(ActivationsRequest)
-def activations(model: Any, images: Any, request: ActivationsRequest, *, model_options: ModelOptions | None = None,
-                inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,
-                tensorboard: Any = None, keep: bool | None = None, on_item: Any = None, notes: Any = None,
-                progress: Any = None) -> Result:
+def activations(model: Any, images: Any, request: ActivationsRequest, call: Call) -> Result:
     """Activation statistics of every selected layer (every leaf by default), merged over all
     inputs, and feature-map grids of the layers named in ``layers`` (when files are written);
     the options of :class:`ActivationsRequest` as keywords."""
     # The session is a context manager (its capture's hooks): run_images enters it around the run.
-    return run_images("activations", model, images, lambda prep, mopts, keep: ActivationsSession(
-                      prep, mopts, request, draw=output_dir is not None or tensorboard is not None or keep,
-                      histograms=tensorboard is not None, notes=notes),
-                      model_options=model_options, inputs=inputs,
-                      output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
-                      notes=notes, progress=progress, request=request)
+    return call.run_images("activations", model, images, request, lambda prep, mopts, keep: ActivationsSession(
+        prep, mopts, request, draw=call.output_dir is not None or call.tensorboard is not None or keep,
+        histograms=call.tensorboard is not None, notes=call.notes))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from inspect_model.run.options import InputOptions, ModelOptions
+from inspect_model.run.call import Call
 from inspect_model.run.pipeline import prepare
 from inspect_model.run import option_groups as og
 from inspect_model.run.request import Request, api_command, option
@@ -73,10 +73,8 @@ class CheckRequest(Request):
     run=("output_dir", "force", "json_", "quiet"),
     text=True,
 )
-@api_command(CheckRequest)
-def check(model: Any, images: Any, request: CheckRequest, *, model_options: ModelOptions | None = None,
-          inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,
-          notes: Any = None, on_stuck: Any = None) -> Result:
+@api_command(CheckRequest, takes=("model_options", "inputs", "output_dir", "force", "notes", "on_stuck"))
+def check(model: Any, images: Any, request: CheckRequest, call: Call) -> Result:
     """Build the model, run a forward and a backward pass, and check what is asked (the
     options of :class:`CheckRequest` as keywords). ``max_seconds`` is a timeout where the
     platform allows (SIGALRM in the main thread): the passes stop at the budget and the time
@@ -86,10 +84,9 @@ def check(model: Any, images: Any, request: CheckRequest, *, model_options: Mode
     from inspect_model.methods.objectives.targets import select_output
 
     r = request
-    mopts = model_options or ModelOptions(model)
-    inputs = inputs or InputOptions(images)
+    mopts, notes = call.model(model), call.notes
     # TorchScript takes no module hooks: the checks that need none still run (issue 39).
-    prep = prepare("check", mopts, inputs, notes=notes, default_batch=1, hooks=False)
+    prep = prepare("check", mopts, call.input_options(images), notes=notes, default_batch=1, hooks=False)
     hookable = prep.loaded.hookable
     if not hookable and notes is not None:
         notes(f"{prep.loaded.name} is a TorchScript model, which takes no module hooks: the dead-layers check "
@@ -104,7 +101,7 @@ def check(model: Any, images: Any, request: CheckRequest, *, model_options: Mode
             select=lambda out: select_output(out, r.output_key),
             expect_output_shape=r.shape, expect_params=r.param_range, finite=r.finite,
             max_dead_fraction=r.max_dead_fraction if hookable else None, deterministic=r.deterministic, max_seconds=r.max_seconds,
-            max_memory_mb=r.max_memory, on_stuck=on_stuck,
+            max_memory_mb=r.max_memory, on_stuck=call.on_stuck,
             mask=getattr(getattr(batch, "text", None), "mask", None))  # texts: real tokens only
     failed = [x for x in results if not x.passed]
     payload = {
@@ -117,8 +114,8 @@ def check(model: Any, images: Any, request: CheckRequest, *, model_options: Mode
     failures = ["check failed: " + "; ".join(f"{x.name} {x.value_text} (expected {x.expected})" for x in failed)
                 ] if failed else []
     result = Result("check", options, payload, [], failures=failures, record=_Checks(results))
-    if output_dir is not None:
-        result.save(output_dir, force=force)
+    if call.output_dir is not None:
+        result.save(call.output_dir, force=call.force)
     return result
 
 

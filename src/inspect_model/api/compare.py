@@ -4,7 +4,8 @@ Side A is the model (``MODEL``, with ``--checkpoint``); side B is another model
 (``compare A B``, ``--against-model``), another checkpoint (``--against-checkpoint``), or A
 run another way (``--against-dtype``, ``--against-device``, ``--against compiled|export|
 torchscript|quantized``, ``--against-train``). Both run once per batch on the same inputs,
-and each matched layer's pair of outputs is compared as it is produced (methods/compare/).
+and each matched layer's pair of outputs is compared as A produces it, B running ahead within
+a byte budget (methods/compare/exchange.py).
 ``--weights-only`` compares parameters and buffers without inputs. ``--fail-above`` makes
 it a CI check (exit 1 naming the first layer past it).
 """
@@ -106,7 +107,9 @@ class CompareRequest(Request):
           "relative error, max abs error, cosine, share beyond --tolerance, overflow/underflow of a reduced "
           "dtype, NaN/Inf origin; the first layer past --tolerance is named. B is a second model (compare A B), "
           "--against-checkpoint, --against-dtype, --against-device, --against or --against-train. "
-          "--weights-only compares parameters and buffers. --fail-above exits 1 naming the first layer past it."),
+          "--weights-only compares parameters and buffers. --fail-above exits 1 naming the first layer past it. "
+          "Memory: B runs first and holds copies of its layer outputs until A compares them, at most 256 MiB "
+          "(or a quarter of the available memory if less); a larger model's B waits for A at that budget."),
     example="inspect-model compare resnet18 --weights none --against-dtype bfloat16 --fail-above 1e-1",
     renderer=render.compare_report,
     tables=render.compare_tables,

@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 
 from inspect_model.run import option_groups as og
 from inspect_model.run.option_groups import Layers
-from inspect_model.run.options import InputOptions, ModelOptions
-from inspect_model.run.pipeline import run_images
+from inspect_model.run.options import ModelOptions
+from inspect_model.run.call import Call
 from inspect_model.run.request import (
     DEPTH_HELP,
     MAX_DETECTIONS_HELP,
@@ -400,22 +400,18 @@ class JacobianRecord:
     text=True,
 )
 @api_command(GradsRequest)
-def grads(model: Any, images: Any, request: GradsRequest, *, model_options: ModelOptions | None = None,
-          inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False, tensorboard: Any = None,
-          keep: bool | None = None, on_item: Any = None, notes: Any = None, progress: Any = None) -> Result:
+def grads(model: Any, images: Any, request: GradsRequest, call: Call) -> Result:
     """Gradient statistics per layer and parameter and the health checks (or, with ``of``/
     ``wrt``, d(of)/d(wrt) between layers), with the options of :class:`GradsRequest` as
     keywords. ``result.failures`` lists failed ``fail_on`` checks."""
-    if request.between and tensorboard is not None:
+    if request.between and call.tensorboard is not None:
         raise UsageError("--tensorboard does not apply with --of/--wrt (gradients between layers); drop it")
 
     def session(prep: Any, mopts: ModelOptions, keep: bool) -> Session:
         if request.between:
             return JacobianSession(prep, mopts, request)
-        return GradsSession(prep, mopts, request, histograms=output_dir is not None or tensorboard is not None or keep,
-                            notes=notes, progress=progress)
+        return GradsSession(prep, mopts, request, notes=call.notes, progress=call.progress,
+                            histograms=call.output_dir is not None or call.tensorboard is not None or keep)
 
-    return run_images("grads", model, images, session, model_options=model_options, inputs=inputs,
-                      output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
-                      notes=notes, progress=progress, request=request)
+    return call.run_images("grads", model, images, request, session)
 

@@ -7,13 +7,13 @@ Resumable and mergeable: one entry per image, the sanity check's per-image corre
 
 from __future__ import annotations
 
-import math
+from inspect_model.methods.guided import correlations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from inspect_model.run import option_groups as og
-from inspect_model.run.options import InputOptions, ModelOptions
-from inspect_model.run.pipeline import run_images
+from inspect_model.run.options import ModelOptions
+from inspect_model.run.call import Call
 from inspect_model.run.request import MAX_DETECTIONS_HELP, SCORE_THRESHOLD_HELP, Request, api_command, option
 from inspect_model.run.objective_options import one_target
 from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
@@ -159,7 +159,7 @@ class GuidedSession(Session):
         return picture_frame(self.prep.plan.preprocess, img, (int(batch.tensor.shape[-2]), int(batch.tensor.shape[-1])))
 
     def _entry(self, index: int, name: str, res: Any, i: int, frame: Any = None) -> dict[str, Any]:
-        from inspect_model.methods.objectives.rows import class_name
+        from inspect_model.methods.objectives.rows import target_fields
 
         maps = []
         for k, cls in enumerate(res.targets[i]):
@@ -167,7 +167,7 @@ class GuidedSession(Session):
             a = g.abs()
             maps.append({
                 "rank": k,
-                "target": {"class": cls, "label": class_name(cls, self.prep.categories), "score": res.scores[i][k],
+                "target": {**target_fields(cls, self.prep.categories), "score": res.scores[i][k],
                            "probability": res.probabilities[i][k] if res.probabilities else None},
                 "max_abs": float(a.max()), "mean_abs": float(a.mean()),
                 "nonzero_fraction": float((g != 0).float().mean()), "files": {},
@@ -234,8 +234,7 @@ class GuidedSession(Session):
             merged = accs[0]
             for acc in accs[1:]:
                 for dst, src in zip(merged["steps"], acc["steps"]):
-                    dst["spearman"].extend(src["spearman"])
-                    dst["spearman_abs"].extend(src["spearman_abs"])
+                    correlations.extend(dst, src)
             self.sanity_acc = merged
 
 class _GuidedRecord:
@@ -253,23 +252,16 @@ def _merge_sanity(acc: dict[str, Any] | None, san: Any) -> dict[str, Any]:
                "steps": [{"randomized": s.randomized, "down_to": s.down_to, "spearman": [], "spearman_abs": []}
                          for s in san.steps]}
     for dst, s in zip(acc["steps"], san.steps):
-        dst["spearman"].extend(s.spearman)
-        dst["spearman_abs"].extend(s.spearman_abs)
+        correlations.extend(dst, {"spearman": s.spearman, "spearman_abs": s.spearman_abs})
     return acc
 
 
 def _finish_sanity(acc: dict[str, Any] | None) -> dict[str, Any] | None:
     if acc is None:
         return None
-
-    def mean(v: list[float]) -> float | None:
-        ok = [x for x in v if not math.isnan(x)]
-        return sum(ok) / len(ok) if ok else None
-
     for s in acc["steps"]:
-        s["spearman_mean"] = mean(s["spearman"])
-        s["spearman_abs_mean"] = mean(s["spearman_abs"])
-    acc["method"] = "cascading randomisation from the top (Adebayo et al. 2018)"
+        correlations.add_means(s)
+    acc["method"] = correlations.METHOD
     return acc
 
 
@@ -296,16 +288,10 @@ def _finish_sanity(acc: dict[str, Any] | None) -> dict[str, Any] | None:
     text=True,
 )
 @api_command(GuidedRequest, positional=("target",))
-def guided_backprop(model: Any, images: Any, request: GuidedRequest, *, model_options: ModelOptions | None = None,
-                    inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,
-                    tensorboard: Any = None, keep: bool | None = None, on_item: Any = None, notes: Any = None,
-                    progress: Any = None) -> Result:
+def guided_backprop(model: Any, images: Any, request: GuidedRequest, call: Call) -> Result:
     """Guided backpropagation of ``images`` (paths or a tensor (N, C, H, W)), with the options
     of :class:`GuidedRequest` (``target`` may come third, positionally: an int, a class name,
     ``"top:K"``, a per-sample list or a 1-D tensor). The result has ``gradients``
     (N, K, C, H, W) when kept (the API default), ``to_dict()`` and ``save(dir)``."""
-    return run_images("guided-backprop", model, images, lambda prep, mopts, keep: GuidedSession(
-                      prep, mopts, request, keep_gradients=keep, progress=progress),
-                      model_options=model_options, inputs=inputs,
-                      output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
-                      notes=notes, progress=progress, request=request)
+    return call.run_images("guided-backprop", model, images, request, lambda prep, mopts, keep: GuidedSession(
+        prep, mopts, request, keep_gradients=keep, progress=call.progress))

@@ -9,6 +9,7 @@ resumable and sharded under torchrun like every command that streams its inputs.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -17,8 +18,8 @@ from inspect_model.reports.base import Warning_
 from inspect_model.reports.lens import LensReport
 from inspect_model.registry import command
 from inspect_model.render import lens as render
-from inspect_model.run.options import InputOptions, ModelOptions
-from inspect_model.run.pipeline import run_images
+from inspect_model.run.options import ModelOptions
+from inspect_model.run.call import Call
 from inspect_model.run.request import Request, api_command, option, positive
 from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 
@@ -223,13 +224,11 @@ class LensSession(Session):
     run=("output_dir", "force", "json_", "jsonl", "quiet", "resume"),
 )
 @api_command(LensRequest, images=False)
-def lens(model: Any, request: LensRequest, *, model_options: ModelOptions | None = None,
-         inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False, tensorboard: Any = None,
-         keep: bool | None = None, on_item: Any = None, notes: Any = None, progress: Any = None) -> Result:
+def lens(model: Any, request: LensRequest, call: Call) -> Result:
     """The logit (or tuned) lens of ``model`` over the texts of ``inputs`` (``InputOptions(text=...)``);
     the options of :class:`LensRequest` as keywords."""
-    inputs = inputs or InputOptions(None)
-    if tensorboard is not None:
+    inputs = call.input_options(None)
+    if call.tensorboard is not None:
         raise UsageError("lens writes no TensorBoard events; drop tensorboard=")
     if not inputs.text and inputs.text_file is None:
         raise UsageError("lens reads texts: give --text TEXT or --text-file FILE (one text per line)")
@@ -237,6 +236,6 @@ def lens(model: Any, request: LensRequest, *, model_options: ModelOptions | None
         if value is not None:
             raise UsageError(f"{flag} does not apply to lens: it decodes every position against the model's own "
                              "prediction")
-    return run_images("lens", model, None, lambda prep, mopts, keep: LensSession(prep, mopts, request, notes=notes),
-                      model_options=model_options, inputs=inputs, output_dir=output_dir, force=force, keep=keep,
-                      on_item=on_item, notes=notes, progress=progress, request=request)
+    call = dataclasses.replace(call, inputs=inputs)
+    return call.run_images("lens", model, None, request, lambda prep, mopts, keep: LensSession(
+        prep, mopts, request, notes=call.notes))

@@ -16,7 +16,8 @@ from typing import Any, ClassVar
 
 from inspect_model.errors import UsageError
 from inspect_model.registry import command
-from inspect_model.run.options import InputOptions, ModelOptions
+from inspect_model.run.call import Call
+from inspect_model.run.options import ModelOptions
 from inspect_model.run import option_groups as og
 from inspect_model.run.request import Request, api_command, option
 from inspect_model.run.session import ImageItem, Result, Session, Warnings
@@ -215,18 +216,13 @@ def _usable_sites(mods: Any, wanted: tuple[str, ...], notes: Any) -> tuple[str, 
     run=("output_dir", "force", "json_", "jsonl", "quiet", "resume"),
 )
 @api_command(PatchRequest, images=False)
-def patch(model: Any, request: PatchRequest, *, model_options: ModelOptions | None = None,
-          inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False, tensorboard: Any = None,
-          keep: bool | None = None, on_item: Any = None, notes: Any = None, progress: Any = None) -> Result:
+def patch(model: Any, request: PatchRequest, call: Call) -> Result:
     """Activation patching (or, with ``noise_subject``, causal tracing) of ``model`` on
     ``clean``/``corrupt`` or the ``pairs`` file; the options of :class:`PatchRequest`."""
     from inspect_model.run.patch_prep import prepare_patch
-    from inspect_model.run.pipeline import execute, tracked
 
-    mopts = model_options or ModelOptions(model)
-    prep, tok, per_forward = prepare_patch(mopts, inputs or InputOptions(None), request, notes)
-    session = PatchSession(prep, mopts, request, tokenizer=tok, per_forward=per_forward, notes=notes)
-    keep = output_dir is None if keep is None else keep
-    total = len(prep.plan.pairs)
-    return execute(session, tracked(prep.plan.batches(), total, progress, unit=prep.plan.unit), output_dir=output_dir, force=force,
-                   keep=keep, tensorboard=None, on_item=on_item)
+    mopts = call.model(model)
+    prep, tok, per_forward = prepare_patch(mopts, call.input_options(None), request, call.notes)
+    session = PatchSession(prep, mopts, request, tokenizer=tok, per_forward=per_forward, notes=call.notes)
+    return call.execute(session, prep.plan.batches(), total=len(prep.plan.pairs), unit=prep.plan.unit,
+                        tensorboard=False)

@@ -21,6 +21,7 @@ from inspect_model.errors import InputError, UsageError, one_line
 from inspect_model.loading.models import require_hookable
 from inspect_model.registry import command
 from inspect_model.reports.summary import SummaryReport
+from inspect_model.reports.summary import body as summary_body
 from inspect_model.render import html_columns, results
 
 if TYPE_CHECKING:
@@ -324,12 +325,10 @@ def summary(model: Any, request: SummaryRequest, *, model_options: ModelOptions 
     keeps the rows up to the failing layer; ``result.error`` says why. ``train=True`` runs the
     pass in training mode (dropout and batch norm as in training; every flag and running
     statistic put back); ``tensorboard=DIR`` writes the model's graph there (issue 14)."""
-    from inspect_model.render import summary as render
 
     r = request
     input_size, batch_size, depth, seed, train = r.input_size or None, r.batch_size, r.depth, r.seed, r.train
     mopts = model_options or ModelOptions(model, weights=None, device=r.device, dtype=r.dtype)
-    check_dtype(mopts.dtype)
     dev = mopts.device.strip().lower() if mopts.device else "meta"
     if dev != "meta":
         dev = resolve_device(dev)
@@ -366,12 +365,12 @@ def summary(model: Any, request: SummaryRequest, *, model_options: ModelOptions 
     options = {
         "model": mopts.spec(), "weights": resolved_weights(loaded, mopts),
         "checkpoint": str(mopts.checkpoint) if mopts.checkpoint else None, "input_size": res.input_shapes,
-        "batch_size": batch_size, "dtype": check_dtype(mopts.dtype), "depth": depth, "device": res.device,
+        "batch_size": batch_size, "dtype": mopts.dtype, "depth": depth, "device": res.device,
         "seed": seed, "mode": "train" if train else "eval",
     }
     if r.graph:
         options["graph"] = True
-    payload = render.to_payload(res)
+    payload = summary_body(res)
     if res.graph is not None:
         payload["graph"] = {"nodes": len(res.graph.nodes), "edges": len(res.graph.edges)}
     result = Result("summary", options, payload, [], record=res, session=drawn)

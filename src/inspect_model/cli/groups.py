@@ -23,8 +23,6 @@ import typer
 from inspect_model.run.options import (
     InputOptions,
     ModelOptions,
-    check_dtype,
-    check_request,
 )
 from inspect_model.cli import options as c
 from inspect_model.errors import UsageError
@@ -164,14 +162,12 @@ def shared_options(*, labels: bool = True, images: bool = True, text: bool = Fal
                                 trust_checkpoint=mo["trust_checkpoint"], device=mo["device"], dtype=mo["dtype"],
                                 trust_remote_code=mo["trust_remote_code"], device_map=mo["device_map"],
                                 max_memory=mo.get("max_memory_map"), **offload_fields(mo["offload"], mo["offload_dir"]))
-            check_dtype(opts.dtype)
             opts.placement().check()
             if two_models:
                 _second_model(kw)
             given = {n: kw.pop(n) for n, _, _ in input_options}
             given["skip_bad"] = given.pop("skip_bad_inputs", False)
-            inputs = InputOptions(kw.get("images"), **given)
-            check_request(inputs)
+            inputs = InputOptions(kw.get("images"), **given)  # checked once, as it is made
             if inputs.text or inputs.text_file is not None:  # a folder without a tokenizer: before torch (issue 37)
                 from inspect_model.loading.text import precheck_tokenizer
 

@@ -59,7 +59,7 @@ def summary(
     Runs on the meta device by default, so a model of any size is summarised without
     allocating its weights. Example: inspect-model summary resnet34 --depth 2
     """
-    from inspect_model.run.options import InputOptions, check_dtype, check_request
+    from inspect_model.run.options import InputOptions
     from inspect_model.errors import ModelRuntimeError, UsageError
 
     run_opts = RunOptions(output_dir=output_dir, force=force, wait=wait, json_=json_, quiet=quiet,
@@ -69,9 +69,8 @@ def summary(
         raise UsageError("--graph writes graph.svg, graph.png and graph.dot into the output folder; add -o DIR")
     if depth is not None and depth < 0:
         raise UsageError(f"--depth must be 0 or more, got {depth}")
-    check_dtype(dtype)
-    check_request(InputOptions(None, input_size=input_size, text=text, text_file=text_file, tokenizer=tokenizer),
-                  batch_size=batch_size)
+    InputOptions(None, input_size=input_size, text=text, text_file=text_file, tokenizer=tokenizer,
+                 batch_size=batch_size)  # checked as it is made (the dtype: by the request and ModelOptions)
     from inspect_model import api
 
     msgs = console.Messages(quiet)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from inspect_model.output.files import class_tag, image_dir, safe_name
 from inspect_model.output.sink import Drawer, Sink
 from inspect_model.render.token_strips import short_layer, strip_scale, token_label
+from inspect_model.render.labels import target_label
 
 if TYPE_CHECKING:
     import numpy as np
@@ -116,7 +117,7 @@ def draw_text(drawer: Any, item: Any, sink: Sink) -> dict[str, Any]:
     tokens = entry["text"]["tokens"]
     base = image_dir(entry["index"], entry["image"])
     t = entry["target"]
-    what = f"class {t['class']}{' ' + t['label'] if t['label'] else ''} (p={t['probability']:.3f})" if t else ""
+    what = f"{target_label(t, prefix='class ')} (p={t['probability']:.3f})" if t else ""
     tag = class_tag(t["class"], drawer.categories) if t else "all"
     cmap = "viridis" if drawer.colormap == "jet" else drawer.colormap  # jet: the overlays' default
     strips: list[tuple[str, Any]] = []

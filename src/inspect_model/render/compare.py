@@ -94,7 +94,8 @@ def compare_text(rec: Any) -> str:
         lines.append(f"unmatched layers of B ({len(rec.unmatched_b)}): {', '.join(rec.unmatched_b[:20])}")
     mem = rec.memory
     if mem.mode != "none":
-        lines.append(f"memory: {mem.mode}, at most {mem.peak_outputs} of B's layer outputs held at once "
+        budget = f" (budget {mem.budget_bytes / 2**20:.0f} MiB)" if mem.budget_bytes else ""
+        lines.append(f"memory: {mem.mode}{budget}, at most {mem.peak_outputs} of B's layer outputs held at once "
                      f"({mem.peak_bytes / 2**20:.1f} MiB)")
     return "\n".join(lines) + "\n"
 

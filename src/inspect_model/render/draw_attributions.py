@@ -15,6 +15,7 @@ from inspect_model.render import attributions as ra
 from inspect_model.output.files import class_tag, image_dir
 from inspect_model.render.sheet_pages import SheetDrawer
 from inspect_model.output.sink import Sink
+from inspect_model.render.labels import target_label
 
 
 class AttributionsDrawer(SheetDrawer):
@@ -87,4 +88,4 @@ class AttributionsDrawer(SheetDrawer):
 
 
 def _label(target: dict[str, Any]) -> str:
-    return f"{target['class']} {target['label']}" if target.get("label") else str(target["class"])
+    return target_label(target)

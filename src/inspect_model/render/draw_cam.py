@@ -14,6 +14,7 @@ from typing import Any
 from inspect_model.output.files import class_tag, image_dir, safe_name
 from inspect_model.render.sheet_pages import SheetDrawer
 from inspect_model.output.sink import Sink
+from inspect_model.render.labels import target_label
 
 
 class CamDrawer(SheetDrawer):
@@ -52,9 +53,8 @@ class CamDrawer(SheetDrawer):
         rows: dict[int, dict[tuple[str, str], Any]] = {}
         for m, rec in zip(maps, entry["maps"]):
             cls = m.target
-            cname = cats[cls] if cats and 0 <= cls < len(cats) else None
             arr = m.map.numpy()
-            title = f"{cls}{' ' + cname if cname else ''} p={float(probs[cls]):.3f}"
+            title = f"{target_label(rec['target'])} p={float(probs[cls]):.3f}"
             zero = ov.zero_line(m.warnings)
             names: dict[str, Any] = {}
             if sink.out is not None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from inspect_model.output.files import class_tag, image_dir
 from inspect_model.output.sink import Drawer, Sink
+from inspect_model.render.labels import target_label
 
 
 class GuidedDrawer(Drawer):
@@ -63,7 +64,7 @@ class GuidedDrawer(Drawer):
             elif g.dim() == 2 and sink.out is not None:  # token embeddings (L, D): one cell per token (issue 42)
                 from inspect_model.render.attributions import heatmap
 
-                title = f"guided backprop\n{entry['image']}: {cls} {m['target']['label'] or ''}".rstrip()
+                title = f"guided backprop\n{entry['image']}: {target_label(m['target'])}"
                 tokens = (entry.get("text") or {}).get("tokens")
                 files["tokens"] = sink.image(f"{base}/guided.{tag}.tokens.png", lambda g=g, t=title, tk=tokens: heatmap(
                     g, t, signed=True, tokens=tk))
@@ -75,7 +76,7 @@ class GuidedDrawer(Drawer):
                     files["guided_gradcam_raw"] = sink.npy(f"{base}/guided_gradcam.{tag}.npy", ggc[k].numpy())
             m["files"] = files
             if panels:
-                label = f"{cls} {m['target']['label']}" if m["target"]["label"] else str(cls)
+                label = target_label(m["target"])
                 rows.append((f"{label} ({m['target']['score']:.3g})", panels))
         out: dict[str, Any] = {}
         if sink.out is not None and self.overview and rows:

@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from inspect_model.render.table import Column
+from inspect_model.render.labels import target_label
 
 # (score key, column title): ^ higher is better, v lower is better.
 SCORE_COLUMNS = (
@@ -46,7 +47,7 @@ def image_tables(rec: dict[str, Any]) -> list[tuple[str, list[Column], list[list
             rows.append([str(place), m["method"], m["layer"], _num(ev["rank"], 2)]
                         + [_num(ev["scores"].get(k), 1 if k in ("drop", "increase") else 3) for k, _ in keys])
         t = maps[0]["target"]
-        target = f"{t['class']} {t['label']}" if t.get("label") else str(t["class"])
+        target = target_label(t)
         out.append((f"faithfulness, target {target}", cols, rows))
     return out
 

@@ -13,6 +13,7 @@ import html
 import math
 from pathlib import PurePosixPath
 from typing import Any
+from inspect_model.render.labels import target_label
 
 MAX_ROWS = 20000  # table rows shown; the JSON report has them all
 
@@ -212,7 +213,7 @@ def _captions(doc: dict[str, Any]) -> dict[str, str]:
             continue
         for m in img.get("maps") or []:
             t = m.get("target") or {}
-            label = f"class {t.get('class')}" + (f" {t['label']}" if t.get("label") else "")
+            label = target_label(t, prefix="class ")
             what = f"{m['method']} @ {m['layer']}" if m.get("method") else "guided backprop"
             for kind, path in (m.get("files") or {}).items():
                 if isinstance(path, str) and path.endswith(".png"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from inspect_model.render.labels import target_label
 
 Getter = Callable[[dict[str, Any]], Any]
 Columns = list[tuple[str, Getter]]
@@ -57,7 +58,7 @@ def _nonfinite(*stats: str) -> Getter:
 
 def _target(rec: dict[str, Any]) -> Any:
     t = rec.get("target") or {}
-    return f"{t.get('class')} {t['label']}" if t.get("label") else t.get("class")
+    return target_label(t) if t.get("label") else t.get("class")
 
 
 def _layer_name(rec: dict[str, Any]) -> Any:

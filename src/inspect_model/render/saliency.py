@@ -1,6 +1,7 @@
-"""Saliency maps as images, and the guided-backprop report as text, rich table or JSON payload.
+"""Saliency maps as images, and the guided-backprop report as text or rich table (formatted
+from its typed records, :class:`~inspect_model.reports.guided_backprop.GuidedBackpropReport`).
 
-Pure functions: tensors or payload dicts in, numpy arrays / PIL images / figures / strings
+Pure functions: tensors or records in, numpy arrays / PIL images / figures / strings
 out; nothing is written here. Display follows the usual recipe for gradient images
 (standardise, scale the std to 0.1, shift by 0.5, clip to [0, 1]); the grayscale magnitude
 is the channel sum of |g| scaled by its 99th percentile (SmoothGrad's clipping, Smilkov et
@@ -9,9 +10,13 @@ al. 2017), so a few extreme pixels do not wash the rest out.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from inspect_model.render.labels import target_label
 from inspect_model.render.table import Column, one_line, plain_table, rich_table, warning_text
+from inspect_model.reports.base import ABSENT
+from inspect_model.reports.guided_backprop import GuidedBackpropReport
 
 if TYPE_CHECKING:
     import numpy as np
@@ -142,55 +147,62 @@ def _num(v: Any, fmt: str = ".4g") -> str:
     return "nan" if v is None else format(v, fmt)
 
 
-def map_rows(payload: dict[str, Any]) -> list[list[str]]:
+def report_of(payload: Mapping[str, Any] | GuidedBackpropReport) -> GuidedBackpropReport:
+    """The report's typed records (a ``--json`` document or a result's payload is read into them)."""
+    return payload if isinstance(payload, GuidedBackpropReport) else GuidedBackpropReport.from_dict(payload)
+
+
+def map_rows(report: GuidedBackpropReport) -> list[list[str]]:
     rows = []
-    for img in payload["images"]:
-        for m in img["maps"]:
-            t = m["target"]
-            label = f"{t['class']} {t['label']}" if t.get("label") else str(t["class"])
-            prob = t.get("probability")
-            rows.append([img["image"], label, "--" if prob is None else f"{prob:.3f}", _num(t["score"]),
-                         _num(m["max_abs"]), _num(m["mean_abs"]),
-                         f"{100.0 * m['nonzero_fraction']:.1f}%"])
+    for img in report.images:
+        for m in img.maps:
+            t = m.target
+            prob = None if t.probability is ABSENT else t.probability  # absent or null: "--"
+            rows.append([img.image, target_label(t), "--" if prob is None else f"{prob:.3f}", _num(t.score),
+                         _num(m.max_abs), _num(m.mean_abs), f"{100.0 * m.nonzero_fraction:.1f}%"])
     return rows
 
 
-def sanity_rows(payload: dict[str, Any]) -> list[list[str]]:
-    san = payload.get("sanity") or {}
-    return [[f"top {s['randomized']} of {len(san['layers'])}", s["down_to"], _num(s["spearman_mean"], ".3f"),
-             _num(s["spearman_abs_mean"], ".3f")] for s in san.get("steps", [])]
+def sanity_rows(report: GuidedBackpropReport) -> list[list[str]]:
+    san = report.sanity
+    if not san:
+        return []
+    return [[f"top {s.randomized} of {len(san.layers)}", s.down_to, _num(s.spearman_mean, ".3f"),
+             _num(s.spearman_abs_mean, ".3f")] for s in san.steps]
 
 
-def sites_line(payload: dict[str, Any]) -> str:
-    sites = payload["sites"]
+def sites_line(report: GuidedBackpropReport) -> str:
+    sites = report.sites
     text = ", ".join(f"{k} x{v}" for k, v in sites.items()) if sites else "none"
     line = f"Guided activation sites (one backward pass): {text}"
-    if payload.get("unguided_sites"):
-        line += "; not guided: " + ", ".join(f"{k} x{v}" for k, v in payload["unguided_sites"].items())
+    if report.unguided_sites:
+        line += "; not guided: " + ", ".join(f"{k} x{v}" for k, v in report.unguided_sites.items())
     return line
 
 
-def render_text(payload: dict[str, Any]) -> str:
-    parts = [f"guided-backprop: {one_line(payload['model'])}", sites_line(payload)]
-    if payload.get("guided_gradcam"):
-        parts.append(f"Guided Grad-CAM layer: {payload['guided_gradcam']['layer']}")
-    parts += ["", plain_table(MAP_COLUMNS, map_rows(payload))]
-    if payload.get("sanity"):
+def render_text(payload: Mapping[str, Any] | GuidedBackpropReport) -> str:
+    report = report_of(payload)
+    parts = [f"guided-backprop: {one_line(report.model)}", sites_line(report)]
+    if report.guided_gradcam:
+        parts.append(f"Guided Grad-CAM layer: {report.guided_gradcam.layer}")
+    parts += ["", plain_table(MAP_COLUMNS, map_rows(report))]
+    if report.sanity:
         title = ("Sanity check: cascading weight randomisation from the top; Spearman rank correlation "
                  "with the original maps (mean over maps; near 1 = the map ignores the weights)")
-        parts += ["", title, plain_table(SANITY_COLUMNS, sanity_rows(payload))]
-    parts += ["", *(f"note: {n}" for n in payload["notes"]), *warning_text(payload)]
+        parts += ["", title, plain_table(SANITY_COLUMNS, sanity_rows(report))]
+    parts += ["", *(f"note: {n}" for n in report.notes), *warning_text(report)]
     return "\n".join(parts) + "\n"
 
 
-def render_rich(payload: dict[str, Any]) -> list[Any]:
-    out: list[Any] = [sites_line(payload)]
-    if payload.get("guided_gradcam"):
-        out.append(f"Guided Grad-CAM layer: {payload['guided_gradcam']['layer']}")
-    out.append(rich_table(MAP_COLUMNS, map_rows(payload), title=f"guided-backprop: {payload['model']}"))
-    if payload.get("sanity"):
-        out.append(rich_table(SANITY_COLUMNS, sanity_rows(payload),
+def render_rich(payload: Mapping[str, Any] | GuidedBackpropReport) -> list[Any]:
+    report = report_of(payload)
+    out: list[Any] = [sites_line(report)]
+    if report.guided_gradcam:
+        out.append(f"Guided Grad-CAM layer: {report.guided_gradcam.layer}")
+    out.append(rich_table(MAP_COLUMNS, map_rows(report), title=f"guided-backprop: {report.model}"))
+    if report.sanity:
+        out.append(rich_table(SANITY_COLUMNS, sanity_rows(report),
                               title="Sanity check: Spearman rank correlation with the original maps"))
-    out.extend(f"note: {n}" for n in payload["notes"])
-    out.extend(warning_text(payload))
+    out.extend(f"note: {n}" for n in report.notes)
+    out.extend(warning_text(report))
     return out

@@ -1,4 +1,5 @@
-"""Render a :class:`SummaryResult` as table cells, totals lines, and a JSON payload."""
+"""Render a :class:`SummaryResult` as table cells and totals lines (its JSON body is built
+beside its record, :func:`inspect_model.reports.summary.body`)."""
 
 from __future__ import annotations
 
@@ -80,43 +81,3 @@ def render_rich(res: SummaryResult) -> list[Any]:
 
     t = rich_table(COLUMNS, [row_cells(r) for r in res.rows], title=f"Model: {res.model}")
     return [t, "\n".join(totals_lines(res))]
-
-
-def to_payload(res: SummaryResult) -> dict[str, Any]:
-    return {
-        "model": res.model,
-        "input_shapes": res.input_shapes,
-        "dtype": res.dtype,
-        "device": res.device,
-        "total_params": res.total_params,
-        "trainable_params": res.trainable_params,
-        "frozen_params": res.frozen_params,
-        "total_macs": res.total_macs,
-        "param_bytes": res.param_bytes,
-        "buffer_bytes": res.buffer_bytes,
-        "activation_bytes": res.activation_bytes,
-        "input_bytes": res.input_bytes,
-        "notes": res.notes,
-        "failed_layer": res.failed_layer,
-        "error": res.error,
-        "layers": [
-            {
-                "name": r.name,
-                "type": r.type,
-                "depth": r.depth,
-                "output_shapes": [list(s) for s in r.output_shapes],
-                "calls": r.calls,
-                "params": r.params,
-                "params_recursive": r.params_recursive,
-                "trainable": r.trainable,
-                "macs": r.macs,
-                "macs_recursive": r.macs_recursive,
-                "is_leaf": r.is_leaf,
-                "folded": r.folded,
-                "status": r.status,
-                "tied_to": r.tied_to,
-                "unknown_cost_ops": list(r.unknown_cost_ops),
-            }
-            for r in res.rows
-        ],
-    }

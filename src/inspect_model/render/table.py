@@ -40,11 +40,14 @@ def one_line(text: Any) -> str:
     return _CONTROL_ALL.sub(_escape, str(text))
 
 
-def warning_text(payload: dict[str, Any]) -> list[str]:
-    """The report's warnings, one line each, repeats collapsed (``text (x15)``)."""
+def warning_text(payload: Any) -> list[str]:
+    """The report's warnings (a payload's, or a report record's), one line each, repeats
+    collapsed (``text (x15)``)."""
     out = []
-    for w in payload.get("warnings", []):
-        if isinstance(w, dict):
+    for w in payload.get("warnings", []) if isinstance(payload, dict) else getattr(payload, "warnings", []):
+        if hasattr(w, "message"):  # a Warning_ record
+            out.append("warning: " + clean(w.message) + (f" (x{w.count})" if w.count > 1 else ""))
+        elif isinstance(w, dict):
             out.append("warning: " + clean(w["message"]) + (f" (x{w['count']})" if w.get("count", 1) > 1 else ""))
         else:
             out.append(f"warning: {clean(w)}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from inspect_model.reports.base import Record, Skipped, Warning_, fact, record
-from inspect_model.reports.common import POSITIONS_DOC, Clip, NumberOrNull, Pair, Positions
+from inspect_model.reports.common import ImageText, POSITIONS_DOC, Clip, NumberOrNull, Pair, Positions
 
 
 @record
@@ -81,12 +81,7 @@ class Grid(Record):
     note: str = fact(optional=True)
 
 
-@record
-class ActivationsImageText(Record):
-    text: str
-    tokens: list[str]
-    query: int = fact(doc="attention: the query token", optional=True)
-    causal: bool = fact(optional=True)
+ActivationsImageText = ImageText
 
 
 @record

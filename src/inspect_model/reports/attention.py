@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from inspect_model.reports.base import Record, Skipped, Warning_, fact, record
-from inspect_model.reports.common import Method
+from inspect_model.reports.common import ImageText, OBJECTIVE_DOC, Method
 
 
 @record
@@ -13,13 +13,10 @@ class AttentionImageTarget(Record):
     class_: int = fact(key="class")
     label: str | None
     probability: float | None
+    objective: bool = fact(optional=True, doc=OBJECTIVE_DOC)
 
 
-@record
-class AttentionImageMapTarget(Record):
-    class_: int = fact(key="class")
-    label: str | None
-    probability: float | None
+AttentionImageMapTarget = AttentionImageTarget  # a map's target is its image's
 
 
 @record
@@ -45,12 +42,7 @@ class AttentionImageMap(Record):
         optional=True)
 
 
-@record
-class AttentionImageText(Record):
-    text: str
-    tokens: list[str]
-    query: int = fact(doc="attention: the query token", optional=True)
-    causal: bool = fact(optional=True)
+AttentionImageText = ImageText
 
 
 @record

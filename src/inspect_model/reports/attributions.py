@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from inspect_model.reports.base import Record, Skipped, Warning_, fact, record
-from inspect_model.reports.common import Clip, Method, Pair
+from inspect_model.reports.common import MapFrames, OBJECTIVE_DOC, Clip, Method, Pair
 
 
 @record
@@ -14,6 +14,7 @@ class AttributionTarget(Record):
     label: str | None
     score: float | None
     probability: float | None
+    objective: bool = fact(optional=True, doc=OBJECTIVE_DOC)
 
 
 @record
@@ -28,7 +29,7 @@ class AttributionEvaluation(Record):
 
 
 @record
-class AttributionMap(Record):
+class AttributionMap(MapFrames):
     method: Method
     smoothed: bool
     signed: bool
@@ -48,13 +49,6 @@ class AttributionMap(Record):
     files: dict[str, str]
     evaluation: AttributionEvaluation = fact(optional=True)
     tokens: list[float | None] = fact(optional=True)
-    clip: int = fact(doc="the clip's number within its video", optional=True, minimum=0)
-    frames: list[Annotated[int, {"minimum": 0}]] = fact(
-        doc="the video frames the (T, H, W) map covers",
-        optional=True)
-    times: list[float | None] = fact(
-        doc="the decoder's times of those frames (seconds; null for a folder of frames)",
-        optional=True)
 
 
 @record

@@ -68,8 +68,15 @@ def fact(default: Any = dataclasses.MISSING, *, doc: str | None = None, optional
     return dataclasses.field(default=default, metadata=meta)
 
 
+_SCALARS = frozenset({float, int, str, bool, type(None)})
+
+
 def plain(value: Any) -> Any:
     """``value`` as JSON data: records by their ``to_dict``, tuples as lists."""
+    if type(value) in _SCALARS:  # most values (a layer's channel means): no isinstance walk
+        return value
+    if type(value) is list and all(type(v) in _SCALARS for v in value):
+        return list(value)
     if isinstance(value, Record):
         return value.to_dict()
     if isinstance(value, (list, tuple)):
@@ -107,6 +114,38 @@ class Record:
     def keys(cls) -> tuple[str, ...]:
         """The JSON keys, in order."""
         return tuple(key(f) for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Any:
+        """The record of a JSON object (what :meth:`to_dict` writes, or a session's entry):
+        nested records made from their objects, keys the record does not name left out, so
+        that renderers read typed records (issue 35), also of a resumed run's stored entries."""
+        import typing
+
+        hints = typing.get_type_hints(cls, include_extras=True)
+        given = {f.name: _typed(hints[f.name], data[key(f)]) for f in dataclasses.fields(cls) if key(f) in data}
+        return cls(**given)
+
+
+def _typed(annotation: Any, value: Any) -> Any:
+    """``value`` (JSON data) as ``annotation`` says: records from their objects, inside lists,
+    dicts, ``X | None`` and ``Annotated``; anything else as it is."""
+    import types
+    import typing
+
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _typed(args[0], value)
+    if isinstance(annotation, type) and issubclass(annotation, Record):
+        return annotation.from_dict(value) if isinstance(value, Mapping) else value
+    if origin in (typing.Union, types.UnionType):
+        records = [a for a in args if isinstance(a, type) and issubclass(a, Record)]
+        return records[0].from_dict(value) if records and isinstance(value, Mapping) else value
+    if origin in (list, tuple) and isinstance(value, (list, tuple)) and args:
+        return [_typed(args[0], v) for v in value]
+    if origin is dict and isinstance(value, Mapping) and len(args) == 2:
+        return {k: _typed(args[1], v) for k, v in value.items()}
+    return value
 
 
 def key(f: dataclasses.Field[Any]) -> str:

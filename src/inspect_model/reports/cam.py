@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from inspect_model.reports.base import Record, Skipped, Warning_, fact, record
-from inspect_model.reports.common import Clip, Detection, ImageBox, InputBox, Method, NumberOrNull, Pair, Segment
+from inspect_model.reports.common import MapFrames, OBJECTIVE_DOC, Clip, Detection, ImageBox, InputBox, Method, NumberOrNull, Pair, Segment
 
 
 @record
@@ -19,6 +19,7 @@ class ClassScore(Record):
     class_: int = fact(minimum=0, key="class")
     box: InputBox = fact(optional=True)
     image_box: ImageBox = fact(optional=True)
+    objective: bool = fact(optional=True, doc=OBJECTIVE_DOC)
 
 
 @record
@@ -63,7 +64,7 @@ class DenseMapStats(Record):
 
 
 @record
-class CamMap(Record):
+class CamMap(MapFrames):
     method: Method
     layer: str
     rank: int = fact(minimum=0)
@@ -74,18 +75,11 @@ class CamMap(Record):
     warnings: list[str]
     files: CamMapFiles
     evaluation: MapEvaluation = fact(doc="cam --evaluate only: this map's faithfulness.", optional=True)
-    clip: int = fact(doc="the clip's number within its video", optional=True, minimum=0)
-    frames: list[Annotated[int, {"minimum": 0}]] = fact(
-        doc="the video frames the (T, H, W) map covers",
-        optional=True)
     detection: Detection = fact(optional=True)
     segmentation: Segment = fact(optional=True)
     stats: DenseMapStats = fact(
         doc="Detection/segmentation maps: the map's peak (x, y in input pixels), mean, and for a "
             "detection the share of the map inside its box and whether the peak lies in it.",
-        optional=True)
-    times: list[float | None] = fact(
-        doc="the decoder's times of those frames (seconds; null for a folder of frames)",
         optional=True)
 
 

@@ -13,6 +13,10 @@ Method = Annotated[str, Named("method")]  # the enum: the command's method regis
 NumberOrNull = Annotated[float | None, Named("number_or_null")]
 
 
+OBJECTIVE_DOC = ("true when the target is a named objective of a text or embedding model (its label, e.g. "
+                 "\"log p(' mat' | text) at position 5\", is the score; class is its index 0), absent for a class")
+
+
 @record
 class Clip(Record):
     DEF = "clip"
@@ -24,6 +28,31 @@ class Clip(Record):
     times: list[float | None]
     video_frames: int = fact(optional=True, minimum=1)
     fps: float | None = fact(optional=True)
+
+
+@record
+class ImageText(Record):
+    """A text input's entry (``--text``): the text and its tokens as the tokenizer names them
+    (activations, attention)."""
+
+    text: str
+    tokens: list[str]
+    query: int = fact(doc="attention: the query token", optional=True)
+    causal: bool = fact(optional=True)
+
+
+@record
+class MapFrames(Record):
+    """A map entry's video frames (video models): the base of the cam, attributions and
+    guided-backprop map records, whose maps of a clip are (T, H, W)."""
+
+    clip: int = fact(doc="the clip's number within its video", optional=True, minimum=0)
+    frames: list[Annotated[int, {"minimum": 0}]] = fact(
+        doc="the video frames the (T, H, W) map covers",
+        optional=True)
+    times: list[float | None] = fact(
+        doc="the decoder's times of those frames (seconds; null for a folder of frames)",
+        optional=True)
 
 
 @record

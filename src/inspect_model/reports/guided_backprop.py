@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from inspect_model.reports.base import Named, Record, Skipped, Warning_, fact, record
-from inspect_model.reports.common import Clip, Detection, NumberOrNull, Pair, Segment
+from inspect_model.reports.common import MapFrames, OBJECTIVE_DOC, Clip, Detection, NumberOrNull, Pair, Segment
 
 
 Kind = Annotated[Literal["relu", "relu6", "leaky_relu", "silu", "gelu", "prelu"], Named("kind")]
@@ -23,10 +23,11 @@ class GuidedTarget(Record):
     label: str | None
     score: NumberOrNull
     probability: NumberOrNull = fact(optional=True)
+    objective: bool = fact(optional=True, doc=OBJECTIVE_DOC)
 
 
 @record
-class GuidedMap(Record):
+class GuidedMap(MapFrames):
     DEF = "map"
 
     rank: int = fact(minimum=0)
@@ -40,13 +41,6 @@ class GuidedMap(Record):
     target: GuidedTarget
     detection: Detection = fact(optional=True)
     segmentation: Segment = fact(optional=True)
-    clip: int = fact(doc="the clip's number within its video", optional=True, minimum=0)
-    frames: list[Annotated[int, {"minimum": 0}]] = fact(
-        doc="the video frames the (T, H, W) map covers",
-        optional=True)
-    times: list[float | None] = fact(
-        doc="the decoder's times of those frames (seconds; null for a folder of frames)",
-        optional=True)
 
 
 @record

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from inspect_model.reports.base import Record, Warning_, fact, record
+
+if TYPE_CHECKING:
+    from inspect_model.methods.summary import SummaryResult, SummaryRow
 
 
 @record
@@ -48,3 +51,25 @@ class SummaryReport(Record):
     error: str | None = fact(optional=True)
     layers: list[SummaryLayer]
     warnings: list[Warning_]
+
+
+def layer(row: SummaryRow) -> SummaryLayer:
+    """The record of one row of the layer table."""
+    return SummaryLayer(name=row.name, type=row.type, depth=row.depth,
+                        output_shapes=[list(s) for s in row.output_shapes], calls=row.calls, params=row.params,
+                        params_recursive=row.params_recursive, trainable=row.trainable, macs=row.macs,
+                        macs_recursive=row.macs_recursive, is_leaf=row.is_leaf, folded=row.folded,
+                        status=row.status, tied_to=row.tied_to, unknown_cost_ops=list(row.unknown_cost_ops))
+
+
+def body(res: SummaryResult) -> dict[str, Any]:
+    """The report's body for a :class:`~inspect_model.methods.summary.SummaryResult` (the
+    envelope adds the warnings); its layers are :class:`SummaryLayer` records."""
+    return {
+        "model": res.model, "input_shapes": res.input_shapes, "dtype": res.dtype, "device": res.device,
+        "total_params": res.total_params, "trainable_params": res.trainable_params,
+        "frozen_params": res.frozen_params, "total_macs": res.total_macs, "param_bytes": res.param_bytes,
+        "buffer_bytes": res.buffer_bytes, "activation_bytes": res.activation_bytes, "input_bytes": res.input_bytes,
+        "notes": res.notes, "failed_layer": res.failed_layer, "error": res.error,
+        "layers": [layer(r).to_dict() for r in res.rows],
+    }

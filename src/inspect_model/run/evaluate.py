@@ -57,6 +57,20 @@ def check_evaluate_request(*, evaluate: bool, metrics: list[str] | None, boxes: 
     return parsed
 
 
+def rank_maps(entries: list[dict[str, Any]]) -> None:
+    """Rank the scored maps of one image and one target rank against each other (their
+    ``evaluation.rank``: the mean of their ranks over the metrics)."""
+    from inspect_model.methods.faithfulness.metrics import mean_ranks
+
+    for entry in entries:
+        by_rank: dict[int, list[dict[str, Any]]] = {}
+        for rec in entry["maps"]:
+            by_rank.setdefault(rec["rank"], []).append(rec)
+        for group in by_rank.values():
+            for rec, r in zip(group, mean_ranks([g["evaluation"]["scores"] for g in group])):
+                rec["evaluation"]["rank"] = r
+
+
 class Evaluator:
     """Scores maps batch by batch (see the module docstring)."""
 
@@ -160,7 +174,6 @@ class Evaluator:
 
     def _score(self, jobs: list[Any], recs: list[dict[str, Any]], original: list[float] | None, batch: Any,
                entries: list[dict[str, Any]], read: Any = None) -> None:
-        from inspect_model.methods.faithfulness.metrics import mean_ranks
         from inspect_model.methods.faithfulness.passes import count_inputs, evaluate_maps
 
         x = batch.tensor
@@ -192,14 +205,7 @@ class Evaluator:
                                  "rank": None}
             if s.steps:
                 rec["evaluation"]["steps"] = dict(s.steps)
-        # Rank the maps of one image and one target rank against each other.
-        for entry in entries:
-            by_rank: dict[int, list[dict[str, Any]]] = {}
-            for rec in entry["maps"]:
-                by_rank.setdefault(rec["rank"], []).append(rec)
-            for group in by_rank.values():
-                for rec, r in zip(group, mean_ranks([g["evaluation"]["scores"] for g in group])):
-                    rec["evaluation"]["rank"] = r
+        rank_maps(entries)
 
     def summary(self, entries: list[dict[str, Any]], columns: list[tuple[str, str]]) -> dict[str, Any]:
         """The ``evaluation`` object of the report: settings, passes and the per-method averages."""

@@ -124,6 +124,17 @@ class Evaluate:
         request._set("eval_steps", steps)
         return cls(bool(request.evaluate), tuple(parsed), steps, request.eval_tolerance, request.eval_batch)
 
+    def evaluator(self, prep: Any, *, boxes: Any = None, output_key: str | None = None, notes: Any = None,
+                  progress: Any = None) -> Any:
+        """The :class:`~inspect_model.run.evaluate.Evaluator` of these options (None without
+        ``--evaluate``): what a session scores its maps with, from the options as parsed here."""
+        if not self.enabled:
+            return None
+        from inspect_model.run.evaluate import Evaluator
+
+        return Evaluator(prep, list(self.metrics), steps=self.steps, batch=self.batch, boxes=boxes,
+                         output_key=output_key, notes=notes, progress=progress, tolerance=self.tolerance)
+
 
 @dataclass(frozen=True)
 class Picture:

@@ -2,9 +2,10 @@
 command shares, parsed and checked without importing torch where possible.
 
 ``ModelOptions`` and ``InputOptions`` are the request half of every API function; the CLI
-fills them from its options and the Python user from keyword arguments. ``check_inputs``
-validates what needs no model (sizes, numbers, paths), so that a wrong argument fails in
-well under a second; ``load`` turns ``ModelOptions`` into a loaded model.
+fills them from its options and the Python user from keyword arguments. Each is validated
+once, where it is made (``__post_init__``: :func:`check_dtype`, :func:`check_request`), for
+what needs no model (sizes, numbers, paths), so that a wrong argument fails in well under a
+second; ``load`` turns ``ModelOptions`` into a loaded model.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ class ModelOptions:
     max_memory: str | None = None  # "0=20GiB,cpu=30GiB"
     offload: bool = False  # stream what the GPUs do not hold from disk
     offload_dir: str | None = None  # where (implies offload); default: a temporary folder
+
+    def __post_init__(self) -> None:
+        self.dtype = check_dtype(self.dtype)  # validated once, here (issue 35), and normalised
 
     def placement(self) -> Any:
         """The placement asked for (:class:`~inspect_model.loading.placement.Placement`)."""
@@ -80,6 +84,9 @@ class InputOptions:
     target_text: str | None = None  # --target-text: a continuation to explain (causal LM, seq2seq)
     position: int | None = None  # --position: the token whose prediction is explained
     contrast: str | None = None  # --contrast: a causal LM's logit difference against this token
+
+    def __post_init__(self) -> None:
+        check_request(self)  # validated once, here (issue 35): what needs no model and no torch
 
 
 def parse_model_args(items: list[str] | dict[str, Any] | None) -> dict[str, Any]:

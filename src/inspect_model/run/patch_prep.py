@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from inspect_model.errors import UsageError
-from inspect_model.run.options import InputOptions, ModelOptions, check_request, load, resolve_device
-from inspect_model.run.pipeline import Prepared
+from inspect_model.run.options import InputOptions, ModelOptions, load
+from inspect_model.run.pipeline import Prepared, place
 
 DEFAULT_PER_FORWARD = 32  # patched runs per forward when --batch-size is not given
 
@@ -17,19 +17,16 @@ def prepare_patch(mopts: ModelOptions, inputs: InputOptions, request: Any, notes
     """(the prepared run, the tokenizer, patched runs per forward)."""
     import torch
 
-    from inspect_model.devices import model_device
     from inspect_model.loading.loaded import require_hookable
     from inspect_model.loading.prompt_pairs import PairPlan, given_pairs
     from inspect_model.loading.shapes import parse_dtype
     from inspect_model.loading.text import load_tokenizer, tokenizer_folder
     from inspect_model.methods.lm.metrics import parse_metric
-    from inspect_model.run.world import rank_device
 
     for flag, given in (("--input-size", inputs.input_size), ("--inputs-file", inputs.inputs_file),
                         ("--image-input", inputs.image_input), ("--clip", inputs.clip), ("--task", inputs.task)):
         if given:
             raise UsageError(f"patch reads its prompts from --clean/--corrupt or --pairs; drop {flag}")
-    check_request(inputs)
     pairs = given_pairs(request.clean, request.corrupt, request.pairs, tracing=request.noise_subject is not None)
     for i, p in enumerate(pairs):
         if p.metric is not None:
@@ -38,14 +35,7 @@ def prepare_patch(mopts: ModelOptions, inputs: InputOptions, request: Any, notes
     torch.manual_seed(inputs.seed)
     loaded = load(mopts)
     require_hookable(loaded, "patch")
-    placed = hasattr(loaded.model, "hf_device_map")
-    dev = (model_device(loaded.model) or "cpu") if loaded.borrowed or placed \
-        else resolve_device(rank_device(mopts.device))
-    for note in loaded.notes:
-        if notes is not None:
-            notes(note)
-    if dtype != torch.float32 and not loaded.borrowed and not placed:
-        loaded.model.to(dtype)
+    dev = place(loaded, mopts, dtype, notes)
     tok = load_tokenizer(tokenizer_folder(loaded, request.tokenizer, mopts.model))
     plan = PairPlan(pairs, seed=inputs.seed)
     per_forward = inputs.batch_size or DEFAULT_PER_FORWARD

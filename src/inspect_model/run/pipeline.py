@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 from inspect_model.run.options import (
     InputOptions,
     ModelOptions,
-    check_request,
     input_shape,
     load,
     resolve_device,
@@ -99,6 +98,25 @@ def prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: b
         if task is not None else prep
 
 
+def place(loaded: Any, mopts: ModelOptions, dtype: Any, notes: Any) -> str:
+    """The device the inputs go to, after the loader's notes are told and our own freshly
+    loaded copy (never the caller's, nor one accelerate spread) is cast to ``dtype``."""
+    import torch
+
+    from inspect_model.devices import model_device
+    from inspect_model.run.world import rank_device
+
+    placed = hasattr(loaded.model, "hf_device_map")  # spread by accelerate: inputs go to its main device
+    dev = (model_device(loaded.model) or "cpu") if loaded.borrowed or placed \
+        else resolve_device(rank_device(mopts.device))
+    for note in loaded.notes:
+        if notes is not None:
+            notes(note)
+    if dtype != torch.float32 and not loaded.borrowed and not placed:
+        loaded.model.to(dtype)
+    return dev
+
+
 def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: bool | None, notes: Any,
              default_batch: int | None, output_dir: Any) -> tuple[Prepared, Any, Any, Any]:
     import torch
@@ -107,23 +125,12 @@ def _prepare(command: str, mopts: ModelOptions, inputs: InputOptions, *, hooks: 
     from inspect_model.loading.shapes import parse_dtype
     from inspect_model.methods.objectives.targets import check_label_count, load_labels
 
-    check_request(inputs)
-    _precheck(mopts, inputs)
+    _precheck(mopts, inputs)  # (the options were checked once, as they were made: run/options.py)
     torch_dtype = parse_dtype(mopts.dtype)
     torch.manual_seed(inputs.seed)
     loaded = load(mopts, shape=input_shape(inputs, default_batch))
     _refuse(command, loaded, hooks)
-    from inspect_model.run.world import rank_device
-    from inspect_model.devices import model_device
-
-    placed = hasattr(loaded.model, "hf_device_map")  # spread by accelerate: inputs go to its main device
-    dev = (model_device(loaded.model) or "cpu") if loaded.borrowed or placed \
-        else resolve_device(rank_device(mopts.device))
-    for note in loaded.notes:
-        if notes is not None:
-            notes(note)
-    if torch_dtype != torch.float32 and not loaded.borrowed and not placed:
-        loaded.model.to(torch_dtype)  # our own freshly loaded copy, never the caller's
+    dev = place(loaded, mopts, torch_dtype, notes)
     categories = load_labels(inputs.labels) if inputs.labels else loaded.categories
     if inputs.labels and loaded.categories:  # the model names its classes: check at once
         check_label_count(categories, len(loaded.categories))

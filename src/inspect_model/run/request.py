@@ -190,17 +190,25 @@ CALL_ARGUMENTS = ("model_options", "inputs", "output_dir", "force", "tensorboard
                   "progress", "on_stuck")
 
 
-def api_command(request_cls: type[Request], *, positional: tuple[str, ...] = (), images: bool = True) -> Any:
+def api_command(request_cls: type[Request], *, positional: tuple[str, ...] = (), images: bool = True,
+                takes: tuple[str, ...] | None = None) -> Any:
     """Make ``fn(model, images, request, **call_arguments)`` the API function of a command:
     its keyword options build ``request_cls`` (validated once; an unknown keyword is a
     TypeError), ``positional`` request fields may follow ``images`` positionally, and the
     caller's random state (torch's and numpy's global generators) is the same after the
-    call as before it, whatever the command seeded or drew."""
+    call as before it, whatever the command seeded or drew. A function with a ``call``
+    parameter gets its call arguments as one :class:`~inspect_model.run.call.Call` (those of
+    ``takes``, default an image command's, :data:`~inspect_model.run.call.IMAGE_CALL`);
+    otherwise those of :data:`CALL_ARGUMENTS` it names, as keywords."""
     import functools
     import inspect
 
+    from inspect_model.run.call import IMAGE_CALL, Call
+
     def decorate(fn: Any) -> Any:
-        accepted = [n for n in CALL_ARGUMENTS if n in inspect.signature(fn).parameters]
+        own = inspect.signature(fn).parameters
+        bundled = "call" in own
+        accepted = list(takes or IMAGE_CALL) if bundled else [n for n in CALL_ARGUMENTS if n in own]
 
         lead = 2 if images else 1
 
@@ -221,6 +229,8 @@ def api_command(request_cls: type[Request], *, positional: tuple[str, ...] = (),
                 kwargs[name] = value
             call_args = {k: kwargs.pop(k) for k in list(kwargs) if k in accepted}
             req = request_cls.build(request, kwargs, call=fn.__name__)
+            if bundled:
+                call_args = {"call": Call(**call_args)}
             with preserved_rng():
                 if images:
                     return fn(model, given[0] if given else None, req, **call_args)

@@ -1,6 +1,7 @@
 """compare's maths against independent computations: the per-layer numbers of a pair
-(float64 by hand), layer matching, the --map file's checks, and the lockstep exchange
-(B's outputs met one pair at a time, no deadlock when B's order differs)."""
+(float64 by hand), layer matching, the --map file's checks, and the exchange (B runs
+ahead within its byte budget, no deadlock when B's order differs; see also
+test_compare_budget.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 from torch import nn
 
 from inspect_model.errors import InputError, UsageError
-from inspect_model.methods.compare.lockstep import Exchange
+from inspect_model.methods.compare.exchange import Exchange
 from inspect_model.methods.compare.match import match_layers, read_map
 from inspect_model.methods.compare.stats import PairSums
 
@@ -91,32 +92,39 @@ def test_map_file_size_is_bounded(tmp_path) -> None:
         read_map(p)
 
 
-def _exchange_run(b_order: list[str], a_order: list[str]) -> tuple[list[tuple[str, float]], Exchange]:
-    ex = Exchange(lockstep=True)
+def _exchange_run(b_order: list[str], a_order: list[str], budget: int = 2**20
+                  ) -> tuple[list[tuple[str, float]], Exchange]:
+    a_may_start = threading.Event()  # as in run_pair: A starts when B is done or at the budget
+    ex = Exchange(budget=budget, on_full=a_may_start.set)
     got: list[tuple[str, float]] = []
 
     def run_b() -> None:
         for i, name in enumerate(b_order):
             ex.put((name, 0), torch.tensor([float(i)]))
         ex.finish("b")
+        a_may_start.set()
 
     t = threading.Thread(target=run_b)
     t.start()
+    assert a_may_start.wait(timeout=10)
     for name in a_order:
         v = ex.take((name, 0))
         got.append((name, float(v) if v is not None else math.nan))
-        ex.release((name, 0))
     ex.finish("a")
     t.join(timeout=10)
     assert not t.is_alive()
     return got, ex
 
 
-def test_exchange_holds_one_pair_in_lockstep() -> None:
+def test_exchange_lets_b_run_ahead_within_its_budget() -> None:
     got, ex = _exchange_run(["x", "y", "z"], ["x", "y", "z"])
+    assert got == [("x", 0.0), ("y", 1.0), ("z", 2.0)] and ex.peak == 3 and ex.peak_bytes == 12
+    got, ex = _exchange_run(["x", "y", "z"], ["x", "y", "z"], budget=8)  # two 4-byte outputs at most
+    assert got == [("x", 0.0), ("y", 1.0), ("z", 2.0)] and ex.peak == 2 and ex.peak_bytes == 8
+    got, ex = _exchange_run(["x", "y", "z"], ["x", "y", "z"], budget=1)  # one output alone is over it: one at a time
     assert got == [("x", 0.0), ("y", 1.0), ("z", 2.0)] and ex.peak == 1
 
 
 def test_exchange_lets_b_run_ahead_when_its_order_differs() -> None:
-    got, ex = _exchange_run(["x", "y", "z"], ["z", "x", "y"])
-    assert got == [("z", 2.0), ("x", 0.0), ("y", 1.0)] and ex.peak >= 2
+    got, ex = _exchange_run(["x", "y", "z"], ["z", "x", "y"], budget=4)  # past the budget: A waits for z
+    assert got == [("z", 2.0), ("x", 0.0), ("y", 1.0)] and ex.peak == 3

@@ -18,45 +18,24 @@ import pytest
 import torch
 from torch import nn
 
+from fixtures.processes import FAULTY, SMALL, image_folder, wait_for
+from fixtures.processes import env as _env
+from fixtures.processes import one_line as _one_line
 from fixtures.invariants import register_model
 from fixtures.models import TinyCNN
 
-ROOT = Path(__file__).resolve().parents[3]
-FAULTY = [sys.executable, str(ROOT / "tests" / "fixtures" / "faulty_run.py")]
-COMMON = ["--crop", "16", "--resize", "16", "--batch-size", "2", "--weights", "none", "--json", "-q"]
+COMMON = [*SMALL, "--json", "-q"]
 STAGING = ".inspect-model-staging-resume"
-
-
-def _env(**more: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    env.update(OMP_NUM_THREADS="1", MPLBACKEND="Agg", PYTHONDONTWRITEBYTECODE="1", **more)
-    return env
-
-
-def _one_line(err: str) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
-    return lines[0]
 
 
 # ------------------------------------------------------------------ a tampered resume state
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A cam --resume run killed after 2 of 5 images: its output directory holds a state."""
-    import numpy as np
-    from PIL import Image
-
     root = tmp_path_factory.mktemp("tampered")
-    imgs = root / "imgs"
-    imgs.mkdir()
-    rng = np.random.default_rng(2)
-    for i in range(5):
-        Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(imgs / f"im{i}.png")
-    model = root / "models.py"
-    model.write_text((ROOT / "tests" / "fixtures" / "models.py").read_text())
+    imgs, spec = image_folder(root, 5, seed=2)
     out = root / "out"
-    args = ["cam", f"{model}:TinyCNN", str(imgs), *COMMON, "-o", str(out), "--resume"]
+    args = ["cam", spec, str(imgs), *COMMON, "-o", str(out), "--resume"]
     r = subprocess.run([*FAULTY, "kill:2", *args], capture_output=True, text=True, env=_env(), timeout=300,
                        check=False)
     assert r.returncode == -9, r.stderr
@@ -190,11 +169,7 @@ def test_a_signal_while_importing_is_one_line(sig: int, code: int, word: str, tm
     proc = subprocess.Popen([sys.executable, "-m", "inspect_model", "summary", "resnet18"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
-    deadline = time.monotonic() + 60
-    while not ready.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    wait_for(proc, ready, 60, poll=0.02)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err

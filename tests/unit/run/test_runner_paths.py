@@ -6,19 +6,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
-FAULTY = [sys.executable, str(ROOT / "tests" / "fixtures" / "faulty_run.py")]
-COMMON = ["--crop", "16", "--resize", "16", "--batch-size", "2", "--weights", "none", "--json", "-q"]
+from fixtures.processes import FAULTY, SMALL, close, image_folder, launch_torchrun, wait_for
+from fixtures.processes import env as _env
+
+COMMON = [*SMALL, "--json", "-q"]
 COMMANDS = {
     "activations": ["--layer", "features.0"],
     "grads": [],
@@ -46,27 +45,12 @@ open(sys.argv[2] + "-" + os.environ["RANK"] + ".json", "w").write(json.dumps(cod
 pytest.importorskip("tensorboard")
 
 
-def _env(**more: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
-    env.update(OMP_NUM_THREADS="1", MPLBACKEND="Agg", **more)
-    return env
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    import numpy as np
-    from PIL import Image
-
     root = tmp_path_factory.mktemp("paths")
-    imgs = root / "imgs"
-    imgs.mkdir()
-    rng = np.random.default_rng(1)
-    for i in range(7):  # 4 batches of 2: rank 0 gets 4 images, rank 1 gets 3
-        Image.fromarray(rng.integers(0, 255, (18 + i % 3, 20, 3), dtype=np.uint8)).save(imgs / f"im{i}.png")
-    model = root / "models.py"
-    model.write_text((ROOT / "tests" / "fixtures" / "models.py").read_text())
-    return {"root": root, "imgs": imgs, "spec": Path(f"{model}:TinyCNN")}
+    # 4 batches of 2: rank 0 gets 4 images, rank 1 gets 3
+    imgs, spec = image_folder(root, 7, seed=1, size=lambda i: (18 + i % 3, 20))
+    return {"root": root, "imgs": imgs, "spec": Path(spec)}
 
 
 def _args(data: dict[str, Path], command: str, path: str) -> list[str]:
@@ -114,11 +98,7 @@ def run_torchrun(root: Path, runs: dict[str, list[str]]) -> None:
     driver = root / "driver.py"
     driver.write_text(DRIVER)
     codes = root / "codes"
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-                        str(driver), json.dumps(runs), str(codes)],
-                       capture_output=True, text=True, env=_env(INSPECT_MODEL_DIST_BACKEND="gloo"), timeout=600,
-                       check=False)
-    assert r.returncode == 0, r.stderr[-3000:]
+    launch_torchrun(driver, json.dumps(runs), str(codes), timeout=600, INSPECT_MODEL_DIST_BACKEND="gloo")
     for rank in (0, 1):
         # After destroy_process_group no gloo thread may be left: one that outlives the
         # interpreter can abort the process at exit (world._import_group_defaults).
@@ -133,20 +113,9 @@ def run_torchrun(root: Path, runs: dict[str, list[str]]) -> None:
 REL = 5e-5
 
 
-def _close(a: Any, b: Any, path: str = "$") -> None:
+def _close(a: Any, b: Any) -> None:
     """Equal; floats to REL relative (moments merged, float32 gradients summed in another order)."""
-    if isinstance(a, dict):
-        assert set(a) == set(b), (path, set(a) ^ set(b))
-        for k in a:
-            _close(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, list):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _close(x, y, f"{path}[{i}]")
-    elif isinstance(a, float) and isinstance(b, float):
-        assert math.isclose(a, b, rel_tol=REL, abs_tol=1e-9), (path, a, b)
-    else:
-        assert a == b, (path, a, b)
+    close(a, b, rel=REL, abs_tol=1e-9)
 
 
 def _report(base: Path, command: str, *, sheets: bool = True) -> dict[str, Any]:
@@ -194,14 +163,6 @@ def test_torchrun_equals_one_process(command: str, one_process: Path, torchrun: 
     assert graph_written(torchrun / f"tb-{command}")
 
 
-def _wait(paths: list[Path], proc: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 240
-    while not all(p.exists() for p in paths):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the run never got there"
-        time.sleep(0.05)
-
-
 @pytest.mark.slow  # over 3 s: kept out of the quick tier
 def test_sigterm_under_resume_is_143_and_one_line(data: dict[str, Path], tmp_path: Path) -> None:
     """Mid-run, after a checkpoint: exit 143, one line; the resumable state is kept, nothing committed."""
@@ -209,7 +170,7 @@ def test_sigterm_under_resume_is_143_and_one_line(data: dict[str, Path], tmp_pat
     args = ["cam", str(data["spec"]), str(data["imgs"]), *COMMON, "-o", str(out), "--resume"]
     proc = subprocess.Popen([*FAULTY, "stall:2", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=_env(READY_DIR=str(tmp_path)))
-    _wait([tmp_path / "ready-0"], proc)
+    wait_for(proc, tmp_path / "ready-0", 240)
     proc.send_signal(signal.SIGTERM)
     stdout, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
@@ -228,7 +189,7 @@ def test_sigterm_under_torchrun_is_143_and_one_line_on_every_rank(data: dict[str
                              *FAULTY[1:], "stall:2", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=_env(READY_DIR=str(tmp_path), RESULT_DIR=str(tmp_path),
                                                 INSPECT_MODEL_DIST_BACKEND="gloo"))
-    _wait([tmp_path / "ready-0", tmp_path / "ready-1"], proc)
+    wait_for(proc, [tmp_path / "ready-0", tmp_path / "ready-1"], 240)
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=120)
     for rank in (0, 1):

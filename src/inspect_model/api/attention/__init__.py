@@ -13,14 +13,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from inspect_model.run import option_groups as og
+from inspect_model.methods.attention.maps import AttentionOptions
 from inspect_model.run.option_groups import Evaluate, Picture
-from inspect_model.run.options import InputOptions, ModelOptions
-from inspect_model.run.pipeline import run_images
+from inspect_model.run.options import ModelOptions
+from inspect_model.run.call import Call
 from inspect_model.run.request import Request, api_command, option
 from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
 from inspect_model.methods.attention.base import method_help as attention_help
-from inspect_model.methods.attention import base as attention_base
+from inspect_model.methods.attention.base import map_layer
 from inspect_model.methods.attention.base import all_names as attention_names
 from inspect_model.registry import command
 from inspect_model.reports.attention import AttentionReport
@@ -33,7 +34,7 @@ class AttentionRequest(Request):
     """The options of ``attention``; validated once, here."""
 
     command: ClassVar[str] = "attention"
-    groups: ClassVar[tuple[Any, ...]] = (Evaluate, Picture)
+    groups: ClassVar[tuple[Any, ...]] = (Evaluate, Picture, AttentionOptions)  # request.attention: the maps' options
 
     methods: tuple[str, ...] = option(("rollout",), "--method", "-m", help=attention_help, complete="method",
                                    multiple=True, param="method")
@@ -63,17 +64,9 @@ class AttentionRequest(Request):
     def evaluation_boxes(self) -> Any:
         return self.boxes
 
-    def validate(self) -> None:  # target, colormap and --evaluate are checked by their groups
-        o = self.options()
-        self._set("methods", o.methods)
-        self._set("layers", o.layers)
-
-    def options(self) -> Any:
-        from inspect_model.methods.attention.maps import AttentionOptions
-
-        return AttentionOptions(methods=self.methods or ("rollout",), layers=self.layers, heads=self.heads,
-                                query=self.query, head_fusion=self.head_fusion, discard_ratio=self.discard_ratio,
-                                mosaic=self.mosaic, cam_layer=self.cam_layer)
+    def validate(self) -> None:  # target, colormap, --evaluate and the maps' options are checked by their groups
+        self._set("methods", self.attention.methods)
+        self._set("layers", self.attention.layers)
 
 
 class AttentionSession(Session):
@@ -86,7 +79,7 @@ class AttentionSession(Session):
         from inspect_model.render.attention import AttentionDrawer
 
         self.prep, self.mopts, self.request = prep, mopts, request
-        self.options = request.options()
+        self.options = request.attention
         self.skipped_methods = self._score_free(notes)
         self.spec = parse_target(request.target, prep.categories)
         self.keep_maps = keep_maps
@@ -95,17 +88,8 @@ class AttentionSession(Session):
         self.text_maps: list[Any] = []  # --text: methods.attention_text.TextAttention per batch
         self.info: dict[str, Any] | None = None
         self.warnings = Warnings()
-        self.evaluator = None
         self.cam_layer: Any = None
-        if request.evaluate:
-            from inspect_model.run.evaluate import Evaluator, check_evaluate_request
-
-            parsed = check_evaluate_request(evaluate=True, metrics=list(request.metrics) or None,
-                                            boxes=request.boxes, steps=request.eval_steps, batch=request.eval_batch)
-            self.metrics = parsed
-            self.evaluator = Evaluator(prep, parsed, steps=request.eval_steps, batch=request.eval_batch,
-                                       boxes=request.boxes, notes=notes, progress=progress,
-                                       tolerance=request.eval_tolerance)
+        self.evaluator = request.evaluation.evaluator(prep, boxes=request.boxes, notes=notes, progress=progress)
         self.drawer = AttentionDrawer(categories=prep.categories, preprocess=prep.plan.preprocess,
                                       colormap=request.colormap, save_raw=request.save_raw, query=request.query)
         # --text, or token ids of a token model: token maps (issue 26); images still drawn as images
@@ -169,7 +153,7 @@ class AttentionSession(Session):
         return items
 
     def _entry(self, index: int, name: str, res: Any, i: int) -> dict[str, Any]:
-        from inspect_model.methods.objectives.rows import class_name
+        from inspect_model.methods.objectives.rows import target_fields
 
         target = None
         if res.targets is not None and res.scores is not None:
@@ -177,7 +161,7 @@ class AttentionSession(Session):
             from inspect_model.methods.objectives.targets import class_probabilities
 
             prob = float(class_probabilities(res.scores[i:i + 1])[0, cls])
-            target = {"class": cls, "label": class_name(cls, self.prep.categories), "probability": prob}
+            target = {**target_fields(cls, self.prep.categories), "probability": prob}
         maps: list[dict[str, Any]] = []
         for method, m in res.maps.items():
             a = m[i]
@@ -186,8 +170,7 @@ class AttentionSession(Session):
                                   "show; a gradient map is flat when the class score does not depend on the input "
                                   "(torchvision starts ViT's head at zero, so with --weights none every score is 0)")
             r, c = divmod(int(a.argmax()), a.shape[1])
-            layer = "+".join(self.options.layers) if method == "legrad" and self.options.layers else "all"
-            layer = res.cam_layer if method not in attention_base.REGISTRY else layer  # a CAM method's layer
+            layer = map_layer(method, self.options.layers, res.cam_layer)
             maps.append({"method": method, "layer": layer, "target": target, "rank": 0, "peak_cell": [r, c],
                          "max": float(a.max()), "min": float(a.min()), "files": {}})
         for layer, v in res.raw.items():
@@ -217,14 +200,14 @@ class AttentionSession(Session):
         return Result("attention", self.resolved_options(), payload, self.warnings.to_list(), record=record)
 
     def resolved_options(self) -> dict[str, Any]:
-        r, o = self.request, self.options
+        r, o, ev = self.request, self.options, self.request.evaluation
         return self.prep.options(
             self.mopts, methods=list(o.methods), layers=list(o.layers), heads=o.heads, query=o.query,
             head_fusion=o.head_fusion, discard_ratio=o.discard_ratio, mosaic=o.mosaic, cam_layer=o.cam_layer,
             target=list(r.target) if isinstance(r.target, tuple) else r.target, colormap=r.colormap,
-            save_raw=r.save_raw, evaluate=r.evaluate, metrics=list(getattr(self, "metrics", r.metrics)),
-            boxes=str(r.boxes) if r.boxes else None, eval_steps=r.eval_steps, eval_batch=r.eval_batch,
-            eval_tolerance=r.eval_tolerance)
+            save_raw=r.save_raw, evaluate=ev.enabled, metrics=list(ev.metrics),
+            boxes=str(r.boxes) if r.boxes else None, eval_steps=ev.steps, eval_batch=ev.batch,
+            eval_tolerance=ev.tolerance)
 
     # ------------------------------------------------------------------ resumable, mergeable
     def state_dict(self) -> dict[str, Any]:
@@ -306,17 +289,11 @@ class _AttentionRecord:
     text=True,
 )
 @api_command(AttentionRequest)
-def attention(model: Any, images: Any, request: AttentionRequest, *, model_options: ModelOptions | None = None,
-              inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,
-              tensorboard: Any = None, keep: bool | None = None, on_item: Any = None, notes: Any = None,
-              progress: Any = None) -> Result:
+def attention(model: Any, images: Any, request: AttentionRequest, call: Call) -> Result:
     """Attention maps of ``images`` (paths or a tensor (N, C, H, W)) for a vision transformer,
     with the options of :class:`AttentionRequest`: ``raw``, ``rollout``, ``grad-rollout``,
     ``legrad`` (see ``methods.attention``). The result has ``maps`` (method -> (N, rows,
     cols)) and ``raw`` (layer -> (N, heads, rows, cols)) when kept (the API default),
     ``to_dict()`` and ``save(dir)``."""
-    return run_images("attention", model, images, lambda prep, mopts, keep: AttentionSession(
-                      prep, mopts, request, keep_maps=keep, notes=notes, progress=progress),
-                      model_options=model_options, inputs=inputs,
-                      output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
-                      notes=notes, progress=progress, request=request)
+    return call.run_images("attention", model, images, request, lambda prep, mopts, keep: AttentionSession(
+        prep, mopts, request, keep_maps=keep, notes=call.notes, progress=call.progress))

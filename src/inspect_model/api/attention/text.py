@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inspect_model.errors import UsageError
+from inspect_model.methods.attention.base import map_layer
 
 
 @dataclass
@@ -68,13 +69,13 @@ def token_batch(batch: Any, model: Any) -> Any:
 
 def _target(res: Any, i: int, categories: Any) -> dict[str, Any] | None:
     from inspect_model.methods.objectives.targets import class_probabilities
-    from inspect_model.methods.objectives.rows import class_name
+    from inspect_model.methods.objectives.rows import target_fields
 
     if res.targets is None or res.scores is None:
         return None
     cls = int(res.targets[i])
     prob = float(class_probabilities(res.scores[i:i + 1])[0, cls])
-    return {"class": cls, "label": class_name(cls, categories), "probability": prob}
+    return {**target_fields(cls, categories), "probability": prob}
 
 
 def text_entry(session: Any, index: int, batch: Any, res: Any, i: int) -> dict[str, Any]:
@@ -87,7 +88,7 @@ def text_entry(session: Any, index: int, batch: Any, res: Any, i: int) -> dict[s
         if float(row.max()) == float(row.min()):
             session.warnings.add(f"{method}: the values of {batch.names[i]} are constant ({float(row.max()):.3g}): "
                                  "nothing to show")
-        layer = "+".join(session.options.layers) if method == "legrad" and session.options.layers else "all"
+        layer = map_layer(method, session.options.layers, "all")
         rest = row.clone()
         if n > 1:
             rest[q] = float("-inf")  # the query's own share is the identity's in both rollouts

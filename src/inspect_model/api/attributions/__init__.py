@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from inspect_model.run import option_groups as og
+from inspect_model.methods.attributions.options import AttributionSettings
 from inspect_model.run.option_groups import Evaluate
-from inspect_model.run.options import InputOptions, ModelOptions
-from inspect_model.run.pipeline import run_images
+from inspect_model.run.options import ModelOptions
+from inspect_model.run.call import Call
 from inspect_model.run.request import Request, api_command, option
 from inspect_model.run.session import ImageItem, Result, Session, Warnings, input_outcome
 from inspect_model.errors import InputError, UsageError
@@ -35,7 +36,7 @@ class AttributionsRequest(Request):
     """The options of ``attributions`` (README "attributions"); validated once, here, without torch."""
 
     command: ClassVar[str] = "attributions"
-    groups: ClassVar[tuple[Any, ...]] = (Evaluate,)
+    groups: ClassVar[tuple[Any, ...]] = (Evaluate, AttributionSettings)  # request.attribution: how to attribute
 
     methods: tuple[str, ...] = option(("saliency",), "--method", "-m", help=attribution_help, complete="method", multiple=True,
                                       param="method")
@@ -79,18 +80,12 @@ class AttributionsRequest(Request):
     continuation: str | None = option(None, "--continuation", type=str, help="Like --generate, on this "
                                       "continuation instead of the model's own (teacher-forced).")
 
-    def validate(self) -> None:  # no torch here: a bad option fails at once (target, --evaluate: their groups)
-        from inspect_model.methods.attributions import options as ao
-
-        self._set("methods", ao.parse_methods(self.methods or ("saliency",)))
-        self._set("steps", ao.parse_steps(self.steps))
-        ao.check_settings(steps=self.steps, rule=self.rule, samples=self.samples, noise=self.noise,
-                          noise_mode=self.noise_mode, batch_size=1, smooth=self.smooth, methods=self.methods,
-                          max_gap=self.max_gap)
-        self._set("baseline", ao.parse_baseline(self.baseline))
+    def validate(self) -> None:  # no torch here: target, --evaluate and the settings are checked by their groups
+        s = self.attribution
+        self._set("methods", s.methods)
+        self._set("steps", s.steps)
+        self._set("baseline", s.baseline)
         self._set("window", str(self.window))
-        ao.parse_sizes(self.window, "--window")
-        ao.parse_sizes(self.stride, "--window-stride")
         if self.generates:
             from inspect_model.api.attributions.generation import check_generation_request
 
@@ -115,14 +110,6 @@ class AttributionsRequest(Request):
         from inspect_model.api.attributions.generation import objective_words
 
         return objective_words(self, adapter)
-
-    def settings(self, *, batch_size: int, seed: int = 0) -> Any:
-        from inspect_model.methods.attributions.maps import AttributionSettings
-
-        return AttributionSettings(
-            methods=self.methods, steps=self.steps, rule=self.rule, baseline=self.baseline, samples=self.samples,
-            noise=self.noise, noise_mode=self.noise_mode, window=self.window, stride=self.stride, smooth=self.smooth,
-            batch_size=batch_size, seed=seed, activations=self.activations, max_gap=self.max_gap)
 
     def resolved(self) -> dict[str, Any]:
         out = super().resolved()
@@ -151,7 +138,7 @@ class AttributionsSession(Session):
 
         self.prep, self.mopts, self.request = prep, mopts, request
         self.spec = parse_target(request.target, prep.categories)
-        self.settings = request.settings(batch_size=prep.plan.batch_size, seed=int(prep.plan.seed))
+        self.settings = request.attribution.for_run(batch_size=prep.plan.batch_size, seed=int(prep.plan.seed))
         from inspect_model.run.evaluate import _takes_label
 
         # Long work reports (done, total, label); a two-argument callback sees the images only.
@@ -162,20 +149,13 @@ class AttributionsSession(Session):
         self.found = Found()
         self.options_record = request.resolved()  # plain data: part of the --resume fingerprint
         self.sanity_acc: dict[str, Any] | None = None
-        self.evaluator = None
-        if request.evaluate:
-            from inspect_model.run.evaluate import Evaluator
-            from inspect_model.methods.faithfulness.metrics import parse_metrics
-
-            self.evaluator = Evaluator(prep, parse_metrics(list(request.metrics or []), boxes=False),
-                                       steps=request.eval_steps, batch=request.eval_batch,
-                                       output_key=request.output_key, notes=notes, progress=progress,
-                                       tolerance=request.eval_tolerance)
+        self.evaluator = request.evaluation.evaluator(prep, output_key=request.output_key, notes=notes,
+                                                      progress=progress)
         from inspect_model.render.draw_attributions import AttributionsDrawer
 
         self.drawer = AttributionsDrawer(categories=prep.categories, preprocess=prep.plan.preprocess,
                                          methods=list(request.methods), save_raw=request.save_raw,
-                                         overlays=request.overlays, curves=request.evaluate)
+                                         overlays=request.overlays, curves=request.evaluation.enabled)
 
     # ------------------------------------------------------------------ computing
     def feed(self, batch: Any) -> list[ImageItem]:
@@ -215,13 +195,14 @@ class AttributionsSession(Session):
         from inspect_model.methods.attributions import base as ab
         from inspect_model.methods.attributions.entries import image_entry, map_entry
         from inspect_model.methods.attributions.maps import map_statistics
-        from inspect_model.methods.objectives.rows import class_name
+        from inspect_model.methods.objectives.rows import class_name, objective_flag
         from inspect_model.reports.attributions import AttributionTarget, TextTokens
 
         records = []
         for k, cls in enumerate(res.targets[i]):
             target = AttributionTarget(class_=int(cls), label=class_name(int(cls), self.prep.categories),
-                                       score=res.scores[i][k], probability=res.probabilities[i][k])
+                                       score=res.scores[i][k], probability=res.probabilities[i][k],
+                                       **objective_flag(self.prep.categories))
             for method, maps in res.maps.items():
                 ig = method == "integrated-gradients" and res.deltas is not None
                 steps = res.ig_steps[i][k] if ig and res.ig_steps is not None else None  # --steps auto: its own
@@ -268,7 +249,8 @@ class AttributionsSession(Session):
 
     def _evaluate_tokens(self, res: Any, batch: Any, entries: list[dict[str, Any]]) -> None:
         """Deletion and insertion of tokens for every map (methods/faithfulness/tokens.py)."""
-        from inspect_model.methods.faithfulness.metrics import auc, mean_ranks
+        from inspect_model.methods.faithfulness.metrics import auc
+        from inspect_model.run.evaluate import rank_maps
         from inspect_model.methods.faithfulness.tokens import token_curves
         from inspect_model.methods.objectives.targets import class_probabilities, select_output
 
@@ -290,19 +272,14 @@ class AttributionsSession(Session):
             ev.passes, ev.inputs = ev.passes + 1, ev.inputs + int(rows.shape[0])
             return class_probabilities(y.reshape(y.shape[0], -1).double()).cpu()
 
-        steps = 32 if self.request.eval_steps == "auto" else int(self.request.eval_steps)
+        steps = 32 if self.request.evaluation.steps == "auto" else int(self.request.evaluation.steps)
         for i, entry in enumerate(entries):
             for rec in entry["maps"]:
                 rel = res.maps[rec["method"]][i, rec["rank"]].sum(-1)  # (L,): one value per token
                 curves = token_curves(probability, ids[i], lengths[i], rel, int(rec["target"]["class"]), fill, steps)
                 rec["evaluation"] = {"scores": {k: auc(v) for k, v in curves.items()}, "curves": curves,
                                      "confidence": {}, "rank": None, "replacement_token": fill}
-            by_rank: dict[int, list[dict[str, Any]]] = {}
-            for rec in entry["maps"]:
-                by_rank.setdefault(rec["rank"], []).append(rec)
-            for group in by_rank.values():
-                for rec, r in zip(group, mean_ranks([g["evaluation"]["scores"] for g in group])):
-                    rec["evaluation"]["rank"] = r
+        rank_maps(entries)
 
     def finish(self) -> Result:
         from inspect_model.methods.attributions import sanity as san
@@ -399,10 +376,7 @@ class _MapsRecord:
     text=True,
 )
 @api_command(AttributionsRequest, positional=("target",))
-def attributions(model: Any, images: Any, request: AttributionsRequest, *, model_options: ModelOptions | None = None,
-                 inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False,
-                 tensorboard: Any = None, keep: bool | None = None, on_item: Any = None, notes: Any = None,
-                 progress: Any = None) -> Result:
+def attributions(model: Any, images: Any, request: AttributionsRequest, call: Call) -> Result:
     """Attribution maps of ``images`` (paths, or a tensor (N, C, H, W), or token ids) under
     ``model``, with the options of :class:`AttributionsRequest` (``methods=["saliency",
     "integrated-gradients"]``, ``steps=64``, ...; ``target`` may come third). The result has
@@ -412,10 +386,7 @@ def attributions(model: Any, images: Any, request: AttributionsRequest, *, model
     if request.generates:  # attribution over a generation (issue 36): api/attributions/generation.py
         from inspect_model.api.attributions.generation import GenerationSession, check_generation_inputs
 
-        check_generation_inputs(images, inputs)
+        check_generation_inputs(images, call.inputs)
         session = GenerationSession
-    return run_images("attributions", model, images, lambda prep, mopts, keep: session(
-                      prep, mopts, request, keep_maps=keep, notes=notes, progress=progress),
-                      model_options=model_options, inputs=inputs,
-                      output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
-                      notes=notes, progress=progress, request=request)
+    return call.run_images("attributions", model, images, request, lambda prep, mopts, keep: session(
+        prep, mopts, request, keep_maps=keep, notes=call.notes, progress=call.progress))

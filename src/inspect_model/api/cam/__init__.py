@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from inspect_model.run.options import InputOptions, ModelOptions
-from inspect_model.run.pipeline import run_images
+from inspect_model.run.options import ModelOptions
+from inspect_model.run.call import Call
 from inspect_model.run import option_groups as og
 from inspect_model.run.option_groups import Evaluate, Layers, Picture
 from inspect_model.run.request import (
@@ -84,7 +84,6 @@ class CamRequest(Request):
         if self.fuse and len(self.layers) < 2:
             raise UsageError("--fuse combines several layers; give --layer at least twice")
         check_dense_options(self.score_threshold, self.max_detections)
-        self._set("parsed_metrics", self.evaluation.metrics)
 
 
 def check_cam_request(**options: Any) -> CamRequest:
@@ -119,27 +118,24 @@ class CamSession(Session):
         self.entries: list[dict[str, Any]] = []
         self.passes = {"forward": 0, "backward": 0, "scorecam_forward": 0}
         self.columns: list[tuple[str, str]] = []
-        self.eval_options = {"evaluate": r.evaluate, "metrics": list(r.parsed_metrics) or None,
-                             "boxes": str(r.boxes) if r.boxes else None, "eval_steps": r.eval_steps,
-                             "eval_batch": r.eval_batch, "eval_tolerance": r.eval_tolerance}
+        ev = r.evaluation  # --evaluate and its options, parsed once (run/option_groups.Evaluate)
+        self.eval_options = {"evaluate": ev.enabled, "metrics": list(ev.metrics) or None,
+                             "boxes": str(r.boxes) if r.boxes else None, "eval_steps": ev.steps,
+                             "eval_batch": ev.batch, "eval_tolerance": ev.tolerance}
         self.evaluator: Any = None
         flow = hasattr(prep.binding, "second_for")
-        if flow and ("scorecam" in self.methods or r.evaluate):
+        if flow and ("scorecam" in self.methods or ev.enabled):
             raise UsageError("Score-CAM and --evaluate perturb the input, and a flow model's input is a pair of "
                              "images; use the gradient methods (gradcam, ...) or eigencam")
-        if r.boxes is not None and not r.evaluate and self.dense is None:
+        if r.boxes is not None and not ev.enabled and self.dense is None:
             if not flow:
                 raise UsageError("--boxes needs --evaluate (for a classifier; a detector or a segmenter takes "
                                  "--boxes as the boxes to explain, a flow model as the region to explain)")
             from inspect_model.run.media import flow_boxes
 
             flow_boxes(prep, r.boxes, self.notes)  # a flow model: the region whose flow is explained
-        if r.evaluate:
-            from inspect_model.run.evaluate import Evaluator
-
-            self.evaluator = Evaluator(prep, list(r.parsed_metrics), steps=r.eval_steps, batch=r.eval_batch,
-                                       boxes=r.boxes, output_key=r.output_key, notes=self.notes, progress=progress,
-                                       tolerance=r.eval_tolerance)
+        self.evaluator = r.evaluation.evaluator(prep, boxes=r.boxes, output_key=r.output_key, notes=self.notes,
+                                                progress=progress)
         from inspect_model.render.draw_cam import CamDrawer
 
         self.drawer = CamDrawer(categories=prep.categories, preprocess=prep.plan.preprocess, alpha=r.alpha,
@@ -313,19 +309,14 @@ class CamSession(Session):
     text=True,
 )
 @api_command(CamRequest)
-def cam(model: Any, images: Any, request: CamRequest, *, model_options: ModelOptions | None = None,
-        inputs: InputOptions | None = None, output_dir: Any = None, force: bool = False, tensorboard: Any = None,
-        keep: bool | None = None, on_item: Any = None, notes: Any = None, progress: Any = None) -> Result:
+def cam(model: Any, images: Any, request: CamRequest, call: Call) -> Result:
     """Class activation maps of ``images`` (paths, or a tensor (N, C, H, W)) under ``model``
     (a spec, an ``nn.Module`` or a ``LoadedModel``), with the options of :class:`CamRequest`
     as keywords (``methods=["gradcam"]``, ``target=3``...). The result's ``to_dict()`` is the
     CLI's ``--json``; ``save(dir)`` (or ``output_dir=``) writes the CLI's files.
     ``evaluate=True`` adds faithfulness scores (see :mod:`inspect_model.run.evaluate`)."""
-    return run_images("cam", model, images,
-                      lambda prep, mopts, keep: CamSession(prep, mopts, request, notes=notes, progress=progress),
-                      model_options=model_options, inputs=inputs,
-                      output_dir=output_dir, force=force, tensorboard=tensorboard, keep=keep, on_item=on_item,
-                      notes=notes, progress=progress, request=request)
+    return call.run_images("cam", model, images, request, lambda prep, mopts, keep: CamSession(
+        prep, mopts, request, notes=call.notes, progress=call.progress))
 
 
 

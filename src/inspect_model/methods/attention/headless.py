@@ -44,7 +44,7 @@ def explicit_objective(target: Any) -> bool:
 
 def score_free(method: str) -> bool:
     """An attention method that explains no score (its registry entry needs no gradients)."""
-    return method in base.REGISTRY and not base.REGISTRY[method].needs_gradients
+    return base.known(method) and not base.get(method).needs_gradients
 
 
 def split_methods(methods: tuple[str, ...], model: Any, *, task: Any = None, target: Any = None
@@ -58,7 +58,7 @@ def split_methods(methods: tuple[str, ...], model: Any, *, task: Any = None, tar
     for m in methods:
         if score_free(m):  # runs on any model with attention
             continue
-        if m in base.REGISTRY and base.REGISTRY[m].needs_head:
+        if base.known(m) and base.get(m).needs_head:
             skipped[m] = f"{m} scores each block's tokens through the model's head, and {name} has none"
         elif not named:
             skipped[m] = (f"{name} has no head: {m} explains a score, and none is named (give --target norm "

@@ -16,7 +16,8 @@ It is computed from the end, u <- u Â_l, one (B, HW) vector at a time, so no (H
 matrix is ever formed: each layer keeps only its fused (B, G, N, N) window blocks
 (tokens x window area numbers per image, what the op computed anyway). The map lies on the
 first attention layer's feature map. The convolutions and MLPs between attention layers are
-taken as the identity, as rollout takes a ViT's MLPs.
+taken as the identity, as rollout takes a ViT's MLPs. The methods fold with :func:`fold` at
+their end (methods/attention/variants/rollout.py, grad_rollout.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.errors import ModelRuntimeError, UnsupportedModelError
+from inspect_model.errors import UnsupportedModelError
 
 if TYPE_CHECKING:
     import torch
@@ -107,7 +108,6 @@ def fold(layers: list[WindowLayer], blocks: dict[int, torch.Tensor], batch: int,
     return u.reshape(batch, *cur).float()
 
 
-
 def window_layer(call: Any, owner: Any, batch: int) -> WindowLayer:
     """The :class:`WindowLayer` of a windowed attention call (``call``: an ``AttentionCall``,
     ``owner``: its ``WindowOwner``, holding the feature map of this call)."""
@@ -115,19 +115,3 @@ def window_layer(call: Any, owner: Any, batch: int) -> WindowLayer:
 
     groups, n = call.batch // batch, call.queries
     return WindowLayer(call.index, call.name, tuple(owner.hw), positions(owner, groups, n), groups, n)
-
-
-def maps(st: Any) -> dict[str, torch.Tensor]:
-    """rollout and grad-rollout of a run over windowed attention (``st``: the run's state)."""
-    out = {}
-    if not st.wlayers:
-        return out
-    if "rollout" in st.opts.methods:
-        out["rollout"] = fold(st.wlayers, st.wblocks, st.batch, residual=False)
-    if "grad-rollout" in st.opts.methods:
-        missing = [w.name for w in st.wlayers if w.index not in st.abar]
-        if missing:
-            raise ModelRuntimeError(f"grad-rollout: no gradient reached the attention of '{missing[0]}'")
-        blocks = {w.index: st.abar[w.index].reshape(st.batch, w.groups, w.n, w.n) for w in st.wlayers}
-        out["grad-rollout"] = fold(st.wlayers, blocks, st.batch, residual=True)
-    return out

@@ -1,4 +1,5 @@
-"""Attention maps of vision transformers: raw attention, rollout, gradient rollout and LeGrad.
+"""Attention maps of vision transformers: raw attention, rollout, gradient rollout and LeGrad
+(one module each under :mod:`.variants`, over :mod:`.base`), their options and result.
 
 All four come from one forward pass under :class:`~inspect_model.engine.attention.AttentionCapture`
 and at most one backward pass per gradient method (grad-rollout and LeGrad differentiate
@@ -30,8 +31,9 @@ last stage; CAM-family methods asked for in the same run in :mod:`.cam`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from inspect_model.errors import LayerSelectionError, UsageError, suggest
 from inspect_model.methods.attention import base
@@ -40,8 +42,6 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-METHODS = base.names()  # the built-in attention methods (methods/attention/base.py)
-GRADIENT_METHODS = base.gradient_names()
 FUSIONS = ("mean", "max", "min")
 
 
@@ -52,6 +52,7 @@ def parse_methods(items: Sequence[str] | str | None) -> tuple[str, ...]:
 
     if isinstance(items, str):
         items = [items]
+    known, aliases = base.names(), base.FAMILY.aliases()
     names: list[str] = []
     for item in items or ["rollout"]:
         for tok in str(item).split(","):
@@ -59,22 +60,22 @@ def parse_methods(items: Sequence[str] | str | None) -> tuple[str, ...]:
             if not tok:
                 continue
             if tok == "all":
-                names.extend(METHODS)
-            elif tok in METHODS:
-                names.append(tok)
+                names.extend(base.in_all())
+            elif tok in known or tok in aliases:
+                names.append(aliases.get(tok, tok))
             elif (cam := cam_name(tok)) is not None:
                 names.append(cam)
             else:
                 raise UsageError(f"--method '{tok}' is not an attention method; choose from "
-                                 + ", ".join(METHODS) + f" (and CAM methods: {', '.join(cam_names())})"
-                                 + suggest(tok, list(METHODS)))
-    return tuple(m for m in (*METHODS, *cam_names()) if m in names)
+                                 + ", ".join(known) + f" (and CAM methods: {', '.join(cam_names())})"
+                                 + suggest(tok, list(known)))
+    return tuple(m for m in (*known, *cam_names()) if m in names)
 
 
 def _needs(name: str, what: str) -> bool:
     """An attention method's property ``what``; a CAM method's backward pass is the score's."""
-    if name in base.REGISTRY:
-        return bool(getattr(base.REGISTRY[name], what))
+    if base.known(name):
+        return bool(getattr(base.get(name), what))
     from inspect_model.methods.cam import base as cam_base
 
     return cam_base.get(name).needs_gradients
@@ -82,7 +83,7 @@ def _needs(name: str, what: str) -> bool:
 
 def cam_methods(methods: Sequence[str]) -> tuple[str, ...]:
     """The CAM-family names among ``methods``."""
-    return tuple(m for m in methods if m not in METHODS)
+    return tuple(m for m in methods if not base.known(m))
 
 
 def parse_heads(text: str) -> str | tuple[int, ...]:
@@ -113,7 +114,10 @@ def parse_query(text: str) -> str | int:
 
 @dataclass(frozen=True)
 class AttentionOptions:
-    """What to compute; validated once here."""
+    """What to compute; validated once here. The ``attention`` command's option group: its
+    request parses it once (:meth:`parse`, as ``request.attention``) and the session reads it."""
+
+    attr: ClassVar[str] = "attention"
 
     methods: tuple[str, ...] = ("rollout",)
     layers: tuple[str, ...] = ()  # raw/legrad: indices (-1 = last) or module names; () = raw last, legrad all
@@ -133,6 +137,12 @@ class AttentionOptions:
             raise UsageError(f"--head-fusion '{self.head_fusion}': choose from {', '.join(FUSIONS)}")
         if not 0.0 <= self.discard_ratio < 1.0:
             raise UsageError(f"--discard-ratio {self.discard_ratio} must be in [0, 1)")
+
+    @classmethod
+    def parse(cls, request: Any) -> AttentionOptions:
+        """The options of an ``attention`` request (fields of the same names)."""
+        given = {f.name: getattr(request, f.name) for f in dataclasses.fields(cls)}
+        return cls(**{**given, "methods": given["methods"] or ("rollout",)})
 
     @property
     def needs_grad(self) -> bool:
@@ -194,28 +204,6 @@ def fuse_heads(a: torch.Tensor, how: str) -> torch.Tensor:
     if how == "mean":
         return a.mean(dim=1)
     return a.amax(dim=1) if how == "max" else a.amin(dim=1)
-
-
-def rollout_step(r: torch.Tensor | None, a: torch.Tensor, fusion: str, discard_ratio: float) -> torch.Tensor:
-    """One layer of attention rollout: R <- Â R with Â = norm((fuse(A) + I) / 2) (module docstring).
-
-    ``a`` (B, h, N, N); ``r`` (B, N, N) or ``None`` (identity)."""
-    import torch
-
-    fused = fuse_heads(a, fusion)
-    if discard_ratio > 0:
-        flat = fused.reshape(fused.shape[0], -1).clone()
-        k = int(flat.shape[1] * discard_ratio)
-        if k:
-            low = flat.topk(k, dim=1, largest=False).indices
-            keep0 = flat[:, 0].clone()  # the class token's attention to itself stays (vit-explain)
-            flat.scatter_(1, low, 0.0)
-            flat[:, 0] = keep0
-        fused = flat.reshape_as(fused)
-    eye = torch.eye(fused.shape[-1], dtype=fused.dtype, device=fused.device)
-    ahat = (fused + eye) / 2
-    ahat = ahat / ahat.sum(dim=-1, keepdim=True)
-    return ahat if r is None else torch.bmm(ahat, r)
 
 
 def query_rows(a: torch.Tensor, query: str | int, prefix: int) -> torch.Tensor:

@@ -1,7 +1,9 @@
 """The run behind :func:`compute_attention`: one forward pass
-under the attention capture, then one backward pass per gradient method; what each layer
-gives is folded in as it comes (a running product for rollout, one query row per raw layer,
-a running sum for LeGrad), so no layer is kept that was not asked for."""
+under the attention capture, then the target score's backward pass (shared by the methods
+whose ``score_backward`` is set and the gradient CAMs) and one of its own per other gradient
+method. Each attention method (one module under :mod:`.variants`) folds in what each layer
+gives as it comes (a running product for rollout, one query row per raw layer, a running sum
+for LeGrad), so no layer is kept that was not asked for, and makes its map at the end."""
 
 from __future__ import annotations
 
@@ -12,13 +14,7 @@ from inspect_model.errors import LayerSelectionError, ModelRuntimeError, Unsuppo
 from inspect_model.loading.wrappers import unwrap_module
 from inspect_model.methods.attention import base
 from inspect_model.methods.attention import maps as am
-from inspect_model.methods.attention.models import (
-    block_of,
-    model_scores,
-    patch_grid,
-    score_projection,
-    tokens_of,
-)
+from inspect_model.methods.attention.models import block_of, model_scores, patch_grid, tokens_of
 
 if TYPE_CHECKING:
     import torch
@@ -26,13 +22,16 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class _State:
+class RunState:
+    """What one run keeps while the passes go: shared facts (tokens, heads, windows) and the
+    built-in methods' running values; ``scratch`` holds any other method's own."""
+
     batch: int
     opts: am.AttentionOptions
     raw_layers: set[str]
-    legrad_layers: set[str]
+    head_layers: set[str]  # the layers of the methods that score tokens through the head (needs_head)
     query: str | int
-    prefix: int | None = None
+    methods: list[base.AttentionMethod] = field(default_factory=list)  # the attention methods asked for    prefix: int | None = None
     tokens: int | None = None
     heads: int | None = None
     rollout: Any = None  # (B, N, N) running product
@@ -49,9 +48,22 @@ class _State:
     windowed: set[str] = field(default_factory=set)
     wlayers: list[Any] = field(default_factory=list)  # WindowLayer per windowed call (rollout, grad-rollout)
     wblocks: dict[int, Any] = field(default_factory=dict)  # call index -> (B, G, N, N) rollout blocks
+    scratch: dict[str, Any] = field(default_factory=dict)  # a method's own running values, by its name
+    _rows: tuple[int, Any] | None = None
+
+    def query_rows(self, call: Any) -> torch.Tensor:
+        """The chosen query's row of ``call``'s probabilities (B, h, Nk), float; made once a call."""
+        if self._rows is None or self._rows[0] != call.index:
+            self._rows = (call.index, am.query_rows(call.probs(), self.query, self.prefix or 0).float())
+        return self._rows[1]
+
+    @property
+    def folds_all(self) -> bool:
+        """A method asked for folds every attention layer (rollout, grad-rollout)."""
+        return any(m.all_layers for m in self.methods)
 
 
-def _check_call(st: _State, call: Any, model: nn.Module) -> None:
+def _check_call(st: RunState, call: Any, model: nn.Module) -> None:
     from inspect_model.engine.attention import prefix_tokens
 
     if call.batch != st.batch or call.name in st.owners:  # a Swin stage of one window is windowed too
@@ -77,78 +89,36 @@ def _check_call(st: _State, call: Any, model: nn.Module) -> None:
     if st.tokens is None:
         st.tokens, st.heads = call.keys, call.heads
         st.prefix = prefix_tokens(model, call.keys)
-    elif call.keys != st.tokens and ("rollout" in st.opts.methods or "grad-rollout" in st.opts.methods):
+    elif call.keys != st.tokens and st.folds_all:
         raise UnsupportedModelError(
             f"attention in '{call.name}' has {call.keys} tokens where an earlier layer had {st.tokens}: rollout "
             "needs the same tokens in every layer (found a hierarchical transformer); -m raw works")
 
 
-def _on_forward(st: _State, model: nn.Module) -> Any:
+def _on_forward(st: RunState, model: nn.Module) -> Any:
     def fn(call: Any) -> None:
         _check_call(st, call, model)
         if call.name in st.windowed:
-            if call.name in st.raw_layers:  # what each token receives in its window, put back in place
-                from inspect_model.methods.attention.windows import unpartition
-
-                rows = call.probs().mean(dim=2)  # (B * windows, heads, N): mean over the window's queries
-                st.raw[call.name] = unpartition(rows.float(), st.batch, st.owners[call.name]).cpu()
-            if "rollout" in st.opts.methods or "grad-rollout" in st.opts.methods:
+            if st.folds_all:
                 from inspect_model.methods.attention import hierarchical as ah
 
                 st.wlayers.append(ah.window_layer(call, st.owners[call.name], st.batch))
-                if "rollout" in st.opts.methods:
-                    st.wblocks[call.index] = ah.fused_blocks(call.probs(), st.wlayers[-1], st.batch,
-                                                             st.opts.head_fusion, st.opts.discard_ratio)
+            for m in st.methods:
+                m.forward_windowed(st, call)
             return
-        if call.name in st.raw_layers or st.opts.mosaic:
-            rows = am.query_rows(call.probs(), st.query, st.prefix or 0).float()
-            if call.name in st.raw_layers:
-                st.raw[call.name] = rows
-            if st.opts.mosaic:
-                st.mosaic.append(rows)
-        if "rollout" in st.opts.methods:
-            st.rollout = am.rollout_step(st.rollout, call.probs(), st.opts.head_fusion, st.opts.discard_ratio)
+        if st.opts.mosaic:
+            st.mosaic.append(st.query_rows(call))
+        for m in st.methods:
+            m.forward(st, call)
     return fn
 
 
-def _on_backward(st: _State) -> Any:
+def _on_backward(st: RunState) -> Any:
     def fn(call: Any, grad: torch.Tensor) -> None:
-        if st.phase == "grad-rollout":
-            abar = (grad * call.probs()).clamp_min_(0).mean(dim=1)  # (B, N, N); windowed (B * G, N, N)
-            if call.name in st.windowed:
-                st.abar[call.index] = abar  # folded at the end with the windows (attention_hier)
-            else:
-                _fold_grad_rollout(st, call.index, abar)
-        elif st.phase == "legrad" and call.name in st.legrad_layers:
-            rel = grad.clamp(min=0).mean(dim=(1, 2))  # (B, Nk), windowed (B * G, N)
-            if call.name in st.windowed:  # put back on the stage's feature map, (B, H * W)
-                from inspect_model.methods.attention.windows import unpartition
-
-                owner = st.owners[call.name]
-                rel, st.legrad_hw = unpartition(rel[:, None], st.batch, owner).flatten(1), owner.hw
-            st.legrad = rel if st.legrad is None else st.legrad + rel
-            st.legrad_count += 1
+        method = base.methods().get(st.phase)  # "score": the gradient CAMs' pass, nothing to fold
+        if method is not None:
+            method.backward(st, call, grad)
     return fn
-
-
-def _fold_grad_rollout(st: _State, index: int, abar: torch.Tensor) -> None:
-    """Chefer et al.'s R = (I + Ā_L) ... (I + Ā_1), read only in its class row (the mean row
-    without a class token): u^T R from the output end, u <- u + u Ā_l, as the backward pass
-    brings the layers, last first. No (tokens x tokens) product is formed."""
-    import torch
-
-    if st.gr_row is None:
-        n = abar.shape[-1]
-        st.gr_row = torch.zeros(st.batch, n, dtype=abar.dtype, device=abar.device)
-        if st.prefix:
-            st.gr_row[:, 0] = 1.0
-        else:
-            st.gr_row += 1.0 / n
-    elif index >= st.gr_last:
-        raise ModelRuntimeError("grad-rollout needs the attention layers in one chain (the backward pass "
-                                f"reached layer {index} after layer {st.gr_last})")
-    st.gr_row = st.gr_row + torch.bmm(st.gr_row[:, None].to(abar.dtype), abar)[:, 0]
-    st.gr_last = index
 
 
 def one_target_each(target: Any, scores: torch.Tensor, what: str = "image") -> list[int]:
@@ -197,13 +167,13 @@ def run(model: nn.Module, x: torch.Tensor, opts: am.AttentionOptions, target: An
 
     names = attention_modules(model)
     methods = opts.methods
+    own = [base.get(m) for m in methods if base.known(m)]
     hw = (int(x.shape[-2]), int(x.shape[-1]))
     raw_layers = am.select_layers(opts.layers or ["-1"], names) if "raw" in methods and names else []
-    legrad_layers = am.select_layers(opts.layers or ["all"], names) if "legrad" in methods and names else []
-    st = _State(int(x.shape[0]), opts, set(raw_layers), set(legrad_layers), am.parse_query(opts.query))
-    all_layers = not names or opts.mosaic or any(m in base.REGISTRY and base.REGISTRY[m].all_layers
-                                                 for m in methods)
-    wanted = None if all_layers else st.raw_layers | st.legrad_layers
+    head_layers = am.select_layers(opts.layers or ["all"], names) if any(m.needs_head for m in own) and names \
+        else []
+    st = RunState(int(x.shape[0]), opts, set(raw_layers), set(head_layers), am.parse_query(opts.query), own)
+    wanted = None if not names or opts.mosaic or st.folds_all else st.raw_layers | st.head_layers
     blocks: dict[str, Any] = {}
     handles: list[Any] = []
     passes = {"forward": 0, "backward": 0}
@@ -217,15 +187,15 @@ def run(model: nn.Module, x: torch.Tensor, opts: am.AttentionOptions, target: An
             _hook_windows(model, names, st, handles)
             if tap is not None:
                 tap.attach(handles)
-            block_names = _legrad_blocks(model, st, legrad_layers)
+            block_names = _legrad_blocks(model, st, head_layers)
             for block in dict.fromkeys(block_names.values()):
                 handles.append(modules[block].register_forward_hook(
                     lambda _m, _a, out, block=block: blocks.__setitem__(block, tokens_of(out))))
             xin = x.detach().clone().requires_grad_(opts.needs_grad)
             capture = AttentionCapture(model, wanted=None if wanted is None else wanted.__contains__,
                                        forward=_on_forward(st, model),
-                                       backward=_on_backward(st) if any(m in am.GRADIENT_METHODS for m in
-                                                                        methods) else None)
+                                       backward=_on_backward(st) if any(m.needs_gradients for m in own)
+                                       else None)
             with capture:
                 out = run_forward(eng, lambda: model(xin))
                 passes["forward"] += 1
@@ -236,7 +206,7 @@ def run(model: nn.Module, x: torch.Tensor, opts: am.AttentionOptions, target: An
                 scores, classes = _scores_and_targets(out, target, required=opts.needs_grad)
                 if opts.needs_grad:
                     _backward_passes(model, st, scores, classes, xin, passes,
-                                     [blocks[block_names[n]] for n in _legrad_stage(st, legrad_layers, block_names,
+                                     [blocks[block_names[n]] for n in _legrad_stage(st, head_layers, block_names,
                                                                                      blocks)])
         finally:
             for h in handles:
@@ -250,26 +220,26 @@ def run(model: nn.Module, x: torch.Tensor, opts: am.AttentionOptions, target: An
     return res
 
 
-def _backward_passes(model: nn.Module, st: _State, scores: Any, classes: Any, xin: torch.Tensor,
-                     passes: dict[str, int], legrad_tokens: list[Any]) -> None:
-    """The target score's backward pass (grad-rollout's, shared by the gradient CAMs), then
-    LeGrad's."""
+def _backward_passes(model: nn.Module, st: RunState, scores: Any, classes: Any, xin: torch.Tensor,
+                     passes: dict[str, int], head_tokens: list[Any]) -> None:
+    """The target score's backward pass (the ``score_backward`` methods', shared by the
+    gradient CAMs), then one of its own per other gradient method (LeGrad's)."""
     import torch
 
     assert scores is not None and classes is not None
     idx = torch.tensor(classes, device=scores.device).view(-1, 1)
-    methods = st.opts.methods
+    own = [m for m in st.methods if m.needs_gradients and not m.score_backward]
     if st.opts.score_backward:
-        st.phase = "grad-rollout" if "grad-rollout" in methods else "score"
-        torch.autograd.grad(scores.gather(1, idx).sum(), xin, retain_graph="legrad" in methods)
+        st.phase = next((m.name for m in st.methods if m.score_backward), "score")
+        torch.autograd.grad(scores.gather(1, idx).sum(), xin, retain_graph=bool(own))
         passes["backward"] += 1
-    if "legrad" in methods:
-        st.phase = "legrad"
-        _legrad_backward(model, legrad_tokens, idx, xin)
+    for m in own:
+        st.phase = m.name
+        m.own_backward(model, st, idx, xin, head_tokens)
         passes["backward"] += 1
 
 
-def _legrad_blocks(model: nn.Module, st: _State, layers: list[str]) -> dict[str, str]:
+def _legrad_blocks(model: nn.Module, st: RunState, layers: list[str]) -> dict[str, str]:
     """Attention layer -> the block whose output LeGrad scores: the window owner when it is
     not the attention module itself (timm Swin's block, MaxViT's partition layer), else the
     transformer block around it."""
@@ -280,7 +250,7 @@ def _legrad_blocks(model: nn.Module, st: _State, layers: list[str]) -> dict[str,
     return out
 
 
-def _legrad_stage(st: _State, layers: list[str], block_names: dict[str, str], blocks: dict[str, Any]) -> list[str]:
+def _legrad_stage(st: RunState, layers: list[str], block_names: dict[str, str], blocks: dict[str, Any]) -> list[str]:
     """The LeGrad layers whose blocks give the head's tokens: all of them for a ViT; for a
     hierarchical model those of the last stage (earlier stages have other widths)."""
     if not layers or not st.windowed:
@@ -291,11 +261,11 @@ def _legrad_stage(st: _State, layers: list[str], block_names: dict[str, str], bl
         bad = next(n for n in layers if n not in keep)
         raise UsageError(f"legrad at '{bad}': the model's head reads only the last stage's tokens "
                          f"{last[1:]}; choose layers of the last stage ({keep[0]} ..)")
-    st.legrad_layers = set(keep)
+    st.head_layers = set(keep)
     return keep
 
 
-def _hook_windows(model: nn.Module, names: list[str], st: _State, handles: list[Any]) -> None:
+def _hook_windows(model: nn.Module, names: list[str], st: RunState, handles: list[Any]) -> None:
     """A pre-hook on each Swin window owner that notes its feature map's (H, W)."""
     from inspect_model.methods.attention.windows import window_owner
 
@@ -311,38 +281,10 @@ def _hook_windows(model: nn.Module, names: list[str], st: _State, handles: list[
         handles.append(owner.module.register_forward_pre_hook(note))
 
 
-def _legrad_backward(model: nn.Module, tokens: list[torch.Tensor], idx: torch.Tensor, xin: torch.Tensor) -> None:
-    """One backward pass that brings ∂s^l/∂A^l to every chosen layer l (module docstring of
-    ``methods.attention``): the gradient at each block's output is replaced by ∂s^l/∂x^l."""
-    import torch
-
-    project = score_projection(model)
-    if project is None:
-        raise UnsupportedModelError(
-            f"legrad needs the model's head to score intermediate tokens, and {type(model).__name__} is not a "
-            "family it knows (torchvision ViT, timm ViT/DeiT/EVA, HF ViT/DeiT/CLIP classification); "
-            "-m rollout,grad-rollout work")
-    grads = []
-    for t in tokens:
-        leaf = t.detach().requires_grad_(True)
-        s = model_scores(project(leaf))
-        grads.append(torch.autograd.grad(s.gather(1, idx.to(s.device)).sum(), leaf)[0])
-    handles = [t.register_hook(lambda _g, gl=gl: gl) for t, gl in zip(tokens[:-1], grads[:-1], strict=True)]
-    try:
-        torch.autograd.grad(tokens[-1], xin, grad_outputs=grads[-1])
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def _finish(st: _State, calls: list[Any], hw: tuple[int, int], raw_layers: list[str],
+def _finish(st: RunState, calls: list[Any], hw: tuple[int, int], raw_layers: list[str],
             scores: Any, classes: list[int] | None, passes: dict[str, int]) -> am.AttentionResult:
     import torch
 
-    from inspect_model.methods.attention import hierarchical as attention_hier
-
-    b = st.batch
-    maps: dict[str, torch.Tensor] = attention_hier.maps(st)  # windowed (Swin, MaxViT): on the first map
     if st.tokens is None:  # windowed attention only: maps are already on their feature maps
         first = (st.wlayers[0].hw if st.wlayers else tuple(st.raw[raw_layers[0]].shape[-2:]) if raw_layers
                  else st.owners[calls[0].name].hw)
@@ -356,20 +298,11 @@ def _finish(st: _State, calls: list[Any], hw: tuple[int, int], raw_layers: list[
     def to_grid(row: torch.Tensor) -> torch.Tensor:  # (..., N) -> (..., rows, cols)
         return row[..., p:].reshape(*row.shape[:-1], *grid).float().cpu()
 
-    def cls_row(r: torch.Tensor) -> torch.Tensor:  # (B, N, N) -> (B, N)
-        return r[:, 0] if p else r.mean(dim=1)
-
-    if st.rollout is not None:
-        maps["rollout"] = to_grid(cls_row(st.rollout))
-    if "grad-rollout" in st.opts.methods and not st.wlayers:
-        if st.gr_row is None:
-            raise ModelRuntimeError("grad-rollout: no gradient reached the attention layers")
-        maps["grad-rollout"] = to_grid(st.gr_row)
-    if "legrad" in st.opts.methods:
-        if st.legrad is None:
-            raise ModelRuntimeError("legrad: no gradient reached the chosen attention layers")
-        mean = st.legrad / st.legrad_count
-        maps["legrad"] = mean.reshape(b, *st.legrad_hw).float().cpu() if st.legrad_hw else to_grid(mean)
+    maps: dict[str, torch.Tensor] = {}
+    for m in st.methods:  # windowed (Swin, MaxViT): on the first attention layer's feature map
+        out = m.result(st, to_grid)
+        if out is not None:
+            maps[m.name] = out
     raw, labels = _raw_maps(st, raw_layers, to_grid)
     layer_names = list(dict.fromkeys(c.name for c in calls))
     return am.AttentionResult(maps=maps, raw=raw, head_labels=labels, layers=layer_names, heads=st.heads,
@@ -380,7 +313,7 @@ def _finish(st: _State, calls: list[Any], hw: tuple[int, int], raw_layers: list[
                               windowed=[n for n in raw_layers if n in st.windowed], hierarchical=bool(st.windowed))
 
 
-def _raw_maps(st: _State, layers: list[str], to_grid: Any) -> tuple[dict[str, Any], dict[str, list[str]]]:
+def _raw_maps(st: RunState, layers: list[str], to_grid: Any) -> tuple[dict[str, Any], dict[str, list[str]]]:
     heads = am.parse_heads(st.opts.heads)
     raw: dict[str, Any] = {}
     labels: dict[str, list[str]] = {}

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import LayerSelectionError, ModelRuntimeError, UnsupportedModelError, UsageError
 from inspect_model.methods.attention import maps as am
+from inspect_model.methods.attention.variants.legrad import head_backward
+from inspect_model.methods.attention.variants.rollout import rollout_step
 
 if TYPE_CHECKING:
     import torch
@@ -156,7 +158,7 @@ def _on_forward(st: _State) -> Any:
         if st.opts.mosaic:
             st.mosaic.append(_rows(p, st.queries).float().cpu())
         if "rollout" in st.opts.methods:
-            st.rollout = am.rollout_step(st.rollout, p, st.opts.head_fusion, st.opts.discard_ratio)
+            st.rollout = rollout_step(st.rollout, p, st.opts.head_fusion, st.opts.discard_ratio)
     return fn
 
 
@@ -192,6 +194,12 @@ def compute_text_attention(model: nn.Module, ids: torch.Tensor, mask: torch.Tens
     from inspect_model.methods.attention.models import block_of, tokens_of
 
     opts = options or am.AttentionOptions()
+    from inspect_model.methods.attention import base
+
+    textless = [m for m in opts.methods if base.known(m) and not base.get(m).text]
+    if textless:
+        raise UsageError(f"--method {textless[0]} has no form for token models; those with one: "
+                         + ", ".join(n for n, m in base.methods().items() if m.text))
     mask = torch.ones_like(ids) if mask is None else mask
     lengths = [int(v) for v in mask.sum(dim=1).tolist()]
     names = attention_modules(model)
@@ -276,17 +284,7 @@ def _backward(model: nn.Module, st: _State, scores: torch.Tensor, classes: list[
             raise UnsupportedModelError(f"legrad needs the model's head to score intermediate tokens, and "
                                         f"{type(model).__name__} is not a family it knows (BERT-style classifiers, "
                                         "causal language models); -m rollout,grad-rollout work")
-        grads = []
-        for t in tokens:
-            x = t.detach().requires_grad_(True)
-            s = project(x)
-            grads.append(torch.autograd.grad(s.gather(1, idx.to(s.device)).sum(), x)[0])
-        hooks = [t.register_hook(lambda _g, gl=gl: gl) for t, gl in zip(tokens[:-1], grads[:-1], strict=True)]
-        try:
-            torch.autograd.grad(tokens[-1], leaf, grad_outputs=grads[-1])
-        finally:
-            for h in hooks:
-                h.remove()
+        head_backward(project, tokens, idx, leaf)
         passes["backward"] += 1
 
 

@@ -34,52 +34,11 @@ from inspect_model.errors import InputError, ModelRuntimeError
 from inspect_model.loading.wrappers import unwrap_module
 from inspect_model.methods.attributions import passes as ap
 from inspect_model.methods.attributions import base as ab
-from inspect_model.methods.attributions.options import check_settings, parse_methods, parse_sizes, parse_steps
+from inspect_model.methods.attributions.options import AttributionSettings
 from inspect_model.methods.guided.backprop import GuidedBackwardMode, _targets_for
 from inspect_model.methods.objectives.targets import class_probabilities, require_float, select_output
 
 Progress = Callable[[int, int, str], None]
-
-
-@dataclass(frozen=True, eq=False)
-class AttributionSettings:
-    """How to attribute; validated once, here. ``window``/``stride`` may leave out leading
-    (image channel) or trailing (embedding) dimensions, see ``passes.window_shape``."""
-
-    methods: tuple[str, ...] = ("saliency",)
-    steps: int | str = 32  # or "auto": per map, the fewest that meet max_gap (attribution_options.AUTO_*)
-    rule: str = "gauss-legendre"  # captum's default
-    baseline: Any = "zeros"  # zeros | blur | blur:SIGMA | uniform | number | file | tensor
-    samples: int = 16
-    noise: float = 0.15  # SmoothGrad's 10-20 % of the input range
-    noise_mode: str = "fraction"
-    window: tuple[int, ...] = (16,)
-    stride: tuple[int, ...] | None = None  # default: half the window
-    smooth: bool = False
-    batch_size: int = 32
-    seed: int = 0
-    activations: bool = False  # guided: guide relu6/leaky_relu/silu/gelu/prelu too
-    max_gap: float = 1e-3  # steps="auto": the largest |gap| / |f(x) - f(baseline)| accepted
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "methods", parse_methods(self.methods))
-        object.__setattr__(self, "steps", parse_steps(self.steps))
-        check_settings(steps=self.steps, rule=self.rule, samples=self.samples, noise=self.noise,
-                       noise_mode=self.noise_mode, batch_size=self.batch_size, smooth=self.smooth,
-                       methods=self.methods, max_gap=self.max_gap)
-        object.__setattr__(self, "baseline", ap.parse_baseline(self.baseline))
-        object.__setattr__(self, "window", parse_sizes(self.window, "--window"))
-        object.__setattr__(self, "stride", parse_sizes(self.stride, "--window-stride"))
-
-    @property
-    def guided_kinds(self) -> tuple[str, ...]:
-        from inspect_model.methods.guided.backprop import resolve_kinds
-
-        return resolve_kinds(self.activations)
-
-    @property
-    def smoothed(self) -> tuple[str, ...]:
-        return tuple(m for m in self.methods if self.smooth and ab.get(m).smoothable)
 
 
 @dataclass

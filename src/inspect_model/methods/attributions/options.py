@@ -1,15 +1,18 @@
-"""The checks of the ``attributions`` options, without torch: method names (from the
-registry, :mod:`.base`), integration rules, noise modes, baselines and window sizes. The request (api/) and
-:class:`methods.attributions.AttributionSettings` both validate through here, so that a bad
-option fails before torch is imported.
+"""The ``attributions`` options, without torch: :class:`AttributionSettings` (how to
+attribute: the request's option group, parsed once as ``request.attribution``) and its checks:
+method names (from the registry, :mod:`.base`), integration rules, noise modes, baselines and
+window sizes, so that a bad option fails before torch is imported.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from inspect_model.errors import UsageError, suggest
 
@@ -147,3 +150,67 @@ def check_settings(*, steps: int | str, rule: str, samples: int, noise: float, n
     smoothable = [n for n, m in base.methods().items() if m.smoothable]
     if smooth and not any(m in smoothable for m in methods):
         raise UsageError("--smooth applies to " + ", ".join(smoothable) + "; none of them is selected")
+
+
+RUN_FIELDS = ("batch_size", "seed")  # set by the run (its input plan), not by the request
+
+
+@dataclass(frozen=True, eq=False)
+class AttributionSettings:
+    """How to attribute; validated once, here. ``window``/``stride`` may leave out leading
+    (image channel) or trailing (embedding) dimensions, see ``passes.window_shape``."""
+
+    methods: tuple[str, ...] = ("saliency",)
+    steps: int | str = 32  # or "auto": per map, the fewest that meet max_gap (attribution_options.AUTO_*)
+    rule: str = "gauss-legendre"  # captum's default
+    baseline: Any = "zeros"  # zeros | blur | blur:SIGMA | uniform | number | file | tensor
+    samples: int = 16
+    noise: float = 0.15  # SmoothGrad's 10-20 % of the input range
+    noise_mode: str = "fraction"
+    window: tuple[int, ...] = (16,)
+    stride: tuple[int, ...] | None = None  # default: half the window
+    smooth: bool = False
+    batch_size: int = 32
+    seed: int = 0
+    activations: bool = False  # guided: guide relu6/leaky_relu/silu/gelu/prelu too
+    max_gap: float = 1e-3  # steps="auto": the largest |gap| / |f(x) - f(baseline)| accepted
+
+    attr: ClassVar[str] = "attribution"  # the attributions request's option group: request.attribution
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "methods", parse_methods(self.methods))
+        object.__setattr__(self, "steps", parse_steps(self.steps))
+        check_settings(steps=self.steps, rule=self.rule, samples=self.samples, noise=self.noise,
+                       noise_mode=self.noise_mode, batch_size=self.batch_size, smooth=self.smooth,
+                       methods=self.methods, max_gap=self.max_gap)
+        object.__setattr__(self, "baseline", parse_baseline(self.baseline))
+        object.__setattr__(self, "window", parse_sizes(self.window, "--window"))
+        object.__setattr__(self, "stride", parse_sizes(self.stride, "--window-stride"))
+
+    @classmethod
+    def parse(cls, request: Any) -> AttributionSettings:
+        """The settings of an ``attributions`` request (fields of the same names; the run's
+        batch size and seed come later, :meth:`for_run`)."""
+        given = {f.name: getattr(request, f.name) for f in dataclasses.fields(cls) if f.name not in RUN_FIELDS}
+        return cls(**{**given, "methods": given["methods"] or ("saliency",)})
+
+    def for_run(self, *, batch_size: int, seed: int) -> AttributionSettings:
+        """These settings with a run's batch size and seed; the rest stays as parsed once."""
+        if batch_size < 1:
+            raise UsageError(f"--batch-size {batch_size}: give 1 or more rows per pass")
+        out = copy.copy(self)
+        object.__setattr__(out, "batch_size", batch_size)
+        object.__setattr__(out, "seed", seed)
+        return out
+
+    @property
+    def guided_kinds(self) -> tuple[str, ...]:
+        from inspect_model.methods.guided.backprop import resolve_kinds
+
+        return resolve_kinds(self.activations)
+
+    @property
+    def smoothed(self) -> tuple[str, ...]:
+        from inspect_model.methods.attributions import base
+
+        return tuple(m for m in self.methods if self.smooth and base.get(m).smoothable)

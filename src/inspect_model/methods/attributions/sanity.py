@@ -20,6 +20,7 @@ import torch
 
 from inspect_model.errors import ModelRuntimeError
 from inspect_model.methods.guided import backprop as gb
+from inspect_model.methods.guided import correlations
 from inspect_model.methods.attributions.maps import AttributionResult, AttributionSettings, attribute
 
 
@@ -66,8 +67,7 @@ def merge(acc: dict[str, Any] | None, part: dict[str, Any]) -> dict[str, Any]:
         return part
     for dst, src in zip(acc["steps"], part["steps"]):
         for method, vals in src["methods"].items():
-            dst["methods"][method]["spearman"].extend(vals["spearman"])
-            dst["methods"][method]["spearman_abs"].extend(vals["spearman_abs"])
+            correlations.extend(dst["methods"][method], vals)
     return acc
 
 
@@ -75,15 +75,8 @@ def finish(acc: dict[str, Any] | None) -> dict[str, Any] | None:
     """Means per step and method (NaN correlations, of constant maps, left out)."""
     if acc is None:
         return None
-    import math
-
-    def mean(v: list[float]) -> float | None:
-        ok = [x for x in v if not math.isnan(x)]
-        return sum(ok) / len(ok) if ok else None
-
     for s in acc["steps"]:
         for vals in s["methods"].values():
-            vals["spearman_mean"] = mean(vals["spearman"])
-            vals["spearman_abs_mean"] = mean(vals["spearman_abs"])
-    acc["method"] = "cascading randomisation from the top (Adebayo et al. 2018)"
+            correlations.add_means(vals)
+    acc["method"] = correlations.METHOD
     return acc

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from inspect_model.methods.objectives.rows import class_name
+from inspect_model.methods.objectives.rows import class_name, objective_flag
 from inspect_model.reports.cam import CamImage, CamImageFiles, CamMap, CamMapFiles, ClassScore
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ def image_entry(res: CamResult, i: int, *, index: int, name: str, size: list[int
 
     def score(c: int) -> ClassScore:
         return ClassScore(class_=c, label=class_name(c, categories), score=float(scores[c]),
-                          probability=float(probs[c]))
+                          probability=float(probs[c]), **objective_flag(categories))
 
     k = min(top, scores.shape[0])
     # Ranked by the scores, equal ones lowest class first: the ranking of the targets

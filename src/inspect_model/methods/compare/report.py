@@ -81,11 +81,13 @@ class WeightChange:
 
 @dataclass(frozen=True)
 class MemoryUse:
-    """What the run held of B's layer outputs at once (lockstep: one pair; cached: more)."""
+    """What the run held of B's layer outputs at once: "ahead" (B runs ahead of A within
+    ``budget_bytes``), "cached" (all of a compiled or traced B's outputs at once) or "none"."""
 
-    mode: str  # lockstep | cached | none
+    mode: str  # ahead | cached | none
     peak_outputs: int
     peak_bytes: int
+    budget_bytes: int | None = None
 
 
 @dataclass(frozen=True)

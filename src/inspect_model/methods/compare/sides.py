@@ -2,14 +2,14 @@
 
 Each side has ``run(args, kwargs, emit) -> output`` (one forward; ``emit((A's layer, call),
 tensor)`` for each matched layer call), ``produces(key)`` (whether A should wait for that
-key), ``lockstep`` (True: its outputs meet A's one pair at a time; False: *cached*, see
-:mod:`.lockstep`) and ``close()``.
+key), ``streamed`` (True: its outputs come during its forward, which may wait for room in
+the budget; False: *cached*, all at once after it; see :mod:`.exchange`) and ``close()``.
 
 - :class:`EagerSide`: an ``nn.Module`` (another model, a cast or moved copy, dynamic
-  quantization, train mode), hooked like A; lockstep.
+  quantization, train mode), hooked like A; streamed.
 - :class:`ExportSide`: a ``torch.export`` program made in memory, run node by node by a
   ``torch.fx.Interpreter``; a module call's output is the last node whose ``nn_module_stack``
-  holds that call (``layer1.0.relu@1`` is the second call of ``layer1.0.relu``); lockstep.
+  holds that call (``layer1.0.relu@1`` is the second call of ``layer1.0.relu``); streamed.
 - :class:`CompiledSide`: ``torch.compile`` of a copy, with hooks that only append to a list
   (Dynamo traces them, so the outputs are those of the compiled graphs); cached.
 - :class:`TracedSide`: ``torch.jit.trace`` of a wrapper that returns every matched layer's
@@ -18,10 +18,12 @@ key), ``lockstep`` (True: its outputs meet A's one pair at a time; False: *cache
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from inspect_model.methods.compare.lockstep import CallCounter, Key, first_tensor
+from inspect_model.methods.compare.exchange import CallCounter, Key, first_tensor
 
 Emit = Callable[[Key, Any], None]
 
@@ -41,8 +43,32 @@ def moved(tree: Any, device: Any, dtype: Any) -> Any:
     return pytree.tree_map(one, tree)
 
 
+class _NotTorch(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name == "torch" or record.name.startswith("torch."))
+
+
+@contextlib.contextmanager
+def torch_logs_dropped() -> Iterator[None]:
+    """torch's log records kept off every handler (torch's, the root's, logging's last resort)
+    while this runs: the CLI prints its own output only. Other loggers' records pass."""
+    drop = _NotTorch()
+    loggers = [lg for name, lg in list(logging.Logger.manager.loggerDict.items())
+               if isinstance(lg, logging.Logger) and (name == "torch" or name.startswith("torch."))]
+    handlers = {h for lg in [*loggers, logging.getLogger()] for h in lg.handlers}
+    if logging.lastResort is not None:
+        handlers.add(logging.lastResort)
+    for h in handlers:
+        h.addFilter(drop)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(drop)
+
+
 class EagerSide:
-    lockstep = True
+    streamed = True
 
     def __init__(self, model: Any, names: dict[str, str], *, device: Any = None, dtype: Any = None) -> None:
         self.model, self.names, self.device, self.dtype = model, names, device, dtype  # names: B's -> A's
@@ -74,7 +100,7 @@ class EagerSide:
 
 
 class CompiledSide(EagerSide):
-    lockstep = False
+    streamed = False
 
     def __init__(self, model: Any, names: dict[str, str]) -> None:
         import torch
@@ -94,8 +120,14 @@ class CompiledSide(EagerSide):
         self.compiled = torch.compile(model)
 
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any], emit: Emit) -> Any:
+        import torch._inductor.config as inductor
+
         self.store.clear()
-        out = self.compiled(*args, **kwargs)
+        # The compile happens in this first call. One compile thread: inductor's pool of compile
+        # threads would outlive the command (non-daemon, so the CLI warned that the model left
+        # threads running); torch's own log lines ("No CUDA runtime is found") are not ours to print.
+        with inductor.patch(compile_threads=1), torch_logs_dropped():
+            out = self.compiled(*args, **kwargs)
         counter = CallCounter()
         for a_name, t in self.store:
             emit((a_name, counter.next(a_name)), t)
@@ -109,7 +141,7 @@ class CompiledSide(EagerSide):
 
 
 class ExportSide:
-    lockstep = True
+    streamed = True
 
     def __init__(self, model: Any, names: dict[str, str]) -> None:
         self.model, self.names = model, names
@@ -201,7 +233,7 @@ class _Tapped:
 
 
 class TracedSide:
-    lockstep = False
+    streamed = False
 
     def __init__(self, model: Any, names: dict[str, str]) -> None:
         self.wrapper = _Tapped.make(model, names)

@@ -20,20 +20,28 @@ _CHUNK = 1 << 18  # elements per chunk (1 MiB of float32): the fastest of 2**14 
 
 
 class Scratch:
-    """Buffers reused from chunk to chunk and pair to pair (one per run: freed with it)."""
+    """Buffers reused from chunk to chunk and pair to pair (one per run: freed with it), and
+    whether the last pair was exactly equal (which path :meth:`PairSums._chunk` tries first)."""
 
     def __init__(self) -> None:
-        self.buffers: dict[tuple[str, Any, Any], Any] = {}
+        self.buffers: dict[tuple[str, Any], Any] = {}
+        self.views: dict[tuple[str, Any, int], Any] = {}
+        self.equal = True
 
-    def get(self, role: str, n: int, like: Any, dtype: Any = None) -> Any:
-        """A buffer of ``n`` elements on ``like``'s device, of ``dtype`` (None: ``like``'s)."""
+    def get(self, role: str, n: int, like: Any) -> Any:
+        """A buffer of ``n`` elements of ``like``'s dtype, on its device."""
         import torch
 
-        key = (role, dtype or like.dtype, like.device)
-        buf = self.buffers.get(key)
-        if buf is None or buf.numel() < n:
-            buf = self.buffers[key] = torch.empty(n, dtype=key[1], device=like.device)
-        return buf[:n]
+        key = (role, like.dtype, n)  # a view per size: most models have a few sizes, and a slice is a torch call
+        view = self.views.get(key)
+        if view is not None and view.device == like.device:
+            return view
+        full = self.buffers.get(key[:2])
+        if full is None or full.numel() < n or full.device != like.device:
+            full = self.buffers[key[:2]] = torch.empty(n, dtype=like.dtype, device=like.device)
+            self.views = {k: v for k, v in self.views.items() if k[:2] != key[:2]}  # views of the old buffer
+        view = self.views[key] = full[:n]
+        return view
 
 
 @dataclass
@@ -68,47 +76,65 @@ class PairSums:
             return
         if self.shape is None:
             self.shape = tuple(int(s) for s in a.shape)
-        if tuple(a.shape) != tuple(b.shape):
+        if a.shape != b.shape:
             self.other_shape = tuple(int(s) for s in b.shape)
             return
         work = torch.float64 if a.dtype == torch.float64 else torch.float32
-        x = a.detach().reshape(-1).to(work)
-        y = b.detach().reshape(-1).to(device=x.device, dtype=work)
+        x = (a.detach() if a.requires_grad else a).reshape(-1)  # no grad in a compare: skip a call per side
+        if x.dtype != work:
+            x = x.to(work)
+        y = (b.detach() if b.requires_grad else b).reshape(-1)
+        if y.dtype != work or y.device != x.device:
+            y = y.to(device=x.device, dtype=work)
         if low is not None:
             self._range(x, low)
         scratch = scratch or Scratch()
-        # Cache-sized chunks: each chunk's passes (difference, sums, extremes, share beyond) run
-        # while it is in the CPU's cache, so each whole output is read from memory about once.
-        parts = [self._chunk(x[i:i + _CHUNK], y[i:i + _CHUNK], tolerance, scratch)
-                 for i in range(0, max(int(x.numel()), 1), _CHUNK)]
-        sq_d, sq_a, sq_b, mx, beyond = (sum(p[k] for p in parts) if k != 3 else max(p[3] for p in parts)
-                                        for k in range(5))
-        if not all(math.isfinite(v) for v in (sq_a, sq_b, sq_d, mx)):  # a NaN/Inf (or a huge value): the careful path
+        n = x.numel()
+        if n <= _CHUNK:  # most layers: one chunk, no slices
+            sq_d, sq_a, sq_b, mx, beyond = self._chunk(x, y, tolerance, scratch)
+        else:
+            # Cache-sized chunks: each chunk's passes (difference, sums, extremes, share beyond) run
+            # while it is in the CPU's cache, so each whole output is read from memory about once.
+            parts = [self._chunk(x[i:i + _CHUNK], y[i:i + _CHUNK], tolerance, scratch) for i in range(0, n, _CHUNK)]
+            sq_d, sq_a, sq_b, mx, beyond = (sum(p[k] for p in parts) if k != 3 else max(p[3] for p in parts)
+                                            for k in range(5))
+        if not math.isfinite(sq_a + sq_b + sq_d + mx):  # a NaN/Inf (or a huge value): the careful path
             self._careful(x, y, tolerance)
             return
-        self.elements += int(x.numel())
+        self.elements += n
         self.sq_d += sq_d
         self.sq_a += sq_a
         self.sq_b += sq_b
-        self.max_abs = max(self.max_abs, mx)
+        if mx > self.max_abs:
+            self.max_abs = mx
         self.beyond += int(beyond)
 
     @staticmethod
     def _chunk(x: Any, y: Any, tolerance: float, scratch: Scratch) -> tuple[float, float, float, float, int]:
-        """(Σd², Σa², Σb², max|d|, beyond) of one chunk, d = a − b; torch.equal is no shortcut
-        (it is not vectorised: 7x a dot), an exact zero Σd² is (a NaN never equals itself)."""
+        """(Σd², Σa², Σb², max|d|, beyond) of one chunk, d = a − b. torch.equal is no shortcut
+        (it is not vectorised: 7x a dot), an exact zero Σd² is (a NaN never equals itself).
+        After an equal pair Σd² is read first (equal again: one dot more and done); after a
+        differing one all four sums come in one read (Σ|d|² is Σd², bit for bit)."""
         import torch
 
-        n = int(x.numel())
+        n = x.numel()
         if n == 0:
             return 0.0, 0.0, 0.0, 0.0, 0
         d = torch.sub(x, y, out=scratch.get("d", n, x))
-        sq_d = float(torch.dot(d, d))
-        if sq_d == 0.0:  # every element equal: nothing beyond, max 0
-            sq = float(torch.dot(x, x))
-            return 0.0, sq, sq, 0.0, 0
-        d = d.abs_()  # amax, not aminmax or max(): 3x faster
-        sq_a, sq_b, mx = torch.stack((torch.dot(x, x), torch.dot(y, y), d.amax())).tolist()
+        if scratch.equal:
+            sq_d = float(torch.dot(d, d))
+            if sq_d == 0.0:  # every element equal: nothing beyond, max 0
+                sq = float(torch.dot(x, x))
+                return 0.0, sq, sq, 0.0, 0
+            scratch.equal = False
+            d = d.abs_()  # amax, not aminmax or max(): 3x faster
+            sq_a, sq_b, mx = torch.stack((torch.dot(x, x), torch.dot(y, y), d.amax())).tolist()
+        else:
+            d = d.abs_()
+            sq_d, sq_a, sq_b, mx = torch.stack((torch.dot(d, d), torch.dot(x, x), torch.dot(y, y), d.amax())).tolist()
+            if sq_d == 0.0:
+                scratch.equal = True
+                return 0.0, sq_a, sq_a, 0.0, 0
         if not mx > tolerance:  # no element beyond tol + tol·|a| (>= tol); a NaN max: the careful path
             return sq_d, sq_a, sq_b, mx, 0
         excess = torch.sub(d, torch.abs(x, out=scratch.get("m", n, x)), alpha=tolerance, out=d)  # |a−b| − tol·|a|

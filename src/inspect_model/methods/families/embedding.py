@@ -62,11 +62,11 @@ class EmbeddingAdapter(TokenAdapter):
         what = f"output '{ob.output_key}'" if ob.output_key else "the pooled output"
         if ob.kind == "norm":
             self.words = f"||{what}||_2"
-            self.labels = TaskLabels([self.words], {"norm": 0})
+            self.labels = TaskLabels([self.words], {"norm": 0}, objective=True)
         elif ob.kind == "cosine":
             self.ref = self._reference(ctx, ob.reference or "")
             self.words = f"cos({what}, {what} of {ob.reference!r})"
-            self.labels = TaskLabels([self.words], {ob.target.lower(): 0, "cosine": 0})
+            self.labels = TaskLabels([self.words], {ob.target.lower(): 0, "cosine": 0}, objective=True)
         else:  # --output-key alone: that output's units
             self.words = f"the units of output '{ob.output_key}'"
 

@@ -64,11 +64,11 @@ class CausalLMAdapter(TokenAdapter):
         where = self._where(ctx)
         if ob.target_text is not None and self.contrast is None:
             self.words = f"log p({ob.target_text!r} | text) {where}"
-            self.labels = TaskLabels([self.words], {"log-prob": 0, "continuation": 0})
+            self.labels = TaskLabels([self.words], {"log-prob": 0, "continuation": 0}, objective=True)
         elif self.contrast is not None:
             target = repr(ob.target_text) if ob.target_text is not None else "the predicted next token"
             self.words = f"logit({target}) - logit({ob.contrast!r}) {where}"
-            self.labels = TaskLabels([self.words], {"contrast": 0})
+            self.labels = TaskLabels([self.words], {"contrast": 0}, objective=True)
         else:
             self.words = f"the next-token logits {where} (one target per vocabulary token)"
             self.labels = vocab_names(tok, vocab)

@@ -83,10 +83,14 @@ def parse_objective(target: Any = None, *, target_text: str | None = None, posit
 
 class TaskLabels(list):  # type: ignore[type-arg]
     """The names of a task's scores (a vocabulary, texts, one objective) with the spellings
-    ``--target`` may use for them besides the names (``norm``, ``cosine:REF``)."""
+    ``--target`` may use for them besides the names (``norm``, ``cosine:REF``). ``objective``:
+    the one score is a named objective (``log p(' mat' | text) at position 5``), not a class:
+    reports show its words without the score index (:func:`~inspect_model.methods.objectives.rows.is_objective`)."""
 
     aliases: dict[str, int]
+    objective: bool
 
-    def __init__(self, names: list[str], aliases: dict[str, int] | None = None) -> None:
+    def __init__(self, names: list[str], aliases: dict[str, int] | None = None, *, objective: bool = False) -> None:
         super().__init__(names)
         self.aliases = {k.lower(): v for k, v in (aliases or {}).items()}
+        self.objective = objective

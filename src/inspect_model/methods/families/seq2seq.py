@@ -54,7 +54,7 @@ class Seq2SeqAdapter(TokenAdapter):
         else:
             self.fixed = [int(getattr(cfg, "eos_token_id", 1) or 1)]
             self.words = "log p(</s> | input)"
-        self.labels = TaskLabels([self.words], {"log-prob": 0})
+        self.labels = TaskLabels([self.words], {"log-prob": 0}, objective=True)
         self.targets: Any = None
 
     def _greedy(self, model: Any, ids: Any, mask: Any) -> list[int]:

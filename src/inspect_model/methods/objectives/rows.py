@@ -113,6 +113,22 @@ def check_class(index: int, n_classes: int, categories: Sequence[str] | None) ->
                          f"(0..{n_classes - 1})")
 
 
+def is_objective(categories: Sequence[str] | None) -> bool:
+    """Whether the scores are one named objective (a text model's ``log p(...)``, an
+    embedding's norm: ``TaskLabels(objective=True)``) rather than classes."""
+    return bool(getattr(categories, "objective", False))
+
+
+def objective_flag(categories: Sequence[str] | None) -> dict[str, Any]:
+    """A target record's ``objective`` keyword: ``{"objective": True}`` for a named objective, else none."""
+    return {"objective": True} if is_objective(categories) else {}
+
+
+def target_fields(index: int, categories: Sequence[str] | None) -> dict[str, Any]:
+    """A target dict's ``class`` and ``label``, and ``objective: true`` for a named objective."""
+    return {"class": index, "label": class_name(index, categories), **objective_flag(categories)}
+
+
 def class_name(index: int, categories: Sequence[str] | None) -> str | None:
     if categories and 0 <= index < len(categories) and categories[index]:
         return str(categories[index])

@@ -1,0 +1,1 @@
+"""The built-in attention methods, one module each (methods/attention/base.py)."""
