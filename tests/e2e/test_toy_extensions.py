@@ -148,3 +148,12 @@ def test_the_toy_attention_method_runs_and_is_reported(toys: Any, cli: Any, vit:
                        inputs=im.InputOptions(IMAGES, input_size=["3x32x32"]))
     last = list(res.raw)[-1]
     torch.testing.assert_close(res.maps["toy-last"], res.raw[last][:, 0])
+    # a token model: the toy has no text form (its ``text`` property), said in one line
+    from inspect_model.errors import UsageError
+    from inspect_model.methods.attention.maps import AttentionOptions
+    from inspect_model.methods.attention.text import compute_text_attention
+
+    with pytest.raises(UsageError, match="^--method toy-last has no form for token models; those with one: raw, "
+                                         "rollout, grad-rollout, legrad$"):
+        compute_text_attention(torch.nn.Identity(), torch.ones(1, 3, dtype=torch.long),
+                               options=AttentionOptions(methods=("toy-last",)))

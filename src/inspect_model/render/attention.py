@@ -12,12 +12,14 @@ colormap tables of ``render.raster``; the same arrays give the same bytes).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from inspect_model.output.files import class_tag, image_dir
 from inspect_model.output.sink import Drawer, Sink
 from inspect_model.render.labels import target_label
+from inspect_model.reports.attention import AttentionImage, AttentionImageMap, AttentionReport
+from inspect_model.reports.base import ABSENT
 
 if TYPE_CHECKING:
     import numpy as np
@@ -183,37 +185,37 @@ def side_by_side(image: Image.Image, maps: Sequence[tuple[str, np.ndarray]], hw:
     return raster.titled(sheet, [], right=raster.colorbar(sheet.size[1], 0.0, 1.0, cmap, "relevance (normalised)"))
 
 
-def report_text(doc: dict) -> str:  # type: ignore[type-arg]
-    """The plain-text report of an ``attention`` run (the ``--json`` document in)."""
-    lines = [f"attention of {doc.get('model')}: {', '.join(doc.get('methods', []))}"]
-    layers = doc.get("layers") or []
-    if layers and doc.get("text"):
-        lines.append(f"{len(layers)} attention layers ({layers[0]} .. {layers[-1]}), {doc.get('heads')} heads, "
-                     f"text of up to {doc.get('tokens')} tokens" + (", causal" if doc.get("causal") else ""))
-    elif layers and doc.get("windowed"):
+def report_text(doc: Mapping[str, Any] | AttentionReport) -> str:
+    """The plain-text report of an ``attention`` run, formatted from its typed records (the
+    ``--json`` document is read into them)."""
+    rep = doc if isinstance(doc, AttentionReport) else AttentionReport.from_dict(doc)
+    lines = [f"attention of {rep.model}: {', '.join(rep.methods)}"]
+    layers, grid = rep.layers, "x".join(str(g) for g in rep.grid or [])
+    if layers and rep.text:
+        lines.append(f"{len(layers)} attention layers ({layers[0]} .. {layers[-1]}), {rep.heads} heads, "
+                     f"text of up to {rep.tokens} tokens" + (", causal" if rep.causal else ""))
+    elif layers and rep.windowed:
         lines.append(f"{len(layers)} attention layers ({layers[0]} .. {layers[-1]}), windowed (Swin/MaxViT): "
                      "raw is what each token receives in its window, on each stage's feature map; rollout "
-                     f"and grad-rollout lie on the first stage's {'x'.join(str(g) for g in doc.get('grid') or [])} "
-                     "map, LeGrad on the last stage's")
+                     f"and grad-rollout lie on the first stage's {grid} map, LeGrad on the last stage's")
     elif layers:
-        lines.append(f"{len(layers)} attention layers ({layers[0]} .. {layers[-1]}), {doc.get('heads')} heads, "
-                     f"{doc.get('tokens')} tokens = {doc.get('prefix_tokens')} prefix + "
-                     f"{'x'.join(str(g) for g in doc.get('grid') or [])} patches")
-    for img in doc.get("images", []):
-        t = img.get("target")
-        what = f"  {target_label(t, prefix='class ')} p={t['probability']:.3f}" if t else ""
-        lines.append(f"[{img['index']}] {img['image']}{what}")
-        for m in img.get("maps", []):
-            if "values" in m:
+        lines.append(f"{len(layers)} attention layers ({layers[0]} .. {layers[-1]}), {rep.heads} heads, "
+                     f"{rep.tokens} tokens = {rep.prefix_tokens} prefix + {grid} patches")
+    for img in rep.images:
+        t = img.target
+        what = f"  {target_label(t, prefix='class ')} p={t.probability:.3f}" if t else ""
+        lines.append(f"[{img.index}] {img.image}{what}")
+        for m in img.maps:
+            if m.values is not ABSENT:
                 lines.append(_text_line(img, m))
-            elif m["method"] == "raw":
-                heads = ", ".join(m["heads"]) if len(m["heads"]) <= 4 else f"{len(m['heads'])} heads"
-                lines.append(f"    raw {m['layer']}: query {m['query']}, {heads}, "
-                             f"{m['grid'][0]}x{m['grid'][1]} tokens, max {m['max']:.3g}")
+            elif m.method == "raw":
+                heads = ", ".join(m.heads) if len(m.heads) <= 4 else f"{len(m.heads)} heads"
+                lines.append(f"    raw {m.layer}: query {m.query}, {heads}, "
+                             f"{m.grid[0]}x{m.grid[1]} tokens, max {m.max:.3g}")
             else:
-                lines.append(f"    {m['method']:<13} peak at patch (row {m['peak_cell'][0]}, col {m['peak_cell'][1]})")
-    ev = doc.get("evaluation")
-    if ev and ev.get("average"):
+                lines.append(f"    {m.method:<13} peak at patch (row {m.peak_cell[0]}, col {m.peak_cell[1]})")
+    ev = rep.evaluation or {}  # the evaluator's summary (run/evaluate.py), a plain object
+    if ev.get("average"):
         names = [k for k in ("deletion", "insertion", "road", "drop", "increase", "pointing", "energy")
                  if any(k in row["scores"] for row in ev["average"])]
         lines.append(f"faithfulness (mean over images; deletion and drop: lower is better, the rest higher): "
@@ -223,25 +225,25 @@ def report_text(doc: dict) -> str:  # type: ignore[type-arg]
                              for k in names)
             lines.append(f"  #{row['rank']:.1f} {row['method']:<13} {vals}" if row.get("rank") is not None
                          else f"  {row['method']:<13} {vals}")
-    for w in doc.get("warnings", []):
-        lines.append(f"warning: {w.get('message', w)}")
+    for w in rep.warnings:
+        lines.append(f"warning: {w.message}")
     return "\n".join(lines) + "\n"
 
 
-def _text_line(img: dict, m: dict) -> str:  # type: ignore[type-arg]
+def _text_line(img: AttentionImage, m: AttentionImageMap) -> str:
     """A text's map: its peak token other than the query (raw: the query's attention, heads averaged)."""
     import numpy as np
 
-    tokens = (img.get("text") or {}).get("tokens") or []
-    v = np.asarray(m["values"], dtype=np.float64)
+    tokens = img.text.tokens if img.text else []
+    v = np.asarray(m.values, dtype=np.float64)
     v = v.mean(axis=0) if v.ndim == 2 else v
-    q = (img.get("text") or {}).get("query")
+    q = img.text.query if img.text and img.text.query is not ABSENT else None
     rest = v.copy()
     if q is not None and 0 <= q < v.size and v.size > 1:
         rest[q] = -np.inf  # the query's own share is the identity's in both rollouts
     peak = int(rest.argmax()) if v.size else 0
     tok = tokens[peak] if peak < len(tokens) else "?"
-    what = f"raw {m['layer']}: query {m['query']}, " if m["method"] == "raw" else f"{m['method']:<13} "
+    what = f"raw {m.layer}: query {m.query}, " if m.method == "raw" else f"{m.method:<13} "
     return f"    {what}peak at token {peak} {tok!r} ({v[peak] if v.size else 0:.3g}), the query token aside"
 
 

@@ -13,11 +13,13 @@ sum over D).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from inspect_model.render.table import Column, plain_table, rich_table, warning_text
 from inspect_model.render.labels import target_label
+from inspect_model.render.table import Column, plain_table, rich_table, warning_text
+from inspect_model.reports.attributions import AttributionsReport, Sanity
+from inspect_model.reports.base import ABSENT
 
 if TYPE_CHECKING:
     import numpy as np
@@ -200,25 +202,33 @@ def caption(rec: dict[str, Any]) -> str:
     return text
 
 
-def map_rows(payload: dict[str, Any]) -> list[list[str]]:
+def report_of(payload: Mapping[str, Any] | AttributionsReport) -> AttributionsReport:
+    """The report's typed records (a ``--json`` document is read into them)."""
+    return payload if isinstance(payload, AttributionsReport) else AttributionsReport.from_dict(payload)
+
+
+def _given(value: Any) -> Any:
+    """An optional field's value, None where it was left out."""
+    return None if value is ABSENT else value
+
+
+def map_rows(payload: Mapping[str, Any] | AttributionsReport) -> list[list[str]]:
     rows = []
-    for img in payload.get("images", []):
-        for rec in img.get("maps", []):
-            t = rec["target"]
-            tgt = target_label(t)
-            name = rec["method"] + (" (smoothed)" if rec.get("smoothed") else "")
-            rows.append([img.get("image", str(img.get("index"))), tgt, name, _num(rec["positive_mass"]),
-                         _num(rec["negative_mass"]), _num(rec["sum"]), _num(rec.get("completeness_gap"))])
+    for img in report_of(payload).images:
+        for rec in img.maps:
+            name = rec.method + (" (smoothed)" if rec.smoothed else "")
+            rows.append([img.image, target_label(rec.target), name, _num(rec.positive_mass),
+                         _num(rec.negative_mass), _num(rec.sum), _num(_given(rec.completeness_gap))])
     return rows
 
 
-def sanity_table(sanity: dict[str, Any]) -> tuple[list[Column], list[list[str]]]:
+def sanity_table(sanity: Sanity) -> tuple[list[Column], list[list[str]]]:
     """Per randomisation step, each method's mean Spearman rho with the original maps
     (magnitudes): near 1 means the maps do not depend on those weights."""
-    methods = list(sanity["steps"][0]["methods"]) if sanity["steps"] else []
+    methods = list(sanity.steps[0].methods) if sanity.steps else []
     cols = [Column("Randomised", "right"), Column("Down to")] + [Column(m, "right") for m in methods]
-    rows = [[str(st["randomized"]), st["down_to"]]
-            + [_num(st["methods"][m].get("spearman_abs_mean")) for m in methods] for st in sanity["steps"]]
+    rows = [[str(st.randomized), st.down_to] + [_num(st.methods[m].spearman_abs_mean) for m in methods]
+            for st in sanity.steps]
     return cols, rows
 
 
@@ -227,91 +237,90 @@ GENERATION_COLUMNS = (Column("Text"), Column("Step", "right"), Column("Token"), 
                       Column("Gap", "right"))
 
 
-def _tables(payload: dict[str, Any]) -> list[tuple[str, list[Column], list[list[str]]]]:
+def _tables(rep: AttributionsReport) -> list[tuple[str, list[Column], list[list[str]]]]:
     from inspect_model.render import faithfulness as rf
 
-    if any(i.get("generation") for i in payload.get("images", [])):  # --generate (issue 36)
-        return [("\n".join(generation_lines(payload)), list(GENERATION_COLUMNS), generation_rows(payload))]
-    out = [("", list(MAP_COLUMNS), map_rows(payload))]
-    ev = payload.get("evaluation")
+    if any(i.generation for i in rep.images):  # --generate (issue 36)
+        return [("\n".join(generation_lines(rep)), list(GENERATION_COLUMNS), generation_rows(rep))]
+    out = [("", list(MAP_COLUMNS), map_rows(rep))]
+    ev = _given(rep.evaluation)  # the evaluator's summary (run/evaluate.py), a plain object
     if ev is not None and ev.get("average"):
         cols, rows = rf.average_table(ev)
-        out.append((f"{rf.header(ev)}\naverage over {payload['image_count']} image(s):", cols, rows))
-    san = payload.get("sanity")
-    if san:
-        cols, rows = sanity_table(san)
+        out.append((f"{rf.header(ev)}\naverage over {rep.image_count} image(s):", cols, rows))
+    if rep.sanity:
+        cols, rows = sanity_table(rep.sanity)
         out.append(("sanity (Adebayo et al. 2018): mean Spearman rho of |map| with the original, top layers "
                     "randomised", cols, rows))
     return out
 
 
-def _title(payload: dict[str, Any]) -> str:
-    where = (f"the output of embedding layer '{payload['embedding_layer']}'" if payload.get("embedding_layer")
-             else "the input")
-    if any(i.get("generation") for i in payload.get("images", [])):
-        return (f"Attributions over a generation: {', '.join(payload.get('methods', []))} (to {where}); "
+def _title(rep: AttributionsReport) -> str:
+    where = f"the output of embedding layer '{rep.embedding_layer}'" if rep.embedding_layer else "the input"
+    if any(i.generation for i in rep.images):
+        return (f"Attributions over a generation: {', '.join(rep.methods)} (to {where}); "
                 "each generated token's score attributed to the tokens before it")
-    return f"Attributions: {', '.join(payload.get('methods', []))} (to {where})"
+    return f"Attributions: {', '.join(rep.methods)} (to {where})"
 
 
-def render_text(payload: dict[str, Any]) -> str:
-    lines = [_title(payload)]
-    for title, cols, rows in _tables(payload):
+def render_text(payload: Mapping[str, Any] | AttributionsReport) -> str:
+    """Plain text, formatted from the report's typed records."""
+    rep = report_of(payload)
+    lines = [_title(rep)]
+    for title, cols, rows in _tables(rep):
         lines += ([title] if title else []) + [plain_table(cols, rows)]
-    sheets = payload.get("contact_sheets") or []
+    sheets = _given(rep.contact_sheets) or []
     if sheets:
         lines.append("contact sheets: " + ", ".join(sheets))
-    lines.extend(warning_text(payload))
+    lines.extend(warning_text(rep))
     return "\n".join(lines)
 
 
-def render_rich(payload: dict[str, Any]) -> list[Any]:
+def render_rich(payload: Mapping[str, Any] | AttributionsReport) -> list[Any]:
+    rep = report_of(payload)
     parts: list[Any] = []
-    for i, (title, cols, rows) in enumerate(_tables(payload)):
-        parts.append(rich_table(cols, rows, title=_title(payload) if i == 0 else title))
-    return [*parts, *warning_text(payload)]
+    for i, (title, cols, rows) in enumerate(_tables(rep)):
+        parts.append(rich_table(cols, rows, title=_title(rep) if i == 0 else title))
+    return [*parts, *warning_text(rep)]
 
 
 def render_result(result: Any, rich: bool) -> Any:
     """The registry's renderer: the report of an ``attributions`` result (text or rich)."""
-    doc = result.to_dict()
-    return render_rich(doc) if rich else render_text(doc) + "\n"
+    rep = report_of(result.to_dict())
+    return render_rich(rep) if rich else render_text(rep) + "\n"
 
 
-def generation_rows(payload: dict[str, Any]) -> list[list[str]]:
+def generation_rows(rep: AttributionsReport) -> list[list[str]]:
     """The report's rows: per text, generated token and method, the token's log-probability,
     the score explained, the source token with the largest |attribution|, the row's sum and
     integrated gradients' completeness gap."""
     from inspect_model.render.token_strips import token_label
 
     rows = []
-    for img in payload.get("images", []):
-        gen = img.get("generation")
+    for img in rep.images:
+        gen = img.generation
         if not gen:
             continue
-        cols = gen["columns"]
-        for rec in img.get("maps", []):
-            t = rec["rank"]
-            cells = rec.get("tokens") or []
+        for rec in img.maps:
+            t = rec.rank
+            cells = _given(rec.tokens) or []
             j = max(range(len(cells)), key=lambda k: abs(cells[k]), default=None)
-            top = f"{token_label(cols[j]['token'])} ({_num(cells[j])})" if j is not None else "-"
-            tok = gen["tokens"][t]
-            rows.append([str(img.get("image")), str(t + 1), token_label(tok["token"]), _num(tok["log_prob"]),
-                         _num(tok["score"]), rec["method"], top, _num(rec["sum"]),
-                         _num(rec.get("completeness_gap"))])
+            top = f"{token_label(gen.columns[j].token)} ({_num(cells[j])})" if j is not None else "-"
+            tok = gen.tokens[t]
+            rows.append([str(img.image), str(t + 1), token_label(tok.token), _num(tok.log_prob), _num(tok.score),
+                         rec.method, top, _num(rec.sum), _num(_given(rec.completeness_gap))])
     return rows
 
 
-def generation_lines(payload: dict[str, Any]) -> list[str]:
+def generation_lines(rep: AttributionsReport) -> list[str]:
     """One line per text: the prompt, what followed it, how."""
     from inspect_model.render.table import one_line
 
     out = []
-    for img in payload.get("images", []):
-        gen = img.get("generation")
+    for img in rep.images:
+        gen = img.generation
         if gen:
-            prompt = (img.get("text") or {}).get("text", "")
-            end = ", stopped at the end token" if gen.get("stopped") else ""
-            out.append(f"{one_line(img.get('image'))}: {one_line(repr(prompt))} -> {one_line(repr(gen['text']))} "
-                       f"({gen['mode']}, {len(gen['tokens'])} token(s){end})")
+            prompt = img.text.text if img.text else ""
+            end = ", stopped at the end token" if gen.stopped else ""
+            out.append(f"{one_line(img.image)}: {one_line(repr(prompt))} -> {one_line(repr(gen.text))} "
+                       f"({gen.mode}, {len(gen.tokens)} token(s){end})")
     return out

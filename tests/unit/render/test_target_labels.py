@@ -47,7 +47,7 @@ def test_a_continuation_is_named_by_its_words_in_table_json_and_html(tmp_path: P
     assert target["objective"] is True and target["class"] == 0
     words = target["label"]
     assert words.startswith("log p(' mat' | text) at position ")
-    rows = ra.map_rows(res.payload)
+    rows = ra.map_rows(res.to_dict())  # formatted from the typed records
     assert rows[0][1] == words  # not "0 log p(...)"
     html = (out / "report.html").read_text(encoding="utf-8")
     assert words.replace("'", "&#x27;") in html or words in html
@@ -55,4 +55,4 @@ def test_a_continuation_is_named_by_its_words_in_table_json_and_html(tmp_path: P
     # a class target keeps its index: the next-token logits name the predicted token
     res = im.attributions(folder, inputs=InputOptions(text=[TEXT]), methods=["gradient"])
     t = res.payload["images"][0]["maps"][0]["target"]
-    assert "objective" not in t and ra.map_rows(res.payload)[0][1] == f"{t['class']} {t['label']}"
+    assert "objective" not in t and ra.map_rows(res.to_dict())[0][1] == f"{t['class']} {t['label']}"

@@ -48,3 +48,26 @@ def test_the_cam_text_report_is_the_same_from_the_payload_and_from_the_records()
     text = cam_report.render_text(doc)
     assert text == cam_report.render_text(CamReport.from_dict(doc))
     assert "gradcam" in text and "features.3" in text
+
+
+def test_the_attention_report_round_trips_and_renders_from_its_records() -> None:
+    from pathlib import Path
+
+    from inspect_model.render.attention import report_text
+    from inspect_model.reports.attention import AttentionImageMap, AttentionReport
+
+    root = Path(__file__).resolve().parents[3]
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("attn_models", root / "tests" / "fixtures" / "attention_models.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    torch.manual_seed(0)
+    res = im.attention(mod.tiny_vit(), torch.randn(1, 3, 32, 32), methods=["raw", "rollout", "grad-rollout"])
+    doc = _plain(res.to_dict())
+    rep = AttentionReport.from_dict(doc)
+    assert isinstance(rep.images[0].maps[0], AttentionImageMap)
+    again = _plain(rep.to_dict())
+    assert again == {k: v for k, v in doc.items() if k in again}
+    text = report_text(doc)
+    assert text == report_text(rep) and "rollout" in text and "peak at patch" in text

@@ -200,14 +200,14 @@ class AttentionSession(Session):
         return Result("attention", self.resolved_options(), payload, self.warnings.to_list(), record=record)
 
     def resolved_options(self) -> dict[str, Any]:
-        r, o = self.request, self.options
+        r, o, ev = self.request, self.options, self.request.evaluation
         return self.prep.options(
             self.mopts, methods=list(o.methods), layers=list(o.layers), heads=o.heads, query=o.query,
             head_fusion=o.head_fusion, discard_ratio=o.discard_ratio, mosaic=o.mosaic, cam_layer=o.cam_layer,
             target=list(r.target) if isinstance(r.target, tuple) else r.target, colormap=r.colormap,
-            save_raw=r.save_raw, evaluate=r.evaluate, metrics=list(r.evaluation.metrics),
-            boxes=str(r.boxes) if r.boxes else None, eval_steps=r.eval_steps, eval_batch=r.eval_batch,
-            eval_tolerance=r.eval_tolerance)
+            save_raw=r.save_raw, evaluate=ev.enabled, metrics=list(ev.metrics),
+            boxes=str(r.boxes) if r.boxes else None, eval_steps=ev.steps, eval_batch=ev.batch,
+            eval_tolerance=ev.tolerance)
 
     # ------------------------------------------------------------------ resumable, mergeable
     def state_dict(self) -> dict[str, Any]:

@@ -155,7 +155,7 @@ class AttributionsSession(Session):
 
         self.drawer = AttributionsDrawer(categories=prep.categories, preprocess=prep.plan.preprocess,
                                          methods=list(request.methods), save_raw=request.save_raw,
-                                         overlays=request.overlays, curves=request.evaluate)
+                                         overlays=request.overlays, curves=request.evaluation.enabled)
 
     # ------------------------------------------------------------------ computing
     def feed(self, batch: Any) -> list[ImageItem]:

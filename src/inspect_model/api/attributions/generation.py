@@ -28,7 +28,7 @@ def check_generation_request(request: Any) -> None:
     if request.continuation is not None and not request.continuation.strip():
         raise UsageError("--continuation is empty; give the text, e.g. --continuation ' sat on the mat'")
     flag = "--generate" if request.generate is not None else "--continuation"
-    for given, what in ((request.evaluate, "--evaluate"), (request.sanity, "--sanity"), (request.smooth, "--smooth"),
+    for given, what in ((request.evaluation.enabled, "--evaluate"), (request.sanity, "--sanity"), (request.smooth, "--smooth"),
                         (request.steps == "auto", "--steps auto"), (request.save_raw, "--save-raw"),
                         (request.target not in (None, "predicted"), "--target"),
                         (request.output_key is not None, "--output-key"),

@@ -118,15 +118,16 @@ class CamSession(Session):
         self.entries: list[dict[str, Any]] = []
         self.passes = {"forward": 0, "backward": 0, "scorecam_forward": 0}
         self.columns: list[tuple[str, str]] = []
-        self.eval_options = {"evaluate": r.evaluate, "metrics": list(r.evaluation.metrics) or None,
-                             "boxes": str(r.boxes) if r.boxes else None, "eval_steps": r.eval_steps,
-                             "eval_batch": r.eval_batch, "eval_tolerance": r.eval_tolerance}
+        ev = r.evaluation  # --evaluate and its options, parsed once (run/option_groups.Evaluate)
+        self.eval_options = {"evaluate": ev.enabled, "metrics": list(ev.metrics) or None,
+                             "boxes": str(r.boxes) if r.boxes else None, "eval_steps": ev.steps,
+                             "eval_batch": ev.batch, "eval_tolerance": ev.tolerance}
         self.evaluator: Any = None
         flow = hasattr(prep.binding, "second_for")
-        if flow and ("scorecam" in self.methods or r.evaluate):
+        if flow and ("scorecam" in self.methods or ev.enabled):
             raise UsageError("Score-CAM and --evaluate perturb the input, and a flow model's input is a pair of "
                              "images; use the gradient methods (gradcam, ...) or eigencam")
-        if r.boxes is not None and not r.evaluate and self.dense is None:
+        if r.boxes is not None and not ev.enabled and self.dense is None:
             if not flow:
                 raise UsageError("--boxes needs --evaluate (for a classifier; a detector or a segmenter takes "
                                  "--boxes as the boxes to explain, a flow model as the region to explain)")

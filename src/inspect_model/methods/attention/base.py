@@ -46,6 +46,7 @@ class AttentionMethod:
     needs_head: ClassVar[bool] = False  # scores each block's tokens through the model's head
     class_independent: ClassVar[bool] = False  # the same map for every target
     in_all: ClassVar[bool] = True  # --method all takes it
+    text: ClassVar[bool] = False  # has a form for token models (methods/attention/text.py computes it)
 
     def forward(self, st: Any, call: Any) -> None:
         """One global attention layer of the forward pass, as it comes."""

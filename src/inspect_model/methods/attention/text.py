@@ -194,6 +194,12 @@ def compute_text_attention(model: nn.Module, ids: torch.Tensor, mask: torch.Tens
     from inspect_model.methods.attention.models import block_of, tokens_of
 
     opts = options or am.AttentionOptions()
+    from inspect_model.methods.attention import base
+
+    textless = [m for m in opts.methods if base.known(m) and not base.get(m).text]
+    if textless:
+        raise UsageError(f"--method {textless[0]} has no form for token models; those with one: "
+                         + ", ".join(n for n, m in base.methods().items() if m.text))
     mask = torch.ones_like(ids) if mask is None else mask
     lengths = [int(v) for v in mask.sum(dim=1).tolist()]
     names = attention_modules(model)

@@ -13,7 +13,9 @@ V-cycle of geometric multigrid:
   finer stencil (:mod:`.multigrid`); they depend on the mask only, so they are built once per
   mask and shared by its channels;
 - smoothing: one damped Jacobi step before and after the coarse correction (the symmetric
-  V(1,1) cycle, so PCG's theory holds); coarsest level (<= 200 points): dense Cholesky.
+  V(1,1) cycle; on coarse levels damped further where a row's couplings outweigh its
+  diagonal, so the cycle is positive definite for any mask and PCG's theory holds);
+  coarsest level (<= 200 points): dense Cholesky.
 
 All masks and channels are solved as one batch (B, C, H, W) on an accelerator, and on a CPU
 in groups of masks whose vectors stay in cache (2^19 values: 3 masks of 3 x 224 x 224); the
@@ -91,8 +93,11 @@ def impute(x: torch.Tensor, remove: torch.Tensor, *, noise: float = 0.0, generat
             # on one thread (no barrier to wait on when the machine is busy), the same numbers.
             from concurrent.futures import ThreadPoolExecutor
 
-            with ThreadPoolExecutor(min(threads, len(starts)), thread_name_prefix="inspect-model-impute") as pool:
+            pool = ThreadPoolExecutor(min(threads, len(starts)), thread_name_prefix="inspect-model-impute")
+            try:
                 u = torch.cat(list(pool.map(solve, starts)))
+            finally:  # a signal or an error: the groups not started are dropped, not waited for
+                pool.shutdown(wait=True, cancel_futures=True)
         else:
             u = torch.cat([solve(i) for i in starts])
         out = known + u

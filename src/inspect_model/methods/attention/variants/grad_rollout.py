@@ -38,6 +38,7 @@ def fold_row(st: Any, index: int, abar: torch.Tensor) -> None:
 @register
 class GradRollout(AttentionMethod):
     name, title, paper, order = "grad-rollout", "gradient rollout", "Chefer et al. 2021", 30
+    text = True  # its text form: methods/attention/text.py
     needs_gradients = True
     score_backward = True
     all_layers = True

@@ -39,6 +39,7 @@ def head_backward(score: Any, tokens: list[torch.Tensor], idx: torch.Tensor, lea
 @register
 class LeGrad(AttentionMethod):
     name, title, paper, order = "legrad", "LeGrad", "Bousselham et al. 2024", 40
+    text = True  # its text form: methods/attention/text.py
     needs_gradients = True
     per_layer = True
     needs_head = True

@@ -13,6 +13,7 @@ from inspect_model.methods.attention.base import AttentionMethod, register
 @register
 class Raw(AttentionMethod):
     name, title, paper, order = "raw", "raw attention", "the attention weights of chosen layers and heads", 10
+    text = True  # its text form: methods/attention/text.py
     per_layer = True
     class_independent = True
 

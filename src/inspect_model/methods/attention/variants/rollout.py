@@ -42,6 +42,7 @@ def rollout_step(r: torch.Tensor | None, a: torch.Tensor, fusion: str, discard_r
 @register
 class Rollout(AttentionMethod):
     name, title, paper, order = "rollout", "attention rollout", "Abnar & Zuidema 2020", 20
+    text = True  # its text form: methods/attention/text.py
     class_independent = True
     all_layers = True
 
