@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Any
 
 IDLE_S = 2.0  # seconds after the last use that the kept buffers are released
@@ -28,6 +29,8 @@ class Buffers:
         self.free: dict[tuple[int, Any, Any], list[Any]] = {}
         self.kept = 0  # bytes in free
         self.cap = 0
+        self.running = 0  # compares under way
+        self.last = 0.0  # time.monotonic() when the last one ended
         self.timer: threading.Timer | None = None
 
     def copy(self, t: Any) -> Any:
@@ -61,29 +64,42 @@ class Buffers:
             self.kept += size
 
     def start(self, cap: int) -> None:
-        """A compare begins: keep at most ``cap`` bytes; the release timer waits."""
+        """A compare begins: keep at most ``cap`` bytes; nothing is released while it runs."""
         with self.lock:
             self.cap = max(self.cap, cap)
-            if self.timer is not None:
-                self.timer.cancel()
-                self.timer = None
+            self.running += 1
 
     def idle(self) -> None:
-        """A compare ended: release everything kept ``IDLE_S`` seconds from now, unless one starts."""
+        """A compare ended: release everything kept ``IDLE_S`` seconds from now, unless one runs
+        then. One timer at a time, re-armed when it fires early (no thread per compare)."""
         with self.lock:
-            if self.timer is not None:
-                self.timer.cancel()
-            self.timer = threading.Timer(IDLE_S, self.release)
-            self.timer.daemon = True
-            self.timer.name = "inspect-model-compare-buffers"
-            self.timer.start()
+            self.running -= 1
+            self.last = time.monotonic()
+            if self.timer is None:
+                self._arm(IDLE_S)
 
-    def release(self) -> None:
+    def _arm(self, delay: float) -> None:
+        self.timer = threading.Timer(delay, self._expire)
+        self.timer.daemon = True
+        self.timer.name = "inspect-model-compare-buffers"
+        self.timer.start()
+
+    def _expire(self) -> None:
         with self.lock:
+            left = self.last + IDLE_S - time.monotonic()
+            if self.running or left > 0:  # used since: wait the rest
+                self._arm(max(left, 0.05))
+                return
             self.free.clear()
             self.kept = 0
             self.cap = 0
             self.timer = None
+
+    def release(self) -> None:
+        """Everything kept, released now."""
+        with self.lock:
+            self.free.clear()
+            self.kept = 0
 
 
 BUFFERS = Buffers()

@@ -77,6 +77,7 @@ class Exchange:
         self.cond = threading.Condition()
         self.budget = budget
         self.pooled = budget is not None  # B's copies are made in BUFFERS (a cached side hands its own)
+        self.solo = on_full is not None  # until on_full starts A in another thread, B's thread is the only one
         self.on_full = on_full
         self.pending: dict[Key, Any] = {}
         self.held = 0  # bytes in pending
@@ -104,8 +105,12 @@ class Exchange:
         if copy and tensor is not None:
             tensor = BUFFERS.copy(tensor)
         size = _nbytes(tensor)
+        if self.solo and (self.budget is None or not self.held or self.held + size <= self.budget):
+            self._keep(key, tensor, size)  # A has not started: no other thread reads these, no lock
+            return
         if self.budget is not None and self.held and self.held + size > self.budget:
             if self.on_full is not None:
+                self.solo = False
                 self.on_full()  # A starts (or goes on): B is as far ahead as the budget lets it be
             with self.cond:
                 self.blocked = max(size, 1)
@@ -116,14 +121,17 @@ class Exchange:
         with self.cond:
             if self.a_done:
                 return
-            self.pending[key] = tensor
-            self.held += size
-            if self.held > self.peak_bytes:
-                self.peak_bytes = self.held
-            if len(self.pending) > self.peak:
-                self.peak = len(self.pending)
+            self._keep(key, tensor, size)
             if self.wanted is not None:  # A waits: wake it (a notify per switch, no more: each costs a GIL hand-over)
                 self.cond.notify_all()
+
+    def _keep(self, key: Key, tensor: Any, size: int) -> None:
+        self.pending[key] = tensor
+        self.held += size
+        if self.held > self.peak_bytes:
+            self.peak_bytes = self.held
+        if len(self.pending) > self.peak:
+            self.peak = len(self.pending)
 
     def take(self, key: Key) -> Any:
         """A's thread: B's output for ``key`` (A's to free), or None when B gave none."""
