@@ -166,6 +166,36 @@ def sheet_picture(picture: Image.Image) -> Image.Image:
     return thumbnail(picture)
 
 
+def sheet_tokens(tokens: Sequence[str]) -> Image.Image:
+    """The input column of a text row: a strip of as many cells as the maps beside it have,
+    each token's text under its cell (upright when wider than the cell; none below 10 px)."""
+    from PIL import Image, ImageDraw
+
+    from inspect_model.render import raster
+    from inspect_model.render.overlay import THUMB
+    from inspect_model.render.token_strips import token_label
+
+    n = max(1, len(tokens))
+    cell = THUMB / n
+    names = [token_label(t, 10) for t in tokens] if cell >= 10 else []
+    widest = max((raster.text_size(t, 10)[0] for t in names), default=0)
+    upright = widest > cell - 2
+    below = (widest + 4 if upright else 14) if names else 0
+    out = Image.new("RGB", (THUMB, 24 + below), raster.BG)
+    draw = ImageDraw.Draw(out)
+    for i in range(n):  # the cells, as the maps' strips draw them
+        x0, x1 = round(i * cell), round((i + 1) * cell) - 1
+        draw.rectangle((x0, 0, x1, 23), fill=(236, 236, 236), outline=(200, 200, 200))
+    for i, name in enumerate(names):
+        mid = (i + 0.5) * cell
+        if upright:
+            label = raster.vertical_text(name, 10)
+            out.paste(label, (round(mid - label.size[0] / 2), 26))
+        else:
+            draw.text((round(mid - raster.text_size(name, 10)[0] / 2), 25), name, fill=raster.FG, font=raster.font(10))
+    return out
+
+
 def sheet(rows: Sequence[tuple[str, Image.Image | None, Sequence[tuple[Image.Image, str]]]],
           methods: Sequence[str], title: str = "") -> Image.Image:
     """A contact sheet: one row per (image, target), the input then one column per method;

@@ -45,6 +45,8 @@ class AttributionsDrawer(SheetDrawer):
         seen = None
         if x.dim() == 3:
             seen = ra.sheet_picture(ov.input_picture(x, getattr(pre, "mean", None), getattr(pre, "std", None)))
+        elif (entry.get("text") or {}).get("tokens"):  # a text: its tokens, under the maps' cells
+            seen = ra.sheet_tokens(entry["text"]["tokens"])
         base = image_dir(entry["index"], entry["image"])
         rows: dict[int, list[Any]] = {}
         for rec in entry["maps"]:
