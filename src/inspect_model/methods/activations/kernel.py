@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 COLUMNS = 10
 SOURCE = r"""
 #include <stdint.h>
+#include <string.h>
 #define BLOCK 4096
 void im_cells_f32(const float *restrict x, int64_t rows, int64_t s, double *restrict out, int threads) {
     #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows > 1 && rows * s >= 65536)
@@ -89,21 +90,18 @@ void im_relu_table(const double *restrict t, int64_t rows, double *restrict out)
         d[5] = o[5] + o[6]; d[6] = 0; d[7] = o[7]; d[8] = o[8]; d[9] = o[9];
     }
 }
-/* 1 when a value of the table is NaN or Inf, read from its bits (the flags above let the
-   compiler assume finite floats, not integers). */
-int im_nonfinite(const double *restrict t, int64_t count) {
-    const uint64_t *b = (const uint64_t *)t;
-    uint64_t bad = 0;
-    for (int64_t i = 0; i < count; i++) bad |= (b[i] & 0x7ff0000000000000ULL) == 0x7ff0000000000000ULL;
-    return (int)bad;
-}
 /* Images of c cells of s values from a finite table t (n*c rows): per image (IMAGE columns)
    mean, m2 (Chan's merge of the cells), min, max, zeros, negatives, dead cells, and 1 where a
    cell's squared deviations lost more than three digits; per channel (2 columns) the sum over
    images and the number of images where the cell is dead. */
-void im_images(const double *restrict t, int64_t n, int64_t c, int64_t s, double *restrict img,
-               double *restrict chan) {
+int im_images(const double *restrict t, int64_t n, int64_t c, int64_t s, double *restrict img,
+              double *restrict chan) {
     const double sd = (double)s;
+    double all = 0; /* NaN or Inf in any cell's shifted sums reaches this total */
+    for (int64_t r = 0; r < n * c; r++) all += t[r * 10 + 1] + t[r * 10 + 2];
+    uint64_t bits;
+    memcpy(&bits, &all, sizeof bits); /* read from its bits: the flags let the compiler assume finite floats */
+    if ((bits & 0x7ff0000000000000ULL) == 0x7ff0000000000000ULL) return 1;
     for (int64_t j = 0; j < 2 * c; j++) chan[j] = 0;
     for (int64_t i = 0; i < n; i++) {
         const double *row = t + i * c * 10;
@@ -126,6 +124,7 @@ void im_images(const double *restrict t, int64_t n, int64_t c, int64_t s, double
         double *r = img + i * 8;
         r[0] = mean; r[1] = m2; r[2] = lo; r[3] = hi; r[4] = z; r[5] = ng; r[6] = dead; r[7] = lost;
     }
+    return 0;
 }
 """
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
@@ -170,14 +169,13 @@ def images(table: torch.Tensor, n: int, c: int, s: int) -> tuple[np.ndarray, np.
     import numpy as np
 
     lib = _library()
-    if lib.im_nonfinite(table.data_ptr(), table.numel()):
-        return None
     have = getattr(_local, "merged", None)
     if have is None or have[0].size < n * 8 or have[1].size < c * 2:
         have = _local.merged = (np.frombuffer(_anonymous(max(n * 8, 512) * 8), dtype=np.float64),
                                 np.frombuffer(_anonymous(max(c * 2, 8192) * 8), dtype=np.float64))
     img, chan = have[0][:n * 8].reshape(n, 8), have[1][:c * 2].reshape(c, 2)
-    lib.im_images(table.data_ptr(), n, c, s, img.ctypes.data, chan.ctypes.data)
+    if lib.im_images(table.data_ptr(), n, c, s, img.ctypes.data, chan.ctypes.data):
+        return None
     return img, chan
 
 
@@ -260,9 +258,8 @@ def _load() -> Any:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     cells_fn.argtypes, cells_fn.restype = [ptr, i64, i64, ptr, ctypes.c_int], None
-    images_fn.argtypes, images_fn.restype = [ptr, i64, i64, i64, ptr, ptr], None
+    images_fn.argtypes, images_fn.restype = [ptr, i64, i64, i64, ptr, ptr], ctypes.c_int
     lib.im_relu_table.argtypes, lib.im_relu_table.restype = [ptr, i64, ptr], None
-    lib.im_nonfinite.argtypes, lib.im_nonfinite.restype = [ptr, i64], ctypes.c_int
     return lib
 
 
