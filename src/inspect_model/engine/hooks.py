@@ -373,10 +373,12 @@ def run_forward(engine: HookEngine, fn: Callable[[], Any]) -> Any:
     :class:`ModelRuntimeError` that names the innermost layer that failed. A failure in the
     model's first conv/linear layer is an input that does not fit the model: an
     :class:`InputMismatchError` (exit 4) saying what that layer expects."""
+    from inspect_model.engine.gc_pause import paused_collection
     from inspect_model.errors import InputMismatchError, InspectModelError
 
     try:
-        return fn()
+        with paused_collection():
+            return fn()
     except InspectModelError:
         raise
     except Exception as exc:

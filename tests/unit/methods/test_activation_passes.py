@@ -11,18 +11,29 @@ import pytest
 import torch
 from torch import nn
 
-from inspect_model.methods.activations import fused
+from inspect_model.methods.activations import fused, kernel, native
 from inspect_model.methods.activations.capture import ActivationCapture, capture_activations
 from inspect_model.methods.activations.measure import measure
 
 
 def _chunked(t: torch.Tensor, n: int):  # type: ignore[no-untyped-def]
-    orig = fused.measure_fused
+    orig, orig_native = fused.measure_fused, native.measure_native
     fused.measure_fused = lambda *a, **k: None  # type: ignore[assignment]
+    native.measure_native = lambda *a, **k: None  # type: ignore[assignment]
     try:
         return measure(t, n)
     finally:
-        fused.measure_fused = orig  # type: ignore[assignment]
+        fused.measure_fused, native.measure_native = orig, orig_native  # type: ignore[assignment]
+
+
+@pytest.fixture(autouse=True, params=["native", "torch"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test twice: with the native one-read kernel (native.py) and with torch's reductions."""
+    if request.param == "native" and kernel.kernel() is None:
+        pytest.skip("no C compiler: the native kernel is tested in test_activation_native.py")
+    if request.param == "torch":
+        monkeypatch.setattr(native, "measure_native", lambda *a, **k: None)
+    return str(request.param)
 
 
 def _direct(t: torch.Tensor) -> dict[str, float]:

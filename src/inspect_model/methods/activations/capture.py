@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+from inspect_model.engine.gc_pause import paused_collection
 from inspect_model.errors import InputError, ModelLoadError
 from inspect_model.loading.wrappers import unwrap_module
 from inspect_model.methods.activations.deferred import defer_on
@@ -200,7 +201,7 @@ class ActivationCapture:
                 self._last = last
                 if not isinstance(m, Measurement):
                     return m  # deferred: resolved once, its channels copied there
-                return replace(m, channels={k: c.copy() for k, c in m.channels.items()})
+                return replace(m, channels={k: c.copy() for k, c in m.channels.items()}, bounds=None)
             module = self._engine.current_module if self._engine is not None else None
             if version == last[1] + 1 and last[2].bounds is not None and not self.hist_bins and relu_after(module):
                 after_relu = last[2].bounds
@@ -208,6 +209,8 @@ class ActivationCapture:
         m = measure(t, self._batch_size, hist_bins=self.hist_bins, after_relu=after_relu, defer=defer)
         if version is not None:
             self._last = (weakref.ref(t), version, m, self._batch_size)
+        if last is not None and isinstance(last[2], Measurement):
+            last[2].bounds = None  # served its ReLU, if any (native.py's tables are not kept)
         return m
 
     def run(self, inputs: Any, names: Sequence[str] | None = None, *, mask: torch.Tensor | None = None
@@ -228,8 +231,15 @@ class ActivationCapture:
         engine = self._engine
         engine.reset()
         self._last = None
-        self._forward(args)
-        records = engine.finalize()
+        with paused_collection():
+            self._forward(args)
+            records = engine.finalize()
+            return self._collect(records, names, n)
+
+    def _collect(self, records: list[Any], names: list[str], n: int) -> BatchActivations:
+        """The batch's rows and per-image statistics from the hook records."""
+        engine = self._engine
+        assert engine is not None
         start = self._images
         images = [ImageActivations(start + i, names[i] if i < len(names) else f"input-{start + i}", [])
                   for i in range(n)]

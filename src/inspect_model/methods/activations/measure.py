@@ -232,6 +232,7 @@ def measure(t: torch.Tensor, batch_size: int | None = None, *, hist_bins: int = 
     import torch
 
     from inspect_model.methods.activations.fused import measure_fused
+    from inspect_model.methods.activations.native import CellBounds, measure_native
 
     x = t.detach()
     if x.is_quantized:
@@ -259,7 +260,10 @@ def measure(t: torch.Tensor, batch_size: int | None = None, *, hist_bins: int = 
         pending = measure_deferred(x, [(c, c + shift) for c in cands], per_sample)
         if pending is not None:
             return pending  # type: ignore[return-value]
-    fused = measure_fused(x, [(c, c + shift) for c in cands], after_relu=after_relu)
+    pairs = [(c, c + shift) for c in cands]
+    fused = measure_native(x, pairs, after_relu=after_relu)  # float32 on the CPU: one read (native.py)
+    if fused is None:  # a native CellBounds' arrays are reused buffers: read again from x
+        fused = measure_fused(x, pairs, after_relu=None if isinstance(after_relu, CellBounds) else after_relu)
     if fused is not None:
         samples, channels, sample_dead, bounds = fused
         cands = []
