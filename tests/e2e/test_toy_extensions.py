@@ -148,12 +148,28 @@ def test_the_toy_attention_method_runs_and_is_reported(toys: Any, cli: Any, vit:
                        inputs=im.InputOptions(IMAGES, input_size=["3x32x32"]))
     last = list(res.raw)[-1]
     torch.testing.assert_close(res.maps["toy-last"], res.raw[last][:, 0])
-    # a token model: the toy has no text form (its ``text`` property), said in one line
+    # a token model: the toy's text form (its text_* hooks) gives the last layer's heads-averaged
+    # query row, as raw's last layer with --heads mean; without one (``text`` false) one line says so
+    pytest.importorskip("transformers")
+    from fixtures.text_models import build_model
     from inspect_model.errors import UsageError
+    from inspect_model.methods.attention import base as attention_base
     from inspect_model.methods.attention.maps import AttentionOptions
     from inspect_model.methods.attention.text import compute_text_attention
 
-    with pytest.raises(UsageError, match="^--method toy-last has no form for token models; those with one: raw, "
-                                         "rollout, grad-rollout, legrad$"):
-        compute_text_attention(torch.nn.Identity(), torch.ones(1, 3, dtype=torch.long),
-                               options=AttentionOptions(methods=("toy-last",)))
+    ids, mask = torch.randint(5, 60, (2, 7), generator=torch.Generator().manual_seed(0)), torch.ones(2, 7, dtype=torch.long)
+    mask[1, 5:] = 0
+    got = compute_text_attention(build_model("bert", "sdpa"), ids, mask,
+                                 options=AttentionOptions(methods=("raw", "toy-last"), heads="mean", query="1"))
+    last = got.raw[got.layers[-1]][:, 0]  # (B, L, L): heads averaged
+    torch.testing.assert_close(got.values["toy-last"], last[:, 1])
+    assert "toy-last" in got.matrices
+    toy = attention_base.get("toy-last")
+    type(toy).text = False
+    try:
+        with pytest.raises(UsageError, match="^--method toy-last has no form for token models; those with one: "
+                                             "raw, rollout, grad-rollout, legrad$"):
+            compute_text_attention(torch.nn.Identity(), torch.ones(1, 3, dtype=torch.long),
+                                   options=AttentionOptions(methods=("toy-last",)))
+    finally:
+        type(toy).text = True

@@ -214,17 +214,17 @@ def report_text(doc: Mapping[str, Any] | AttentionReport) -> str:
                              f"{m.grid[0]}x{m.grid[1]} tokens, max {m.max:.3g}")
             else:
                 lines.append(f"    {m.method:<13} peak at patch (row {m.peak_cell[0]}, col {m.peak_cell[1]})")
-    ev = rep.evaluation or {}  # the evaluator's summary (run/evaluate.py), a plain object
-    if ev.get("average"):
+    rows = rep.evaluation.average if rep.evaluation else []  # the evaluator's summary (run/evaluate.py)
+    scores = [row.scores.to_dict() for row in rows]
+    if rows:
         names = [k for k in ("deletion", "insertion", "road", "drop", "increase", "pointing", "energy")
-                 if any(k in row["scores"] for row in ev["average"])]
+                 if any(k in s for s in scores)]
         lines.append(f"faithfulness (mean over images; deletion and drop: lower is better, the rest higher): "
                      f"{', '.join(names)}")
-        for row in ev["average"]:
-            vals = "  ".join(f"{k} {row['scores'][k]:.3f}" if row["scores"].get(k) is not None else f"{k} -"
-                             for k in names)
-            lines.append(f"  #{row['rank']:.1f} {row['method']:<13} {vals}" if row.get("rank") is not None
-                         else f"  {row['method']:<13} {vals}")
+        for row, got in zip(rows, scores):
+            vals = "  ".join(f"{k} {got[k]:.3f}" if got.get(k) is not None else f"{k} -" for k in names)
+            lines.append(f"  #{row.rank:.1f} {row.method:<13} {vals}" if row.rank is not None
+                         else f"  {row.method:<13} {vals}")
     for w in rep.warnings:
         lines.append(f"warning: {w.message}")
     return "\n".join(lines) + "\n"

@@ -273,7 +273,7 @@ def _tables(rep: AttributionsReport) -> list[tuple[str, list[Column], list[list[
     if any(i.generation for i in rep.images):  # --generate (issue 36)
         return [("\n".join(generation_lines(rep)), list(GENERATION_COLUMNS), generation_rows(rep))]
     out = [("", list(MAP_COLUMNS), map_rows(rep))]
-    ev = _given(rep.evaluation)  # the evaluator's summary (run/evaluate.py), a plain object
+    ev = rep.evaluation.to_dict() if rep.evaluation else None  # the evaluator's summary (run/evaluate.py)
     if ev is not None and ev.get("average"):
         cols, rows = rf.average_table(ev)
         out.append((f"{rf.header(ev)}\naverage over {rep.image_count} image(s):", cols, rows))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from inspect_model.reports.base import Record, Skipped, Warning_, fact, record
+from inspect_model.reports.faithfulness import Evaluation, MapEvaluation
 from inspect_model.reports.common import ImageText, OBJECTIVE_DOC, Method
 
 
@@ -32,7 +33,7 @@ class AttentionImageMap(Record):
     files: dict[str, str | None]
     grid: list[int] = fact(optional=True, minItems=2, maxItems=2)
     rank: int = fact(optional=True)
-    evaluation: dict[str, Any] = fact(optional=True)
+    evaluation: MapEvaluation = fact(doc="--evaluate only: this map's faithfulness.", optional=True)
     values: list[Annotated[Any, {"anyOf": [{"type": "number"}, {"type": "array", "items": {"type": "number"}}]}]] = fact(
         doc="--text: per-token values (rollout, grad-rollout: the query token's row; legrad: "
             "relevance); raw: one row per head shown, the query token's attention",
@@ -77,7 +78,7 @@ class AttentionReport(Record):
     warnings: list[Warning_]
     skipped: list[Skipped]
     windowed: bool = fact(doc="the raw layers attend within windows (Swin/MaxViT)", optional=True)
-    evaluation: dict[str, Any] = fact(optional=True)
+    evaluation: Evaluation = fact(doc="--evaluate only: settings, cost and the methods ranked on average.", optional=True)
     text: bool = fact(doc="--text: token maps of texts", optional=True)
     causal: bool = fact(doc="--text: the model's attention is causal (a decoder)", optional=True)
     cam_layer: str | None = fact(

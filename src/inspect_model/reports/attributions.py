@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from inspect_model.reports.base import Record, Skipped, Warning_, fact, record
+from inspect_model.reports.faithfulness import Evaluation, MapEvaluation
 from inspect_model.reports.common import MapFrames, OBJECTIVE_DOC, Clip, Method, Pair
 
 
@@ -18,13 +19,9 @@ class AttributionTarget(Record):
 
 
 @record
-class AttributionEvaluation(Record):
-    scores: dict[str, float | None]
-    curves: dict[str, list[float | None]]
-    confidence: dict[str, Any]
-    rank: float | None
-    steps: dict[str, Annotated[int, {"minimum": 2}]] = fact(
-        doc="--eval-steps auto: the steps each curve took.",
+class AttributionEvaluation(MapEvaluation):
+    replacement_token: int = fact(
+        doc="--text: the token id that deletion puts in and insertion starts from.",
         optional=True)
 
 
@@ -156,7 +153,7 @@ class AttributionsReport(Record):
     images: list[AttributionsImage]
     image_count: int = fact(minimum=1)
     contact_sheets: list[str] = fact(optional=True)
-    evaluation: Any = fact(optional=True, schema={"type": "object", "required": ["metrics", "average"]})
+    evaluation: Evaluation = fact(doc="--evaluate only: settings, cost and the methods ranked on average.", optional=True)
     sanity: Sanity | None
     warnings: list[Warning_]
     skipped: list[Skipped]

@@ -46,7 +46,9 @@ class AttentionMethod:
     needs_head: ClassVar[bool] = False  # scores each block's tokens through the model's head
     class_independent: ClassVar[bool] = False  # the same map for every target
     in_all: ClassVar[bool] = True  # --method all takes it
-    text: ClassVar[bool] = False  # has a form for token models (methods/attention/text.py computes it)
+    text: ClassVar[bool] = False  # has a form for token models (the text_* hooks; methods/attention/text.py runs them)
+    keeps_raw: ClassVar[bool] = False  # its maps are per layer and head, kept as the probabilities (the result's raw)
+    default_layers: ClassVar[str] = "all"  # the layers of a per_layer method without --layers
 
     def forward(self, st: Any, call: Any) -> None:
         """One global attention layer of the forward pass, as it comes."""
@@ -62,6 +64,24 @@ class AttentionMethod:
         """The backward pass of a gradient method whose score is not the target's (``score_backward``
         false): ``idx`` (B, 1) the targets, ``tokens`` the chosen blocks' outputs (``needs_head``)."""
         raise NotImplementedError(f"{self.name} has no backward pass of its own")
+
+    def text_forward(self, st: Any, call: Any, probs: torch.Tensor) -> None:
+        """One attention layer of a text model's forward pass, ``probs`` (B, heads, L, L); ``st``
+        the text run's state (:class:`.text.TextState`)."""
+
+    def text_backward(self, st: Any, call: Any, grad: torch.Tensor) -> None:
+        """d(score)/d(probs) (B, heads, L, L) of one layer of a text model, in this method's backward phase."""
+
+    def text_own_backward(self, model: nn.Module, st: Any, idx: torch.Tensor, leaf: torch.Tensor,
+                          tokens: list[torch.Tensor], last: torch.Tensor) -> None:
+        """A text model's backward pass of a gradient method whose score is not the target's:
+        ``leaf`` the input embeddings' output, ``last`` (B,) each text's last real token."""
+        raise NotImplementedError(f"{self.name} has no backward pass of its own for text")
+
+    def text_result(self, st: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """A text's map: (per-token values (B, L), or a token-to-token matrix (B, L, L) whose
+        query rows become the values); (None, None) for none."""
+        return None, None
 
     def result(self, st: Any, to_grid: Any) -> torch.Tensor | None:
         """The map (B, rows, cols), unnormalised; ``to_grid`` takes (..., N) token rows to

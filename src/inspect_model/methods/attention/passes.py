@@ -169,9 +169,9 @@ def run(model: nn.Module, x: torch.Tensor, opts: am.AttentionOptions, target: An
     methods = opts.methods
     own = [base.get(m) for m in methods if base.known(m)]
     hw = (int(x.shape[-2]), int(x.shape[-1]))
-    raw_layers = am.select_layers(opts.layers or ["-1"], names) if "raw" in methods and names else []
-    head_layers = am.select_layers(opts.layers or ["all"], names) if any(m.needs_head for m in own) and names \
-        else []
+    keep_raw, heads = [m for m in own if m.keeps_raw], [m for m in own if m.needs_head]
+    raw_layers = am.select_layers(opts.layers or [keep_raw[0].default_layers], names) if keep_raw and names else []
+    head_layers = am.select_layers(opts.layers or [heads[0].default_layers], names) if heads and names else []
     st = RunState(int(x.shape[0]), opts, set(raw_layers), set(head_layers), am.parse_query(opts.query), own)
     wanted = None if not names or opts.mosaic or st.folds_all else st.raw_layers | st.head_layers
     blocks: dict[str, Any] = {}

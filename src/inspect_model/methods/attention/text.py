@@ -28,8 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 from inspect_model.errors import LayerSelectionError, ModelRuntimeError, UnsupportedModelError, UsageError
 from inspect_model.methods.attention import maps as am
-from inspect_model.methods.attention.variants.legrad import head_backward
-from inspect_model.methods.attention.variants.rollout import rollout_step
 
 if TYPE_CHECKING:
     import torch
@@ -41,7 +39,7 @@ class TextAttention:
     """What :func:`compute_text_attention` returns (one batch of texts)."""
 
     values: dict[str, torch.Tensor]  # method -> (B, L) per-token values (query row / LeGrad)
-    matrices: dict[str, torch.Tensor]  # "rollout", "grad-rollout" -> (B, L, L)
+    matrices: dict[str, torch.Tensor]  # method -> (B, L, L): the methods whose map is token-to-token
     raw: dict[str, torch.Tensor]  # layer -> (B, heads shown, L, L)
     head_labels: dict[str, list[str]]
     layers: list[str]
@@ -129,12 +127,16 @@ def resolve(target: Any, scores: torch.Tensor) -> list[int]:
 
 
 @dataclass
-class _State:
+class TextState:
+    """What one text run keeps while the passes go (the text hooks' ``st``): the built-in
+    methods' running values, ``scratch`` for any other method's own."""
+
     opts: am.AttentionOptions
-    raw_layers: set[str]
-    legrad_layers: set[str]
+    raw_layers: set[str]  # the layers of the methods that keep raw probabilities (keeps_raw)
+    head_layers: set[str]  # the layers of the methods that score tokens through the head (needs_head)
     queries: list[int]
     lengths: list[int]
+    methods: list[Any] = field(default_factory=list)  # the attention methods asked for
     heads: int | None = None
     rollout: Any = None
     raw: dict[str, Any] = field(default_factory=dict)
@@ -143,9 +145,10 @@ class _State:
     legrad_count: int = 0
     phase: str = ""
     mosaic: list[Any] = field(default_factory=list)
+    scratch: dict[str, Any] = field(default_factory=dict)
 
 
-def _on_forward(st: _State) -> Any:
+def _on_forward(st: TextState) -> Any:
     def fn(call: Any) -> None:
         if call.queries != call.keys:
             raise UnsupportedModelError(f"attention in '{call.name}' maps {call.queries} queries to {call.keys} "
@@ -153,12 +156,10 @@ def _on_forward(st: _State) -> Any:
                                         "attributions and grads take this model")
         st.heads = st.heads or call.heads
         p = call.probs()  # (B, h, L, L)
-        if call.name in st.raw_layers:
-            st.raw[call.name] = p.float().cpu()
         if st.opts.mosaic:
             st.mosaic.append(_rows(p, st.queries).float().cpu())
-        if "rollout" in st.opts.methods:
-            st.rollout = rollout_step(st.rollout, p, st.opts.head_fusion, st.opts.discard_ratio)
+        for m in st.methods:
+            m.text_forward(st, call, p)
     return fn
 
 
@@ -169,15 +170,13 @@ def _rows(a: torch.Tensor, queries: list[int]) -> torch.Tensor:
     return torch.stack([a[b, ..., q, :] for b, q in enumerate(queries)])
 
 
-def _on_backward(st: _State) -> Any:
+def _on_backward(st: TextState) -> Any:
     def fn(call: Any, grad: torch.Tensor) -> None:
-        if st.phase == "grad-rollout":
-            st.abar[call.index] = (grad * call.probs()).clamp_min_(0).mean(dim=1)
-        elif st.phase == "legrad" and call.name in st.legrad_layers:
-            lengths = grad.new_tensor(st.lengths).view(-1, 1)
-            rel = grad.clamp(min=0).mean(dim=1).sum(dim=1) / lengths  # over heads, then the real queries
-            st.legrad = rel if st.legrad is None else st.legrad + rel
-            st.legrad_count += 1
+        from inspect_model.methods.attention import base
+
+        method = base.methods().get(st.phase)
+        if method is not None:
+            method.text_backward(st, call, grad)
     return fn
 
 
@@ -193,10 +192,11 @@ def compute_text_attention(model: nn.Module, ids: torch.Tensor, mask: torch.Tens
     from inspect_model.engine.hooks import CaptureOptions, HookEngine, run_forward
     from inspect_model.methods.attention.models import block_of, tokens_of
 
-    opts = options or am.AttentionOptions()
     from inspect_model.methods.attention import base
 
-    textless = [m for m in opts.methods if base.known(m) and not base.get(m).text]
+    opts = options or am.AttentionOptions()
+    own = [base.get(m) for m in opts.methods if base.known(m)]
+    textless = [m.name for m in own if not m.text]
     if textless:
         raise UsageError(f"--method {textless[0]} has no form for token models; those with one: "
                          + ", ".join(n for n, m in base.methods().items() if m.text))
@@ -204,10 +204,9 @@ def compute_text_attention(model: nn.Module, ids: torch.Tensor, mask: torch.Tens
     lengths = [int(v) for v in mask.sum(dim=1).tolist()]
     names = attention_modules(model)
     causal = is_causal(model, names)
-    methods = opts.methods
-    raw_layers = am.select_layers(opts.layers or ["-1"], names) if "raw" in methods and names else []
-    legrad_layers = am.select_layers(opts.layers or ["all"], names) if "legrad" in methods and names else []
-    st = _State(opts, set(raw_layers), set(legrad_layers), query_tokens(opts.query, lengths, causal), lengths)
+    raw_layers = _layers([m for m in own if m.keeps_raw], opts, names)
+    head_layers = _layers([m for m in own if m.needs_head], opts, names)
+    st = TextState(opts, set(raw_layers), set(head_layers), query_tokens(opts.query, lengths, causal), lengths, own)
     last = torch.tensor([n - 1 for n in lengths], device=ids.device)
     run = forward or (lambda x: model(input_ids=x, attention_mask=mask))
     blocks: dict[str, Any] = {}
@@ -225,7 +224,7 @@ def compute_text_attention(model: nn.Module, ids: torch.Tensor, mask: torch.Tens
                     raise UnsupportedModelError(f"{type(model).__name__} has no input embeddings to take gradients "
                                                 "at; -m raw,rollout need none")
                 handles.append(emb.register_forward_hook(_make_leaf(leaf)))
-            for name in legrad_layers:
+            for name in head_layers:
                 block = block_of(model, name)
                 handles.append(modules[block].register_forward_hook(
                     lambda _m, _a, out, block=block: blocks.__setitem__(block, tokens_of(out))))
@@ -245,11 +244,11 @@ def compute_text_attention(model: nn.Module, ids: torch.Tensor, mask: torch.Tens
                     from inspect_model.methods.attention.headless import score_free
 
                     raise UsageError(f"{type(model).__name__} returned no class or token scores for "
-                                     f"{', '.join(m for m in methods if not score_free(m))} to explain; "
+                                     f"{', '.join(m for m in opts.methods if not score_free(m))} to explain; "
                                      "raw attention and rollout need none: -m raw,rollout")
                 if opts.needs_grad:
                     assert scores is not None and classes is not None
-                    _backward(model, st, scores, classes, leaf[0], [blocks[block_of(model, n)] for n in legrad_layers],
+                    _backward(model, st, scores, classes, leaf[0], [blocks[block_of(model, n)] for n in head_layers],
                               last, passes)
         finally:
             for h in handles:
@@ -266,48 +265,42 @@ def _make_leaf(leaf: list[Any]) -> Any:
     return hook
 
 
-def _backward(model: nn.Module, st: _State, scores: torch.Tensor, classes: list[int], leaf: torch.Tensor,
+def _layers(chosen: list[Any], opts: am.AttentionOptions, names: list[str]) -> list[str]:
+    """The attention layers of the ``chosen`` methods: ``--layers``, else the first one's default."""
+    return am.select_layers(opts.layers or [chosen[0].default_layers], names) if chosen and names else []
+
+
+def _backward(model: nn.Module, st: TextState, scores: torch.Tensor, classes: list[int], leaf: torch.Tensor,
               tokens: list[torch.Tensor], last: torch.Tensor, passes: dict[str, int]) -> None:
-    """grad-rollout's backward pass, then LeGrad's (module docstring of methods.attention)."""
+    """The target score's backward pass (the ``score_backward`` methods'), then one of its own
+    per other gradient method (LeGrad's), as for images (:mod:`.passes`)."""
     import torch
 
     idx = torch.tensor(classes, device=scores.device).view(-1, 1)
-    methods = st.opts.methods
-    if "grad-rollout" in methods:
-        st.phase = "grad-rollout"
-        torch.autograd.grad(scores.gather(1, idx).sum(), leaf, retain_graph="legrad" in methods)
+    own = [m for m in st.methods if m.needs_gradients and not m.score_backward]
+    shared = [m for m in st.methods if m.needs_gradients and m.score_backward]
+    if shared:
+        st.phase = shared[0].name
+        torch.autograd.grad(scores.gather(1, idx).sum(), leaf, retain_graph=bool(own))
         passes["backward"] += 1
-    if "legrad" in methods:
-        st.phase = "legrad"
-        project = text_projection(model, last)
-        if project is None:
-            raise UnsupportedModelError(f"legrad needs the model's head to score intermediate tokens, and "
-                                        f"{type(model).__name__} is not a family it knows (BERT-style classifiers, "
-                                        "causal language models); -m rollout,grad-rollout work")
-        head_backward(project, tokens, idx, leaf)
+    for m in own:
+        st.phase = m.name
+        m.text_own_backward(model, st, idx, leaf, tokens, last)
         passes["backward"] += 1
 
 
-def _finish(st: _State, calls: list[Any], raw_layers: list[str], causal: bool, scores: Any,
+def _finish(st: TextState, calls: list[Any], raw_layers: list[str], causal: bool, scores: Any,
             classes: list[int] | None, passes: dict[str, int]) -> TextAttention:
     import torch
 
     values: dict[str, torch.Tensor] = {}
     matrices: dict[str, torch.Tensor] = {}
-    if st.rollout is not None:
-        matrices["rollout"] = st.rollout.float().cpu()
-    if "grad-rollout" in st.opts.methods:
-        n = next(iter(st.abar.values())).shape[-1] if st.abar else 0
-        r = torch.eye(n, dtype=torch.float32).expand(len(st.lengths), n, n).clone()
-        for i in sorted(st.abar):
-            r = r + torch.bmm(st.abar[i].float().cpu(), r)
-        matrices["grad-rollout"] = r
-    for method, m in matrices.items():
-        values[method] = _rows(m, st.queries)
-    if "legrad" in st.opts.methods:
-        if st.legrad is None:
-            raise ModelRuntimeError("legrad: no gradient reached the chosen attention layers")
-        values["legrad"] = (st.legrad / st.legrad_count).float().cpu()
+    for m in st.methods:
+        vals, matrix = m.text_result(st)
+        if matrix is not None:
+            matrices[m.name], vals = matrix, _rows(matrix, st.queries)
+        if vals is not None:
+            values[m.name] = vals
     raw, labels = {}, {}
     for name in raw_layers:
         if name not in st.raw:

@@ -38,7 +38,7 @@ def fold_row(st: Any, index: int, abar: torch.Tensor) -> None:
 @register
 class GradRollout(AttentionMethod):
     name, title, paper, order = "grad-rollout", "gradient rollout", "Chefer et al. 2021", 30
-    text = True  # its text form: methods/attention/text.py
+    text = True
     needs_gradients = True
     score_backward = True
     all_layers = True
@@ -49,6 +49,19 @@ class GradRollout(AttentionMethod):
             st.abar[call.index] = abar  # folded at the end with the windows (methods/attention/hierarchical.py)
         else:
             fold_row(st, call.index, abar)
+
+    def text_backward(self, st: Any, call: Any, grad: torch.Tensor) -> None:
+        st.abar[call.index] = (grad * call.probs()).clamp_min_(0).mean(dim=1)  # (B, L, L)
+
+    def text_result(self, st: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """R = (I + Ā_L) ... (I + Ā_1) whole: a text's map is every query's row (``--query``)."""
+        import torch
+
+        n = next(iter(st.abar.values())).shape[-1] if st.abar else 0
+        r = torch.eye(n, dtype=torch.float32).expand(len(st.lengths), n, n).clone()
+        for i in sorted(st.abar):
+            r = r + torch.bmm(st.abar[i].float().cpu(), r)
+        return None, r
 
     def result(self, st: Any, to_grid: Any) -> torch.Tensor | None:
         if st.wlayers:

@@ -39,7 +39,7 @@ def head_backward(score: Any, tokens: list[torch.Tensor], idx: torch.Tensor, lea
 @register
 class LeGrad(AttentionMethod):
     name, title, paper, order = "legrad", "LeGrad", "Bousselham et al. 2024", 40
-    text = True  # its text form: methods/attention/text.py
+    text = True
     needs_gradients = True
     per_layer = True
     needs_head = True
@@ -55,6 +55,30 @@ class LeGrad(AttentionMethod):
             rel, st.legrad_hw = unpartition(rel[:, None], st.batch, owner).flatten(1), owner.hw
         st.legrad = rel if st.legrad is None else st.legrad + rel
         st.legrad_count += 1
+
+    def text_backward(self, st: Any, call: Any, grad: torch.Tensor) -> None:
+        if call.name not in st.head_layers:
+            return
+        lengths = grad.new_tensor(st.lengths).view(-1, 1)
+        rel = grad.clamp(min=0).mean(dim=1).sum(dim=1) / lengths  # over heads, then the text's real queries
+        st.legrad = rel if st.legrad is None else st.legrad + rel
+        st.legrad_count += 1
+
+    def text_own_backward(self, model: nn.Module, st: Any, idx: torch.Tensor, leaf: torch.Tensor,
+                          tokens: list[torch.Tensor], last: torch.Tensor) -> None:
+        from inspect_model.methods.attention.text import text_projection
+
+        project = text_projection(model, last)
+        if project is None:
+            raise UnsupportedModelError(f"legrad needs the model's head to score intermediate tokens, and "
+                                        f"{type(model).__name__} is not a family it knows (BERT-style classifiers, "
+                                        "causal language models); -m rollout,grad-rollout work")
+        head_backward(project, tokens, idx, leaf)
+
+    def text_result(self, st: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if st.legrad is None:
+            raise ModelRuntimeError("legrad: no gradient reached the chosen attention layers")
+        return (st.legrad / st.legrad_count).float().cpu(), None
 
     def own_backward(self, model: nn.Module, st: Any, idx: torch.Tensor, xin: torch.Tensor,
                      tokens: list[torch.Tensor]) -> None:

@@ -13,13 +13,19 @@ from inspect_model.methods.attention.base import AttentionMethod, register
 @register
 class Raw(AttentionMethod):
     name, title, paper, order = "raw", "raw attention", "the attention weights of chosen layers and heads", 10
-    text = True  # its text form: methods/attention/text.py
+    text = True
     per_layer = True
+    keeps_raw = True
+    default_layers = "-1"
     class_independent = True
 
     def forward(self, st: Any, call: Any) -> None:
         if call.name in st.raw_layers:
             st.raw[call.name] = st.query_rows(call)  # (B, h, Nk)
+
+    def text_forward(self, st: Any, call: Any, probs: Any) -> None:
+        if call.name in st.raw_layers:
+            st.raw[call.name] = probs.float().cpu()  # (B, h, L, L): every query's row
 
     def forward_windowed(self, st: Any, call: Any) -> None:
         if call.name in st.raw_layers:  # what each token receives in its window, put back in place

@@ -42,12 +42,18 @@ def rollout_step(r: torch.Tensor | None, a: torch.Tensor, fusion: str, discard_r
 @register
 class Rollout(AttentionMethod):
     name, title, paper, order = "rollout", "attention rollout", "Abnar & Zuidema 2020", 20
-    text = True  # its text form: methods/attention/text.py
+    text = True
     class_independent = True
     all_layers = True
 
     def forward(self, st: Any, call: Any) -> None:
         st.rollout = rollout_step(st.rollout, call.probs(), st.opts.head_fusion, st.opts.discard_ratio)
+
+    def text_forward(self, st: Any, call: Any, probs: torch.Tensor) -> None:
+        st.rollout = rollout_step(st.rollout, probs, st.opts.head_fusion, st.opts.discard_ratio)
+
+    def text_result(self, st: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        return None, (None if st.rollout is None else st.rollout.float().cpu())  # (B, L, L)
 
     def forward_windowed(self, st: Any, call: Any) -> None:
         from inspect_model.methods.attention.hierarchical import fused_blocks
