@@ -140,16 +140,13 @@ def cells(x: torch.Tensor, rows: int, s: int) -> torch.Tensor | None:
     ``rows`` rows of ``s`` values; ``None`` when no kernel can be had (the caller's torch
     path). Rows are split over torch's OpenMP threads (ctypes lets the GIL go). The table lives
     in one of this thread's two buffers (:func:`_buffer`): valid until the second call after."""
-    import torch
-
     fn = kernel()
     if fn is None:
         return None
     out = _buffer(rows)
     # torch's own OpenMP threads (the library links the libgomp torch loaded); one thread in a
     # forked child, where GNU OpenMP's pool is not usable.
-    threads = torch.get_num_threads() if os.getpid() == _state.get("pid") else 1
-    fn(x.data_ptr(), rows, s, out.data_ptr(), threads)
+    fn(x.data_ptr(), rows, s, out.data_ptr(), threads())
     return out
 
 
@@ -244,18 +241,48 @@ def _private(p: Path) -> bool:
     return st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
-def _load() -> Any:
+def library(stem: str, source: str) -> Any:
+    """Another native library (methods/compare/kernel.py's), built from ``source`` as this
+    module's own is: same flags, compilers, private cache (``<stem>-<hash>.so``) and
+    ``INSPECT_MODEL_NATIVE`` switch; the loaded ``ctypes.CDLL``, or ``None`` (remembered for
+    the process). :func:`threads` says how many OpenMP threads its loops may use."""
+    key = "lib:" + stem
+    if key in _state:
+        return _state[key]
+    with _lock:
+        if key not in _state:
+            _state[key] = None if os.environ.get("INSPECT_MODEL_NATIVE", "1") == "0" else _open(source, stem)
+    return _state[key]
+
+
+def threads() -> int:
+    """torch's thread count, or 1 in a forked child (GNU OpenMP's pool is not usable there)."""
+    import torch
+
+    return torch.get_num_threads() if os.getpid() == _state.get("pid") else 1
+
+
+def _open(source: str, stem: str) -> Any:
     import ctypes
 
     try:
-        lib_path = _build()
+        lib_path = _build(source, stem)
         if lib_path is None:
             return None
         lib = ctypes.CDLL(str(lib_path))
-        cells_fn, images_fn = lib.im_cells_f32, lib.im_images
         _state["pid"] = os.getpid()
-    except (OSError, AttributeError, subprocess.SubprocessError):
+    except (OSError, subprocess.SubprocessError):
         return None
+    return lib
+
+
+def _load() -> Any:
+    import ctypes
+
+    lib = _open(SOURCE, "stats")
+    if lib is None or not hasattr(lib, "im_images"):
+        return None
+    cells_fn, images_fn = lib.im_cells_f32, lib.im_images
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     cells_fn.argtypes, cells_fn.restype = [ptr, i64, i64, ptr, ctypes.c_int], None
     images_fn.argtypes, images_fn.restype = [ptr, i64, i64, i64, ptr, ptr], ctypes.c_int
@@ -274,14 +301,14 @@ def _machine() -> str:
     return f"{platform.machine()} {platform.system()} {cpu}"
 
 
-def _build() -> Path | None:
-    """The cached library for this source, flags and machine, compiled when missing."""
+def _build(source: str, stem: str) -> Path | None:
+    """The cached library for ``source``, flags and machine, compiled when missing."""
     if not hasattr(os, "getuid"):
         return None
     compiler = next((c for c in (shutil.which(n) for n in COMPILERS) if c), None)
     if compiler is None:
         return None
-    key = hashlib.sha256("\0".join((SOURCE, *FLAGS, compiler, _machine())).encode()).hexdigest()[:20]
+    key = hashlib.sha256("\0".join((source, *FLAGS, compiler, _machine())).encode()).hexdigest()[:20]
     d = cache_dir()
     try:
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -289,14 +316,14 @@ def _build() -> Path | None:
         return None
     if not _private(d):
         return None
-    lib = d / f"stats-{key}.so"
+    lib = d / f"{stem}-{key}.so"
     if lib.exists():
         return lib if _private(lib) else None
     fd, src = tempfile.mkstemp(suffix=".c", dir=d)
     tmp = src[:-2] + ".so"
     try:
         with os.fdopen(fd, "w") as fh:
-            fh.write(SOURCE)
+            fh.write(source)
         for flags in (FLAGS, tuple(f for f in FLAGS if f != "-fopenmp")):  # no OpenMP: one thread
             done = subprocess.run([compiler, *flags, src, "-o", tmp], stdin=subprocess.DEVNULL,
                                   capture_output=True, timeout=120, check=False)
