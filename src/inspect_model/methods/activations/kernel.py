@@ -60,7 +60,9 @@ void im_cells_f32(const float *restrict x, int64_t rows, int64_t s, double *rest
         const float *restrict p = x + r * s;
         /* the shift: the median of the first, middle and last values (a mostly-zero row gets 0) */
         const float a0 = p[0], a1 = p[s / 2], a2 = p[s - 1];
-        const float k = a0 < a1 ? (a1 < a2 ? a1 : (a0 < a2 ? a2 : a0)) : (a0 < a2 ? a0 : (a1 < a2 ? a2 : a1));
+        /* branch-free: min and max instructions (a branch per row mispredicted on random data) */
+        const float lo01 = a0 < a1 ? a0 : a1, hi01 = a0 < a1 ? a1 : a0, m = hi01 < a2 ? hi01 : a2;
+        const float k = lo01 > m ? lo01 : m;
         const float kp = 0.f;
         double S = 0, Q = 0, Z = 0, N = 0, P = 0, R = 0;
         float lo = p[0], hi = p[0];
@@ -95,38 +97,50 @@ void im_relu_table(const double *restrict t, int64_t rows, double *restrict out)
    mean, m2 (Chan's merge of the cells; 0 when min == max), min, max, zeros, negatives, the
    fraction of dead cells, and 1 where a cell's squared deviations lost more than three digits;
    per channel the sum over images (sums) and whether the cell is dead in every image (dead).
-   Returns 1 on NaN/Inf, 2 when some cell lost digits, else 0. */
+   Images, then channels, are split over the threads; each number is summed in the same order
+   whatever their count. Returns 1 on NaN/Inf, 2 when some cell lost digits, else 0. */
 int im_images(const double *restrict t, int64_t n, int64_t c, int64_t s, double *restrict img,
-              double *restrict sums, unsigned char *restrict dead_all) {
+              double *restrict sums, unsigned char *restrict dead_all, int threads) {
     const double sd = (double)s;
-    double all = 0; /* NaN or Inf in any cell's shifted sums reaches this total */
-    for (int64_t r = 0; r < n * c; r++) all += t[r * 10 + 1] + t[r * 10 + 2];
-    uint64_t bits;
-    memcpy(&bits, &all, sizeof bits); /* read from its bits: the flags let the compiler assume finite floats */
-    if ((bits & 0x7ff0000000000000ULL) == 0x7ff0000000000000ULL) return 1;
-    int any_lost = 0;
-    for (int64_t j = 0; j < c; j++) { sums[j] = 0; dead_all[j] = 1; }
+    int bad = 0, any_lost = 0;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n > 1 && n * c >= 4096) reduction(|: bad, any_lost)
     for (int64_t i = 0; i < n; i++) {
         const double *row = t + i * c * 10;
-        double sum = 0;
-        for (int64_t j = 0; j < c; j++) sum += sd * row[j * 10] + row[j * 10 + 1];
+        double sum = 0, all = 0; /* NaN or Inf in any cell's shifted sums reaches all */
+        for (int64_t j = 0; j < c; j++) {
+            sum += sd * row[j * 10] + row[j * 10 + 1];
+            all += row[j * 10 + 1] + row[j * 10 + 2];
+        }
+        uint64_t bits;
+        memcpy(&bits, &all, sizeof bits); /* read from its bits: the flags let the compiler assume finite floats */
+        if ((bits & 0x7ff0000000000000ULL) == 0x7ff0000000000000ULL) { bad = 1; continue; }
         const double mean = sum / (sd * (double)c);
         double m2 = 0, lo = row[3], hi = row[4], z = 0, ng = 0, dead = 0, lost = 0;
         for (int64_t j = 0; j < c; j++) {
             const double *o = row + j * 10;
-            const double cs = sd * o[0] + o[1], cm = o[0] + o[1] / sd;
+            const double cm = o[0] + o[1] / sd;
             double cm2 = o[2] - o[1] * o[1] / sd;
             if (cm2 < 0 || o[3] == o[4]) cm2 = 0;
             if (cm2 * 1e3 < o[2] && o[3] < o[4]) lost = 1;
             m2 += cm2 + sd * (cm - mean) * (cm - mean);
             lo = o[3] < lo ? o[3] : lo; hi = o[4] > hi ? o[4] : hi;
             z += o[5]; ng += o[6];
-            const int d = o[5] == sd;
-            dead += d; sums[j] += cs; dead_all[j] &= (unsigned char)d;
+            dead += o[5] == sd;
         }
         double *r = img + i * 8;
         r[0] = mean; r[1] = lo == hi ? 0 : m2; r[2] = lo; r[3] = hi; r[4] = z; r[5] = ng; r[6] = dead / (double)c;
-        r[7] = lost; any_lost |= (int)lost;
+        r[7] = lost; any_lost |= lost != 0;
+    }
+    if (bad) return 1;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && c > 1 && n * c >= 4096)
+    for (int64_t j = 0; j < c; j++) {
+        double cs = 0;
+        unsigned char d = 1;
+        for (int64_t i = 0; i < n; i++) {
+            const double *o = t + (i * c + j) * 10;
+            cs += sd * o[0] + o[1]; d &= o[5] == sd;
+        }
+        sums[j] = cs; dead_all[j] = d;
     }
     return any_lost ? 2 : 0;
 }
@@ -179,7 +193,8 @@ def images(table: torch.Tensor, n: int, c: int, s: int
         arr = np.frombuffer(_anonymous(max(n * 8, 512) * 8), dtype=np.float64)
         have = _local.merged = (arr, arr.ctypes.data)
     sums, dead = torch.empty(c, dtype=torch.float64), torch.empty(c, dtype=torch.bool)
-    rc = lib.im_images(table.data_ptr(), n, c, s, have[1], sums.data_ptr(), dead.data_ptr())
+    threads = torch.get_num_threads() if os.getpid() == _state.get("pid") else 1
+    rc = lib.im_images(table.data_ptr(), n, c, s, have[1], sums.data_ptr(), dead.data_ptr(), threads)
     if rc == 1:
         return None
     return have[0][:n * 8].reshape(n, 8), sums, dead, rc == 2
@@ -294,7 +309,7 @@ def _load() -> Any:
     cells_fn, images_fn = lib.im_cells_f32, lib.im_images
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     cells_fn.argtypes, cells_fn.restype = [ptr, i64, i64, ptr, ctypes.c_int], None
-    images_fn.argtypes, images_fn.restype = [ptr, i64, i64, i64, ptr, ptr, ptr], ctypes.c_int
+    images_fn.argtypes, images_fn.restype = [ptr, i64, i64, i64, ptr, ptr, ptr, ctypes.c_int], ctypes.c_int
     lib.im_relu_table.argtypes, lib.im_relu_table.restype = [ptr, i64, ptr], None
     return lib
 
