@@ -31,6 +31,9 @@ this user and not writable by others. The floating-point flags are the parts of
 ``-ffast-math`` links into a library (it would change every float in the process).
 ``INSPECT_MODEL_NATIVE=0`` turns the kernel off; without a compiler the torch path runs.
 NaN and Inf give a non-finite sum, and the caller takes its exact path then.
+
+``im_rows_f32`` (:func:`grad_rows`) is the same one-read idea for ``grads``' gradient statistics
+(methods/stats.py ``fast_stats``): unshifted sums, as a gradient's mean is near zero.
 """
 
 from __future__ import annotations
@@ -82,6 +85,33 @@ void im_cells_f32(const float *restrict x, int64_t rows, int64_t s, double *rest
         }
         double *o = out + r * 10;
         o[0] = k; o[1] = S; o[2] = Q; o[3] = lo; o[4] = hi; o[5] = Z; o[6] = N; o[7] = kp; o[8] = P; o[9] = R;
+    }
+}
+/* Gradient statistics (grads: methods/stats.py fast_stats): per row of s values, unshifted (a
+   gradient's mean is near zero, and a shift would cost its digits), the sum, the sums of
+   squares and of |v|, min, max, zeros and negatives; float32 over blocks of 1,024 values (64
+   per vector lane at most), added in double. Rows of 10 columns, the last three unused. */
+void im_rows_f32(const float *restrict x, int64_t rows, int64_t s, double *restrict out, int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows > 1 && rows * s >= 65536)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *restrict p = x + r * s;
+        double S = 0, Q = 0, A = 0, Z = 0, N = 0;
+        float lo = p[0], hi = p[0];
+        for (int64_t b = 0; b < s; b += 1024) {
+            const int64_t e = s - b < 1024 ? s - b : 1024;
+            const float *restrict q = p + b;
+            float sm = 0.f, sq = 0.f, ab = 0.f, l = lo, h = hi;
+            int32_t z = 0, ng = 0;
+            for (int64_t i = 0; i < e; i++) {
+                const float v = q[i];
+                sm += v; sq += v * v; ab += v < 0.f ? -v : v;
+                l = v < l ? v : l; h = v > h ? v : h;
+                z += v == 0.f; ng += v < 0.f;
+            }
+            S += sm; Q += sq; A += ab; Z += z; N += ng; lo = l; hi = h;
+        }
+        double *o = out + r * 10;
+        o[0] = S; o[1] = Q; o[2] = A; o[3] = lo; o[4] = hi; o[5] = Z; o[6] = N;
     }
 }
 /* The table of max(v, 0) from the table of v, rows of 10. */
@@ -165,6 +195,27 @@ def cells(x: torch.Tensor, rows: int, s: int) -> torch.Tensor | None:
     # torch's own OpenMP threads (the library links the libgomp torch loaded); one thread in a
     # forked child, where GNU OpenMP's pool is not usable.
     fn(x.data_ptr(), rows, s, out.data_ptr(), threads())
+    return out
+
+
+def grad_rows(x: torch.Tensor, rows: int, s: int) -> torch.Tensor | None:
+    """``(rows, COLUMNS)`` table of the contiguous float32 CPU tensor ``x`` read as ``rows``
+    rows of ``s`` values by ``im_rows_f32`` (the columns are in its comment), in one of this
+    thread's buffers as :func:`cells`; ``None`` when no kernel can be had."""
+    import ctypes
+
+    import torch
+
+    lib = _library()
+    if lib is None:
+        return None
+    fn = lib.im_rows_f32
+    if fn.restype is not None:  # first use: ctypes' default restype is int
+        fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                   ctypes.c_int], None
+    out = _buffer(rows)
+    threads = torch.get_num_threads() if os.getpid() == _state.get("pid") else 1
+    fn(x.data_ptr(), rows, s, out.data_ptr(), threads)
     return out
 
 
