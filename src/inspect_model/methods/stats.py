@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 
@@ -112,60 +113,56 @@ def fast_stats(t: torch.Tensor, n: int | None = None,
         return None
     v = x.reshape(-1)  # a copy only for a non-contiguous gradient
     rows = v.view(-1, row)
-    # min, max, the zero and negative counts and the sum of the positive part from one read
-    # of the native kernel (issue 40); else from torch's reductions (_torch_counts).
-    counted = _native_counts(v, rows.shape[0], row)
-    if counted is None:
+    # One read of each value by the native kernel on the CPU (issue 40); else torch's reductions.
+    got = _native_rows(v, rows.shape[0], row)
+    if got is None:
         lo_t, hi_t = torch.aminmax(v)
         lo, hi = float(lo_t), float(hi_t)
     else:
-        lo, hi, zeros, negatives, positive = counted
+        lo, hi, zeros, negatives, s1, l2sq, l1, sq = got
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return None  # NaN or Inf: counted on the exact path
     big = max(-lo, hi)
     if big > _ABS_HI or (0 < big < _ABS_LO):
         return None
-    if counted is None:
+    if got is None:
         zeros, negatives, l1, r = _torch_counts(v, rows, buf)
-    else:
-        # per-row sums and L2 norms by torch's float32 reductions (pairwise: sums exact to
-        # float32 rounding, where the kernel's shifted sums may lose digits of a mean near 0).
-        r = torch.stack([rows.sum(1), torch.linalg.vector_norm(rows, 2, 1)]).to(torch.float64)
-    sq = r[1].square()
-    s1, l2sq = (float(a) for a in torch.stack([r[0].sum(), sq.sum()]))
-    if counted is not None:
-        l1 = 2.0 * positive - s1  # |x| = 2 max(x, 0) - x
+        sq = r[1].square()
+        s1, l2sq = (float(a) for a in torch.stack([r[0].sum(), sq.sum()]))
     mean = s1 / numel
     var = max(l2sq / numel - mean * mean, 0.0)
     if big > 0 and var < 1e-2 * (l2sq / numel):
         return None  # var = E[x^2] - mean^2 would cancel float32 digits: the exact path
     std = math.sqrt(var * numel / (numel - 1))
-    norms = sq.view(n, -1).sum(1).sqrt().tolist() if per else None
+    norms = (sq.reshape(n, -1).sum(1) ** 0.5).tolist() if per else None  # torch or numpy
     stats = TensorStats(numel=numel, mean=mean, std=std, min=lo, max=hi, abs_mean=l1 / numel,
                         norm=math.sqrt(l2sq), zero_fraction=zeros / numel, negative_fraction=negatives / numel,
                         nan_count=0, inf_count=0, neg_inf_count=0)
     return stats, norms
 
 
-def _native_counts(v: torch.Tensor, rows: int, row: int) -> tuple[float, float, int, int, float] | None:
-    """(min, max, zeros, negatives, sum of max(v, 0)) of the contiguous float32 CPU values ``v``
-    read as ``rows`` rows of ``row``, from one read by the native kernel of ``activations``
-    (methods/activations/kernel.py: its OpenMP loop runs on torch's threads); ``None`` without
-    the kernel, off the CPU, or with NaN/Inf among the values (their shifted sums say so)."""
+def _native_rows(v: torch.Tensor, rows: int, row: int) -> tuple[float, float, int, int, float, float, float,
+                                                                  np.ndarray] | None:
+    """(min, max, zeros, negatives, sum, sum of squares, sum of |v|, per-row sums of squares)
+    of the contiguous float32 CPU values ``v`` read as ``rows`` rows of ``row``, from one read
+    by the native kernel of ``activations`` (methods/activations/kernel.py, ``im_rows_f32``:
+    its OpenMP loop runs on torch's threads); ``None`` without the kernel, off the CPU, or with
+    NaN/Inf among the values (their sums say so)."""
     if v.device.type != "cpu" or not v.is_contiguous():
         return None
     import numpy as np
 
     from inspect_model.methods.activations import kernel
 
-    table = kernel.cells(v, rows, row)
+    table = kernel.grad_rows(v, rows, row)
     if table is None:
         return None
     a = table.numpy()  # read at once: the kernel's buffer is reused two calls later
-    if not np.isfinite(a[:, 1:3]).all():  # the table, not the values: rows x 2 doubles
+    sums = a[:, :3].sum(0)
+    if not np.isfinite(sums).all():
         return None
     return (float(a[:, 3].min()), float(a[:, 4].max()), round(float(a[:, 5].sum())),
-            round(float(a[:, 6].sum())), float(a[:, 8].sum()))
+            round(float(a[:, 6].sum())), float(sums[0]), float(sums[1]), float(sums[2]), a[:, 1].copy())
 
 
 def _torch_counts(v: torch.Tensor, rows: torch.Tensor, buf: list[torch.Tensor] | None

@@ -145,23 +145,24 @@ def test_grads_numbers_on_a_model_large_enough_for_the_fast_path() -> None:
 
 
 @pytest.mark.parametrize("name", list(_tensors()))
-def test_native_counts_and_torchs_give_the_same_numbers(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """min/max, zeros, negatives and the L1 norm from the native kernel's one read (where it
-    builds) and from torch's reductions: equal counts and bounds, the rest to float32 rounding."""
+def test_native_rows_and_torchs_give_the_same_numbers(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The native kernel's one read (where it builds) and torch's reductions: equal counts and
+    bounds, the moments both within 1e-7 of the float64 values (both are near 1e-8)."""
     from inspect_model.methods import stats as stats_module
     from inspect_model.methods.activations import kernel
 
     t = _tensors()[name]
     native = fast_stats(t, t.shape[0])
-    monkeypatch.setattr(stats_module, "_native_counts", lambda *a: None)
+    monkeypatch.setattr(stats_module, "_native_rows", lambda *a: None)
     plain = fast_stats(t, t.shape[0])
     assert native is not None and plain is not None
     a, b = native[0], plain[0]
     assert (a.min, a.max, a.zero_fraction, a.negative_fraction) == (b.min, b.max, b.zero_fraction, b.negative_fraction)
-    assert (a.mean, a.norm, native[1]) == (b.mean, b.norm, plain[1])  # the same torch row sums and norms
-    assert a.abs_mean == pytest.approx(b.abs_mean, rel=1e-6)
-    _close(b, tensor_stats(t, exact=True))
+    exact = tensor_stats(t, exact=True)
+    _close(a, exact, rel=1e-7)
+    _close(b, exact, rel=1e-7)
+    assert native[1] == pytest.approx(plain[1], rel=2e-7)
     if kernel.kernel() is not None:  # the native path ran: a NaN makes it step aside
         t = t.clone()
         t.view(-1)[7] = float("nan")
-        assert stats_module._native_counts(t.reshape(-1), t.numel() // 32, 32) is None
+        assert stats_module._native_rows(t.reshape(-1), t.numel() // 32, 32) is None

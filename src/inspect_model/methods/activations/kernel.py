@@ -31,6 +31,9 @@ this user and not writable by others. The floating-point flags are the parts of
 ``-ffast-math`` links into a library (it would change every float in the process).
 ``INSPECT_MODEL_NATIVE=0`` turns the kernel off; without a compiler the torch path runs.
 NaN and Inf give a non-finite sum, and the caller takes its exact path then.
+
+``im_rows_f32`` (:func:`grad_rows`) is the same one-read idea for ``grads``' gradient statistics
+(methods/stats.py ``fast_stats``): unshifted sums, as a gradient's mean is near zero.
 """
 
 from __future__ import annotations
@@ -87,6 +90,33 @@ void im_cells_f32(const float *restrict x, int64_t rows, int64_t s, double *rest
     for (int64_t r = 0; r < rows; r++) {
         if (positive) im_row(x + r * s, s, out + r * 10, 1);
         else im_row(x + r * s, s, out + r * 10, 0);
+    }
+}
+/* Gradient statistics (grads: methods/stats.py fast_stats): per row of s values, unshifted (a
+   gradient's mean is near zero, and a shift would cost its digits), the sum, the sums of
+   squares and of |v|, min, max, zeros and negatives; float32 over blocks of 1,024 values (64
+   per vector lane at most), added in double. Rows of 10 columns, the last three unused. */
+void im_rows_f32(const float *restrict x, int64_t rows, int64_t s, double *restrict out, int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows > 1 && rows * s >= 65536)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *restrict p = x + r * s;
+        double S = 0, Q = 0, A = 0, Z = 0, N = 0;
+        float lo = p[0], hi = p[0];
+        for (int64_t b = 0; b < s; b += 1024) {
+            const int64_t e = s - b < 1024 ? s - b : 1024;
+            const float *restrict q = p + b;
+            float sm = 0.f, sq = 0.f, ab = 0.f, l = lo, h = hi;
+            int32_t z = 0, ng = 0;
+            for (int64_t i = 0; i < e; i++) {
+                const float v = q[i];
+                sm += v; sq += v * v; ab += v < 0.f ? -v : v;
+                l = v < l ? v : l; h = v > h ? v : h;
+                z += v == 0.f; ng += v < 0.f;
+            }
+            S += sm; Q += sq; A += ab; Z += z; N += ng; lo = l; hi = h;
+        }
+        double *o = out + r * 10;
+        o[0] = S; o[1] = Q; o[2] = A; o[3] = lo; o[4] = hi; o[5] = Z; o[6] = N;
     }
 }
 /* The table of max(v, 0) from the table of v, rows of 10. */
@@ -164,16 +194,34 @@ def cells(x: torch.Tensor, rows: int, s: int, positive: bool = True) -> torch.Te
     path). Rows are split over torch's OpenMP threads (ctypes lets the GIL go). The table lives
     in one of this thread's two buffers (:func:`_buffer`): valid until the second call after.
     ``positive`` False: no moments of the positive part (columns 8, 9 zero; no :func:`relu` of it)."""
-    import torch
-
     fn = kernel()
     if fn is None:
         return None
     out = _buffer(rows)
     # torch's own OpenMP threads (the library links the libgomp torch loaded); one thread in a
     # forked child, where GNU OpenMP's pool is not usable.
+    fn(x.data_ptr(), rows, s, out.data_ptr(), threads(), 1 if positive else 0)
+    return out
+
+
+def grad_rows(x: torch.Tensor, rows: int, s: int) -> torch.Tensor | None:
+    """``(rows, COLUMNS)`` table of the contiguous float32 CPU tensor ``x`` read as ``rows``
+    rows of ``s`` values by ``im_rows_f32`` (the columns are in its comment), in one of this
+    thread's buffers as :func:`cells`; ``None`` when no kernel can be had."""
+    import ctypes
+
+    import torch
+
+    lib = _library()
+    if lib is None:
+        return None
+    fn = lib.im_rows_f32
+    if fn.restype is not None:  # first use: ctypes' default restype is int
+        fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                   ctypes.c_int], None
+    out = _buffer(rows)
     threads = torch.get_num_threads() if os.getpid() == _state.get("pid") else 1
-    fn(x.data_ptr(), rows, s, out.data_ptr(), threads, 1 if positive else 0)
+    fn(x.data_ptr(), rows, s, out.data_ptr(), threads)
     return out
 
 
@@ -202,8 +250,7 @@ def images(table: torch.Tensor, n: int, c: int, s: int
         arr = np.frombuffer(_anonymous(max(n * 8, 512) * 8), dtype=np.float64)
         have = _local.merged = (arr, arr.ctypes.data)
     sums, dead = torch.empty(c, dtype=torch.float64), torch.empty(c, dtype=torch.bool)
-    threads = torch.get_num_threads() if os.getpid() == _state.get("pid") else 1
-    rc = lib.im_images(table.data_ptr(), n, c, s, have[1], sums.data_ptr(), dead.data_ptr(), threads)
+    rc = lib.im_images(table.data_ptr(), n, c, s, have[1], sums.data_ptr(), dead.data_ptr(), threads())
     if rc == 1:
         return None
     return have[0][:n * 8].reshape(n, 8), sums, dead, rc == 2
@@ -274,18 +321,48 @@ def _private(p: Path) -> bool:
     return st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
-def _load() -> Any:
+def library(stem: str, source: str) -> Any:
+    """Another native library (methods/compare/kernel.py's), built from ``source`` as this
+    module's own is: same flags, compilers, private cache (``<stem>-<hash>.so``) and
+    ``INSPECT_MODEL_NATIVE`` switch; the loaded ``ctypes.CDLL``, or ``None`` (remembered for
+    the process). :func:`threads` says how many OpenMP threads its loops may use."""
+    key = "lib:" + stem
+    if key in _state:
+        return _state[key]
+    with _lock:
+        if key not in _state:
+            _state[key] = None if os.environ.get("INSPECT_MODEL_NATIVE", "1") == "0" else _open(source, stem)
+    return _state[key]
+
+
+def threads() -> int:
+    """torch's thread count, or 1 in a forked child (GNU OpenMP's pool is not usable there)."""
+    import torch
+
+    return torch.get_num_threads() if os.getpid() == _state.get("pid") else 1
+
+
+def _open(source: str, stem: str) -> Any:
     import ctypes
 
     try:
-        lib_path = _build()
+        lib_path = _build(source, stem)
         if lib_path is None:
             return None
         lib = ctypes.CDLL(str(lib_path))
-        cells_fn, images_fn = lib.im_cells_f32, lib.im_images
         _state["pid"] = os.getpid()
-    except (OSError, AttributeError, subprocess.SubprocessError):
+    except (OSError, subprocess.SubprocessError):
         return None
+    return lib
+
+
+def _load() -> Any:
+    import ctypes
+
+    lib = _open(SOURCE, "stats")
+    if lib is None or not hasattr(lib, "im_images"):
+        return None
+    cells_fn, images_fn = lib.im_cells_f32, lib.im_images
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     cells_fn.argtypes, cells_fn.restype = [ptr, i64, i64, ptr, ctypes.c_int, ctypes.c_int], None
     images_fn.argtypes, images_fn.restype = [ptr, i64, i64, i64, ptr, ptr, ptr, ctypes.c_int], ctypes.c_int
@@ -304,14 +381,14 @@ def _machine() -> str:
     return f"{platform.machine()} {platform.system()} {cpu}"
 
 
-def _build() -> Path | None:
-    """The cached library for this source, flags and machine, compiled when missing."""
+def _build(source: str, stem: str) -> Path | None:
+    """The cached library for ``source``, flags and machine, compiled when missing."""
     if not hasattr(os, "getuid"):
         return None
     compiler = next((c for c in (shutil.which(n) for n in COMPILERS) if c), None)
     if compiler is None:
         return None
-    key = hashlib.sha256("\0".join((SOURCE, *FLAGS, compiler, _machine())).encode()).hexdigest()[:20]
+    key = hashlib.sha256("\0".join((source, *FLAGS, compiler, _machine())).encode()).hexdigest()[:20]
     d = cache_dir()
     try:
         d.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -319,14 +396,14 @@ def _build() -> Path | None:
         return None
     if not _private(d):
         return None
-    lib = d / f"stats-{key}.so"
+    lib = d / f"{stem}-{key}.so"
     if lib.exists():
         return lib if _private(lib) else None
     fd, src = tempfile.mkstemp(suffix=".c", dir=d)
     tmp = src[:-2] + ".so"
     try:
         with os.fdopen(fd, "w") as fh:
-            fh.write(SOURCE)
+            fh.write(source)
         for flags in (FLAGS, tuple(f for f in FLAGS if f != "-fopenmp")):  # no OpenMP: one thread
             done = subprocess.run([compiler, *flags, src, "-o", tmp], stdin=subprocess.DEVNULL,
                                   capture_output=True, timeout=120, check=False)
