@@ -57,34 +57,39 @@ SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
 #define BLOCK 4096
-void im_cells_f32(const float *restrict x, int64_t rows, int64_t s, double *restrict out, int threads) {
+/* One row's ten columns; pos (a constant where inlined) 0 leaves out the positive part's
+   moments (columns 8, 9 zero): three of the fourteen vector operations per 16 values. */
+static inline __attribute__((always_inline)) void im_row(const float *restrict p, int64_t s, double *restrict o,
+                                                          const int pos) {
+    /* the shift: the median of the first, middle and last values (a mostly-zero row gets 0) */
+    const float a0 = p[0], a1 = p[s / 2], a2 = p[s - 1];
+    /* branch-free: min and max instructions (a branch per row mispredicted on random data) */
+    const float lo01 = a0 < a1 ? a0 : a1, hi01 = a0 < a1 ? a1 : a0, m = hi01 < a2 ? hi01 : a2;
+    const float k = lo01 > m ? lo01 : m;
+    const float kp = 0.f;
+    double S = 0, Q = 0, Z = 0, N = 0, P = 0, R = 0;
+    float lo = p[0], hi = p[0];
+    for (int64_t b = 0; b < s; b += BLOCK) {
+        const int64_t e = s - b < BLOCK ? s - b : BLOCK;
+        const float *restrict q = p + b;
+        float sm = 0.f, sq = 0.f, ps = 0.f, pq = 0.f, l = lo, h = hi;
+        int32_t z = 0, ng = 0; /* integer counts: one compare and one add each, no float select */
+        for (int64_t i = 0; i < e; i++) {
+            const float v = q[i], d = v - k;
+            sm += d; sq += d * d;
+            l = v < l ? v : l; h = v > h ? v : h;
+            z += v == 0.f; ng += v < 0.f;
+            if (pos) { const float rv = (v > 0.f ? v : 0.f) - kp; ps += rv; pq += rv * rv; }
+        }
+        S += sm; Q += sq; Z += z; N += ng; P += ps; R += pq; lo = l; hi = h;
+    }
+    o[0] = k; o[1] = S; o[2] = Q; o[3] = lo; o[4] = hi; o[5] = Z; o[6] = N; o[7] = kp; o[8] = P; o[9] = R;
+}
+void im_cells_f32(const float *restrict x, int64_t rows, int64_t s, double *restrict out, int threads, int positive) {
     #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows > 1 && rows * s >= 65536)
     for (int64_t r = 0; r < rows; r++) {
-        const float *restrict p = x + r * s;
-        /* the shift: the median of the first, middle and last values (a mostly-zero row gets 0) */
-        const float a0 = p[0], a1 = p[s / 2], a2 = p[s - 1];
-        /* branch-free: min and max instructions (a branch per row mispredicted on random data) */
-        const float lo01 = a0 < a1 ? a0 : a1, hi01 = a0 < a1 ? a1 : a0, m = hi01 < a2 ? hi01 : a2;
-        const float k = lo01 > m ? lo01 : m;
-        const float kp = 0.f;
-        double S = 0, Q = 0, Z = 0, N = 0, P = 0, R = 0;
-        float lo = p[0], hi = p[0];
-        for (int64_t b = 0; b < s; b += BLOCK) {
-            const int64_t e = s - b < BLOCK ? s - b : BLOCK;
-            const float *restrict q = p + b;
-            float sm = 0.f, sq = 0.f, ps = 0.f, pq = 0.f, l = lo, h = hi;
-            int32_t z = 0, ng = 0; /* integer counts: one compare and one add each, no float select */
-            for (int64_t i = 0; i < e; i++) {
-                const float v = q[i], d = v - k, rv = (v > 0.f ? v : 0.f) - kp;
-                sm += d; sq += d * d;
-                l = v < l ? v : l; h = v > h ? v : h;
-                z += v == 0.f; ng += v < 0.f;
-                ps += rv; pq += rv * rv;
-            }
-            S += sm; Q += sq; Z += z; N += ng; P += ps; R += pq; lo = l; hi = h;
-        }
-        double *o = out + r * 10;
-        o[0] = k; o[1] = S; o[2] = Q; o[3] = lo; o[4] = hi; o[5] = Z; o[6] = N; o[7] = kp; o[8] = P; o[9] = R;
+        if (positive) im_row(x + r * s, s, out + r * 10, 1);
+        else im_row(x + r * s, s, out + r * 10, 0);
     }
 }
 /* Gradient statistics (grads: methods/stats.py fast_stats): per row of s values, unshifted (a
@@ -183,18 +188,19 @@ _lock = threading.Lock()
 _state: dict[str, Any] = {}
 
 
-def cells(x: torch.Tensor, rows: int, s: int) -> torch.Tensor | None:
+def cells(x: torch.Tensor, rows: int, s: int, positive: bool = True) -> torch.Tensor | None:
     """``(rows, COLUMNS)`` float64 table of the contiguous float32 CPU tensor ``x`` read as
     ``rows`` rows of ``s`` values; ``None`` when no kernel can be had (the caller's torch
     path). Rows are split over torch's OpenMP threads (ctypes lets the GIL go). The table lives
-    in one of this thread's two buffers (:func:`_buffer`): valid until the second call after."""
+    in one of this thread's two buffers (:func:`_buffer`): valid until the second call after.
+    ``positive`` False: no moments of the positive part (columns 8, 9 zero; no :func:`relu` of it)."""
     fn = kernel()
     if fn is None:
         return None
     out = _buffer(rows)
     # torch's own OpenMP threads (the library links the libgomp torch loaded); one thread in a
     # forked child, where GNU OpenMP's pool is not usable.
-    fn(x.data_ptr(), rows, s, out.data_ptr(), threads())
+    fn(x.data_ptr(), rows, s, out.data_ptr(), threads(), 1 if positive else 0)
     return out
 
 
@@ -244,8 +250,7 @@ def images(table: torch.Tensor, n: int, c: int, s: int
         arr = np.frombuffer(_anonymous(max(n * 8, 512) * 8), dtype=np.float64)
         have = _local.merged = (arr, arr.ctypes.data)
     sums, dead = torch.empty(c, dtype=torch.float64), torch.empty(c, dtype=torch.bool)
-    threads = torch.get_num_threads() if os.getpid() == _state.get("pid") else 1
-    rc = lib.im_images(table.data_ptr(), n, c, s, have[1], sums.data_ptr(), dead.data_ptr(), threads)
+    rc = lib.im_images(table.data_ptr(), n, c, s, have[1], sums.data_ptr(), dead.data_ptr(), threads())
     if rc == 1:
         return None
     return have[0][:n * 8].reshape(n, 8), sums, dead, rc == 2
@@ -359,7 +364,7 @@ def _load() -> Any:
         return None
     cells_fn, images_fn = lib.im_cells_f32, lib.im_images
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    cells_fn.argtypes, cells_fn.restype = [ptr, i64, i64, ptr, ctypes.c_int], None
+    cells_fn.argtypes, cells_fn.restype = [ptr, i64, i64, ptr, ctypes.c_int, ctypes.c_int], None
     images_fn.argtypes, images_fn.restype = [ptr, i64, i64, i64, ptr, ptr, ptr, ctypes.c_int], ctypes.c_int
     lib.im_relu_table.argtypes, lib.im_relu_table.restype = [ptr, i64, ptr], None
     return lib

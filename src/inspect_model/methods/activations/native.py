@@ -41,11 +41,15 @@ class CellBounds(Bounds):
     table: Any = None
     s: int = 0
     stamp: tuple[int, int] = (0, 0)  # kernel.stamp() when made: the table lives in a reused buffer
+    positive: bool = True  # the table has the moments of the positive part (a ReLU's table follows)
 
 
-def measure_native(x: torch.Tensor, cands: list[tuple[int, int]], *, after_relu: Bounds | None = None
+def measure_native(x: torch.Tensor, cands: list[tuple[int, int]], *, after_relu: Bounds | None = None,
+                   positive: bool = True
                    ) -> tuple[list[Moments], dict[int, Channels], dict[int, list[float]], Bounds] | None:
-    """``measure_fused``'s result for ``x`` (N, ...) from the native kernel, or ``None``."""
+    """``measure_fused``'s result for ``x`` (N, ...) from the native kernel, or ``None``.
+    ``positive`` False: the kernel leaves out the positive part's moments (a quarter less work
+    per value), and no ReLU's table can follow from this one."""
     import torch
 
     from inspect_model.methods.activations import kernel
@@ -59,10 +63,10 @@ def measure_native(x: torch.Tensor, cands: list[tuple[int, int]], *, after_relu:
     c = int(x.shape[1]) if grouped else 1
     rows, s = n * c, m // c
     if isinstance(after_relu, CellBounds) and after_relu.s == s and after_relu.table.shape[0] == rows \
-            and after_relu.stamp == kernel.stamp():
+            and after_relu.stamp == kernel.stamp() and after_relu.positive:
         table = kernel.relu(after_relu.table)
     else:
-        table = kernel.cells(x, rows, s)
+        table = kernel.cells(x, rows, s, positive)
         if table is None:
             return None
     merged = kernel.images(table, n, c, s)
@@ -73,7 +77,8 @@ def measure_native(x: torch.Tensor, cands: list[tuple[int, int]], *, after_relu:
         _exact_cells(x, table.numpy(), img, n, c, s)
     # Views of kernel.images' reused array: read in this call and, as a CellBounds, only by
     # the next measurement's stamp check (measure.py hands none to the torch path).
-    bounds = CellBounds(img[:, 2], img[:, 3], img[:, 4], img[:, 5], table=table, s=s, stamp=kernel.stamp())
+    bounds = CellBounds(img[:, 2], img[:, 3], img[:, 4], img[:, 5], table=table, s=s, stamp=kernel.stamp(),
+                        positive=positive)
     samples = _samples(img, s * c)
     channels: dict[int, Channels] = {}
     dead_fraction: dict[int, list[float]] = {}
