@@ -138,7 +138,9 @@ int im_images(const double *restrict t, int64_t n, int64_t c, int64_t s, double 
               double *restrict sums, unsigned char *restrict dead_all, int threads) {
     const double sd = (double)s;
     int bad = 0, any_lost = 0;
-    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && n > 1 && n * c >= 4096) reduction(|: bad, any_lost)
+    const int split = threads > 1 && n > 1 && n * c >= 4096; /* one thread: channels summed in the images' pass */
+    if (!split) for (int64_t j = 0; j < c; j++) { sums[j] = 0; dead_all[j] = 1; }
+    #pragma omp parallel for schedule(static) num_threads(threads) if (split) reduction(|: bad, any_lost)
     for (int64_t i = 0; i < n; i++) {
         const double *row = t + i * c * 10;
         double sum = 0, all = 0; /* NaN or Inf in any cell's shifted sums reaches all */
@@ -161,14 +163,15 @@ int im_images(const double *restrict t, int64_t n, int64_t c, int64_t s, double 
             lo = o[3] < lo ? o[3] : lo; hi = o[4] > hi ? o[4] : hi;
             z += o[5]; ng += o[6];
             dead += o[5] == sd;
+            if (!split) { sums[j] += sd * o[0] + o[1]; dead_all[j] &= o[5] == sd; }
         }
         double *r = img + i * 8;
         r[0] = mean; r[1] = lo == hi ? 0 : m2; r[2] = lo; r[3] = hi; r[4] = z; r[5] = ng; r[6] = dead / (double)c;
         r[7] = lost; any_lost |= lost != 0;
     }
     if (bad) return 1;
-    #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && c > 1 && n * c >= 4096)
-    for (int64_t j = 0; j < c; j++) {
+    #pragma omp parallel for schedule(static) num_threads(threads) if (split)
+    for (int64_t j = 0; j < c * split; j++) {
         double cs = 0;
         unsigned char d = 1;
         for (int64_t i = 0; i < n; i++) {
