@@ -42,6 +42,8 @@ from inspect_model.methods.faithfulness.multigrid import (  # noqa: F401  (re-ex
     restrict,
 )
 
+from inspect_model.methods.faithfulness import native
+
 if TYPE_CHECKING:
     import torch
 
@@ -148,6 +150,26 @@ def pcg(known: torch.Tensor, m: torch.Tensor, *, tol: float, max_iter: int) -> t
         x = fine_dinv * r
         x.addcmul_(m, prolong(cycle(0, restrict(residual(r, x), levels[0].hw)), (h, w)))
         return x.addcmul_(fine_dinv, residual(r, x))
+
+    lib = native.usable(known)
+    if lib is not None:  # the same passes, each one native loop (issue 40)
+        ps = native.Passes(lib, centre, edge)
+        op = ps.fine
+
+        def cycle(j: int, r: torch.Tensor) -> torch.Tensor:
+            if j == len(levels) - 1:
+                return direct(r)
+            lv = levels[j]
+            x = lv.dinv * r
+            ps.prolong_add(cycle(j + 1, ps.restrict(ps.stencil(lv.stencil, x, r), levels[j + 1].hw)), x)
+            return ps.stencil(lv.stencil, x, r, lv.dinv)
+
+        def vcycle(r: torch.Tensor) -> torch.Tensor:
+            if not levels:
+                return direct(r)
+            x = fine_dinv * r
+            ps.prolong_add(cycle(0, ps.restrict(ps.fine(x, r), levels[0].hw)), x, m)
+            return ps.fine(x, r, fine_dinv)
 
     def dot(a: torch.Tensor, bb: torch.Tensor) -> torch.Tensor:  # (B, C, 1, 1)
         a, bb = a.reshape(b * c, h * w), bb.reshape(b * c, h * w)
