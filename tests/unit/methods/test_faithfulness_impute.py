@@ -13,6 +13,7 @@ import torch
 from inspect_model.methods.faithfulness import metrics as fa
 from inspect_model.methods.faithfulness import impute as fi
 from inspect_model.methods.faithfulness.passes import MapJob, evaluate_maps
+from inspect_model.methods.faithfulness import multigrid as mg
 from inspect_model.methods.faithfulness import native
 from cli.test_faithfulness import ref_impute, tiny
 
@@ -107,9 +108,10 @@ def test_imputation_and_road_match_pytorch_grad_cam(monkeypatch: pytest.MonkeyPa
     assert res.scores["road"] == pytest.approx(combined, abs=1e-6)
 
 
-def test_native_passes_equal_torch_bit_for_bit(path: str) -> None:
-    """Each native pass against the torch ops it replaces, odd and even sizes (both border
-    rules of the transfers), and a whole float32 solve: the same floats, not just close."""
+def test_native_passes_equal_torch_bit_for_bit(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each native pass (the Galerkin product included) against the torch ops it replaces, odd
+    and even sizes (both border rules of the transfers), and a whole float32 solve: the same
+    floats, not just close."""
     lib = native.library()
     if path == "torch":
         pytest.skip("compares the two paths")
@@ -132,6 +134,11 @@ def test_native_passes_equal_torch_bit_for_bit(path: str) -> None:
         assert torch.equal(ps.stencil(s, vc), av) and torch.equal(ps.stencil(s, vc, rc), rc - av)
         assert torch.equal(ps.stencil(s, vc, rc, gc), vc.clone().addcmul_(gc, rc - av))
         assert torch.equal(ps.restrict(v, (hc, wc)), fi.restrict(v, (hc, wc)))
+        fine_s = torch.randn(3, 9, h, w)
+        with monkeypatch.context() as mp:
+            mp.setattr(native, "usable", lambda t: None)
+            want_s = mg.galerkin(fine_s, (hc, wc))
+        assert torch.equal(mg.galerkin(fine_s, (hc, wc)), want_s)
         assert torch.equal(ps.prolong_add(vc, v.clone()), v + fi.prolong(vc, (h, w)))
         assert torch.equal(ps.prolong_add(vc, v.clone(), m), v.clone().addcmul_(m, fi.prolong(vc, (h, w))))
     x, remove = torch.randn(3, 64, 48), torch.rand(6, 64, 48) < torch.linspace(0.1, 0.9, 6)[:, None, None]

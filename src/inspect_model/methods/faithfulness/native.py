@@ -182,6 +182,55 @@ int im_road_prolong(const float *c, const float *m, float *x, int64_t b, int64_t
     free(t);
     return 0;
 }
+/* One 1-D pass of the Galerkin product along a line of size values to n: out[I] = sum over
+   the present taps k in (0, -1, 1) of W_k[I] f[2I + k], in that order, 0 first when tap 0 is
+   absent (multigrid._pass); one loop per tap, so each vectorises. W (3, n). */
+static inline void gpass(const float *restrict f, float *restrict o, int64_t n, int64_t size, const float *W,
+                         const int *pr) {
+    const int64_t hp = size / 2 < n ? size / 2 : n; /* the points I with f[2I + 1] inside */
+    if (pr[0]) for (int64_t I = 0; I < n; I++) o[I] = f[2 * I] * W[I];
+    else memset(o, 0, sizeof(float) * (size_t)n);
+    if (pr[1]) for (int64_t I = 1; I < n; I++) o[I] = MAD(f[2 * I - 1], W[n + I], o[I]);
+    if (pr[2]) for (int64_t I = 0; I < hp; I++) o[I] = MAD(f[2 * I + 1], W[2 * n + I], o[I]);
+}
+/* The same pass down the columns of a (size, wc) block, rows of wc values: vectorised over a row */
+static void gpass_rows(const float *restrict f, float *restrict o, int64_t n, int64_t size, int64_t wc,
+                       const float *W, const int *pr) {
+    for (int64_t I = 0; I < n; I++) {
+        float *restrict oi = o + I * wc;
+        const float *f0 = f + 2 * I * wc, *fm = f0 - wc, *fp = f0 + wc;
+        if (pr[0]) { const float w0 = W[I]; for (int64_t x = 0; x < wc; x++) oi[x] = f0[x] * w0; }
+        else memset(oi, 0, sizeof(float) * (size_t)wc);
+        if (pr[1] && I >= 1) { const float wm = W[n + I]; for (int64_t x = 0; x < wc; x++) oi[x] = MAD(fm[x], wm, oi[x]); }
+        if (pr[2] && I < size / 2) { const float wp = W[2 * n + I]; for (int64_t x = 0; x < wc; x++) oi[x] = MAD(fp[x], wp, oi[x]); }
+    }
+}
+/* P^T A P (multigrid.galerkin): s (b, 9, h, w) -> out (b, 9, hc, wc); pairs (7, 2) the (o, e)
+   pairs, wx (7, 3, wc) / px (7, 3) the column taps' weights and presence, wy, py the rows'. */
+int im_road_galerkin(const float *restrict s, float *restrict out, int64_t b, int64_t h, int64_t w, int64_t hc,
+                     int64_t wc, const int *pairs, const float *wx, const int *px, const float *wy, const int *py) {
+    float *cols = (float *)malloc(sizeof(float) * (size_t)(21 * h * wc + hc * wc));
+    if (!cols) return 1;
+    float *rows = cols + 21 * h * wc;
+    for (int64_t bb = 0; bb < b; bb++) {
+        const float *S = s + bb * 9 * h * w;
+        float *O = out + bb * 9 * hc * wc;
+        memset(O, 0, sizeof(float) * (size_t)(9 * hc * wc));
+        for (int q = 0; q < 7; q++)
+            for (int ey = 0; ey < 3; ey++)
+                for (int64_t y = 0; y < h; y++)
+                    gpass(S + (ey * 3 + pairs[2 * q + 1] + 1) * h * w + y * w, cols + ((q * 3 + ey) * h + y) * wc,
+                          wc, w, wx + q * 3 * wc, px + q * 3);
+        for (int p = 0; p < 7; p++)
+            for (int q = 0; q < 7; q++) {
+                gpass_rows(cols + (q * 3 + pairs[2 * p + 1] + 1) * h * wc, rows, hc, h, wc, wy + p * 3 * hc, py + p * 3);
+                float *o = O + ((pairs[2 * p] + 1) * 3 + pairs[2 * q] + 1) * hc * wc;
+                for (int64_t i = 0; i < hc * wc; i++) o[i] += rows[i];
+            }
+    }
+    free(cols);
+    return 0;
+}
 """
 
 _lib: list[Any] = []  # [the library or None], once loaded
@@ -193,13 +242,15 @@ def library() -> Any:
         from inspect_model.methods.activations import kernel
 
         lib = kernel.library("road", SOURCE)
-        if lib is not None and hasattr(lib, "im_road_prolong"):
+        if lib is not None and hasattr(lib, "im_road_galerkin"):
             i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
             lib.im_road_fine.argtypes = [ptr] * 6 + [i64] * 4 + [i32]
             lib.im_road_stencil.argtypes = [ptr] * 5 + [i64] * 4 + [i32]
             lib.im_road_restrict.argtypes = [ptr, ptr] + [i64] * 5
             lib.im_road_prolong.argtypes = [ptr] * 3 + [i64] * 6 + [i32]
-            for fn in (lib.im_road_fine, lib.im_road_stencil, lib.im_road_restrict, lib.im_road_prolong):
+            lib.im_road_galerkin.argtypes = [ptr, ptr] + [i64] * 5 + [ptr] * 5
+            for fn in (lib.im_road_fine, lib.im_road_stencil, lib.im_road_restrict, lib.im_road_prolong,
+                       lib.im_road_galerkin):
                 fn.restype = i32
         else:
             lib = None
@@ -267,3 +318,15 @@ class Passes:
         h, w = x.shape[-2:]
         _check(self.lib.im_road_prolong(_ptr(cv), _ptr(m), _ptr(x), b, c, hc, wc, h, w, 1 if m is None else 2))
         return x
+
+
+def galerkin(lib: Any, s: Any, hw: tuple[int, int], pairs: Any, tx: tuple[Any, Any], ty: tuple[Any, Any]) -> Any:
+    """:func:`.multigrid.galerkin` in one native call: s (B, 9, h, w) contiguous float32; pairs
+    (7, 2) int32; tx, ty the columns' and rows' (weights (7, 3, n) float32, presence (7, 3) int32)."""
+    import torch
+
+    b, _, h, w = s.shape
+    out = torch.empty(b, 9, *hw, dtype=s.dtype)
+    _check(lib.im_road_galerkin(_ptr(s), _ptr(out), b, h, w, hw[0], hw[1], _ptr(pairs), _ptr(tx[0]), _ptr(tx[1]),
+                                _ptr(ty[0]), _ptr(ty[1])))
+    return out
