@@ -61,12 +61,13 @@ def test_nonfinite_elements_take_the_careful_path() -> None:
 
 
 def test_streaming_copy_is_exact_at_any_alignment() -> None:
-    src = torch.randn(300_001)
+    n = kernel.STREAM_MIN + 33
+    src = torch.randn(n)
     for offset in (0, 1, 3):
-        out = torch.empty(300_001 + offset)[offset:]
+        out = torch.empty(n + offset)[offset:]
         assert kernel.copy(out, src) and torch.equal(out, src)
     assert not kernel.copy(torch.empty(10), torch.ones(10))  # small: torch's copy
-    assert not kernel.copy(torch.empty(1 << 17, dtype=torch.float64), torch.ones(1 << 17, dtype=torch.float64))
+    assert not kernel.copy(torch.empty(n, dtype=torch.float64), torch.ones(n, dtype=torch.float64))
 
 
 def test_turned_off_takes_torchs_path(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
@@ -75,7 +76,8 @@ def test_turned_off_takes_torchs_path(monkeypatch: pytest.MonkeyPatch, tmp_path)
     monkeypatch.setattr(build, "_state", {})
     monkeypatch.setattr(kernel, "_lib", [])
     a = torch.randn(5000)
-    assert kernel.pair(a, a, 1e-3, None) is None and not kernel.copy(torch.empty(1 << 17), torch.ones(1 << 17))
+    n = kernel.STREAM_MIN
+    assert kernel.pair(a, a, 1e-3, None) is None and not kernel.copy(torch.empty(n), torch.ones(n))
     s = PairSums()
     s.add(a, a * 1.01, 1e-3)
     assert s.relative_error() == pytest.approx(0.01, rel=1e-5)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-STREAM_MIN = 1 << 16  # elements: smaller copies stay as torch makes them (the call costs about as much)
+STREAM_MIN = 1 << 20  # elements (4 MiB): smaller copies may still be in the cache when A reads them: torch's copy
 SOURCE = r"""
 #include <stdint.h>
 #include <math.h>
@@ -87,13 +87,15 @@ void im_copy_f32(float *restrict dst, const float *restrict src, int64_t n, int 
 }
 """
 
-_lib: list[Any] = []
+_lib: list[Any] = []  # [the library or None], once loaded
+_threads: list[Any] = []  # [activations.kernel.threads]
 
 
 def _library() -> Any:
     if not _lib:
         from inspect_model.methods.activations import kernel
 
+        _threads.append(kernel.threads)
         lib = kernel.library("compare", SOURCE)
         if lib is not None and hasattr(lib, "im_copy_f32"):
             i64, ptr, f32, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
@@ -107,21 +109,21 @@ def _library() -> Any:
 
 
 def copy(out: Any, t: Any) -> bool:
-    """``out.copy_(t)`` for two contiguous float32 CPU tensors of one size by streaming stores
-    (``out``'s old contents are not read into the cache: a third less memory traffic than
-    torch's copy, which matters when ``out`` is read only much later); False (nothing done)
-    for anything else, or without a kernel."""
+    """``out.copy_(t)`` for two contiguous float32 CPU tensors of one size, ``STREAM_MIN``
+    values or more, by streaming stores (``out``'s old contents are not read into the cache: a
+    third less memory traffic than torch's copy, which counts when ``out`` is read only after
+    the rest of B's forward, out of the cache by then); False (nothing done) for anything else,
+    or without a kernel."""
     import torch
 
-    if t.dtype != torch.float32 or out.dtype != torch.float32 or t.device.type != "cpu" \
-            or not t.is_contiguous() or not out.is_contiguous() or t.numel() < STREAM_MIN:
+    n = t.numel()
+    if n < STREAM_MIN or t.dtype != torch.float32 or out.dtype != torch.float32 or not t.is_cpu or not out.is_cpu \
+            or out.numel() != n or not t.is_contiguous() or not out.is_contiguous():
         return False
-    lib = _library()
+    lib = _lib[0] if _lib else _library()
     if lib is None:
         return False
-    from inspect_model.methods.activations.kernel import threads
-
-    lib.im_copy_f32(out.data_ptr(), t.data_ptr(), t.numel(), threads())
+    lib.im_copy_f32(out.data_ptr(), t.data_ptr(), n, _threads[0]())
     return True
 
 
@@ -131,15 +133,14 @@ def pair(x: Any, y: Any, tolerance: float, low: Any) -> tuple[float, ...] | None
     ``None`` when they are something else or no kernel can be had."""
     import torch
 
-    if x.dtype != torch.float32 or y.dtype != torch.float32 or x.device.type != "cpu" \
-            or y.device.type != "cpu" or not x.is_contiguous() or not y.is_contiguous():
+    n = x.numel()
+    if x.dtype != torch.float32 or y.dtype != torch.float32 or not x.is_cpu or not y.is_cpu or y.numel() != n \
+            or not x.is_contiguous() or not y.is_contiguous():
         return None
-    lib = _library()
+    lib = _lib[0] if _lib else _library()
     if lib is None:
         return None
-    from inspect_model.methods.activations.kernel import threads
-
     big, tiny = (torch.finfo(low).max, torch.finfo(low).tiny) if low is not None else (0.0, 0.0)
     out = (ctypes.c_double * 7)()
-    lib.im_compare_f32(x.data_ptr(), y.data_ptr(), x.numel(), tolerance, big, tiny, low is not None, out, threads())
+    lib.im_compare_f32(x.data_ptr(), y.data_ptr(), n, tolerance, big, tiny, low is not None, out, _threads[0]())
     return tuple(out)
