@@ -166,7 +166,9 @@ def measure(ctx):  # type: ignore[no-untyped-def]
     """ROAD's imputation of 18 masks (MoRF + LeRF, 10..90 %) of one image against
     pytorch-grad-cam's NoisyLinearImputer on the same masks (issue 30: >= 3x faster, images
     within 1e-3; floor: the forward pass of the 18 imputed images), and `cam --evaluate`
-    with every metric against the Grad-CAM run it judges (issue 30: <= 10x)."""
+    with every metric against the Grad-CAM run it judges (information: issue 30 asked for 10x,
+    the forward passes it reads are alone several times that) and against those passes (issue
+    40: <= 1.2x)."""
     import torch
 
     from common import Row, Target
@@ -235,8 +237,11 @@ def measure(ctx):  # type: ignore[no-untyped-def]
     t = ctx.time({"floor": run(None), "ours": run(["all"]), "passes": unavoidable},
                  repeats=1 if ctx.mode == "full" else None)
     work = f"cam --evaluate (all metrics, {steps} steps), {ctx.sizes.cnn} 2 images {size} px"
-    rows.append(Row("faithfulness", work, t["ours"], t["floor"], Target("ratio", 10.0, "<= 10x the maps"),
-                    floor_what="cam gradcam (the maps judged)"))
+    # Issue 30 asked for 10x the maps; the forward passes the scores read are alone several
+    # times that (the note), so issue 40 set the target on them: the next row.
+    rows.append(Row("faithfulness", work, t["ours"], t["floor"], Target("info", 0.0, "information (the passes: next row)"),
+                    floor_what="cam gradcam (the maps judged)",
+                    note=f"its unavoidable passes alone are {t['passes'] / t['floor']:.0f}x the maps"))
     rows.append(Row("faithfulness", work + ": against its forward passes", t["ours"], t["passes"],
                     Target("ratio", 1.2, "<= 1.2x its passes"),
                     floor_what=f"the maps + {n_inputs} plain forward inputs ({n_inputs // 2} a map, {per} a pass)"))

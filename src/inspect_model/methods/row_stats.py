@@ -16,6 +16,15 @@ L2 norms of one ``sign()`` (``count_nonzero`` and ``(x < 0).sum()`` are 5-20x sl
 that could lose digits the exact path of :func:`inspect_model.methods.stats.tensor_stats`
 runs instead: NaN or Inf, values whose squares leave float32's range, and a mean so large
 next to the spread that the variance would come from a cancellation.
+
+On the CPU all of it comes from one read of each value by ``im_rows_f32``, a loop of the
+native kernel of ``activations`` (methods/activations/kernel.py: built and loaded there, run on
+torch's OpenMP threads): sum, sums of squares and of |x| per row, unshifted, float32 over
+blocks of 1,024 values added in double (within 1e-8 of float64 like torch's pairwise float32
+reductions), min, max, zeros and negatives. resnet50 batch 8's layer-gradient statistics
+took 530 -> 107 ms of process CPU on one thread (grads 1.30x -> 1.05x a forward + backward,
+in place of ten torch passes per gradient). Without a compiler (or ``INSPECT_MODEL_NATIVE=0``)
+torch's reductions above run (stats.py ``_torch_counts``).
 """
 
 from __future__ import annotations

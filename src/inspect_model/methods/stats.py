@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 
@@ -111,14 +112,65 @@ def fast_stats(t: torch.Tensor, n: int | None = None,
     if row == 0:
         return None
     v = x.reshape(-1)  # a copy only for a non-contiguous gradient
-    lo_t, hi_t = torch.aminmax(v)
-    lo, hi = float(lo_t), float(hi_t)
+    rows = v.view(-1, row)
+    # One read of each value by the native kernel on the CPU (issue 40); else torch's reductions.
+    got = _native_rows(v, rows.shape[0], row)
+    if got is None:
+        lo_t, hi_t = torch.aminmax(v)
+        lo, hi = float(lo_t), float(hi_t)
+    else:
+        lo, hi, zeros, negatives, s1, l2sq, l1, sq = got
     if not (math.isfinite(lo) and math.isfinite(hi)):
         return None  # NaN or Inf: counted on the exact path
     big = max(-lo, hi)
     if big > _ABS_HI or (0 < big < _ABS_LO):
         return None
-    rows = v.view(-1, row)
+    if got is None:
+        zeros, negatives, l1, r = _torch_counts(v, rows, buf)
+        sq = r[1].square()
+        s1, l2sq = (float(a) for a in torch.stack([r[0].sum(), sq.sum()]))
+    mean = s1 / numel
+    var = max(l2sq / numel - mean * mean, 0.0)
+    if big > 0 and var < 1e-2 * (l2sq / numel):
+        return None  # var = E[x^2] - mean^2 would cancel float32 digits: the exact path
+    std = math.sqrt(var * numel / (numel - 1))
+    norms = (sq.reshape(n, -1).sum(1) ** 0.5).tolist() if per else None  # torch or numpy
+    stats = TensorStats(numel=numel, mean=mean, std=std, min=lo, max=hi, abs_mean=l1 / numel,
+                        norm=math.sqrt(l2sq), zero_fraction=zeros / numel, negative_fraction=negatives / numel,
+                        nan_count=0, inf_count=0, neg_inf_count=0)
+    return stats, norms
+
+
+def _native_rows(v: torch.Tensor, rows: int, row: int) -> tuple[float, float, int, int, float, float, float,
+                                                                  np.ndarray] | None:
+    """(min, max, zeros, negatives, sum, sum of squares, sum of |v|, per-row sums of squares)
+    of the contiguous float32 CPU values ``v`` read as ``rows`` rows of ``row``, from one read
+    by the native kernel of ``activations`` (methods/activations/kernel.py, ``im_rows_f32``:
+    its OpenMP loop runs on torch's threads); ``None`` without the kernel, off the CPU, or with
+    NaN/Inf among the values (their sums say so)."""
+    if v.device.type != "cpu" or not v.is_contiguous():
+        return None
+    import numpy as np
+
+    from inspect_model.methods.activations import kernel
+
+    table = kernel.grad_rows(v, rows, row)
+    if table is None:
+        return None
+    a = table.numpy()  # read at once: the kernel's buffer is reused two calls later
+    sums = a[:, :3].sum(0)
+    if not np.isfinite(sums).all():
+        return None
+    return (float(a[:, 3].min()), float(a[:, 4].max()), round(float(a[:, 5].sum())),
+            round(float(a[:, 6].sum())), float(sums[0]), float(sums[1]), float(sums[2]), a[:, 1].copy())
+
+
+def _torch_counts(v: torch.Tensor, rows: torch.Tensor, buf: list[torch.Tensor] | None
+                  ) -> tuple[int, int, float, torch.Tensor]:
+    """(zeros, negatives, L1 norm, (2, R) float64 per-row sums and L2 norms) by torch alone."""
+    import torch
+
+    numel = v.numel()
     f64 = torch.float64
     # sign() once, into a reused buffer: its row sums are positives - negatives and its row
     # L2 norms squared positives + negatives (float32 integers below 2^24: exact), both at
@@ -133,22 +185,9 @@ def fast_stats(t: torch.Tensor, n: int | None = None,
     # (3, R): per-row sum, L2 norm, L1 norm in float32, then float64 from here on.
     r = torch.stack([rows.sum(1), torch.linalg.vector_norm(rows, 2, 1), ab.sum(1)]).to(f64)
     c = counts.to(f64)
-    sq = r[1].square()
-    s1, l2sq, l1, signed, nonzero = (float(a) for a in torch.stack(
-        [r[0].sum(), sq.sum(), r[2].sum(), c[0].sum(), c[1].square().round().sum()]))
+    l1, signed, nonzero = (float(a) for a in torch.stack([r[2].sum(), c[0].sum(), c[1].square().round().sum()]))
     zeros = numel - round(nonzero)
-    negatives = round((nonzero - signed) / 2)
-    mean = s1 / numel
-    var = max(l2sq / numel - mean * mean, 0.0)
-    if big > 0 and var < 1e-2 * (l2sq / numel):
-        return None  # var = E[x^2] - mean^2 would cancel float32 digits: the exact path
-    std = math.sqrt(var * numel / (numel - 1))
-    norms = sq.view(n, -1).sum(1).sqrt().tolist() if per else None
-    stats = TensorStats(numel=numel, mean=mean, std=std, min=lo, max=hi, abs_mean=l1 / numel,
-                        norm=math.sqrt(l2sq), zero_fraction=zeros / numel, negative_fraction=negatives / numel,
-                        nan_count=0, inf_count=0, neg_inf_count=0)
-    return stats, norms
-
+    return zeros, round((nonzero - signed) / 2), l1, r[:2]
 
 
 def tensor_stats(t: torch.Tensor, *, exact: bool = False) -> TensorStats:

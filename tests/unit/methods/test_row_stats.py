@@ -142,3 +142,27 @@ def test_grads_numbers_on_a_model_large_enough_for_the_fast_path() -> None:
     # The relu's input gradient is the batch norm's output gradient: one measurement, both places.
     assert layers["2"].grad_input.norm == pytest.approx(layers["1"].grad_output.norm, rel=1e-12)
     assert rep.input_grad.norm == pytest.approx(float(xx.grad.double().norm()), rel=1e-5)
+
+
+@pytest.mark.parametrize("name", list(_tensors()))
+def test_native_rows_and_torchs_give_the_same_numbers(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The native kernel's one read (where it builds) and torch's reductions: equal counts and
+    bounds, the moments both within 1e-7 of the float64 values (both are near 1e-8)."""
+    from inspect_model.methods import stats as stats_module
+    from inspect_model.methods.activations import kernel
+
+    t = _tensors()[name]
+    native = fast_stats(t, t.shape[0])
+    monkeypatch.setattr(stats_module, "_native_rows", lambda *a: None)
+    plain = fast_stats(t, t.shape[0])
+    assert native is not None and plain is not None
+    a, b = native[0], plain[0]
+    assert (a.min, a.max, a.zero_fraction, a.negative_fraction) == (b.min, b.max, b.zero_fraction, b.negative_fraction)
+    exact = tensor_stats(t, exact=True)
+    _close(a, exact, rel=1e-7)
+    _close(b, exact, rel=1e-7)
+    assert native[1] == pytest.approx(plain[1], rel=2e-7)
+    if kernel.kernel() is not None:  # the native path ran: a NaN makes it step aside
+        t = t.clone()
+        t.view(-1)[7] = float("nan")
+        assert stats_module._native_rows(t.reshape(-1), t.numel() // 32, 32) is None

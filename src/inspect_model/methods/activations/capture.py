@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Self
 from inspect_model.engine.gc_pause import paused_collection
 from inspect_model.errors import InputError, ModelLoadError
 from inspect_model.loading.wrappers import unwrap_module
-from inspect_model.methods.activations.deferred import defer_on
+from inspect_model.methods.activations.deferred import defer_on, resolve_records
 from inspect_model.methods.activations.fused import relu_after
 from inspect_model.methods.activations.measure import (
     ActivationStats,
@@ -165,8 +165,10 @@ class ActivationCapture:
         self._batch_size: int | None = None
         self._mask: torch.Tensor | None = None
         self._engine: Any = None
-        # (weak reference to the tensor, its version, its measurement, the batch size)
-        self._last: tuple[Any, int, Measurement, int | None] | None = None
+        # (weak reference to the tensor, its version, its measurement, the batch size, its call)
+        self._last: tuple[Any, int, Measurement, int | None, Any] | None = None
+        self._plain: set[Any] = set()  # outputs (site) that no ReLU in place followed last batch
+        self._sites: dict[int, int] = {}  # outputs measured so far in this pass, by module
         self._defer = True  # accelerators: numbers read back once a batch (deferred.py)
 
     def __enter__(self) -> Self:
@@ -195,6 +197,9 @@ class ActivationCapture:
         last, self._last = self._last, None
         version = _version(t)
         after_relu = None
+        module = self._engine.current_module if self._engine is not None else None
+        site = (id(module), self._sites.get(id(module), 0))  # this output's place in the pass
+        self._sites[id(module)] = site[1] + 1
         if last is not None and last[0]() is t and version is not None and self._batch_size == last[3]:
             if version == last[1]:
                 m = last[2]
@@ -202,13 +207,15 @@ class ActivationCapture:
                 if not isinstance(m, Measurement):
                     return m  # deferred: resolved once, its channels copied there
                 return replace(m, channels={k: c.copy() for k, c in m.channels.items()}, bounds=None)
-            module = self._engine.current_module if self._engine is not None else None
             if version == last[1] + 1 and last[2].bounds is not None and not self.hist_bins and relu_after(module):
                 after_relu = last[2].bounds
+        if last is not None:  # learnt for the next batch: is this call's output a ReLU's in place? (kernel.py)
+            (self._plain.add if after_relu is None else self._plain.discard)(last[4])
         defer = self._defer and defer_on(t.device)
-        m = measure(t, self._batch_size, hist_bins=self.hist_bins, after_relu=after_relu, defer=defer)
+        m = measure(t, self._batch_size, hist_bins=self.hist_bins, after_relu=after_relu, defer=defer,
+                    positive=site not in self._plain)
         if version is not None:
-            self._last = (weakref.ref(t), version, m, self._batch_size)
+            self._last = (weakref.ref(t), version, m, self._batch_size, site)
         if last is not None and isinstance(last[2], Measurement):
             last[2].bounds = None  # served its ReLU, if any (native.py's tables are not kept)
         return m
@@ -301,12 +308,13 @@ class ActivationCapture:
             # as it was, as in every other command (issue 28). One copy of the input per batch.
             fed = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
             self._defer = attempt == 0
+            self._sites.clear()
             try:
                 with torch.no_grad():
                     run_forward(engine, lambda: self.model(*fed))
             finally:
                 self._defer, self._last = True, None
-            if _resolve_pending(engine.records):
+            if resolve_records(engine.records):
                 return
             engine.reset()
 
@@ -362,26 +370,6 @@ class ActivationCapture:
                 channel_means=tuple(means), dead_channels=dead, channels=nch, kept=r.kept))
         return ActivationReport(self.model_name, rows, self._images, self._batches, list(self.layers),
                                 [n for n in self.layers if n in self.keep])
-
-
-def _resolve_pending(records: list[Any]) -> bool:
-    """Replace the deferred measurements of ``records`` by their numbers, read back in one
-    copy; False when a batch must be measured again (deferred.py). An output measured once
-    and recorded twice (Identity) gets its own channel accumulators."""
-    from inspect_model.methods.activations.deferred import Pending, resolve
-
-    caps = [c for r in records for c in r.outputs if isinstance(c.stats, Pending)]
-    unique = list({id(c.stats): c.stats for c in caps}.values())
-    done = resolve(unique)
-    if done is None:
-        return False
-    by_id = {id(p): m for p, m in zip(unique, done)}
-    seen: set[int] = set()
-    for c in caps:
-        m = by_id[id(c.stats)]
-        c.stats = m if id(m) not in seen else replace(m, channels={k: ch.copy() for k, ch in m.channels.items()})
-        seen.add(id(m))
-    return True
 
 
 def _version(t: torch.Tensor) -> int | None:

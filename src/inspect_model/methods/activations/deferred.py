@@ -151,3 +151,23 @@ def _finish(p: Pending, a: list[Any]) -> Measurement | None:
                                  dead=torch.from_numpy(dead > 0))
         dead_fraction[key] = fraction.tolist()
     return Measurement(p.per_sample, samples, channels, dead_fraction, None, None)
+
+
+def resolve_records(records: list[Any]) -> bool:
+    """Replace the deferred measurements of ``records`` by their numbers, read back in one
+    copy; False when a batch must be measured again (deferred.py). An output measured once
+    and recorded twice (Identity) gets its own channel accumulators."""
+    from dataclasses import replace
+
+    caps = [c for r in records for c in r.outputs if isinstance(c.stats, Pending)]
+    unique = list({id(c.stats): c.stats for c in caps}.values())
+    done = resolve(unique)
+    if done is None:
+        return False
+    by_id = {id(p): m for p, m in zip(unique, done)}
+    seen: set[int] = set()
+    for c in caps:
+        m = by_id[id(c.stats)]
+        c.stats = m if id(m) not in seen else replace(m, channels={k: ch.copy() for k, ch in m.channels.items()})
+        seen.add(id(m))
+    return True

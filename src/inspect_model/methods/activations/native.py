@@ -41,11 +41,15 @@ class CellBounds(Bounds):
     table: Any = None
     s: int = 0
     stamp: tuple[int, int] = (0, 0)  # kernel.stamp() when made: the table lives in a reused buffer
+    positive: bool = True  # the table has the moments of the positive part (a ReLU's table follows)
 
 
-def measure_native(x: torch.Tensor, cands: list[tuple[int, int]], *, after_relu: Bounds | None = None
+def measure_native(x: torch.Tensor, cands: list[tuple[int, int]], *, after_relu: Bounds | None = None,
+                   positive: bool = True
                    ) -> tuple[list[Moments], dict[int, Channels], dict[int, list[float]], Bounds] | None:
-    """``measure_fused``'s result for ``x`` (N, ...) from the native kernel, or ``None``."""
+    """``measure_fused``'s result for ``x`` (N, ...) from the native kernel, or ``None``.
+    ``positive`` False: the kernel leaves out the positive part's moments (a quarter less work
+    per value), and no ReLU's table can follow from this one."""
     import torch
 
     from inspect_model.methods.activations import kernel
@@ -59,58 +63,46 @@ def measure_native(x: torch.Tensor, cands: list[tuple[int, int]], *, after_relu:
     c = int(x.shape[1]) if grouped else 1
     rows, s = n * c, m // c
     if isinstance(after_relu, CellBounds) and after_relu.s == s and after_relu.table.shape[0] == rows \
-            and after_relu.stamp == kernel.stamp():
+            and after_relu.stamp == kernel.stamp() and after_relu.positive:
         table = kernel.relu(after_relu.table)
     else:
-        table = kernel.cells(x, rows, s)
+        table = kernel.cells(x, rows, s, positive)
         if table is None:
             return None
-    derived = _derive(x, table, n, c, s)
-    if derived is None:
-        return None
-    samples, bounds, chan, dead_fraction_cells = derived
-    bounds = CellBounds(bounds.lo, bounds.hi, bounds.zeros, bounds.negatives, table=table, s=s, stamp=kernel.stamp())
+    merged = kernel.images(table, n, c, s)
+    if merged is None:
+        return None  # NaN/Inf among the values, or a float32 sum of squares overflowed
+    img, sums, dead, lost = merged
+    if lost:
+        _exact_cells(x, table.numpy(), img, n, c, s)
+    # Views of kernel.images' reused array: read in this call and, as a CellBounds, only by
+    # the next measurement's stamp check (measure.py hands none to the torch path).
+    bounds = CellBounds(img[:, 2], img[:, 3], img[:, 4], img[:, 5], table=table, s=s, stamp=kernel.stamp(),
+                        positive=positive)
+    samples = _samples(img, s * c)
     channels: dict[int, Channels] = {}
     dead_fraction: dict[int, list[float]] = {}
     for key, dim in cands:
         if grouped and dim == 1:
-            channels[key] = _cell_channels(key, chan, n, n * s)
-            dead_fraction[key] = dead_fraction_cells
+            from inspect_model.methods.activations.moments import Channels
+
+            channels[key] = Channels(dim=key, sums=sums, counts=float(n * s), dead=dead)
+            dead_fraction[key] = img[:, 6].tolist()
         else:
             from inspect_model.methods.activations.fused import _channels
 
             rest = tuple(d for d in range(1, x.ndim) if d != dim)
-            sums = x.sum(rest, dtype=torch.float32) if rest else x.to(torch.float32, copy=True)
-            channels[key], dead_fraction[key] = _channels(x, dim, key, sums, bounds)
+            sums_d = x.sum(rest, dtype=torch.float32) if rest else x.to(torch.float32, copy=True)
+            channels[key], dead_fraction[key] = _channels(x, dim, key, sums_d, bounds)
     return samples, channels, dead_fraction, bounds
 
 
-def _derive(x: torch.Tensor, table: torch.Tensor, n: int, c: int, s: int
-            ) -> tuple[list[Moments], Bounds, np.ndarray, np.ndarray] | None:
-    """Per-image moments and bounds, per-channel sums and dead counts (c, 2) and per-image
-    dead fractions from the kernel's ``table`` (kernel.images does the merging)."""
-    import numpy as np
-    import torch
-
-    from inspect_model.methods.activations import kernel
+def _samples(img: np.ndarray, m: int) -> list[Moments]:
+    """One :class:`Moments` per image from kernel.images' per-image rows."""
     from inspect_model.methods.activations.moments import Moments
 
-    merged = kernel.images(table, n, c, s)
-    if merged is None:
-        return None  # NaN/Inf among the values, or a float32 sum of squares overflowed
-    img, chan = merged
-    m = s * c
-    lo, hi = img[:, 2], img[:, 3]
-    # Views of kernel.images' reused buffer: read in this call and, as a CellBounds, only by
-    # the next measurement's stamp check (measure.py hands none to the torch path).
-    b = Bounds(lo, hi, img[:, 4], img[:, 5])
-    if img[:, 7].any():
-        _exact_cells(x, table.numpy(), img, n, c, s)
-    img[lo == hi, 1] = 0.0
-    rows = img.tolist()
-    samples = [Moments(numel=m, count=m, mean=r[0], m2=r[1], min=r[2], max=r[3], zeros=int(r[4]),
-                       negatives=int(r[5])) for r in rows]
-    return samples, b, chan, (img[:, 6] / c).tolist()
+    # positional: numel, count, mean, m2, min, max, zeros, negatives (half the cost of keywords)
+    return [Moments(m, m, r[0], r[1], r[2], r[3], int(r[4]), int(r[5])) for r in img.tolist()]
 
 
 def _exact_cells(x: torch.Tensor, a: np.ndarray, img: np.ndarray, n: int, c: int, s: int) -> None:
@@ -133,11 +125,3 @@ def _exact_cells(x: torch.Tensor, a: np.ndarray, img: np.ndarray, n: int, c: int
         sl = slice(i * c, (i + 1) * c)
         mean = float((cm[sl] * s).sum() / (s * c))
         img[i, 0], img[i, 1] = mean, float(cm2[sl].sum() + s * np.square(cm[sl] - mean).sum())
-
-
-def _cell_channels(key: int, chan: np.ndarray, n: int, count: int) -> Channels:
-    import torch
-
-    from inspect_model.methods.activations.moments import Channels
-
-    return Channels(dim=key, sums=torch.tensor(chan[:, 0]), counts=float(count), dead=torch.tensor(chan[:, 1] == n))

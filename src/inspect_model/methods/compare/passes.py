@@ -41,7 +41,8 @@ def run_batches(a_model: Any, side: Any, batches: Iterable[Any], call: Callable[
     done = Passes(budget=(budget or default_budget()) if side.streamed else None)
     BUFFERS.start(done.budget or 0)
     try:
-        a_model.eval()
+        if any(flag for _, flag in flags):  # already in eval mode (the usual case): no call per module
+            a_model.eval()
         for batch in batches:
             args, kwargs = call(batch)
             out_a, out_b, ex = run_pair(a_model, side, args, kwargs, pairs, done.sums, tolerance=tolerance, low=low,
@@ -51,7 +52,8 @@ def run_batches(a_model: Any, side: Any, batches: Iterable[Any], call: Callable[
             done.batches += 1
     finally:
         for m, flag in flags:
-            m.training = flag
+            if m.training != flag:  # Module.__setattr__ is slow: only the flags that changed
+                m.training = flag
         side.close()
         BUFFERS.idle()
     return done

@@ -6,7 +6,9 @@ with rtol = atol = tol), and for a reduced-precision side B the values of A that
 cannot hold: overflow (``|a|`` above the dtype's largest finite value) and underflow (non-zero
 ``|a|`` below its smallest normal). Sums are kept in float64, so a layer's numbers over several
 batches are those of all its elements at once. Non-finite elements are counted, and left out
-of the sums.
+of the sums. A float32 CPU pair's numbers come from the native kernel of :mod:`.kernel`, in one
+read of each side; anything else (another dtype or device, no compiler) from torch's ops in
+cache-sized chunks (:meth:`PairSums._torch`), the same numbers to float32 rounding.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from inspect_model.methods.compare.kernel import pair
 
 _CHUNK = 1 << 18  # elements per chunk (1 MiB of float32): the fastest of 2**14 ... 2**20 and whole tensors, measured
 
@@ -100,28 +103,36 @@ class PairSums:
         y = (b.detach() if b.requires_grad else b).reshape(-1)
         if y.dtype != work or y.device != x.device:
             y = y.to(device=x.device, dtype=work)
-        if low is not None:
-            self._range(x, low)
-        scratch = scratch or Scratch()
-        n = x.numel()
-        if n <= _CHUNK:  # most layers: one chunk, no slices
-            sq_d, sq_a, sq_b, mx, beyond = self._chunk(x, y, tolerance, scratch)
+        got = pair(x, y, tolerance, low)  # the native kernel: one read of each side, every number
+        if got is not None:
+            sq_d, sq_a, sq_b, mx, beyond, over, under = got
+            self.overflow += int(over)
+            self.underflow += int(under)
         else:
-            # Cache-sized chunks: each chunk's passes (difference, sums, extremes, share beyond) run
-            # while it is in the CPU's cache, so each whole output is read from memory about once.
-            parts = [self._chunk(x[i:i + _CHUNK], y[i:i + _CHUNK], tolerance, scratch) for i in range(0, n, _CHUNK)]
-            sq_d, sq_a, sq_b, mx, beyond = (sum(p[k] for p in parts) if k != 3 else max(p[3] for p in parts)
-                                            for k in range(5))
+            if low is not None:
+                self._range(x, low)
+            sq_d, sq_a, sq_b, mx, beyond = self._torch(x, y, tolerance, scratch or Scratch())
         if not math.isfinite(sq_a + sq_b + sq_d + mx):  # a NaN/Inf (or a huge value): the careful path
             self._careful(x, y, tolerance)
             return
-        self.elements += n
+        self.elements += x.numel()
         self.sq_d += sq_d
         self.sq_a += sq_a
         self.sq_b += sq_b
         if mx > self.max_abs:
             self.max_abs = mx
         self.beyond += int(beyond)
+
+    def _torch(self, x: Any, y: Any, tolerance: float, scratch: Scratch) -> tuple[float, float, float, float, int]:
+        """(Σd², Σa², Σb², max|d|, beyond) by torch's ops (no native kernel)."""
+        n = x.numel()
+        if n <= _CHUNK:  # most layers: one chunk, no slices
+            return self._chunk(x, y, tolerance, scratch)
+        # Cache-sized chunks: each chunk's passes (difference, sums, extremes, share beyond) run
+        # while it is in the CPU's cache, so each whole output is read from memory about once.
+        parts = [self._chunk(x[i:i + _CHUNK], y[i:i + _CHUNK], tolerance, scratch) for i in range(0, n, _CHUNK)]
+        return tuple(sum(p[k] for p in parts) if k != 3 else max(p[3] for p in parts)  # type: ignore[return-value]
+                     for k in range(5))
 
     @staticmethod
     def _chunk(x: Any, y: Any, tolerance: float, scratch: Scratch) -> tuple[float, float, float, float, int]:
