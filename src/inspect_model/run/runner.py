@@ -204,8 +204,8 @@ class _Run:
             batches = self._checkpointed(batches, sink, ck, mine, done)
         session.run(batches, item_handler(session, self.drawer, sink, self.clock, self.on_item,
                                           self.items if self.keep else None))
-        sink.drain()  # the workers' files are on disk before the state says so
-        if ck is not None:
+        if ck is not None:  # (else the last contact-sheet page is queued behind the last maps, then drained)
+            sink.drain()  # the workers' files are on disk before the state says so
             ck.save(len(mine), self.snapshot(), final=True)
 
     def _checkpointed(self, batches: Iterable[InputBatch], sink: Sink, ck: rs.Checkpoint, mine: list[Path],
