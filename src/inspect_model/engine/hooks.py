@@ -255,7 +255,10 @@ class HookEngine:
             if isinstance(v, torch.Tensor):
                 cap = next(captures)
                 if v.requires_grad:
-                    a = v.view_as(v)
+                    # aten.alias, not view_as: its backward hands the gradient on as is, where
+                    # view_as's hands on a view of it, which autograd will not add a residual
+                    # branch's gradient into in place (resnet50: 16 out-of-place additions).
+                    a = torch.ops.aten.alias(v)
                     self._hook_grad(a, cap, rec.name, inputs=True)
                     return a
                 return v

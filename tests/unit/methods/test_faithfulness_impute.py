@@ -13,7 +13,19 @@ import torch
 from inspect_model.methods.faithfulness import metrics as fa
 from inspect_model.methods.faithfulness import impute as fi
 from inspect_model.methods.faithfulness.passes import MapJob, evaluate_maps
+from inspect_model.methods.faithfulness import multigrid as mg
+from inspect_model.methods.faithfulness import native
 from cli.test_faithfulness import ref_impute, tiny
+
+
+@pytest.fixture(autouse=True, params=["native", "torch"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test twice: float32 solves with the native passes (native.py) and with torch's ops."""
+    if request.param == "native" and native.library() is None:
+        pytest.skip("no C compiler: the torch passes only")
+    if request.param == "torch":
+        monkeypatch.setattr(native, "usable", lambda t: None)
+    return str(request.param)
 
 
 @pytest.mark.parametrize("hw", [(16, 16), (37, 29), (24, 41)])
@@ -94,3 +106,47 @@ def test_imputation_and_road_match_pytorch_grad_cam(monkeypatch: pytest.MonkeyPa
         np.testing.assert_allclose(res.curves[name], curve, atol=1e-4)
     combined = (np.mean(res.curves["road_lerf"]) - np.mean(res.curves["road_morf"])) / 2
     assert res.scores["road"] == pytest.approx(combined, abs=1e-6)
+
+
+def test_native_passes_equal_torch_bit_for_bit(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each native pass (the Galerkin product included) against the torch ops it replaces, odd
+    and even sizes (both border rules of the transfers), and a whole float32 solve: the same
+    floats, not just close."""
+    lib = native.library()
+    if path == "torch":
+        pytest.skip("compares the two paths")
+    torch.manual_seed(0)
+    for h, w in ((37, 29), (24, 41), (2, 5)):
+        m = (torch.rand(3, 1, h, w) < 0.6).float()
+        d = fi.neighbours(torch.ones(1, 1, h, w))
+        centre, edge, g = m * (d + 1 / 3), m * (1 / 12), m * (1.0 / d)
+        v, r = torch.randn(3, 2, h, w), torch.randn(3, 2, h, w)
+        ps = native.Passes(lib, centre, edge)
+        op = torch.mul(centre, v).addcmul_(edge, fi.box(v), value=-1)
+        assert torch.equal(ps.fine(v), op)
+        res = torch.addcmul(r, centre, v, value=-1).addcmul_(edge, fi.box(v))
+        assert torch.equal(ps.fine(v, r), res)
+        assert torch.equal(ps.fine(v, r, g), v.clone().addcmul_(g, res))
+        hc, wc = (h + 1) // 2, (w + 1) // 2
+        s = torch.randn(3, 9, 1, hc, wc)
+        vc, rc, gc = torch.randn(3, 2, hc, wc), torch.randn(3, 2, hc, wc), torch.rand(3, 1, hc, wc)
+        av = fi.apply_stencil(s, vc)
+        assert torch.equal(ps.stencil(s, vc), av) and torch.equal(ps.stencil(s, vc, rc), rc - av)
+        assert torch.equal(ps.stencil(s, vc, rc, gc), vc.clone().addcmul_(gc, rc - av))
+        assert torch.equal(ps.restrict(v, (hc, wc)), fi.restrict(v, (hc, wc)))
+        fine_s = torch.randn(3, 9, h, w)
+        with monkeypatch.context() as mp:
+            mp.setattr(native, "usable", lambda t: None)
+            want_s = mg.galerkin(fine_s, (hc, wc))
+        assert torch.equal(mg.galerkin(fine_s, (hc, wc)), want_s)
+        assert torch.equal(ps.prolong_add(vc, v.clone()), v + fi.prolong(vc, (h, w)))
+        assert torch.equal(ps.prolong_add(vc, v.clone(), m), v.clone().addcmul_(m, fi.prolong(vc, (h, w))))
+    x, remove = torch.randn(3, 64, 48), torch.rand(6, 64, 48) < torch.linspace(0.1, 0.9, 6)[:, None, None]
+    got = fa.impute(x, remove)
+    lib_was = native._lib[0]
+    native._lib[0] = None
+    try:
+        want = fa.impute(x, remove)
+    finally:
+        native._lib[0] = lib_was
+    assert torch.equal(got, want)

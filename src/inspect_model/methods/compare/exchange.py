@@ -310,6 +310,7 @@ def run_pair(a_model: Any, side: Any, args: tuple[Any, ...], kwargs: dict[str, A
             a_job[0].wait()
         for h in handles:
             h.remove()
+        exchange.on_full = None  # start_a -> run_a -> exchange: no cycle left for the collector
     if "a_error" in result:
         raise result["a_error"]
     return result["a"], out_b, exchange

@@ -30,6 +30,8 @@ Emit = Callable[[Key, Any], None]
 
 def moved(tree: Any, device: Any, dtype: Any) -> Any:
     """``tree``'s tensors on ``device``, floating ones in ``dtype`` (None: as they are)."""
+    if device is None and dtype is None:  # nothing to move (and no pytree pass: its closures are cyclic garbage)
+        return tree
     import torch
     import torch.utils._pytree as pytree
 

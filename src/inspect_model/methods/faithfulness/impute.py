@@ -22,12 +22,19 @@ in groups of masks whose vectors stay in cache (2^19 values: 3 masks of 3 x 224 
 work is a few dozen stencil applications of the batch. Converges in 5-7 iterations to a
 relative residual of 1e-5 for ROAD's masks at 64-224 px (checked against scipy's exact solve in
 benchmarks/bench_evaluate.py and against a dense solve in tests/cli/test_faithfulness.py).
+
+float32 on a CPU: the fine operator, its residual and smoothing step, the coarse stencils,
+the transfers and the Galerkin products run as native loops (:mod:`.native`, one pass each
+in place of up to nine torch ops; the same floats as the torch path, which runs without a
+compiler or with ``INSPECT_MODEL_NATIVE=0``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from inspect_model.methods.faithfulness import native
 from inspect_model.methods.faithfulness.multigrid import (  # noqa: F401  (re-exported: the solver's parts)
     CORNER,
     EDGE,
@@ -41,6 +48,7 @@ from inspect_model.methods.faithfulness.multigrid import (  # noqa: F401  (re-ex
     prolong,
     restrict,
 )
+
 
 if TYPE_CHECKING:
     import torch
@@ -149,6 +157,10 @@ def pcg(known: torch.Tensor, m: torch.Tensor, *, tol: float, max_iter: int) -> t
         x.addcmul_(m, prolong(cycle(0, restrict(residual(r, x), levels[0].hw)), (h, w)))
         return x.addcmul_(fine_dinv, residual(r, x))
 
+    lib = native.usable(known)
+    if lib is not None:  # the same passes, each one native loop (issue 40)
+        op, vcycle = _native_cycle(native.Passes(lib, centre, edge), levels, direct, fine_dinv, m)
+
     def dot(a: torch.Tensor, bb: torch.Tensor) -> torch.Tensor:  # (B, C, 1, 1)
         a, bb = a.reshape(b * c, h * w), bb.reshape(b * c, h * w)
         if a.device.type != "cpu":
@@ -173,6 +185,28 @@ def pcg(known: torch.Tensor, m: torch.Tensor, *, tol: float, max_iter: int) -> t
         r.addcmul_(alpha, ap, value=-1)
         z = vcycle(r)
         rz_new = dot(r, z)
-        p = torch.addcmul(z, rz_new / rz.clamp_min(1e-30), p)
+        p = z.addcmul_(rz_new / rz.clamp_min(1e-30), p)  # z is not read again: in place (no fresh pages)
         rz = rz_new
     return u, it
+
+
+def _native_cycle(ps: native.Passes, levels: list[Level], direct: Callable[[torch.Tensor], torch.Tensor],
+                  fine_dinv: torch.Tensor, m: torch.Tensor) -> tuple[Callable[..., torch.Tensor], ...]:
+    """:func:`pcg`'s fine operator and V(1,1) cycle with native passes: the same floats."""
+
+    def cycle(j: int, r: torch.Tensor) -> torch.Tensor:
+        if j == len(levels) - 1:
+            return direct(r)
+        lv = levels[j]
+        x = lv.dinv * r
+        ps.prolong_add(cycle(j + 1, ps.restrict(ps.stencil(lv.stencil, x, r), levels[j + 1].hw)), x)
+        return ps.stencil(lv.stencil, x, r, lv.dinv)
+
+    def vcycle(r: torch.Tensor) -> torch.Tensor:
+        if not levels:
+            return direct(r)
+        x = fine_dinv * r
+        ps.prolong_add(cycle(0, ps.restrict(ps.fine(x, r), levels[0].hw)), x, m)
+        return ps.fine(x, r, fine_dinv)
+
+    return ps.fine, vcycle

@@ -18,6 +18,8 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from inspect_model.methods.faithfulness import native
+
 if TYPE_CHECKING:
     import torch
 
@@ -180,6 +182,29 @@ def _taps(n_fine: int, n_coarse: int, dtype: torch.dtype, device: torch.device,
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def _PAIRS_I32() -> torch.Tensor:  # noqa: N802
+    import torch
+
+    return torch.tensor(PAIRS, dtype=torch.int32)
+
+
+@functools.lru_cache(maxsize=256)
+def _tables(n_fine: int, n_coarse: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_taps` (float32, CPU) as the native Galerkin pass reads them: weights (7, 3, n)
+    and presence (7, 3) per pair of :data:`PAIRS` and tap k in (0, -1, 1) (absent: zeros)."""
+    import torch
+
+    taps = _taps(n_fine, n_coarse, torch.float32, torch.device("cpu"), dim)
+    wts = torch.zeros(len(PAIRS), 3, n_coarse, dtype=torch.float32)
+    present = torch.zeros(len(PAIRS), 3, dtype=torch.int32)
+    for q, pair in enumerate(PAIRS):
+        for k, wk in taps[pair]:
+            wts[q, (0, -1, 1).index(k)] = wk.reshape(-1)
+            present[q, (0, -1, 1).index(k)] = 1
+    return wts, present
+
+
 def _pass(f: torch.Tensor, n: int, dim: int, taps: tuple[tuple[int, torch.Tensor], ...],
           out: torch.Tensor) -> None:
     """out = sum_k w_k[I] f[2I + k] along ``dim`` (n points there; f has 2n - 1 or 2n). The
@@ -209,6 +234,9 @@ def galerkin(s: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
 
     b, _, h, w = s.shape
     hc, wc = hw
+    lib = native.usable(s)
+    if lib is not None and s.is_contiguous():  # the same sums in one native call (issue 40)
+        return native.galerkin(lib, s, hw, _PAIRS_I32(), _tables(w, wc, -1), _tables(h, hc, -2))
     tx, ty = _taps(w, wc, s.dtype, s.device, -1), _taps(h, hc, s.dtype, s.device, -2)
     s5 = s.reshape(b, 3, 3, h, w)  # (B, e_y, e_x, h, w)
     cols = torch.empty(b, len(PAIRS), 3, h, wc, dtype=s.dtype, device=s.device)  # (B, pair_x, e_y, h, wc)
