@@ -140,7 +140,7 @@ def heatmap_image(m: np.ndarray, title: str, *, cmap: str = "jet") -> Image.Imag
     a = np.asarray(m, dtype=np.float32)
     h, w = a.shape[-2:]
     scale = max(1, math.ceil(HEAT_SIDE / max(h, w, 1)))
-    body = Image.fromarray(raster.colorize(a, cmap), "RGB")
+    body = raster.colorize_image(a, cmap) if a.size else Image.fromarray(raster.colorize(a, cmap), "RGB")
     if scale > 1:
         body = body.resize((w * scale, h * scale), Image.NEAREST)
     note = raster.constant_note(a)
