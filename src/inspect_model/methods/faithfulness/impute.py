@@ -124,6 +124,7 @@ def pcg(known: torch.Tensor, m: torch.Tensor, *, tol: float, max_iter: int) -> t
     import torch
 
     b, c, h, w = known.shape
+    known, m = known.contiguous(), m.contiguous()  # the native passes read NCHW (channels_last: a copy)
     d = neighbours(torch.ones(1, 1, h, w, dtype=known.dtype, device=known.device))  # in-image weight
     rhs = m * neighbours(known)
     levels, chol = hierarchy(m, d)

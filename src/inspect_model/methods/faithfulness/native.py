@@ -271,6 +271,11 @@ def _ptr(t: Any) -> int:
     return 0 if t is None else int(t.data_ptr())
 
 
+def _dense(t: Any) -> Any:
+    """``t`` in NCHW order (the loops' layout): itself when it is already."""
+    return None if t is None else t.contiguous()
+
+
 def _check(rc: int) -> None:
     if rc:
         raise MemoryError("ROAD's native multigrid pass could not allocate its row buffer")
@@ -288,7 +293,8 @@ class Passes:
         import torch
 
         b, c, h, w = v.shape
-        out = torch.empty_like(v)
+        v, r, g = _dense(v), _dense(r), _dense(g)
+        out = torch.empty(v.shape, dtype=v.dtype)
         mode = 0 if r is None else 1 if g is None else 2
         _check(self.lib.im_road_fine(_ptr(v), _ptr(r), _ptr(self.centre), _ptr(self.edge), _ptr(g), _ptr(out),
                                      b, c, h, w, mode))
@@ -299,7 +305,8 @@ class Passes:
         import torch
 
         b, c, h, w = v.shape
-        out = torch.empty_like(v)
+        s, v, r, g = _dense(s), _dense(v), _dense(r), _dense(g)
+        out = torch.empty(v.shape, dtype=v.dtype)
         mode = 0 if r is None else 1 if g is None else 2
         _check(self.lib.im_road_stencil(_ptr(s), _ptr(v), _ptr(r), _ptr(g), _ptr(out), b, c, h, w, mode))
         return out
@@ -308,6 +315,7 @@ class Passes:
         import torch
 
         b, c, h, w = f.shape
+        f = _dense(f)
         out = torch.empty(b, c, *hw, dtype=f.dtype)
         _check(self.lib.im_road_restrict(_ptr(f), _ptr(out), b * c, h, w, hw[0], hw[1]))
         return out
@@ -316,6 +324,9 @@ class Passes:
         """x += P cv, or x += m P cv with m (B, 1, h, w); returns x."""
         b, c, hc, wc = cv.shape
         h, w = x.shape[-2:]
+        if not x.is_contiguous():
+            raise ValueError("prolong_add writes into a contiguous tensor")
+        cv, m = _dense(cv), _dense(m)
         _check(self.lib.im_road_prolong(_ptr(cv), _ptr(m), _ptr(x), b, c, hc, wc, h, w, 1 if m is None else 2))
         return x
 
@@ -326,6 +337,7 @@ def galerkin(lib: Any, s: Any, hw: tuple[int, int], pairs: Any, tx: tuple[Any, A
     import torch
 
     b, _, h, w = s.shape
+    s = _dense(s)
     out = torch.empty(b, 9, *hw, dtype=s.dtype)
     _check(lib.im_road_galerkin(_ptr(s), _ptr(out), b, h, w, hw[0], hw[1], _ptr(pairs), _ptr(tx[0]), _ptr(tx[1]),
                                 _ptr(ty[0]), _ptr(ty[1])))
