@@ -169,6 +169,7 @@ class ActivationCapture:
         self._last: tuple[Any, int, Measurement, int | None, Any] | None = None
         self._plain: set[Any] = set()  # outputs (site) that no ReLU in place followed last batch
         self._sites: dict[int, int] = {}  # outputs measured so far in this pass, by module
+        self._in_run = False  # within run()'s pass: only its passes teach _plain (not a graph trace)
         self._defer = True  # accelerators: numbers read back once a batch (deferred.py)
 
     def __enter__(self) -> Self:
@@ -207,13 +208,13 @@ class ActivationCapture:
                 if not isinstance(m, Measurement):
                     return m  # deferred: resolved once, its channels copied there
                 return replace(m, channels={k: c.copy() for k, c in m.channels.items()}, bounds=None)
-            if version == last[1] + 1 and last[2].bounds is not None and not self.hist_bins and relu_after(module):
+            if version == last[1] + 1 and last[2].bounds is not None and relu_after(module):
                 after_relu = last[2].bounds
-        if last is not None:  # learnt for the next batch: is this call's output a ReLU's in place? (kernel.py)
+        if last is not None and self._in_run:  # learnt for the next batch: is this call's output a ReLU's in place? (kernel.py)
             (self._plain.add if after_relu is None else self._plain.discard)(last[4])
         defer = self._defer and defer_on(t.device)
         m = measure(t, self._batch_size, hist_bins=self.hist_bins, after_relu=after_relu, defer=defer,
-                    positive=site not in self._plain)
+                    positive=not self._in_run or site not in self._plain)
         if version is not None:
             self._last = (weakref.ref(t), version, m, self._batch_size, site)
         if last is not None and isinstance(last[2], Measurement):
@@ -309,11 +310,12 @@ class ActivationCapture:
             fed = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
             self._defer = attempt == 0
             self._sites.clear()
+            self._in_run = True
             try:
                 with torch.no_grad():
                     run_forward(engine, lambda: self.model(*fed))
             finally:
-                self._defer, self._last = True, None
+                self._defer, self._last, self._in_run = True, None, False
             if resolve_records(engine.records):
                 return
             engine.reset()
