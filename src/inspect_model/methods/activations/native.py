@@ -62,13 +62,14 @@ def measure_native(x: torch.Tensor, cands: list[tuple[int, int]], *, after_relu:
     grouped = bool(cands) and cands[0][1] == 1 and x.ndim >= 3 and m // int(x.shape[1]) >= MIN_CELL
     c = int(x.shape[1]) if grouped else 1
     rows, s = n * c, m // c
-    if isinstance(after_relu, CellBounds) and after_relu.s == s and after_relu.table.shape[0] == rows \
-            and after_relu.stamp == kernel.stamp() and after_relu.positive:
-        table = kernel.relu(after_relu.table)
-    else:
-        table = kernel.cells(x, rows, s, positive)
-        if table is None:
-            return None
+    # A ReLU in place is read like any output, never derived from its input's table: the
+    # derivation's sums (unshifted positive parts) differ from a read's (shifted) in the last
+    # bits, and whether a ReLU is derived depends on hooks around it (accelerate's offload,
+    # --tensorboard's histograms): the same layer must give the same numbers either way. So
+    # the positive part's moments are never needed (``positive``, ``after_relu`` unused here).
+    table = kernel.cells(x, rows, s, False)
+    if table is None:
+        return None
     merged = kernel.images(table, n, c, s)
     if merged is None:
         return None  # NaN/Inf among the values, or a float32 sum of squares overflowed
@@ -78,7 +79,7 @@ def measure_native(x: torch.Tensor, cands: list[tuple[int, int]], *, after_relu:
     # Views of kernel.images' reused array: read in this call and, as a CellBounds, only by
     # the next measurement's stamp check (measure.py hands none to the torch path).
     bounds = CellBounds(img[:, 2], img[:, 3], img[:, 4], img[:, 5], table=table, s=s, stamp=kernel.stamp(),
-                        positive=positive)
+                        positive=False)
     samples = _samples(img, s * c)
     channels: dict[int, Channels] = {}
     dead_fraction: dict[int, list[float]] = {}
