@@ -73,12 +73,11 @@ class CamDrawer(SheetDrawer):
 
                 job = clip_map_job(sink, names, img, x, arr, box, alpha=self.alpha, cmap=self.colormap,
                                    title=f"{m.method} @ {m.layer}: {title}")
-                fut = sink.defer(job)
-            else:  # the thumbnail is ready before the PNGs are written: a sheet page waits less
-                job, fut = _map_job(sink, names, picture, arr, box, self.alpha, self.colormap,
-                                    f"{m.method} @ {m.layer}\n{title}" + (f"\n{zero}" if zero else ""),
-                                    keep=sink.writer is not None)
-                sink.defer(job)
+            else:
+                job = _map_job(sink, names, picture, arr, box, self.alpha, self.colormap,
+                               f"{m.method} @ {m.layer}\n{title}" + (f"\n{zero}" if zero else ""),
+                               keep=sink.writer is not None)
+            fut = sink.defer(job)
             if sink.writer is not None and arr.ndim == 2:
                 import numpy as np
 
@@ -125,30 +124,20 @@ class CamDrawer(SheetDrawer):
 
 
 def _map_job(sink: Sink, names: dict[str, Any], picture: Any, arr: Any, box: Any, alpha: float, cmap: str,
-             title: str, *, keep: bool) -> tuple[Any, Any]:
+             title: str, *, keep: bool) -> Any:
     """The work of one map, for a worker: the overlay and the heat map, drawn and written;
-    and a future that gives (contact-sheet thumbnail, the overlay when ``keep``) as soon as
-    the overlay is drawn, before its PNGs are encoded (the sink's own future of the job
-    carries the job's errors; this one carries them too, so no page waits forever)."""
-    from concurrent.futures import Future
-
+    gives (contact-sheet thumbnail, the overlay when ``keep``)."""
     from inspect_model.render import overlay as ov
     from inspect_model.output.files import png_bytes
 
-    early: Future[tuple[Any, Any]] = Future()
-
-    def job() -> None:
-        try:
-            over = ov.overlay(picture, arr, box, alpha=alpha, cmap=cmap)
-            early.set_result((ov.thumbnail(over), over if keep else None))
-        except BaseException as exc:
-            early.set_exception(exc)
-            raise
+    def job() -> tuple[Any, Any]:
+        over = ov.overlay(picture, arr, box, alpha=alpha, cmap=cmap)
         if names and sink.out is not None:
             sink.out.write_staged(*names["overlay"], png_bytes(over, photo=True))
             sink.out.write_staged(*names["heatmap"], png_bytes(ov.heatmap_image(arr, title, cmap=cmap)))
+        return ov.thumbnail(over), over if keep else None
 
-    return job, early
+    return job
 
 
 def _thumb(cell: Any) -> Any:
