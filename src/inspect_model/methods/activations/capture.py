@@ -165,11 +165,8 @@ class ActivationCapture:
         self._batch_size: int | None = None
         self._mask: torch.Tensor | None = None
         self._engine: Any = None
-        # (weak reference to the tensor, its version, its measurement, the batch size, its call)
-        self._last: tuple[Any, int, Measurement, int | None, Any] | None = None
-        self._plain: set[Any] = set()  # outputs (site) that no ReLU in place followed last batch
-        self._sites: dict[int, int] = {}  # outputs measured so far in this pass, by module
-        self._in_run = False  # within run()'s pass: only its passes teach _plain (not a graph trace)
+        # (weak reference to the tensor, its version, its measurement, the batch size)
+        self._last: tuple[Any, int, Measurement, int | None] | None = None
         self._defer = True  # accelerators: numbers read back once a batch (deferred.py)
 
     def __enter__(self) -> Self:
@@ -199,8 +196,6 @@ class ActivationCapture:
         version = _version(t)
         after_relu = None
         module = self._engine.current_module if self._engine is not None else None
-        site = (id(module), self._sites.get(id(module), 0))  # this output's place in the pass
-        self._sites[id(module)] = site[1] + 1
         if last is not None and last[0]() is t and version is not None and self._batch_size == last[3]:
             if version == last[1]:
                 m = last[2]
@@ -210,13 +205,10 @@ class ActivationCapture:
                 return replace(m, channels={k: c.copy() for k, c in m.channels.items()}, bounds=None)
             if version == last[1] + 1 and last[2].bounds is not None and relu_after(module):
                 after_relu = last[2].bounds
-        if last is not None and self._in_run:  # learnt for the next batch: is this call's output a ReLU's in place? (kernel.py)
-            (self._plain.add if after_relu is None else self._plain.discard)(last[4])
         defer = self._defer and defer_on(t.device)
-        m = measure(t, self._batch_size, hist_bins=self.hist_bins, after_relu=after_relu, defer=defer,
-                    positive=not self._in_run or site not in self._plain)
+        m = measure(t, self._batch_size, hist_bins=self.hist_bins, after_relu=after_relu, defer=defer)
         if version is not None:
-            self._last = (weakref.ref(t), version, m, self._batch_size, site)
+            self._last = (weakref.ref(t), version, m, self._batch_size)
         if last is not None and isinstance(last[2], Measurement):
             last[2].bounds = None  # served its ReLU, if any (native.py's tables are not kept)
         return m
@@ -309,13 +301,11 @@ class ActivationCapture:
             # as it was, as in every other command (issue 28). One copy of the input per batch.
             fed = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
             self._defer = attempt == 0
-            self._sites.clear()
-            self._in_run = True
             try:
                 with torch.no_grad():
                     run_forward(engine, lambda: self.model(*fed))
             finally:
-                self._defer, self._last, self._in_run = True, None, False
+                self._defer, self._last = True, None
             if resolve_records(engine.records):
                 return
             engine.reset()

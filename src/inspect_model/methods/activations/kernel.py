@@ -123,15 +123,6 @@ void im_rows_f32(const float *restrict x, int64_t rows, int64_t s, double *restr
         o[0] = S; o[1] = Q; o[2] = A; o[3] = lo; o[4] = hi; o[5] = Z; o[6] = N;
     }
 }
-/* The table of max(v, 0) from the table of v, rows of 10. */
-void im_relu_table(const double *restrict t, int64_t rows, double *restrict out) {
-    for (int64_t r = 0; r < rows; r++) {
-        const double *o = t + r * 10;
-        double *d = out + r * 10;
-        d[0] = o[7]; d[1] = o[8]; d[2] = o[9]; d[3] = o[3] > 0 ? o[3] : 0; d[4] = o[4] > 0 ? o[4] : 0;
-        d[5] = o[5] + o[6]; d[6] = 0; d[7] = o[7]; d[8] = o[8]; d[9] = o[9];
-    }
-}
 /* Images of c cells of s values from a finite table t (n*c rows): per image (IMAGE columns)
    mean, m2 (Chan's merge of the cells; 0 when min == max), min, max, zeros, negatives, the
    fraction of dead cells, and 1 where a cell's squared deviations lost more than three digits;
@@ -204,7 +195,7 @@ def cells(x: torch.Tensor, rows: int, s: int, positive: bool = True) -> torch.Te
     ``rows`` rows of ``s`` values; ``None`` when no kernel can be had (the caller's torch
     path). Rows are split over torch's OpenMP threads (ctypes lets the GIL go). The table lives
     in one of this thread's two buffers (:func:`_buffer`): valid until the second call after.
-    ``positive`` False: no moments of the positive part (columns 8, 9 zero; no :func:`relu` of it)."""
+    ``positive`` False: no moments of the positive part (columns 8, 9 zero)."""
     fn = kernel()
     if fn is None:
         return None
@@ -233,13 +224,6 @@ def grad_rows(x: torch.Tensor, rows: int, s: int) -> torch.Tensor | None:
     out = _buffer(rows)
     threads = torch.get_num_threads() if os.getpid() == _state.get("pid") else 1
     fn(x.data_ptr(), rows, s, out.data_ptr(), threads)
-    return out
-
-
-def relu(table: torch.Tensor) -> torch.Tensor:
-    """The table of a ReLU of the values of ``table`` (a :func:`cells` table), in the other buffer."""
-    out = _buffer(int(table.shape[0]))
-    _library().im_relu_table(table.data_ptr(), int(table.shape[0]), out.data_ptr())
     return out
 
 
@@ -377,7 +361,6 @@ def _load() -> Any:
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     cells_fn.argtypes, cells_fn.restype = [ptr, i64, i64, ptr, ctypes.c_int, ctypes.c_int], None
     images_fn.argtypes, images_fn.restype = [ptr, i64, i64, i64, ptr, ptr, ptr, ctypes.c_int], ctypes.c_int
-    lib.im_relu_table.argtypes, lib.im_relu_table.restype = [ptr, i64, ptr], None
     return lib
 
 

@@ -217,7 +217,7 @@ def _channels(r: tuple[torch.Tensor, ...], dim: int) -> tuple[Channels, list[flo
 
 
 def measure(t: torch.Tensor, batch_size: int | None = None, *, hist_bins: int = 0,
-            after_relu: Any = None, defer: bool = False, positive: bool = True) -> Measurement:
+            after_relu: Any = None, defer: bool = False) -> Measurement:
     """Measure one output tensor: per-sample moments and per-channel sums (see the docstring of
     :mod:`inspect_model.methods.activations.capture`).
 
@@ -227,8 +227,7 @@ def measure(t: torch.Tensor, batch_size: int | None = None, *, hist_bins: int = 
     tensor that ``t`` is the in-place ReLU of), others and non-finite ones the chunked one.
     ``defer`` (an accelerator, no histogram): where it applies, a
     :class:`~inspect_model.methods.activations.deferred.Pending` whose numbers come back with
-    the batch's (deferred.py). ``positive`` False: no ReLU in place is expected after ``t``
-    (native.py leaves out the moments of its positive part).
+    the batch's (deferred.py).
     """
     import torch
 
@@ -262,7 +261,7 @@ def measure(t: torch.Tensor, batch_size: int | None = None, *, hist_bins: int = 
         if pending is not None:
             return pending  # type: ignore[return-value]
     pairs = [(c, c + shift) for c in cands]
-    fused = measure_native(x, pairs, after_relu=after_relu, positive=positive)  # float32 on the CPU: one read
+    fused = measure_native(x, pairs)  # float32 on the CPU: one read
     if fused is None:  # a native CellBounds' arrays are reused buffers: read again from x
         fused = measure_fused(x, pairs, after_relu=None if isinstance(after_relu, CellBounds) else after_relu)
     if fused is not None:

@@ -41,15 +41,12 @@ class CellBounds(Bounds):
     table: Any = None
     s: int = 0
     stamp: tuple[int, int] = (0, 0)  # kernel.stamp() when made: the table lives in a reused buffer
-    positive: bool = True  # the table has the moments of the positive part (a ReLU's table follows)
 
 
-def measure_native(x: torch.Tensor, cands: list[tuple[int, int]], *, after_relu: Bounds | None = None,
-                   positive: bool = True
+def measure_native(x: torch.Tensor, cands: list[tuple[int, int]]
                    ) -> tuple[list[Moments], dict[int, Channels], dict[int, list[float]], Bounds] | None:
     """``measure_fused``'s result for ``x`` (N, ...) from the native kernel, or ``None``.
-    ``positive`` False: the kernel leaves out the positive part's moments (a quarter less work
-    per value), and no ReLU's table can follow from this one."""
+    The kernel leaves out the positive part's moments: no ReLU's table is derived from this one."""
     import torch
 
     from inspect_model.methods.activations import kernel
@@ -66,7 +63,7 @@ def measure_native(x: torch.Tensor, cands: list[tuple[int, int]], *, after_relu:
     # derivation's sums (unshifted positive parts) differ from a read's (shifted) in the last
     # bits, and whether a ReLU is derived depends on hooks around it (accelerate's offload,
     # --tensorboard's histograms): the same layer must give the same numbers either way. So
-    # the positive part's moments are never needed (``positive``, ``after_relu`` unused here).
+    # the positive part's moments are never needed.
     table = kernel.cells(x, rows, s, False)
     if table is None:
         return None
@@ -78,8 +75,7 @@ def measure_native(x: torch.Tensor, cands: list[tuple[int, int]], *, after_relu:
         _exact_cells(x, table.numpy(), img, n, c, s)
     # Views of kernel.images' reused array: read in this call and, as a CellBounds, only by
     # the next measurement's stamp check (measure.py hands none to the torch path).
-    bounds = CellBounds(img[:, 2], img[:, 3], img[:, 4], img[:, 5], table=table, s=s, stamp=kernel.stamp(),
-                        positive=False)
+    bounds = CellBounds(img[:, 2], img[:, 3], img[:, 4], img[:, 5], table=table, s=s, stamp=kernel.stamp())
     samples = _samples(img, s * c)
     channels: dict[int, Channels] = {}
     dead_fraction: dict[int, list[float]] = {}
