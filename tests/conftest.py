@@ -30,6 +30,18 @@ except ImportError:  # pragma: no cover - hypothesis is in the test extra
     pass
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (README's ``-n 2``) each worker computes on one thread: two workers
+    of torch's default thread count (one per core) would put 2N spinning threads on N cores.
+    ``INSPECT_MODEL_TEST_THREADS`` overrides it."""
+    threads = os.environ.get("INSPECT_MODEL_TEST_THREADS") or ("1" if os.environ.get("PYTEST_XDIST_WORKER") else "")
+    if threads:
+        import torch
+
+        torch.set_num_threads(int(threads))
+        os.environ.setdefault("OMP_NUM_THREADS", threads)  # processes the tests start
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite golden files in tests/golden")
 

@@ -34,7 +34,10 @@ def test_kernel_numbers_equal_torchs_and_float64s(n: int) -> None:
     d, a64, b64 = (a - b).double(), a.double(), b.double()
     for x, truth in ((got.sq_d, d @ d), (got.sq_a, a64 @ a64), (got.sq_b, b64 @ b64)):
         assert x == pytest.approx(float(truth), rel=1e-6)
-    assert got.relative_error() == pytest.approx(want.relative_error(), rel=1e-6)
+    # float64's truth to 1e-6; torch's path sums in float32 (its rounding depends on the thread
+    # count: 2e-6 apart at 300,000 elements on one thread)
+    assert got.relative_error() == pytest.approx(float((d @ d).sqrt() / (a64 @ a64).sqrt()), rel=1e-6)
+    assert got.relative_error() == pytest.approx(want.relative_error(), rel=1e-5)
     assert 1 - got.cosine() == pytest.approx(1 - want.cosine(), rel=1e-4)
     assert got.max_abs == want.max_abs == float((a - b).abs().max())
     assert got.beyond == want.beyond == int(((a - b).abs() - 1e-3 * a.abs() > 1e-3).sum())
