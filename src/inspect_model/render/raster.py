@@ -59,12 +59,13 @@ def colorize_image(values: np.ndarray, cmap: str) -> Image.Image:
     from PIL import Image
 
     img = Image.fromarray(levels(values), "L")
-    img.putpalette(_palette(cmap), "RGB")
+    img.putpalette(palette(cmap), "RGB")
     return img.convert("RGB")
 
 
 @functools.lru_cache(maxsize=32)
-def _palette(cmap: str) -> bytes:
+def palette(cmap: str) -> bytes:
+    """The lookup table as a Pillow palette (768 bytes)."""
     return colormap_lut(cmap).tobytes()
 
 
