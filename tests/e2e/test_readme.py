@@ -9,6 +9,7 @@ import json
 import re
 import shlex
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -170,27 +171,51 @@ def test_readme_has_examples() -> None:
     assert len(_blocks("python")) >= 1
 
 
+def _build_text_model(name: str, folder: Path) -> None:
+    """README's text models (issue 26): ``tiny-bert`` (trained), ``tiny-gpt2``, issue 42's task
+    models (``tiny-llama``, ``tiny-t5``, ...), the trained tiny GPT-2 of "Language models"
+    (``tiny-lm``) and a tuned lens for it (``tuned-lens``)."""
+    from fixtures.lm_models import save_example_lens, save_lm
+    from fixtures.task_models import save_task_model
+    from fixtures.text_models import save_text_model
+
+    if name in ("tiny-bert", "tiny-gpt2"):
+        save_text_model(name[5:], folder, trained=name == "tiny-bert")
+    elif name == "tiny-lm":
+        save_lm("gpt2", folder, trained=True)
+    elif name == "tuned-lens":
+        save_example_lens(folder)
+    else:
+        save_task_model(name[5:], folder)
+
+
+@pytest.fixture(scope="module")
+def text_models(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """``get(name)``: the folder of one of README's text models, built (and trained) once for
+    the module: every "tiny-" line copies the ones it had built for it before (issue 35)."""
+    root = tmp_path_factory.mktemp("text-models")
+
+    def get(name: str) -> Path:
+        if not (root / name).is_dir():
+            _build_text_model(name, root / name)
+        return root / name
+
+    return get
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("line", LINES)
-def test_readme_command_line_runs(line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_readme_command_line_runs(line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                  text_models: Callable[[str], Path]) -> None:
     _workdir(tmp_path)
-    if "tiny-" in line:  # the text models of README's "Text models" (issue 26), built here
-        from fixtures.text_models import save_text_model
-
-        for kind in ("bert", "gpt2"):
-            save_text_model(kind, tmp_path / f"tiny-{kind}", trained=kind == "bert")
-        import re
-
-        from fixtures.task_models import save_task_model
-
-        for kind in set(re.findall(r"tiny-(llama|t5|clip|bertmodel|clipvision)\b", line)):  # issue 42's tasks
-            save_task_model(kind, tmp_path / f"tiny-{kind}")
+    if "tiny-" in line:  # the text models of README's "Text models" (issue 26), built once (text_models)
+        names = ["tiny-bert", "tiny-gpt2"]
+        names += sorted({f"tiny-{k}" for k in re.findall(r"tiny-(llama|t5|clip|bertmodel|clipvision)\b", line)})
         (tmp_path / "texts.txt").write_text("the cat sat on the mat\na dog ran to the park\n")
         if "tiny-lm" in line:  # README "Language models": a tiny GPT-2 trained in seconds, and a tuned lens for it
-            from fixtures.lm_models import save_example_lens, save_lm
-
-            save_lm("gpt2", tmp_path / "tiny-lm", trained=True)
-            save_example_lens(tmp_path / "tuned-lens")
+            names += ["tiny-lm", "tuned-lens"]
+        for name in names:
+            shutil.copytree(text_models(name), tmp_path / name)
     monkeypatch.chdir(tmp_path)
     argv, stdin, pipe = _argv(line)
     r = run_cli(argv, stdin=stdin)

@@ -9,11 +9,7 @@ cap test lowers the free memory with an address-space limit (``ulimit -v``) inst
 
 from __future__ import annotations
 
-import json
-import os
-import select
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -40,70 +36,27 @@ class Big(nn.Module):
 """
 
 
-# One child imports what a run needs (as each run's fresh interpreter did) and forks a child
-# per command: the commands share one import (5 s of CPU) instead of paying it each. A
-# command's CPU is still counted as a fresh interpreter's: the server's own CPU up to its
-# fork (interpreter and imports) plus the forked child's.
-SERVER = r"""
-import json, os, resource, sys, traceback
-import torch, torchvision; import inspect_model.cli.app
-from inspect_model.loading.preflight import _virtual_size
-usage = resource.getrusage(resource.RUSAGE_SELF)
-imports = usage.ru_utime + usage.ru_stime
-for line in sys.stdin:
-    args, cap, out, err = json.loads(line)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.dup2(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 1)
-            os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
-            if cap is not None:
-                resource.setrlimit(resource.RLIMIT_AS, (_virtual_size() + cap, resource.RLIM_INFINITY))
-            from inspect_model.cli.launch import main
-            sys.argv = ["inspect-model", *args]
-            try:
-                main()
-                code = 0
-            except SystemExit as e:
-                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-                if isinstance(e.code, str):
-                    print(e.code, file=sys.stderr)
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    _, status, child = os.wait4(pid, 0)
-    print(json.dumps([os.waitstatus_to_exitcode(status), imports + child.ru_utime + child.ru_stime]), flush=True)
-"""
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    proc = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    yield proc, tmp_path_factory.mktemp("runs")
-    proc.stdin.close()
-    proc.wait(timeout=60)
+    """One child imports what a run needs; each command runs in a fork of it, its CPU counted
+    with those imports (tests/fixtures/forkrun.py), as a fresh interpreter's would be."""
+    from fixtures.forkrun import ForkServer
+
+    forks = ForkServer("import sys, torch, torchvision; import inspect_model.cli.app", tmp_path_factory.mktemp("runs"),
+                       timeout=300)
+    yield forks
+    forks.close()
 
 
 @pytest.fixture
 def run_cli(server):
-    proc, folder = server
-
     def run(*args: str, cap: int | None = None) -> tuple[subprocess.CompletedProcess, float]:
         """The CLI in a child; ``cap``: bytes of address space left to it after its imports."""
-        out, err = folder / "stdout", folder / "stderr"
-        proc.stdin.write(json.dumps([list(args), cap, str(out), str(err)]) + "\n")
-        proc.stdin.flush()
-        ready, _, _ = select.select([proc.stdout], [], [], 300)
-        assert ready, f"no answer in 300 s to {args}"
-        code, cpu = json.loads(proc.stdout.readline())
-        return subprocess.CompletedProcess(args, code, out.read_text(), err.read_text()), cpu
+        limit = "" if cap is None else (
+            "import resource; from inspect_model.loading.preflight import _virtual_size; "
+            f"resource.setrlimit(resource.RLIMIT_AS, (_virtual_size() + {cap}, resource.RLIM_INFINITY))")
+        r = server.run(*args, before=limit)
+        return subprocess.CompletedProcess(args, r["rc"], r["stdout"], r["stderr"]), r["cpu"]
 
     return run
 

@@ -74,15 +74,22 @@ def resumed(data: dict[str, Path]) -> Path:
     """Each command killed (SIGKILL) after 4 images, then resumed to the end."""
     from conftest import run_cli
 
-    for command in COMMANDS:
-        args = [*_args(data, command, "resumed"), "--resume"]
-        r = subprocess.run([*FAULTY, "kill:4", *args], capture_output=True, text=True, env=_env(), check=False,
-                           timeout=300)
-        assert r.returncode == -9, r.stderr
+    runs = {command: [*_args(data, command, "resumed"), "--resume"] for command in COMMANDS}
+    kill_each("kill:4", runs)
+    for args in runs.values():
         again = run_cli(args)
         assert again.exit_code == 0, again.stderr
         assert json.loads(again.stdout)["throughput"]["images"] == 3  # only the rest was computed
     return data["root"] / "resumed"
+
+
+def kill_each(fault: str, runs: dict[str, list[str]]) -> None:
+    """Every command line of ``runs`` under ``fault`` (faulty_run.py ``--each``: one process
+    imports torch and the CLI once, and forks a child per run); each child must die by SIGKILL."""
+    r = subprocess.run([*FAULTY, fault, "--each", json.dumps(list(runs.values()))], capture_output=True, text=True,
+                       env=_env(), check=False, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert dict(zip(runs, json.loads(r.stdout.splitlines()[-1]), strict=True)) == dict.fromkeys(runs, -9), r.stderr
 
 
 @pytest.fixture(scope="module")
