@@ -9,10 +9,7 @@ cap test lowers the free memory with an address-space limit (``ulimit -v``) inst
 
 from __future__ import annotations
 
-import os
-import resource
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -39,18 +36,29 @@ class Big(nn.Module):
 """
 
 
-def run_cli(*args: str, cap: int | None = None) -> tuple[subprocess.CompletedProcess, float]:
-    """The CLI in a child; ``cap``: bytes of address space left to it after its imports."""
-    limit = "" if cap is None else (
-        "import resource; from inspect_model.loading.preflight import _virtual_size; "
-        f"resource.setrlimit(resource.RLIMIT_AS, (_virtual_size() + {cap}, resource.RLIM_INFINITY)); ")
-    code = ("import sys, torch, torchvision; import inspect_model.cli.app; " + limit +
-            "from inspect_model.cli.launch import main; sys.argv = ['inspect-model', *sys.argv[1:]]; main()")
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One child imports what a run needs; each command runs in a fork of it, its CPU counted
+    with those imports (tests/fixtures/forkrun.py), as a fresh interpreter's would be."""
+    from fixtures.forkrun import ForkServer
+
+    forks = ForkServer("import sys, torch, torchvision; import inspect_model.cli.app", tmp_path_factory.mktemp("runs"),
+                       timeout=300)
+    yield forks
+    forks.close()
+
+
+@pytest.fixture
+def run_cli(server):
+    def run(*args: str, cap: int | None = None) -> tuple[subprocess.CompletedProcess, float]:
+        """The CLI in a child; ``cap``: bytes of address space left to it after its imports."""
+        limit = "" if cap is None else (
+            "import resource; from inspect_model.loading.preflight import _virtual_size; "
+            f"resource.setrlimit(resource.RLIMIT_AS, (_virtual_size() + {cap}, resource.RLIM_INFINITY))")
+        r = server.run(*args, before=limit)
+        return subprocess.CompletedProcess(args, r["rc"], r["stdout"], r["stderr"]), r["cpu"]
+
+    return run
 
 
 def one_line(r: subprocess.CompletedProcess) -> str:
@@ -62,7 +70,7 @@ def one_line(r: subprocess.CompletedProcess) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", ["resnet18", "timm:resnet18"])
-def test_too_large_torchvision_and_timm_models_are_refused(spec):
+def test_too_large_torchvision_and_timm_models_are_refused(spec, run_cli):
     if spec.startswith("timm:"):
         pytest.importorskip("timm")
     # resnet18's head: 512 x 50,000,000 + 50,000,000 = 25.65 B parameters, 102.6 GB in float32.
@@ -76,7 +84,7 @@ def test_too_large_torchvision_and_timm_models_are_refused(spec):
 
 
 @pytest.mark.slow
-def test_a_user_model_too_large_for_the_free_memory_is_refused(tmp_path):
+def test_a_user_model_too_large_for_the_free_memory_is_refused(tmp_path, run_cli):
     (tmp_path / "big.py").write_text(BIG)
     start = time.monotonic()
     r, cpu = run_cli("activations", f"{tmp_path / 'big.py'}:Big", "--input-size", "10000", cap=2 * 10**9)
@@ -95,7 +103,7 @@ def test_a_user_model_too_large_for_the_free_memory_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_user_model_whose_code_makes_the_weights_is_refused_under_offload_with_the_fix(tmp_path):
+def test_a_user_model_whose_code_makes_the_weights_is_refused_under_offload_with_the_fix(tmp_path, run_cli):
     """Without --checkpoint its weights come from its code, so it is built whole before it is
     placed: the preflight says so, and names --checkpoint as the way out."""
     (tmp_path / "big.py").write_text(BIG)
