@@ -251,30 +251,37 @@ def test_good_environment_values_pass(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # ------------------------------------------------------------------ a file-size limit
-_LIMITED = """
-import resource, sys
-resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), resource.RLIM_INFINITY))
-sys.argv = ["inspect-model", *sys.argv[2:]]
-from inspect_model.cli.launch import main
-main()
-"""
+LIMITS = [(limit, resume) for limit in (3000, 12000) for resume in (True, False)]
+
+
+@pytest.fixture(scope="module")
+def limited(killed: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, bool], Any]:
+    """(limit, resume) -> (exit status, stderr, output dir) of the killed run's command line
+    under RLIMIT_FSIZE: every case in one faulty_run.py ``--each`` (torch and the CLI imported
+    once, a forked child per run)."""
+    pytest.importorskip("resource")
+    root = tmp_path_factory.mktemp("limited")
+    outs = [root / f"{limit}-{resume}" / "out" for limit, resume in LIMITS]
+    runs = [[f"fsize:{limit}", *killed["args"][:-3], "-o", str(out), *(["--resume"] if resume else [])]
+            for (limit, resume), out in zip(LIMITS, outs, strict=True)]
+    r = subprocess.run([*FAULTY, "--each", json.dumps(runs)], capture_output=True, text=True,
+                       env=_env(RESULT_DIR=str(root)), timeout=300, check=False)
+    assert r.returncode == 0, r.stderr
+    codes = json.loads(r.stdout.splitlines()[-1])
+    return {case: (code, (root / str(i) / "err-0").read_text(), out)
+            for i, (case, code, out) in enumerate(zip(LIMITS, codes, outs, strict=True))}
 
 
 @pytest.mark.slow  # over 3 s: kept out of the quick tier
 @pytest.mark.parametrize("resume", [True, False], ids=["resume", "plain"])
 @pytest.mark.parametrize("limit", [3000, 12000])
-def test_a_file_size_limit_is_an_output_error_and_leaves_no_temporary_file(resume: bool, limit: int,
-                                                                           killed: dict[str, Any],
-                                                                           tmp_path: Path) -> None:
+def test_a_file_size_limit_is_an_output_error_and_leaves_no_temporary_file(
+        resume: bool, limit: int, limited: dict[tuple[int, bool], Any]) -> None:
     """RLIMIT_FSIZE hit while writing the resume state or an output: exit 7 (SIGXFSZ would
     kill the process), one line, no ``.tmp`` file; without --resume nothing is left at all."""
-    pytest.importorskip("resource")
-    out = tmp_path / "out"
-    args = [*killed["args"][:-3], "-o", str(out), *(["--resume"] if resume else [])]
-    r = subprocess.run([sys.executable, "-c", _LIMITED, str(limit), *args], capture_output=True, text=True,
-                       env=_env(), timeout=300, check=False)
-    assert r.returncode == 7, r.stderr
-    line = _one_line(r.stderr)
+    code, err, out = limited[limit, resume]
+    assert code == 7, err
+    line = _one_line(err)
     assert "File too large" in line or "too large" in line.lower(), line
     if resume:
         assert [p.name for p in out.iterdir()] == [STAGING]

@@ -86,8 +86,8 @@ def resumed(data: dict[str, Path]) -> Path:
 def kill_each(fault: str, runs: dict[str, list[str]]) -> None:
     """Every command line of ``runs`` under ``fault`` (faulty_run.py ``--each``: one process
     imports torch and the CLI once, and forks a child per run); each child must die by SIGKILL."""
-    r = subprocess.run([*FAULTY, fault, "--each", json.dumps(list(runs.values()))], capture_output=True, text=True,
-                       env=_env(), check=False, timeout=600)
+    r = subprocess.run([*FAULTY, "--each", json.dumps([[fault, *args] for args in runs.values()])],
+                       capture_output=True, text=True, env=_env(), check=False, timeout=600)
     assert r.returncode == 0, r.stderr
     assert dict(zip(runs, json.loads(r.stdout.splitlines()[-1]), strict=True)) == dict.fromkeys(runs, -9), r.stderr
 
