@@ -39,7 +39,7 @@ def run(n, leak):
             kept.append(outputs)
             return grad(outputs, inputs, retain_graph=True, **kw)
         g.torch.autograd.grad = keeping
-    st = g.GenerationSettings(methods=("integrated-gradients", "saliency"), new_tokens=n, steps=16, batch_size=8)
+    st = g.GenerationSettings(methods=("integrated-gradients", "saliency"), new_tokens=n, steps=8, batch_size=4)
     res = g.attribute_generation(model, list(range(10, 74)), st)
     assert len(res.generated) == n
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
