@@ -153,7 +153,7 @@ def sizes_for(device_type: str, mode: str) -> Sizes:
             return Sizes(16, 224, "resnet50", ["resnet50"], ("resnet50", 8, 224), 256)
         return Sizes(64, 224, "resnet50", ["resnet50", "vit_b_16"], ("resnet50", 8, 224), 1024)
     if mode == "smoke":
-        return Sizes(1, 64, "resnet18", ["resnet18"], ("resnet18", 1, 64), 4)
+        return Sizes(1, 64, "resnet18", ["resnet18"], ("resnet18", 1, 48), 4)  # Score-CAM: layer4 2x2
     if mode == "quick":
         return Sizes(2, 112, "resnet18", ["resnet18"], ("resnet18", 2, 64), 32)
     return Sizes(8, 224, "resnet18", ["resnet18", "resnet50"], ("resnet50", 8, 64), 256)

@@ -67,6 +67,14 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _shared_between_workers(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Under pytest-xdist, a folder the workers of this run share (their base temporary
+    folders' parent): tests/fixtures/dense.py trains its models once per run there."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["INSPECT_MODEL_TEST_SHARED"] = str(tmp_path_factory.getbasetemp().parent / "shared")
+
+
 @pytest.fixture(autouse=True)
 def _offline_torch_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     # Never touch the user's hub cache; tests that need cached weights write them here.
