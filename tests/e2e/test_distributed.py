@@ -170,13 +170,34 @@ def test_torchrun_guided_backprop_matches_one_process(data: dict[str, Path], tor
     assert files == sorted(str(p.relative_to(data["root"] / "guided1")) for p in (data["root"] / "guided1").rglob("*"))
 
 
-def test_resume_after_kill_equals_uninterrupted_run(data: dict[str, Path], cli) -> None:
+def _cam_resume_args(data: dict[str, Path]) -> list[str]:
+    return ["cam", f"{data['model']}:TinyCNN", str(data["imgs"]), *COMMON, "-o", str(data["root"] / "resumed"),
+            "--json", "-q", "--resume"]
+
+
+def _grads_resume_args(data: dict[str, Path]) -> list[str]:
+    return ["grads", f"{data['model']}:TinyCNN", str(data["imgs"]), *COMMON, "--loss", "cross-entropy",
+            "--labels-file", str(data["labels"]), "--fail-on", "vanishing", "--vanishing-below", "2",
+            "--clip-norm", "0.01", "-o", str(data["root"] / "grads-resumed"), "--json", "-q", "--resume"]
+
+
+@pytest.fixture(scope="module")
+def killed(data: dict[str, Path]) -> list[list[str]]:
+    """The cam and grads --resume runs, each killed (SIGKILL) once 6 images are checkpointed:
+    one faulty_run.py ``--each`` (torch and the CLI imported once, a forked child per run)."""
+    runs = [_cam_resume_args(data), _grads_resume_args(data)]
+    r = subprocess.run([*KILL_AFTER, "--each", json.dumps([["kill:6", *args] for args in runs])],
+                       capture_output=True, text=True, env=_env(), check=False, timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.splitlines()[-1]) == [-9, -9], r.stderr
+    return runs
+
+
+def test_resume_after_kill_equals_uninterrupted_run(data: dict[str, Path], killed: list[list[str]], cli) -> None:
     spec = f"{data['model']}:TinyCNN"
     out = data["root"] / "resumed"
-    args = ["cam", spec, str(data["imgs"]), *COMMON, "-o", str(out), "--json", "-q", "--resume"]
-    r = subprocess.run([*KILL_AFTER, "kill:6", *args], capture_output=True, text=True, env=_env(), check=False,
-                       timeout=120)  # SIGKILL once 6 images are checkpointed
-    assert r.returncode == -9, r.stderr
+    args = _cam_resume_args(data)
+    assert killed[0] == args  # SIGKILL once 6 images were checkpointed
     staging = out / ".inspect-model-staging-resume"
     manifest = json.loads((staging / "manifest-0.json").read_text())
     assert manifest["done"] == 6 and manifest["total"] == 10 and manifest["world_size"] == 1
@@ -201,16 +222,13 @@ def test_resume_after_kill_equals_uninterrupted_run(data: dict[str, Path], cli) 
     assert files == sorted(str(p.relative_to(data["root"] / "whole")) for p in (data["root"] / "whole").rglob("*"))
 
 
-def test_grads_resume_after_kill_equals_uninterrupted_run(data: dict[str, Path], grads_single: Any, cli) -> None:
+def test_grads_resume_after_kill_equals_uninterrupted_run(data: dict[str, Path], grads_single: Any,
+                                                          killed: list[list[str]], cli) -> None:
     """The summed parameter gradients, layer statistics and per-image records of the killed
     run are picked up: the report is that of one uninterrupted run (checks and exit 1 included)."""
     out = data["root"] / "grads-resumed"
-    args = ["grads", f"{data['model']}:TinyCNN", str(data["imgs"]), *COMMON, "--loss", "cross-entropy",
-            "--labels-file", str(data["labels"]), "--fail-on", "vanishing", "--vanishing-below", "2",
-            "--clip-norm", "0.01", "-o", str(out), "--json", "-q", "--resume"]
-    r = subprocess.run([*KILL_AFTER, "kill:6", *args], capture_output=True, text=True, env=_env(),
-                       check=False, timeout=120)
-    assert r.returncode == -9, r.stderr
+    args = _grads_resume_args(data)
+    assert killed[1] == args  # SIGKILL once 6 images were checkpointed
     staging = out / ".inspect-model-staging-resume"
     assert json.loads((staging / "manifest-0.json").read_text())["done"] == 6
 
