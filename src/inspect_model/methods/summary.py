@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from inspect_model.engine.hooks import CaptureOptions, HookEngine, flatten_tensors
 from inspect_model.engine.selection import module_depth
 from inspect_model.errors import one_line, out_of_memory
+from inspect_model.methods.meta_norms import meta_norm
 from inspect_model.methods.rnn_macs import costly_op, is_recurrent, recurrent_macs
 
 if TYPE_CHECKING:
@@ -104,7 +105,9 @@ def _mac_counter(stack: list[str], macs: dict[str, int], analytic: set[str] | No
 
         def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
-            out = func(*args, **kwargs)
+            out = meta_norm(func, args, kwargs)  # a norm on the meta device: no decomposition
+            if out is None:
+                out = func(*args, **kwargs)
             packet = func._overloadpacket
             where = stack[-1] if stack else ""
             if analytic and where in analytic:
