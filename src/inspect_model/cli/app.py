@@ -78,18 +78,6 @@ def sync_commands(*, rebuild: bool = False) -> None:
 
 COMMANDS: dict[str, Any] = {}  # name -> Typer function, in the order `inspect-model --help` lists them
 sync_commands()
-_BUILT: list[Any] = []  # [what it was built from, the Click group]
-
-
-def click_group() -> Any:
-    """``app`` as a Click group (``typer.main.get_command``), built again only when its
-    registered commands, groups or callback are other objects (``sync_commands`` makes new
-    ones): a build costs 34 ms, once per process for the console script, once per command
-    for a process that runs many (the tests run thousands in process)."""
-    source = (*app.registered_commands, None, *app.registered_groups, None, app.registered_callback)
-    if not _BUILT or len(_BUILT[0]) != len(source) or any(a is not b for a, b in zip(_BUILT[0], source)):
-        _BUILT[:] = [source, typer.main.get_command(app)]
-    return _BUILT[1]
 
 
 def _config_default_map(args: list[str]) -> dict[str, Any] | None:
@@ -114,7 +102,7 @@ def _config_default_map(args: list[str]) -> dict[str, Any] | None:
         return None
     from inspect_model.config import check_no_code, is_image_argument, load_config
 
-    group = click_group()
+    group = typer.main.get_command(app)
     params = {name: _command_params(name, group) for name in COMMANDS}
     defaults = load_config(path, command, params[command], all_params=params)
     at = _first_positional(args, command, params[command])
@@ -144,7 +132,7 @@ def _first_positional(args: list[str], command: str, params: dict[str, Any]) -> 
 
 def _command_params(command: str, group: Any = None) -> dict[str, Any]:
     """The Click parameters of ``command`` by name (``group``: the built app, to reuse)."""
-    cmd = group if group is not None else click_group()
+    cmd = group if group is not None else typer.main.get_command(app)
     sub = cmd.commands[command]  # type: ignore[attr-defined]
     return {p.name: p for p in sub.params if p.name not in ("config", "debug", "help")}
 
@@ -160,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
         default_map = _config_default_map(args)
         # Python warnings become one-line notes, printed before any error line (issue 13).
         with routed_warnings(quiet="--quiet" in args or "-q" in args):
-            rv = click_group()(args=args, prog_name="inspect-model", standalone_mode=False, default_map=default_map)
+            rv = app(args=args, prog_name="inspect-model", standalone_mode=False, default_map=default_map)
         code = rv if isinstance(rv, int) else 0
     except BaseException as exc:  # the one error edge: see _exit_code
         code = _exit_code(exc, debug)
