@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from fixtures.processes import FAULTY, SMALL, image_folder, wait_for
+from fixtures.processes import FAULTY, SMALL, image_folder, run_each, wait_for
 from fixtures.processes import env as _env
 from fixtures.invariants import register_model
 from inspect_model import errors
@@ -108,12 +108,7 @@ def readers(data: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> 
     outs = [root / f"out{i}" for i in range(len(FORMATS))]
     runs = [["head:20", "activations", str(data["spec"]), str(data["imgs"]), *COMMON,
              *([] if fmt == "text" else [fmt]), "-o", str(out)] for fmt, out in zip(FORMATS, outs, strict=True)]
-    r = subprocess.run([*FAULTY, "--each", json.dumps(runs)], capture_output=True, text=True,
-                       env=_env(RESULT_DIR=str(root)), timeout=300, check=False)
-    assert r.returncode == 0, r.stderr
-    codes = json.loads(r.stdout.splitlines()[-1])
-    return {fmt: (code, (root / str(i) / "err-0").read_text(), out)
-            for i, (fmt, code, out) in enumerate(zip(FORMATS, codes, outs, strict=True))}
+    return {case: (code, err, out) for case, (code, err), out in zip(FORMATS, run_each(runs, root), outs, strict=True)}
 
 
 @pytest.mark.slow  # over 3 s: kept out of the quick tier

@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch import nn
 
-from fixtures.processes import FAULTY, SMALL, image_folder, wait_for
+from fixtures.processes import FAULTY, SMALL, image_folder, run_each, wait_for
 from fixtures.processes import env as _env
 from fixtures.processes import one_line as _one_line
 from fixtures.invariants import register_model
@@ -264,12 +264,7 @@ def limited(killed: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) ->
     outs = [root / f"{limit}-{resume}" / "out" for limit, resume in LIMITS]
     runs = [[f"fsize:{limit}", *killed["args"][:-3], "-o", str(out), *(["--resume"] if resume else [])]
             for (limit, resume), out in zip(LIMITS, outs, strict=True)]
-    r = subprocess.run([*FAULTY, "--each", json.dumps(runs)], capture_output=True, text=True,
-                       env=_env(RESULT_DIR=str(root)), timeout=300, check=False)
-    assert r.returncode == 0, r.stderr
-    codes = json.loads(r.stdout.splitlines()[-1])
-    return {case: (code, (root / str(i) / "err-0").read_text(), out)
-            for i, (case, code, out) in enumerate(zip(LIMITS, codes, outs, strict=True))}
+    return {case: (code, err, out) for case, (code, err), out in zip(LIMITS, run_each(runs, root), outs, strict=True)}
 
 
 @pytest.mark.slow  # over 3 s: kept out of the quick tier
